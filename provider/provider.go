@@ -1,0 +1,140 @@
+// Package provider defines what a backend that runs egress proxies must do:
+// the Provider interface, the Spec an instance is created from, the Instance
+// read back from the backend, provider Health, and the fixed set of error
+// classes (ErrTransient, ErrPermanent, ErrNotFound, plus the caller's context
+// errors) with Code to read them.
+//
+// The package owns the contract and the input rules (Spec.Validate,
+// ValidateName). It does not own retries, reconcile loops or garbage
+// collection: those belong to the embedding program, which uses the error
+// classes and List to drive them. It imports only the standard library.
+package provider
+
+import (
+	"context"
+	"time"
+)
+
+// State is the lifecycle state of an instance as read from the backend.
+// A missing instance is not a state: it is ErrNotFound.
+type State string
+
+const (
+	// StateProvisioning: the instance exists and is starting; it has no
+	// address yet.
+	StateProvisioning State = "Provisioning"
+	// StateRunning: the instance runs and has an address.
+	StateRunning State = "Running"
+	// StateStopped: the instance exists but does not run.
+	StateStopped State = "Stopped"
+	// StateFailed: the backend reports the instance as crashed or broken.
+	StateFailed State = "Failed"
+)
+
+// Ref names one instance. Name is the instance name given in its Spec; UID
+// is the identity it was created with. A backend object with that name but
+// another UID is not the instance: operations treat it as missing.
+type Ref struct {
+	Name string
+	UID  string
+}
+
+// Instance is an instance as read back from the backend.
+type Instance struct {
+	Ref
+	// CreatedAt is the creation time recorded on the backend (UTC,
+	// second precision or better).
+	CreatedAt time.Time
+	// State is the state read from the backend.
+	State State
+	// IP is the guest address, empty while Provisioning.
+	IP string
+	// Port is the proxy port the instance serves (from its Spec).
+	Port int
+	// AddressSource names where the address was found ("agent", "lease",
+	// "arp", "static", ...); empty when IP is empty.
+	AddressSource string
+}
+
+// Address returns "IP:Port", or "" when the instance has no address.
+func (i Instance) Address() string {
+	if i.IP == "" {
+		return ""
+	}
+	return joinHostPort(i.IP, i.Port)
+}
+
+// HealthReason names why a provider is unhealthy. The zero value means
+// healthy.
+type HealthReason string
+
+const (
+	ReasonNone                   HealthReason = ""
+	ReasonCredentialsUnavailable HealthReason = "CredentialsUnavailable" // key file missing or unreadable
+	ReasonUnauthorized           HealthReason = "Unauthorized"           // the backend refused our credentials
+	ReasonHostKeyUnknown         HealthReason = "HostKeyUnknown"         // the host is not in known_hosts
+	ReasonHostKeyMismatch        HealthReason = "HostKeyMismatch"        // known_hosts pins another key
+	ReasonForbidden              HealthReason = "Forbidden"              // authenticated but not allowed to use the API
+	ReasonPoolNotActive          HealthReason = "PoolNotActive"          // the storage pool exists but is not running
+	ReasonPoolNotFound           HealthReason = "PoolNotFound"           // the storage pool does not exist
+	ReasonUnreachable            HealthReason = "Unreachable"            // network, daemon down, link dead
+	ReasonUnknown                HealthReason = "Unknown"                // anything else; see Message
+)
+
+// Health is the state of a provider entry, found without creating anything.
+type Health struct {
+	// Reachable is true when the backend answered and can create instances.
+	Reachable bool
+	// Reason is ReasonNone when Reachable, otherwise the cause.
+	Reason HealthReason
+	// Message is a human-readable explanation (the underlying error).
+	Message string
+	// Details are backend facts, e.g. for kvm2: "hostname",
+	// "libvirtVersion", "poolState", "poolFreeGiB".
+	Details map[string]string
+	// CheckedAt is when the check finished.
+	CheckedAt time.Time
+}
+
+// Provider manages proxy instances on one backend entry (for kvm2: one
+// hypervisor host and storage pool). All methods are safe for concurrent use
+// and honour ctx: when ctx ends, a call returns promptly with an error for
+// which Code is Canceled or DeadlineExceeded.
+//
+// Callers guarantee that Specs passed to Create are valid (Spec.Validate);
+// the portable client egressproxy.Client does that. Providers validate again
+// and return ErrPermanent naming the field for a bad Spec, before touching a
+// backend.
+type Provider interface {
+	// Create makes the instance described by spec and starts it. It is
+	// idempotent on spec.UID: if an instance with this name and UID
+	// exists, it is returned unchanged, never duplicated. An object with
+	// the same name but another UID is a Permanent error (name taken).
+	// A partial failure leaves nothing that a later Create or Delete
+	// cannot clean up. Errors: Permanent (bad spec, name taken, image
+	// digest mismatch, backend refuses the definition), Transient (backend
+	// unreachable or busy), context codes.
+	Create(ctx context.Context, spec Spec) (Instance, error)
+	// Get reads the instance back from the backend every time (UID,
+	// creation time, state, address). Errors: NotFound (missing, or the
+	// name belongs to another UID or owner), Transient (backend
+	// unreachable, or every address source failed), context codes.
+	Get(ctx context.Context, ref Ref) (Instance, error)
+	// Delete removes the instance and its own volumes; never a shared base
+	// image. Deleting a missing instance succeeds (nil). Errors:
+	// Transient, Permanent (backend refuses), context codes.
+	Delete(ctx context.Context, ref Ref) error
+	// List returns every instance this provider entry owns, and only
+	// those, with Name, UID, CreatedAt and State (addresses may be left
+	// empty). Errors: Transient, context codes.
+	List(ctx context.Context) ([]Instance, error)
+	// Check reports provider health without creating anything. An
+	// unhealthy backend is reported in Health with a Reason, not as an
+	// error; the error is for the call itself (context ended, provider
+	// closed).
+	Check(ctx context.Context) (Health, error)
+	// Close releases every connection and goroutine. It does not delete
+	// instances. Calls after Close return an error wrapping ErrClosed,
+	// classed Permanent. Close is idempotent.
+	Close() error
+}

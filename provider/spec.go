@@ -1,0 +1,201 @@
+package provider
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+const (
+	// MaxNameLen is the longest instance or entry name.
+	MaxNameLen = 63
+	// MaxUIDLen is the longest UID, in bytes.
+	MaxUIDLen = 128
+	// MaxImageKeyLen is the longest image key.
+	MaxImageKeyLen = 63
+	// MaxUserDataBytes is the largest accepted cloud-init user-data.
+	MaxUserDataBytes = 64 << 10
+	// DefaultPort is the proxy port used when Spec.Port is zero.
+	DefaultPort = 3128
+)
+
+// Spec describes an instance to create.
+type Spec struct {
+	// Name of the instance: a lowercase DNS label (1–63 of a–z, 0–9, '-',
+	// starting and ending with a letter or digit, no "--"), so it is a safe
+	// component of backend object and volume names. Required.
+	Name string
+	// UID is the instance identity Create is idempotent on (e.g. a
+	// Kubernetes object UID). 1–128 bytes of valid UTF-8 without control
+	// characters. Required.
+	UID string
+	// Port the proxy listens on in the instance. Zero means DefaultPort;
+	// otherwise 1–65535.
+	Port int
+	// ImageKey selects the base image from the provider's configured
+	// images: 1–63 of a–z, 0–9, '.', '-', starting and ending with a letter
+	// or digit, no "--". Empty means the provider's default image.
+	ImageKey string
+	// MachineType selects vCPUs and memory from the provider's configured
+	// machine types; same shape as ImageKey. Empty means the provider's
+	// default.
+	MachineType string
+	// UserData is the cloud-init user-data given to the instance, at most
+	// MaxUserDataBytes. Optional.
+	UserData string
+}
+
+// FieldError is a bad-input error naming the field and the rule it broke.
+// It is always classed Permanent by Validate.
+type FieldError struct {
+	Field string
+	Value string // the offending value, shortened
+	Rule  string
+}
+
+func (e *FieldError) Error() string {
+	if e.Value == "" {
+		return fmt.Sprintf("invalid %s: %s", e.Field, e.Rule)
+	}
+	return fmt.Sprintf("invalid %s %q: %s", e.Field, e.Value, e.Rule)
+}
+
+func short(s string) string {
+	if len(s) > 40 {
+		// cut on a rune boundary
+		n := 40
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// Validate checks every field and returns all violations joined (each a
+// *FieldError), classed Permanent; nil when the spec is valid.
+func (s Spec) Validate() error {
+	var errs []error
+	if err := ValidateName("Name", s.Name); err != nil {
+		errs = append(errs, err)
+	}
+	if err := validateUID(s.UID); err != nil {
+		errs = append(errs, err)
+	}
+	if s.Port < 0 || s.Port > 65535 {
+		errs = append(errs, &FieldError{Field: "Port", Value: strconv.Itoa(s.Port), Rule: "must be 0 (default 3128) or 1-65535"})
+	}
+	if s.ImageKey != "" {
+		if err := validateKey("ImageKey", s.ImageKey); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.MachineType != "" {
+		if err := validateKey("MachineType", s.MachineType); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(s.UserData) > MaxUserDataBytes {
+		errs = append(errs, &FieldError{Field: "UserData", Rule: fmt.Sprintf("is %d bytes, at most %d allowed", len(s.UserData), MaxUserDataBytes)})
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return WithCode(Permanent, errors.Join(errs...))
+}
+
+// EffectivePort returns s.Port, or DefaultPort when it is zero.
+func (s Spec) EffectivePort() int {
+	if s.Port == 0 {
+		return DefaultPort
+	}
+	return s.Port
+}
+
+// Ref returns the Ref of the instance the spec describes.
+func (s Spec) Ref() Ref { return Ref{Name: s.Name, UID: s.UID} }
+
+// ValidateName checks a name (instance name, provider entry name) against
+// the lowercase DNS-label rule that makes it a safe volume-name component:
+// 1–63 characters of a–z, 0–9 and '-', starting and ending with a letter or
+// digit, with no "--". field names the field in the error (a *FieldError,
+// unclassed).
+func ValidateName(field, name string) error {
+	if name == "" {
+		return &FieldError{Field: field, Rule: "is required"}
+	}
+	if len(name) > MaxNameLen {
+		return &FieldError{Field: field, Value: short(name), Rule: fmt.Sprintf("is %d characters, at most %d allowed", len(name), MaxNameLen)}
+	}
+	return checkShape(field, name, false)
+}
+
+func validateKey(field, key string) error {
+	if len(key) > MaxImageKeyLen {
+		return &FieldError{Field: field, Value: short(key), Rule: fmt.Sprintf("is %d characters, at most %d allowed", len(key), MaxImageKeyLen)}
+	}
+	return checkShape(field, key, true)
+}
+
+func checkShape(field, s string, dots bool) error {
+	allowed := "lowercase letters, digits and '-'"
+	if dots {
+		allowed = "lowercase letters, digits, '.' and '-'"
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		ok := (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || (dots && c == '.')
+		if !ok {
+			return &FieldError{Field: field, Value: short(s), Rule: "may contain only " + allowed}
+		}
+	}
+	if !isAlnum(s[0]) || !isAlnum(s[len(s)-1]) {
+		return &FieldError{Field: field, Value: short(s), Rule: "must start and end with a lowercase letter or digit"}
+	}
+	if strings.Contains(s, "--") {
+		return &FieldError{Field: field, Value: short(s), Rule: `must not contain "--"`}
+	}
+	return nil
+}
+
+func isAlnum(c byte) bool { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') }
+
+func validateUID(uid string) error {
+	if uid == "" {
+		return &FieldError{Field: "UID", Rule: "is required"}
+	}
+	if len(uid) > MaxUIDLen {
+		return &FieldError{Field: "UID", Value: short(uid), Rule: fmt.Sprintf("is %d bytes, at most %d allowed", len(uid), MaxUIDLen)}
+	}
+	if !utf8.ValidString(uid) {
+		return &FieldError{Field: "UID", Rule: "must be valid UTF-8"}
+	}
+	for _, r := range uid {
+		if unicode.IsControl(r) {
+			return &FieldError{Field: "UID", Value: short(uid), Rule: "must not contain control characters"}
+		}
+	}
+	return nil
+}
+
+// ValidateRef checks a Ref's Name and UID with the Spec rules, classed
+// Permanent.
+func ValidateRef(r Ref) error {
+	var errs []error
+	if err := ValidateName("Name", r.Name); err != nil {
+		errs = append(errs, err)
+	}
+	if err := validateUID(r.UID); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return WithCode(Permanent, errors.Join(errs...))
+}
+
+func joinHostPort(ip string, port int) string { return net.JoinHostPort(ip, strconv.Itoa(port)) }
