@@ -1,0 +1,226 @@
+package egressproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// TracerName is the instrumentation name of the client's spans.
+const TracerName = "github.com/egressproxy/egressproxy"
+
+// Options configure a Client. A nil *Options is valid.
+type Options struct {
+	// Logger receives one line per operation (V(1) for success, error
+	// level for failures). Zero value: discard.
+	Logger logr.Logger
+	// TracerProvider creates one span per operation. Nil: no-op.
+	TracerProvider trace.TracerProvider
+}
+
+// Client is the portable way to drive any provider.Provider. It validates
+// input once, wraps every error exactly once with the operation and the
+// instance (an *OpError, which keeps the provider's error class for
+// errors.Is and provider.Code), refuses calls after Close, and emits one span
+// and one log line per operation. A Client is safe for concurrent use.
+type Client struct {
+	p      provider.Provider
+	log    logr.Logger
+	tracer trace.Tracer
+
+	mu       sync.RWMutex
+	closed   bool
+	closeMu  sync.Mutex // serialises Close
+	closeErr error
+	inflight sync.WaitGroup
+}
+
+// New returns a Client over p. The Client owns p: Client.Close closes it.
+func New(p provider.Provider, opts *Options) *Client {
+	if opts == nil {
+		opts = &Options{}
+	}
+	log := opts.Logger
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
+	tp := opts.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	return &Client{p: p, log: log, tracer: tp.Tracer(TracerName)}
+}
+
+// OpError is the error every Client method returns: the operation, the
+// instance it concerned (empty for List and Check) and the provider's error.
+// errors.Is / errors.As / provider.Code see through it to the class.
+type OpError struct {
+	Op       string // "create", "get", "delete", "list", "check", "close"
+	Instance string // instance name, "" when not about one instance
+	Err      error
+}
+
+func (e *OpError) Error() string {
+	if e.Instance == "" {
+		return fmt.Sprintf("egressproxy %s: %v", e.Op, e.Err)
+	}
+	return fmt.Sprintf("egressproxy %s %s: %v", e.Op, e.Instance, e.Err)
+}
+
+func (e *OpError) Unwrap() error { return e.Err }
+
+// ErrClosed is returned (wrapped, classed Permanent) by calls after Close.
+var ErrClosed = provider.ErrClosed
+
+// begin registers an operation; it fails once the client is closed.
+func (c *Client) begin() error {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.closed {
+		return provider.WithCode(provider.Permanent, fmt.Errorf("client is closed: %w", ErrClosed))
+	}
+	c.inflight.Add(1)
+	return nil
+}
+
+// wrap classes and wraps err once. Errors the provider returned unclassed
+// are classed Transient (the conservative choice: a retry decides), except
+// context errors, which keep their own class.
+func wrap(op, instance string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var already *OpError
+	if errors.As(err, &already) {
+		return err
+	}
+	if provider.Code(err) == provider.Unknown {
+		err = provider.WithCode(provider.Transient, err)
+	}
+	return &OpError{Op: op, Instance: instance, Err: err}
+}
+
+func (c *Client) run(ctx context.Context, op, instance string, fn func(ctx context.Context) error) error {
+	ctx, span := c.tracer.Start(ctx, "egressproxy."+op, trace.WithAttributes(attribute.String("egressproxy.instance", instance)))
+	defer span.End()
+	start := time.Now()
+	err := c.begin()
+	if err == nil {
+		defer c.inflight.Done()
+		if cerr := ctx.Err(); cerr != nil {
+			err = provider.FromContext(cerr)
+		} else {
+			err = fn(ctx)
+		}
+	}
+	err = wrap(op, instance, err)
+	elapsed := time.Since(start)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		span.SetAttributes(attribute.String("egressproxy.error_code", provider.Code(err).String()))
+		c.log.Error(err, "operation failed", "op", op, "instance", instance, "code", provider.Code(err).String(), "elapsed", elapsed)
+	} else {
+		c.log.V(1).Info("operation done", "op", op, "instance", instance, "elapsed", elapsed)
+	}
+	return err
+}
+
+// Create validates spec, then creates the instance (idempotent on UID).
+// A spec that fails validation returns a Permanent error naming the field
+// and never reaches the provider.
+func (c *Client) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+	var inst provider.Instance
+	err := c.run(ctx, "create", spec.Name, func(ctx context.Context) error {
+		if err := spec.Validate(); err != nil {
+			return err
+		}
+		var err error
+		inst, err = c.p.Create(ctx, spec)
+		return err
+	})
+	return inst, err
+}
+
+// Get reads the instance back from the provider. Missing: NotFound.
+func (c *Client) Get(ctx context.Context, ref provider.Ref) (provider.Instance, error) {
+	var inst provider.Instance
+	err := c.run(ctx, "get", ref.Name, func(ctx context.Context) error {
+		if err := provider.ValidateRef(ref); err != nil {
+			return err
+		}
+		var err error
+		inst, err = c.p.Get(ctx, ref)
+		return err
+	})
+	return inst, err
+}
+
+// Delete removes the instance; deleting a missing instance succeeds.
+func (c *Client) Delete(ctx context.Context, ref provider.Ref) error {
+	return c.run(ctx, "delete", ref.Name, func(ctx context.Context) error {
+		if err := provider.ValidateRef(ref); err != nil {
+			return err
+		}
+		return c.p.Delete(ctx, ref)
+	})
+}
+
+// List returns every instance the provider entry owns.
+func (c *Client) List(ctx context.Context) ([]provider.Instance, error) {
+	var out []provider.Instance
+	err := c.run(ctx, "list", "", func(ctx context.Context) error {
+		var err error
+		out, err = c.p.List(ctx)
+		return err
+	})
+	return out, err
+}
+
+// Check reports provider health. An unhealthy provider is a Health with a
+// Reason, not an error.
+func (c *Client) Check(ctx context.Context) (provider.Health, error) {
+	var h provider.Health
+	err := c.run(ctx, "check", "", func(ctx context.Context) error {
+		var err error
+		h, err = c.p.Check(ctx)
+		return err
+	})
+	return h, err
+}
+
+// Provider returns the wrapped provider, for optional capabilities found by
+// type assertion. Calls made on it bypass validation and wrapping.
+func (c *Client) Provider() provider.Provider { return c.p }
+
+// Close refuses new calls, closes the provider (which makes calls in
+// flight return) and waits for those calls. It is idempotent; later calls return the first result.
+func (c *Client) Close() error {
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return c.closeErr
+	}
+	c.closed = true
+	c.mu.Unlock()
+	// Close the provider first: it is what unblocks calls still in
+	// flight; then wait for them to return.
+	if err := c.p.Close(); err != nil {
+		c.closeErr = wrap("close", "", err)
+		c.log.Error(c.closeErr, "close failed")
+	}
+	c.inflight.Wait()
+	return c.closeErr
+}

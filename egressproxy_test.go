@@ -1,0 +1,265 @@
+package egressproxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+	"go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/goleak"
+
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// recorder is a minimal Provider that records calls and returns scripted
+// errors; memprovider is the full embedded provider, tested by the
+// conformance suite.
+type recorder struct {
+	mu      sync.Mutex
+	calls   []string
+	err     error
+	closed  bool
+	block   chan struct{} // when set, Get blocks until closed or ctx ends
+	closeFn func()
+}
+
+func (r *recorder) note(op string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, op)
+	return r.err
+}
+
+func (r *recorder) Create(ctx context.Context, s provider.Spec) (provider.Instance, error) {
+	if err := r.note("create"); err != nil {
+		return provider.Instance{}, err
+	}
+	return provider.Instance{Ref: s.Ref(), State: provider.StateProvisioning}, nil
+}
+
+func (r *recorder) Get(ctx context.Context, ref provider.Ref) (provider.Instance, error) {
+	if err := r.note("get"); err != nil {
+		return provider.Instance{}, err
+	}
+	if r.block != nil {
+		select {
+		case <-r.block:
+			return provider.Instance{}, provider.Errorf(provider.Transient, "provider closed during call")
+		case <-ctx.Done():
+			return provider.Instance{}, provider.FromContext(ctx.Err())
+		}
+	}
+	return provider.Instance{Ref: ref, State: provider.StateRunning}, nil
+}
+
+func (r *recorder) Delete(ctx context.Context, ref provider.Ref) error { return r.note("delete") }
+func (r *recorder) List(ctx context.Context) ([]provider.Instance, error) {
+	return nil, r.note("list")
+}
+func (r *recorder) Check(ctx context.Context) (provider.Health, error) {
+	return provider.Health{Reachable: true}, r.note("check")
+}
+func (r *recorder) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, "close")
+	if !r.closed && r.block != nil {
+		close(r.block)
+	}
+	r.closed = true
+	return nil
+}
+
+func (r *recorder) callList() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.calls...)
+}
+
+func goodSpec() provider.Spec {
+	return provider.Spec{Name: "proxy-a", UID: "uid-a"}
+}
+
+func TestBadSpecNeverReachesProvider(t *testing.T) {
+	r := &recorder{}
+	c := New(r, nil)
+	defer c.Close()
+	for _, tt := range []struct {
+		name  string
+		spec  provider.Spec
+		field string
+	}{
+		{"bad name", provider.Spec{Name: "Bad_Name", UID: "u"}, "Name"},
+		{"no uid", provider.Spec{Name: "ok"}, "UID"},
+		{"port", provider.Spec{Name: "ok", UID: "u", Port: 70000}, "Port"},
+		{"image key", provider.Spec{Name: "ok", UID: "u", ImageKey: "A"}, "ImageKey"},
+		{"user data", provider.Spec{Name: "ok", UID: "u", UserData: strings.Repeat("x", provider.MaxUserDataBytes+1)}, "UserData"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := c.Create(context.Background(), tt.spec)
+			if !errors.Is(err, provider.ErrPermanent) {
+				t.Fatalf("err = %v, want Permanent", err)
+			}
+			var fe *provider.FieldError
+			if !errors.As(err, &fe) || fe.Field != tt.field {
+				t.Fatalf("err %v does not name %s", err, tt.field)
+			}
+		})
+	}
+	for _, ref := range []provider.Ref{{Name: "", UID: "u"}, {Name: "ok", UID: ""}} {
+		if err := c.Delete(context.Background(), ref); !errors.Is(err, provider.ErrPermanent) {
+			t.Errorf("Delete(%+v) = %v, want Permanent", ref, err)
+		}
+		if _, err := c.Get(context.Background(), ref); !errors.Is(err, provider.ErrPermanent) {
+			t.Errorf("Get(%+v) = %v, want Permanent", ref, err)
+		}
+	}
+	if calls := r.callList(); len(calls) != 0 {
+		t.Fatalf("provider was called: %v", calls)
+	}
+}
+
+func TestErrorsWrappedOnceWithOpAndInstance(t *testing.T) {
+	cause := provider.Errorf(provider.NotFound, "domain missing")
+	r := &recorder{err: cause}
+	c := New(r, nil)
+	defer c.Close()
+	_, err := c.Get(context.Background(), provider.Ref{Name: "proxy-a", UID: "u"})
+	var op *OpError
+	if !errors.As(err, &op) || op.Op != "get" || op.Instance != "proxy-a" {
+		t.Fatalf("err = %#v, want OpError get proxy-a", err)
+	}
+	if !errors.Is(err, provider.ErrNotFound) || provider.Code(err) != provider.NotFound {
+		t.Fatalf("class lost: %v", err)
+	}
+	if got := err.Error(); got != "egressproxy get proxy-a: domain missing" || strings.Count(got, "egressproxy") != 1 {
+		t.Fatalf("message = %q", got)
+	}
+	// An error that already is an OpError is not wrapped again.
+	if w := wrap("get", "x", err); w != err {
+		t.Fatalf("double wrap: %v", w)
+	}
+}
+
+func TestUnclassedErrorBecomesTransient(t *testing.T) {
+	r := &recorder{err: io.ErrUnexpectedEOF}
+	c := New(r, nil)
+	defer c.Close()
+	err := c.Delete(context.Background(), provider.Ref{Name: "a", UID: "u"})
+	if provider.Code(err) != provider.Transient || !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("err = %v (code %v)", err, provider.Code(err))
+	}
+}
+
+func TestContextEndedBeforeCall(t *testing.T) {
+	r := &recorder{}
+	c := New(r, nil)
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := c.List(ctx)
+	if provider.Code(err) != provider.Canceled || !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v", err)
+	}
+	if len(r.callList()) != 0 {
+		t.Fatal("provider called with a dead context")
+	}
+}
+
+func TestCallsAfterCloseRefused(t *testing.T) {
+	r := &recorder{}
+	c := New(r, nil)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	_, err := c.Create(context.Background(), goodSpec())
+	if !errors.Is(err, ErrClosed) || !errors.Is(err, provider.ErrPermanent) {
+		t.Fatalf("err = %v, want ErrClosed/Permanent", err)
+	}
+	if _, err := c.Check(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Check after close: %v", err)
+	}
+	if got := r.callList(); len(got) != 1 || got[0] != "close" {
+		t.Fatalf("calls = %v, want exactly one close", got)
+	}
+}
+
+func TestCloseEndsCallsInFlight(t *testing.T) {
+	r := &recorder{block: make(chan struct{})}
+	c := New(r, nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Get(context.Background(), provider.Ref{Name: "a", UID: "u"})
+		done <- err
+	}()
+	for len(r.callList()) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan struct{})
+	go func() { c.Close(); close(closed) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, provider.ErrTransient) {
+			t.Fatalf("in-flight Get = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("in-flight call not released by Close")
+	}
+	<-closed
+}
+
+func TestOneSpanAndOneLogLinePerOperation(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := trace.NewTracerProvider(trace.WithSpanProcessor(rec))
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	log := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		buf.WriteString(args + "\n")
+	}, funcr.Options{Verbosity: 1})
+	r := &recorder{}
+	c := New(r, &Options{Logger: log, TracerProvider: tp})
+	ctx := context.Background()
+	c.Create(ctx, goodSpec())
+	c.Get(ctx, goodSpec().Ref())
+	r.mu.Lock()
+	r.err = provider.Errorf(provider.Permanent, "refused")
+	r.mu.Unlock()
+	c.Delete(ctx, goodSpec().Ref())
+	c.Close()
+
+	spans := rec.Ended()
+	var names []string
+	for _, s := range spans {
+		names = append(names, s.Name())
+	}
+	want := []string{"egressproxy.create", "egressproxy.get", "egressproxy.delete"}
+	if strings.Join(names, ",") != strings.Join(want, ",") {
+		t.Fatalf("spans = %v, want %v", names, want)
+	}
+	if spans[2].Status().Code.String() != "Error" {
+		t.Fatalf("failed op span status = %v", spans[2].Status())
+	}
+	mu.Lock()
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	mu.Unlock()
+	if len(lines) != 3 {
+		t.Fatalf("log lines = %d, want 3:\n%s", len(lines), buf.String())
+	}
+	if !strings.Contains(lines[2], `"op"="delete"`) || !strings.Contains(lines[2], `"code"="Permanent"`) {
+		t.Fatalf("failure line = %s", lines[2])
+	}
+}
