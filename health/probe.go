@@ -1,0 +1,395 @@
+package health
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// DefaultTimeout is the per-probe timeout used when ProbeOptions.Timeout is
+// zero.
+const DefaultTimeout = 10 * time.Second
+
+// Dialer opens the TCP connection to the proxy. *net.Dialer satisfies it.
+type Dialer interface {
+	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// ProbeOptions configures Probe. A nil *ProbeOptions is valid and means the
+// zero value of every field.
+type ProbeOptions struct {
+	// Timeout bounds the whole probe: dial, CONNECT exchange and tunnel
+	// proof. Zero means DefaultTimeout; a negative value means no timeout of
+	// the probe's own (only the context's deadline applies).
+	Timeout time.Duration
+
+	// Username and Password, when Username is not empty, are sent as
+	// "Proxy-Authorization: Basic ..." with the CONNECT request. Username
+	// must not contain ':' (RFC 7617). Zero: no credentials are sent.
+	Username string
+	Password string
+
+	// TLS, when not nil, proves the tunnel with a TLS handshake through it
+	// after the proxy answered 2xx. When TLS.ServerName is empty it is set
+	// to the target's host (on a clone; TLS is never modified). Zero: no
+	// TLS handshake.
+	TLS *tls.Config
+
+	// Exchange, when not nil, proves the tunnel with a caller-supplied
+	// exchange through it after the proxy answered 2xx (and after the TLS
+	// handshake when TLS is set, in which case conn is the *tls.Conn).
+	// conn carries the probe's deadline; any bytes the proxy sent after its
+	// response head are read first. Exchange must not keep conn after it
+	// returns; Probe closes it. A non-nil error fails the probe as
+	// KindTunnelFailed. Zero: no exchange.
+	Exchange func(ctx context.Context, conn net.Conn) error
+
+	// Dialer opens the TCP connection to the proxy. Zero: a net.Dialer
+	// without TCP keep-alives (probe connections are short).
+	Dialer Dialer
+}
+
+// Result is the outcome of one probe.
+type Result struct {
+	// ID is the Target.ID the result belongs to (set by ProbeAll; empty
+	// for Probe).
+	ID string
+	// Proxy and Target are the proxy address and the CONNECT target.
+	Proxy  string
+	Target string
+
+	// OK is true only when the proxy answered 2xx and the tunnel proof,
+	// if any, succeeded.
+	OK bool
+	// Kind classifies the failure; KindNone when OK.
+	Kind Kind
+	// StatusCode is the proxy's final status code, 0 when none was read.
+	StatusCode int
+	// Err is nil when OK, else a *ProbeError (errors.Is(Err, Kind) holds).
+	Err error
+
+	// Start is when the probe began (wall clock).
+	Start time.Time
+	// Connect is the time the TCP connect to the proxy took.
+	Connect time.Duration
+	// FirstByte is the time from Start to the first byte of the proxy's
+	// answer (time to first byte, connect included); 0 if none arrived.
+	FirstByte time.Duration
+	// Total is the time from Start until the probe finished (tunnel proof
+	// included).
+	Total time.Duration
+}
+
+// Latency is the probe's total duration (Total).
+func (r Result) Latency() time.Duration { return r.Total }
+
+type probeState struct {
+	req     []byte
+	scratch []byte
+	br      *bufio.Reader
+	wg      sync.WaitGroup
+}
+
+var statePool = sync.Pool{New: func() any {
+	return &probeState{
+		req:     make([]byte, 0, 256),
+		scratch: make([]byte, 0, 64),
+		br:      bufio.NewReaderSize(nil, readBufSize),
+	}
+}}
+
+var defaultDialer = &net.Dialer{KeepAlive: -1}
+
+// aLongTimeAgo is a deadline in the past: it unblocks pending I/O at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// Probe opens a TCP connection to the HTTP proxy at proxyAddr (host:port),
+// sends "CONNECT target HTTP/1.1" and reads the proxy's answer. It
+// succeeds only when the final status line is 2xx and the optional tunnel
+// proof (opts.TLS, opts.Exchange) succeeds. Failures are classified in
+// Result.Kind.
+//
+// Probe never blocks past ctx or the probe's timeout: the connection's
+// deadline is set from both, and the connection is shut down as soon as ctx
+// is done. Probe starts no goroutine of its own (the context package runs a
+// short callback if ctx ends during the probe; Probe waits for it) and
+// always closes the connection before it returns.
+func Probe(ctx context.Context, proxyAddr, target string, opts *ProbeOptions) Result {
+	start := time.Now()
+	res := Result{Proxy: proxyAddr, Target: target, Start: start}
+	var o ProbeOptions
+	if opts != nil {
+		o = *opts
+	}
+	if err := validateProbe(proxyAddr, target, &o); err != nil {
+		return res.fail(KindBadInput, "input", err)
+	}
+	var deadline time.Time
+	if o.Timeout >= 0 {
+		t := o.Timeout
+		if t == 0 {
+			t = DefaultTimeout
+		}
+		deadline = start.Add(t)
+	}
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
+	}
+	if ctx.Err() != nil {
+		return res.fail(classify(ctx, ctx.Err()), "dial", context.Cause(ctx))
+	}
+
+	conn, err := dial(ctx, o.Dialer, proxyAddr, deadline)
+	res.Connect = time.Since(start)
+	if err != nil {
+		return res.fail(classify(ctx, err), "dial", err)
+	}
+
+	st := statePool.Get().(*probeState)
+	var stop func() bool
+	if ctx.Done() != nil {
+		st.wg.Add(1)
+		stop = context.AfterFunc(ctx, func() {
+			defer st.wg.Done()
+			conn.SetDeadline(aLongTimeAgo)
+			conn.Close()
+		})
+	}
+	res = probeConn(ctx, conn, st, target, deadline, &o, res)
+	conn.Close()
+	if stop != nil {
+		if stop() {
+			st.wg.Done()
+		}
+		st.wg.Wait()
+	}
+	st.br.Reset(nil)
+	statePool.Put(st)
+	return res
+}
+
+// probeConn runs the CONNECT exchange and the tunnel proof on conn.
+func probeConn(ctx context.Context, conn net.Conn, st *probeState, target string, deadline time.Time, o *ProbeOptions, res Result) Result {
+	start := res.Start
+	if !deadline.IsZero() {
+		if err := conn.SetDeadline(deadline); err != nil {
+			return res.fail(classify(ctx, err), "dial", err)
+		}
+	}
+
+	b := append(st.req[:0], "CONNECT "...)
+	b = append(b, target...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, target...)
+	b = append(b, "\r\n"...)
+	if o.Username != "" {
+		cred := append(st.scratch[:0], o.Username...)
+		cred = append(cred, ':')
+		cred = append(cred, o.Password...)
+		b = append(b, "Proxy-Authorization: Basic "...)
+		b = base64.StdEncoding.AppendEncode(b, cred)
+		b = append(b, "\r\n"...)
+		clear(cred)
+		st.scratch = cred[:0]
+	}
+	b = append(b, "\r\n"...)
+	st.req = b[:0]
+	_, err := conn.Write(b)
+	if o.Username != "" {
+		clear(b) // do not keep credentials in pooled memory
+	}
+	if err != nil {
+		return res.fail(classify(ctx, err), "write", err)
+	}
+
+	br := st.br
+	br.Reset(conn)
+	if _, err := br.Peek(1); err != nil {
+		if err == io.EOF {
+			err = errors.New("proxy closed the connection without answering")
+			return res.fail(classifyClosed(ctx), "read", err)
+		}
+		return res.fail(classify(ctx, err), "read", err)
+	}
+	res.FirstByte = time.Since(start)
+	code, err := readResponseHead(br)
+	if err != nil {
+		var me *malformedError
+		switch {
+		case errors.As(err, &me):
+			return res.fail(KindMalformed, "read", err)
+		case err == errTruncated:
+			if k := classifyClosed(ctx); k != KindNetwork {
+				return res.fail(k, "read", err)
+			}
+			return res.fail(KindMalformed, "read", err)
+		case err == io.EOF:
+			return res.fail(classifyClosed(ctx), "read", err)
+		}
+		return res.fail(classify(ctx, err), "read", err)
+	}
+	res.StatusCode = code
+	switch {
+	case code == 407:
+		return res.fail(KindAuthRequired, "read", nil)
+	case code < 200 || code > 299:
+		return res.fail(KindProxyStatus, "read", nil)
+	}
+
+	if o.TLS != nil || o.Exchange != nil {
+		if err := proveTunnel(ctx, conn, br, target, deadline, o); err != nil {
+			k := KindTunnelFailed
+			if ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled) {
+				k = KindCanceled
+			}
+			return res.fail(k, "tunnel", err)
+		}
+	}
+	res.OK = true
+	res.Total = time.Since(start)
+	return res
+}
+
+func proveTunnel(ctx context.Context, conn net.Conn, br *bufio.Reader, target string, deadline time.Time, o *ProbeOptions) error {
+	var tc net.Conn = conn
+	if br.Buffered() > 0 {
+		tc = &bufferedConn{Conn: conn, r: br}
+	}
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	if o.TLS != nil {
+		cfg := o.TLS
+		if cfg.ServerName == "" {
+			host, _, _ := net.SplitHostPort(target)
+			cfg = cfg.Clone()
+			cfg.ServerName = host
+		}
+		tlsConn := tls.Client(tc, cfg)
+		if err := tlsConn.HandshakeContext(ctx); err != nil {
+			return err
+		}
+		tc = tlsConn
+	}
+	if o.Exchange != nil {
+		return o.Exchange(ctx, tc)
+	}
+	return nil
+}
+
+// bufferedConn hands the bytes buffered after the response head to the
+// tunnel proof before reading from the connection.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) {
+	if c.r.Buffered() > 0 {
+		return c.r.Read(p)
+	}
+	return c.Conn.Read(p)
+}
+
+func dial(ctx context.Context, d Dialer, addr string, deadline time.Time) (net.Conn, error) {
+	if d == nil {
+		d = defaultDialer
+	}
+	if !deadline.IsZero() {
+		if cd, ok := ctx.Deadline(); !ok || deadline.Before(cd) {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
+	}
+	return d.DialContext(ctx, "tcp", addr)
+}
+
+func (r Result) fail(k Kind, op string, err error) Result {
+	r.OK = false
+	r.Kind = k
+	r.Err = &ProbeError{Kind: k, Op: op, Proxy: r.Proxy, Target: r.Target, StatusCode: r.StatusCode, Err: err}
+	r.Total = time.Since(r.Start)
+	return r
+}
+
+// classify maps an error of the dial or of connection I/O to a Kind. The
+// context's state wins: an error after ctx ended is caused by ctx.
+func classify(ctx context.Context, err error) Kind {
+	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(cerr, context.Canceled) {
+			return KindCanceled
+		}
+		return KindTimeout
+	}
+	var dnsErr *net.DNSError
+	switch {
+	case errors.As(err, &dnsErr):
+		return KindDNS
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return KindRefused
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		return KindTimeout
+	case errors.Is(err, context.Canceled):
+		return KindCanceled
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return KindTimeout
+	}
+	return KindNetwork
+}
+
+// classifyClosed classifies a connection that ended (EOF): caused by ctx if
+// ctx ended, else a network failure.
+func classifyClosed(ctx context.Context) Kind {
+	if ctx.Err() != nil {
+		return classify(ctx, ctx.Err())
+	}
+	return KindNetwork
+}
+
+func validateProbe(proxyAddr, target string, o *ProbeOptions) error {
+	if proxyAddr == "" {
+		return errors.New("proxyAddr: must not be empty")
+	}
+	if _, port, err := net.SplitHostPort(proxyAddr); err != nil || port == "" {
+		return errors.New("proxyAddr: must be host:port, got " + quote(proxyAddr))
+	}
+	host, port, err := net.SplitHostPort(target)
+	if err != nil || host == "" || port == "" {
+		return errors.New("target: must be host:port with a non-empty host and port, got " + quote(target))
+	}
+	for i := 0; i < len(target); i++ {
+		if c := target[i]; c <= ' ' || c == 0x7f {
+			return errors.New("target: must not contain spaces or control bytes, got " + quote(target))
+		}
+	}
+	if strings.IndexByte(o.Username, ':') >= 0 {
+		return errors.New("ProbeOptions.Username: must not contain ':' (RFC 7617 basic auth)")
+	}
+	if o.Username == "" && o.Password != "" {
+		return errors.New("ProbeOptions.Password: set without ProbeOptions.Username")
+	}
+	return nil
+}
+
+func quote(s string) string {
+	const max = 64
+	if len(s) > max {
+		s = s[:max] + "..."
+	}
+	return strconv.Quote(s)
+}

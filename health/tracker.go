@@ -1,0 +1,359 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// Defaults of TrackerOptions.
+const (
+	DefaultRise  = 2
+	DefaultFall  = 3
+	DefaultGrace = 2 * time.Minute
+)
+
+// State is a proxy's health as decided by a Tracker.
+type State uint8
+
+const (
+	// StateUnknown: tracked, but neither threshold has been reached yet.
+	StateUnknown State = iota
+	// StateHealthy: the last Rise probes (at least) succeeded.
+	StateHealthy
+	// StateUnhealthy: the last Fall probes (at least) failed.
+	StateUnhealthy
+)
+
+func (s State) String() string {
+	switch s {
+	case StateUnknown:
+		return "unknown"
+	case StateHealthy:
+		return "healthy"
+	case StateUnhealthy:
+		return "unhealthy"
+	}
+	return "state(?)"
+}
+
+// Status is a snapshot of one tracked proxy.
+type Status struct {
+	ID   string
+	Addr string // last non-empty address the proxy was reported with
+	// State is the current decision; Since is when it was entered (tracker
+	// clock), or when the proxy was first tracked for StateUnknown.
+	State State
+	Since time.Time
+
+	// LastProbe is when the last probe result was recorded (tracker
+	// clock); zero if none was.
+	LastProbe time.Time
+	// LastLatency is the Total latency of the last recorded probe,
+	// successful or not.
+	LastLatency time.Duration
+	// LastKind, LastStatusCode and LastErr describe the last recorded
+	// probe; LastErr is nil (and LastKind KindNone) when it succeeded.
+	LastKind       Kind
+	LastStatusCode int
+	LastErr        error
+
+	// LastSeen is when the proxy was last reported with an address (or
+	// first reported, if it never had one). It is forgotten once
+	// Grace has passed since LastSeen.
+	LastSeen time.Time
+
+	// Successes and Failures are the current runs of consecutive
+	// successful and failed probes (one of them is always 0).
+	Successes int
+	Failures  int
+}
+
+// Healthy reports whether State is StateHealthy.
+func (s Status) Healthy() bool { return s.State == StateHealthy }
+
+// Observation is what one round learned about one proxy.
+type Observation struct {
+	ID string
+	// Addr is the proxy's address in this round. Empty means the address
+	// is unknown this round (e.g. one failed read of the VM's address): the
+	// proxy keeps its state and Result is ignored.
+	Addr string
+	// Result is the probe of Addr (ignored when Addr is empty).
+	Result Result
+}
+
+// Member is a proxy the embedder knows in a round: ID and its current
+// address (empty when unknown).
+type Member struct {
+	ID   string
+	Addr string
+}
+
+// TrackerOptions configures a Tracker. A nil *TrackerOptions is valid and
+// means the zero value of every field.
+type TrackerOptions struct {
+	// Rise is N: consecutive successes needed to become healthy.
+	// Zero means DefaultRise; negative is an error.
+	Rise int
+	// Fall is M: consecutive failures needed to become unhealthy.
+	// Zero means DefaultFall; negative is an error.
+	Fall int
+	// Grace is how long a proxy that is missing from rounds, or reported
+	// without an address, keeps its state before it is forgotten, counted
+	// from when it was last seen with an address. Zero means DefaultGrace;
+	// negative is an error. (Use Tracker.Remove to forget a proxy at once.)
+	Grace time.Duration
+	// OnForget, when not nil, is called exactly once for every proxy the
+	// tracker forgets (grace expired or Remove), with its last Status, after
+	// the proxy is gone and outside the tracker's lock (it may call the
+	// tracker). Zero: nothing is called.
+	OnForget func(Status)
+	// Now is the tracker's clock. Zero: time.Now.
+	Now func() time.Time
+	// Logger receives state changes and forgets (Info) and per-round
+	// summaries (V(1)). Zero: logs are discarded.
+	Logger logr.Logger
+	// TracerProvider provides the tracer for the span of each Round
+	// ("health.Round"). Zero: no-op.
+	TracerProvider trace.TracerProvider
+}
+
+// Tracker keeps per-proxy health across probe rounds with rise/fall
+// thresholds and a grace period for proxies whose address disappeared. It is
+// safe for concurrent use.
+type Tracker struct {
+	rise, fall int
+	grace      time.Duration
+	onForget   func(Status)
+	now        func() time.Time
+	log        logr.Logger
+	tp         trace.TracerProvider
+	tracer     trace.Tracer
+
+	mu      sync.Mutex
+	entries map[string]*Status
+}
+
+// NewTracker returns a Tracker. Invalid options give an error naming the
+// field.
+func NewTracker(opts *TrackerOptions) (*Tracker, error) {
+	var o TrackerOptions
+	if opts != nil {
+		o = *opts
+	}
+	var errs []error
+	if o.Rise < 0 {
+		errs = append(errs, errors.New("TrackerOptions.Rise: must not be negative"))
+	}
+	if o.Fall < 0 {
+		errs = append(errs, errors.New("TrackerOptions.Fall: must not be negative"))
+	}
+	if o.Grace < 0 {
+		errs = append(errs, errors.New("TrackerOptions.Grace: must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	t := &Tracker{
+		rise:     o.Rise,
+		fall:     o.Fall,
+		grace:    o.Grace,
+		onForget: o.OnForget,
+		now:      o.Now,
+		log:      o.Logger,
+		entries:  make(map[string]*Status),
+	}
+	if t.rise == 0 {
+		t.rise = DefaultRise
+	}
+	if t.fall == 0 {
+		t.fall = DefaultFall
+	}
+	if t.grace == 0 {
+		t.grace = DefaultGrace
+	}
+	if t.now == nil {
+		t.now = time.Now
+	}
+	if t.log.GetSink() == nil {
+		t.log = logr.Discard()
+	}
+	tp := o.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	t.tp = tp
+	t.tracer = tp.Tracer(tracerName)
+	return t, nil
+}
+
+// Update records one complete round. Every observation with an address
+// counts as a probe of that proxy; a proxy reported without an address, or
+// tracked but absent from obs, keeps its state and is forgotten once Grace
+// has passed since it was last seen with an address. Observations of one
+// ID are applied in order.
+func (t *Tracker) Update(obs []Observation) {
+	now := t.now()
+	var forgotten []Status
+	t.mu.Lock()
+	for i := range obs {
+		ob := &obs[i]
+		e, ok := t.entries[ob.ID]
+		if !ok {
+			e = &Status{ID: ob.ID, State: StateUnknown, Since: now, LastSeen: now}
+			t.entries[ob.ID] = e
+		}
+		if ob.Addr == "" {
+			continue
+		}
+		e.Addr = ob.Addr
+		e.LastSeen = now
+		t.record(e, &ob.Result, now)
+	}
+	for id, e := range t.entries {
+		if now.Sub(e.LastSeen) >= t.grace {
+			delete(t.entries, id)
+			forgotten = append(forgotten, *e)
+		}
+	}
+	t.mu.Unlock()
+	t.forget(forgotten, "grace period expired")
+}
+
+// record applies one probe result to e. t.mu is held.
+func (t *Tracker) record(e *Status, r *Result, now time.Time) {
+	e.LastProbe = now
+	e.LastLatency = r.Total
+	e.LastStatusCode = r.StatusCode
+	prev := e.State
+	if r.OK {
+		e.LastKind, e.LastErr = KindNone, nil
+		e.Successes++
+		e.Failures = 0
+		if e.State != StateHealthy && e.Successes >= t.rise {
+			e.State, e.Since = StateHealthy, now
+		}
+	} else {
+		e.LastKind, e.LastErr = r.Kind, r.Err
+		if e.LastKind == KindNone {
+			e.LastKind = KindNetwork // a failed Result without a Kind
+		}
+		e.Failures++
+		e.Successes = 0
+		if e.State != StateUnhealthy && e.Failures >= t.fall {
+			e.State, e.Since = StateUnhealthy, now
+		}
+	}
+	if e.State != prev {
+		t.log.Info("proxy health changed", "id", e.ID, "addr", e.Addr,
+			"from", prev.String(), "to", e.State.String(), "lastError", e.LastErr)
+	}
+}
+
+func (t *Tracker) forget(forgotten []Status, why string) {
+	for _, s := range forgotten {
+		t.log.Info("proxy forgotten", "id", s.ID, "addr", s.Addr, "state", s.State.String(),
+			"lastSeen", s.LastSeen, "reason", why)
+		if t.onForget != nil {
+			t.onForget(s)
+		}
+	}
+}
+
+// Round probes every member that has an address (ProbeAll with opts; the
+// tracker's TracerProvider when opts has none), records the round with
+// Update (members without an address, and tracked proxies not in members,
+// are handled as Update describes) and returns the probe results. One span
+// ("health.Round") covers the round.
+func (t *Tracker) Round(ctx context.Context, members []Member, opts *ProbeAllOptions) []Result {
+	ctx, span := t.tracer.Start(ctx, "health.Round", trace.WithAttributes(
+		attribute.Int("health.members", len(members))))
+	defer span.End()
+
+	var o ProbeAllOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.TracerProvider == nil {
+		o.TracerProvider = t.tp
+	}
+	targets := make([]Target, 0, len(members))
+	for _, m := range members {
+		if m.Addr != "" {
+			targets = append(targets, Target{ID: m.ID, ProxyAddr: m.Addr})
+		}
+	}
+	results := ProbeAll(ctx, targets, &o)
+	obs := make([]Observation, 0, len(members))
+	j := 0
+	for _, m := range members {
+		ob := Observation{ID: m.ID, Addr: m.Addr}
+		if m.Addr != "" {
+			ob.Result = results[j]
+			j++
+		}
+		obs = append(obs, ob)
+	}
+	t.Update(obs)
+	healthy := 0
+	t.mu.Lock()
+	for _, e := range t.entries {
+		if e.State == StateHealthy {
+			healthy++
+		}
+	}
+	tracked := len(t.entries)
+	t.mu.Unlock()
+	span.SetAttributes(attribute.Int("health.probed", len(targets)),
+		attribute.Int("health.tracked", tracked), attribute.Int("health.healthy", healthy))
+	t.log.V(1).Info("health round", "members", len(members), "probed", len(targets),
+		"tracked", tracked, "healthy", healthy)
+	return results
+}
+
+// Remove forgets id at once. It reports whether id was tracked; OnForget is
+// called when it was.
+func (t *Tracker) Remove(id string) bool {
+	t.mu.Lock()
+	e, ok := t.entries[id]
+	if ok {
+		delete(t.entries, id)
+	}
+	t.mu.Unlock()
+	if ok {
+		t.forget([]Status{*e}, "removed")
+	}
+	return ok
+}
+
+// Get returns the status of id.
+func (t *Tracker) Get(id string) (Status, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.entries[id]
+	if !ok {
+		return Status{}, false
+	}
+	return *e, true
+}
+
+// Snapshot returns the status of every tracked proxy, sorted by ID.
+func (t *Tracker) Snapshot() []Status {
+	t.mu.Lock()
+	out := make([]Status, 0, len(t.entries))
+	for _, e := range t.entries {
+		out = append(out, *e)
+	}
+	t.mu.Unlock()
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
