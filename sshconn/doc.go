@@ -1,0 +1,40 @@
+// Package sshconn is egressproxy's SSH transport to a hypervisor: it dials
+// sshd with golang.org/x/crypto/ssh, always verifying the host key against a
+// known_hosts file, keeps one shared connection per host alive and watched,
+// and carries go-libvirt over a direct-streamlocal channel to libvirtd's
+// unix socket (no virsh, no remote shell commands).
+//
+// What it owns:
+//
+//   - Pool: one shared *ssh.Client per host for short calls, dialed lazily,
+//     with keepalive@openssh.com probes (KeepaliveCount intervals without an
+//     answer declare the link dead), a Dead predicate, and redial with a
+//     bounded exponential backoff between failed attempts. Dedicated
+//     connections for long transfers. Kill to abandon the shared link.
+//   - Libvirt: a go-libvirt session over the Pool; Do runs one piece of work
+//     with a context that go-libvirt itself does not take, returning promptly
+//     when the context ends (it kills the link to unblock the RPC), and
+//     reconnects after libvirtd restarts or the link dies, detecting a dead
+//     session before running the work.
+//   - Error classes: every classified failure is an *Error whose Kind says
+//     why: key unreadable, auth refused, host unknown, host key mismatch,
+//     unreachable, forbidden (the remote socket channel was refused), closed,
+//     invalid config. KindOf(err) extracts it.
+//
+// Close rules: Pool.Close, Libvirt.Close and DedicatedConn.Close never block
+// on an unresponsive (even SIGSTOPped) peer. A link is first declared dead
+// (a channel is closed, releasing waiters), then its TCP connection is
+// closed (unblocking every reader and writer), and only then anything that
+// may wait; goroutines are awaited for about a second at most. Every
+// goroutine the package starts ends by Close.
+//
+// What it does not own: retries of failed operations (beyond redialing the
+// link on the next call), mapping Kinds to egressproxy's error classes
+// (kvm2 does that), libvirt error codes, image transfers and their
+// verification (imagecache), and the known_hosts and key files themselves
+// (the embedder provides them; there is no option to skip host key checks).
+//
+// Note: OpenSSH answers "open failed" both for a unix socket the user may
+// not open and for one that does not exist (libvirtd down), so both are
+// KindForbidden.
+package sshconn

@@ -1,0 +1,93 @@
+package sshconn
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Kind classifies why an SSH or libvirt-over-SSH operation failed, so the
+// embedder (and kvm2's Check) can name the cause without parsing messages.
+type Kind int
+
+const (
+	// KindUnknown is any error this package did not classify.
+	KindUnknown Kind = iota
+	// KindConfig is an invalid Config or LibvirtConfig; nothing was touched.
+	KindConfig
+	// KindKeyUnreadable: the private key file is missing, unreadable or not
+	// an unencrypted OpenSSH/PEM private key (credentials unavailable). It is
+	// reported before any network use.
+	KindKeyUnreadable
+	// KindAuthRefused: the server refused our key (unauthorized).
+	KindAuthRefused
+	// KindHostUnknown: the host has no entry in known_hosts (this includes an
+	// empty or missing known_hosts file).
+	KindHostUnknown
+	// KindHostKeyMismatch: known_hosts has a different (or a revoked) key for
+	// the host.
+	KindHostKeyMismatch
+	// KindUnreachable: the TCP dial or the SSH handshake failed or timed out,
+	// or the link died (keepalives unanswered, connection reset, a call
+	// abandoned because its deadline ran out). Retrying later may succeed.
+	KindUnreachable
+	// KindForbidden: SSH is fine but the server refused to open the remote
+	// unix socket channel. OpenSSH gives the same answer for a socket the
+	// user may not open and for a socket that does not exist (daemon down),
+	// so this kind covers both.
+	KindForbidden
+	// KindClosed: the Pool or Libvirt was used after Close.
+	KindClosed
+)
+
+var kindNames = [...]string{
+	KindUnknown:         "unknown",
+	KindConfig:          "invalid config",
+	KindKeyUnreadable:   "key unreadable",
+	KindAuthRefused:     "auth refused",
+	KindHostUnknown:     "host unknown",
+	KindHostKeyMismatch: "host key mismatch",
+	KindUnreachable:     "unreachable",
+	KindForbidden:       "forbidden",
+	KindClosed:          "closed",
+}
+
+// String returns a short lower-case name of the kind.
+func (k Kind) String() string {
+	if k >= 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Error is the error type returned by this package for classified failures.
+type Error struct {
+	Kind Kind   // the class of the failure
+	Addr string // sshd address (host:port) involved, if any
+	Op   string // what was being done: "dial", "handshake", "open unix socket", ...
+	Err  error  // the underlying error (may be nil)
+}
+
+// Error formats as "sshconn: <op> <addr>: <kind>: <err>".
+func (e *Error) Error() string {
+	s := "sshconn: " + e.Op
+	if e.Addr != "" {
+		s += " " + e.Addr
+	}
+	s += ": " + e.Kind.String()
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Unwrap returns the underlying error.
+func (e *Error) Unwrap() error { return e.Err }
+
+// KindOf returns the Kind of the first *Error in err's chain, or KindUnknown.
+func KindOf(err error) Kind {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind
+	}
+	return KindUnknown
+}

@@ -1,0 +1,488 @@
+package sshconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/go-logr/logr"
+)
+
+// LibvirtConfig describes the libvirt side of a Libvirt session.
+type LibvirtConfig struct {
+	// Socket is the remote path of libvirtd's read-write unix socket.
+	// Zero: /var/run/libvirt/libvirt-sock.
+	Socket string
+	// URI is the libvirt connection URI opened on that socket.
+	// Zero: qemu:///system.
+	URI string
+	// CallTimeout is the budget of one Do (connecting included) when its ctx
+	// has no deadline. Zero: 2m.
+	CallTimeout time.Duration
+	// Logger receives debug/info lines. Zero value: discard.
+	Logger logr.Logger
+}
+
+const (
+	defaultLibvirtSocket = "/var/run/libvirt/libvirt-sock"
+	defaultLibvirtURI    = "qemu:///system"
+	defaultCallTimeout   = 2 * time.Minute
+
+	// gentleAbort is how long an abandoned call gets to return after its
+	// libvirt channel was closed before the whole SSH link is killed.
+	gentleAbort = 250 * time.Millisecond
+	// abortWait bounds how long Do waits for an abandoned fn to return once
+	// the link was killed.
+	abortWait = time.Second
+	// politeClose bounds the polite libvirt Disconnect in Close.
+	politeClose = 500 * time.Millisecond
+)
+
+// Libvirt is a go-libvirt connection to one host's libvirtd, carried on a
+// unix socket channel of a Pool's shared SSH connection, connected on first
+// use and reconnected after it dies. Libvirt does not own the Pool: closing
+// it disconnects only its libvirt connection. It is safe for concurrent use;
+// go-libvirt multiplexes concurrent calls over the one connection.
+type Libvirt struct {
+	pool *Pool
+	cfg  LibvirtConfig
+	log  logr.Logger
+
+	mu         sync.Mutex
+	closed     bool
+	closing    chan struct{}
+	sess       *session      // current session; may be dead (kept for Dead)
+	connecting chan struct{} // non-nil while a session is being connected
+
+	wg sync.WaitGroup // every goroutine Libvirt starts
+}
+
+// session is one libvirt connection on one unix socket channel.
+type session struct {
+	lv     *libvirt.Libvirt
+	conn   net.Conn // the SSH channel
+	link   *link    // the SSH connection carrying it
+	broken atomic.Bool
+	once   sync.Once
+}
+
+// dead reports whether the session can no longer serve calls: marked broken
+// by us, go-libvirt saw its socket close (libvirtd restarted, channel
+// closed), or the SSH link died.
+func (s *session) dead() bool {
+	if s.broken.Load() {
+		return true
+	}
+	select {
+	case <-s.lv.Disconnected():
+		return true
+	default:
+	}
+	return s.link.isDead()
+}
+
+// lost reports whether err from a call means the connection was lost.
+func (s *session) lost(err error) bool {
+	if errors.Is(err, libvirt.ErrInterrupted) {
+		return true
+	}
+	// go-libvirt returns a bare EINVAL once its socket is disconnected.
+	var errno syscall.Errno
+	if errors.As(err, &errno) && errno == syscall.EINVAL {
+		return true
+	}
+	return s.dead()
+}
+
+// onceDialer hands go-libvirt the channel we opened (with a ctx) ourselves.
+type onceDialer struct {
+	mu   sync.Mutex
+	conn net.Conn
+}
+
+func (d *onceDialer) Dial() (net.Conn, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.conn
+	d.conn = nil
+	if c == nil {
+		return nil, errors.New("sshconn: libvirt dialer already used (reconnect through sshconn.Libvirt)")
+	}
+	return c, nil
+}
+
+// NewLibvirt returns a Libvirt over pool. It does not dial.
+func NewLibvirt(pool *Pool, cfg LibvirtConfig) *Libvirt {
+	if cfg.Socket == "" {
+		cfg.Socket = defaultLibvirtSocket
+	}
+	if cfg.URI == "" {
+		cfg.URI = defaultLibvirtURI
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = defaultCallTimeout
+	}
+	log := cfg.Logger
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
+	return &Libvirt{
+		pool:    pool,
+		cfg:     cfg,
+		log:     log.WithName("sshconn-libvirt").WithValues("addr", pool.cfg.Addr, "uri", cfg.URI),
+		closing: make(chan struct{}),
+	}
+}
+
+func (l *Libvirt) goOwned(f func()) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		f()
+	}()
+	return true
+}
+
+func (l *Libvirt) closedError(op string) error {
+	return &Error{Kind: KindClosed, Addr: l.pool.cfg.Addr, Op: op, Err: errors.New("libvirt session closed")}
+}
+
+// Do runs fn with the shared *libvirt.Libvirt, connecting it first when
+// there is none or the previous one died (libvirtd restarted, SSH link
+// dead): a dead session is detected before fn runs, so the first Do after a
+// libvirtd restart already runs on a fresh connection.
+//
+// fn runs in its own goroutine. When ctx ends (or, if ctx has no deadline,
+// LibvirtConfig.CallTimeout runs out) Do closes the libvirt channel, then if
+// fn still has not returned kills the SSH link so its blocked RPC returns,
+// and returns promptly an error wrapping ctx.Err() (KindUnreachable for a
+// deadline, unclassified for a cancel). Other calls on that link then fail
+// as KindUnreachable and the next Do reconnects.
+//
+// If fn fails and the libvirt connection was lost, the session is marked
+// dead and the error is returned as *Error{Kind: KindUnreachable}; any other
+// error of fn (e.g. a libvirt.Error) is returned unchanged.
+func (l *Libvirt) Do(ctx context.Context, fn func(*libvirt.Libvirt) error) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.cfg.CallTimeout)
+		defer cancel()
+	}
+	s, err := l.session(ctx)
+	if err != nil {
+		return err
+	}
+	err = l.run(ctx, s, "libvirt call", func() error { return fn(s.lv) })
+	if err == nil {
+		return nil
+	}
+	var own *Error
+	if errors.As(err, &own) {
+		return err // abandoned by ctx, or closed
+	}
+	if s.lost(err) {
+		s.broken.Store(true)
+		l.log.V(1).Info("libvirt connection lost", "err", err.Error())
+		return &Error{Kind: KindUnreachable, Addr: l.pool.cfg.Addr, Op: "libvirt call", Err: err}
+	}
+	return err
+}
+
+// run runs f in an owned goroutine and waits for it or for ctx. When ctx
+// ends first, the session is broken so that f returns: the channel is
+// closed, and the SSH link killed if that is not enough within gentleAbort.
+func (l *Libvirt) run(ctx context.Context, s *session, op string, f func() error) error {
+	done := make(chan error, 1)
+	if !l.goOwned(func() { done <- f() }) {
+		return l.closedError(op)
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	cause := ctx.Err()
+	l.log.V(1).Info("abandoning libvirt call", "op", op, "err", cause.Error())
+	l.abort(s, done, fmt.Errorf("%s abandoned: %w", op, cause))
+	return ctxError(l.pool.cfg.Addr, op, cause)
+}
+
+// abort breaks s so that a call blocked on it returns, bounded in time.
+func (l *Libvirt) abort(s *session, done <-chan error, cause error) {
+	s.broken.Store(true)
+	l.teardown(s)
+	t := time.NewTimer(gentleAbort)
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-t.C:
+	}
+	// The peer did not even answer the channel close: kill the link.
+	l.pool.killLink(s.link, cause)
+	t.Reset(abortWait)
+	select {
+	case <-done:
+	case <-t.C:
+		l.log.Info("abandoned libvirt call still running after the link was killed", "cause", cause.Error())
+	}
+}
+
+// teardown closes the session's channel without waiting on the peer (the
+// close runs in an owned goroutine; a frozen peer is cut by killing the link).
+func (l *Libvirt) teardown(s *session) {
+	s.once.Do(func() {
+		s.broken.Store(true)
+		if !l.goOwned(func() { _ = s.conn.Close() }) {
+			// Closed: Close kills what is left.
+			return
+		}
+	})
+}
+
+// session returns a live session, connecting a new one if needed.
+func (l *Libvirt) session(ctx context.Context) (*session, error) {
+	for {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return nil, l.closedError("libvirt connect")
+		}
+		if s := l.sess; s != nil && !s.dead() {
+			l.mu.Unlock()
+			return s, nil
+		}
+		if ch := l.connecting; ch != nil {
+			l.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctxError(l.pool.cfg.Addr, "libvirt connect", ctx.Err())
+			case <-l.closing:
+				return nil, l.closedError("libvirt connect")
+			}
+		}
+		old := l.sess
+		ch := make(chan struct{})
+		l.connecting = ch
+		l.mu.Unlock()
+
+		if old != nil {
+			l.teardown(old)
+		}
+		s, err := l.connect(ctx)
+
+		l.mu.Lock()
+		l.connecting = nil
+		close(ch)
+		if l.closed {
+			l.mu.Unlock()
+			if s != nil {
+				l.pool.killLink(s.link, errors.New("libvirt session closed while connecting"))
+			}
+			return nil, l.closedError("libvirt connect")
+		}
+		if err == nil {
+			l.sess = s
+		}
+		l.mu.Unlock()
+		return s, err
+	}
+}
+
+// connect opens a channel to the libvirt socket on the shared link and runs
+// ConnectToURI on it, bounded by ctx.
+func (l *Libvirt) connect(ctx context.Context) (*session, error) {
+	start := time.Now()
+	conn, lk, err := l.pool.dialUnix(ctx, l.cfg.Socket)
+	if err != nil {
+		return nil, err
+	}
+	s := l.newSession(conn, lk)
+	if err := l.connectURI(ctx, s); err != nil {
+		return nil, err
+	}
+	l.log.V(1).Info("libvirt connected", "elapsed", time.Since(start).String())
+	return s, nil
+}
+
+func (l *Libvirt) newSession(conn net.Conn, lk *link) *session {
+	return &session{lv: libvirt.NewWithDialer(&onceDialer{conn: conn}), conn: conn, link: lk}
+}
+
+func (l *Libvirt) connectURI(ctx context.Context, s *session) error {
+	op := "libvirt connect " + l.cfg.URI
+	err := l.run(ctx, s, op, func() error { return s.lv.ConnectToURI(libvirt.ConnectURI(l.cfg.URI)) })
+	if err == nil {
+		return nil
+	}
+	l.teardown(s)
+	var own *Error
+	if errors.As(err, &own) {
+		return err
+	}
+	if s.lost(err) {
+		return &Error{Kind: KindUnreachable, Addr: l.pool.cfg.Addr, Op: op, Err: err}
+	}
+	return fmt.Errorf("sshconn: %s on %s: %w", op, l.pool.cfg.Addr, err)
+}
+
+// Dead reports whether the current libvirt session is known to be unusable
+// (connection lost, SSH link dead, abandoned by a ctx, or Libvirt closed). It
+// is false before the first connection. The next Do reconnects.
+func (l *Libvirt) Dead() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return true
+	}
+	return l.sess != nil && l.sess.dead()
+}
+
+// Close disconnects the libvirt session (politely when the peer answers
+// within half a second; otherwise the channel is closed and, if the peer does
+// not answer that either, the SSH link carrying it is killed) and waits
+// (bounded, about a second) for Libvirt's goroutines. It does not close the
+// Pool. Calls after Close fail with KindClosed. Close is idempotent.
+func (l *Libvirt) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	s := l.sess
+	var polite chan error
+	if s != nil && !s.dead() {
+		polite = make(chan error, 1)
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			polite <- s.lv.Disconnect()
+		}()
+	}
+	l.closed = true
+	close(l.closing)
+	l.mu.Unlock()
+
+	var err error
+	if s != nil {
+		if polite != nil {
+			t := time.NewTimer(politeClose)
+			select {
+			case err = <-polite:
+			case <-t.C:
+				err = errors.New("libvirt disconnect did not finish in time; link killed")
+				l.pool.killLink(s.link, errors.New("libvirt close timed out"))
+			}
+			t.Stop()
+		}
+		s.broken.Store(true)
+		// Make sure the channel is closed (and with it go-libvirt's reader).
+		s.once.Do(func() {
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				_ = s.conn.Close()
+			}()
+		})
+	}
+	if !waitBounded(&l.wg, closeWait) {
+		if s != nil {
+			l.pool.killLink(s.link, errors.New("libvirt close: channel close did not finish"))
+		}
+		if !waitBounded(&l.wg, 200*time.Millisecond) {
+			return &Error{Kind: KindUnknown, Addr: l.pool.cfg.Addr, Op: "libvirt close",
+				Err: fmt.Errorf("goroutines still running after %v", closeWait)}
+		}
+	}
+	if err != nil {
+		return &Error{Kind: KindUnknown, Addr: l.pool.cfg.Addr, Op: "libvirt close", Err: err}
+	}
+	return nil
+}
+
+// DedicatedConn is a libvirt connection on its own SSH connection, for long
+// transfers (image uploads). L may be used directly (no Do wrapper); to
+// abandon a blocked call, Kill the connection.
+type DedicatedConn struct {
+	L *libvirt.Libvirt
+
+	pool *Pool
+	link *link
+	once sync.Once
+}
+
+// Dedicated dials a new SSH connection (Pool.Dedicated), opens the libvirt
+// socket on it and connects, all bounded by ctx. The caller must Close it.
+func (l *Libvirt) Dedicated(ctx context.Context) (*DedicatedConn, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.cfg.CallTimeout)
+		defer cancel()
+	}
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return nil, l.closedError("libvirt dedicated connect")
+	}
+	lk, err := l.pool.dedicatedLink(ctx)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := l.pool.openUnix(ctx, lk, l.cfg.Socket)
+	if err != nil {
+		l.pool.killLink(lk, errors.New("dedicated connect failed"))
+		return nil, err
+	}
+	s := l.newSession(conn, lk)
+	if err := l.connectURI(ctx, s); err != nil {
+		l.pool.killLink(lk, errors.New("dedicated connect failed"))
+		return nil, err
+	}
+	return &DedicatedConn{L: s.lv, pool: l.pool, link: lk}, nil
+}
+
+// Close disconnects libvirt (politely if the peer answers within half a
+// second), then closes the SSH connection. It never blocks on a dead peer.
+func (d *DedicatedConn) Close() error {
+	var err error
+	d.once.Do(func() {
+		if !d.link.isDead() {
+			done := make(chan error, 1)
+			if d.pool.goOwned(func() { done <- d.L.Disconnect() }) {
+				t := time.NewTimer(politeClose)
+				select {
+				case err = <-done:
+				case <-t.C:
+					err = errors.New("libvirt disconnect did not finish in time")
+				}
+				t.Stop()
+			}
+		}
+		d.link.kill(errors.New("dedicated connection closed")) // dead first, then the TCP conn
+		_ = d.link.client.Close()
+	})
+	if err != nil {
+		return &Error{Kind: KindUnknown, Addr: d.link.addr, Op: "close dedicated", Err: err}
+	}
+	return nil
+}
+
+// Kill closes the dedicated SSH connection at once (to abort a transfer);
+// calls blocked on L return with errors. Close is still allowed afterwards.
+func (d *DedicatedConn) Kill() {
+	d.pool.killLink(d.link, errKilled)
+}

@@ -1,0 +1,364 @@
+package sshconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/crypto/ssh"
+)
+
+// closeWait bounds how long Close waits for the goroutines it owns.
+const closeWait = time.Second
+
+// Pool holds one shared SSH connection to one host (Config.Addr) for short
+// calls, redials it after it dies, and opens dedicated connections for long
+// transfers. It is safe for concurrent use.
+type Pool struct {
+	cfg Config
+	log logr.Logger
+
+	mu        sync.Mutex
+	closed    bool
+	closing   chan struct{} // closed by Close
+	cur       *link         // the shared link; may be dead
+	dialing   chan struct{} // non-nil while a dial of the shared link runs
+	lastErr   error         // error of the latest failed dial of the shared link
+	failures  int           // consecutive failed dials (ctx-caused ones excluded)
+	retryAt   time.Time     // no new dial before this (backoff)
+	dedicated map[*link]struct{}
+
+	wg sync.WaitGroup // every goroutine the pool starts
+}
+
+// New validates cfg and returns a Pool. It does not dial: the first Client,
+// DialUnix or Dedicated call does.
+func New(cfg Config) (*Pool, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	return &Pool{
+		cfg:       cfg,
+		log:       cfg.Logger.WithName("sshconn").WithValues("addr", cfg.Addr),
+		closing:   make(chan struct{}),
+		dedicated: map[*link]struct{}{},
+	}, nil
+}
+
+// goOwned starts f in a goroutine the pool waits for on Close. It returns
+// false (and does not start f) once the pool is closed.
+func (p *Pool) goOwned(f func()) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		f()
+	}()
+	return true
+}
+
+func (p *Pool) closedError(op string) error {
+	return &Error{Kind: KindClosed, Addr: p.cfg.Addr, Op: op, Err: errPoolClosed}
+}
+
+// ctxError wraps a context error: a deadline that ran out is KindUnreachable
+// (the peer did not answer in time), a cancellation is left unclassified.
+func ctxError(addr, op string, err error) error {
+	k := KindUnknown
+	if errors.Is(err, context.DeadlineExceeded) {
+		k = KindUnreachable
+	}
+	return &Error{Kind: k, Addr: addr, Op: op, Err: err}
+}
+
+// Client returns the shared *ssh.Client, dialing it when there is none or
+// the previous one died. Failed dials are spaced by a bounded exponential
+// backoff (100ms doubling up to MaxRedialBackoff): a call arriving during the
+// backoff waits for it when ctx allows, otherwise it fails at once with the
+// latest dial error. The first redial after a healthy link died is immediate.
+// The caller must not Close the returned client (use Kill to abandon it).
+func (p *Pool) Client(ctx context.Context) (*ssh.Client, error) {
+	l, err := p.shared(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return l.client, nil
+}
+
+func (p *Pool) shared(ctx context.Context) (*link, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, ctxError(p.cfg.Addr, "dial", err)
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, p.closedError("dial")
+		}
+		if l := p.cur; l != nil && !l.isDead() {
+			p.mu.Unlock()
+			return l, nil
+		}
+		if ch := p.dialing; ch != nil {
+			p.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctxError(p.cfg.Addr, "dial", ctx.Err())
+			case <-p.closing:
+				return nil, p.closedError("dial")
+			}
+		}
+		if wait := time.Until(p.retryAt); wait > 0 {
+			lastErr := p.lastErr
+			p.mu.Unlock()
+			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+				return nil, &Error{Kind: KindOf(lastErr), Addr: p.cfg.Addr,
+					Op: fmt.Sprintf("dial (backing off %v after failure)", wait.Round(time.Millisecond)), Err: lastErr}
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctxError(p.cfg.Addr, "dial", ctx.Err())
+			case <-p.closing:
+				t.Stop()
+				return nil, p.closedError("dial")
+			}
+			continue
+		}
+		ch := make(chan struct{})
+		p.dialing = ch
+		p.mu.Unlock()
+
+		l, err := p.dialLink(ctx, false)
+
+		p.mu.Lock()
+		p.dialing = nil
+		close(ch)
+		if p.closed {
+			p.mu.Unlock()
+			if l != nil {
+				l.kill(errPoolClosed)
+			}
+			return nil, p.closedError("dial")
+		}
+		if err != nil {
+			if ctx.Err() == nil { // our caller's ctx is not the server's fault
+				p.failures++
+				p.lastErr = err
+				backoff := minRedialBackoff << min(p.failures-1, 20)
+				if backoff > p.cfg.MaxRedialBackoff || backoff <= 0 {
+					backoff = p.cfg.MaxRedialBackoff
+				}
+				p.retryAt = time.Now().Add(backoff)
+			}
+			p.mu.Unlock()
+			p.log.V(1).Info("ssh dial failed", "err", err.Error())
+			return nil, err
+		}
+		p.failures, p.lastErr, p.retryAt = 0, nil, time.Time{}
+		p.cur = l
+		p.mu.Unlock()
+		return l, nil
+	}
+}
+
+// Dead reports whether the shared link is known to be unusable: it was
+// declared dead (keepalives unanswered, connection ended, Kill) or the latest
+// dial failed, or the pool is closed. It is false before the first dial and
+// after a successful (re)dial. The next Client/DialUnix redials a dead link.
+func (p *Pool) Dead() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return true
+	case p.lastErr != nil:
+		return true
+	case p.cur != nil:
+		return p.cur.isDead()
+	default:
+		return false
+	}
+}
+
+// DialUnix opens a direct-streamlocal channel to the remote unix socket path
+// on the shared connection. A refusal by the server is KindForbidden (OpenSSH
+// refuses the same way when the socket does not exist or the user may not
+// open it). If ctx ends first the channel open is abandoned (its channel is
+// closed if it ever opens) and a ctx error is returned.
+func (p *Pool) DialUnix(ctx context.Context, path string) (net.Conn, error) {
+	c, _, err := p.dialUnix(ctx, path)
+	return c, err
+}
+
+func (p *Pool) dialUnix(ctx context.Context, path string) (net.Conn, *link, error) {
+	l, err := p.shared(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := p.openUnix(ctx, l, path)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, l, nil
+}
+
+func (p *Pool) openUnix(ctx context.Context, l *link, path string) (net.Conn, error) {
+	op := "open unix socket " + path
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	res := make(chan result)
+	abandon := make(chan struct{})
+	if !p.goOwned(func() {
+		c, err := l.client.Dial("unix", path)
+		select {
+		case res <- result{c, err}:
+		case <-abandon:
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+	}) {
+		return nil, p.closedError(op)
+	}
+	select {
+	case r := <-res:
+		if r.err == nil {
+			return r.c, nil
+		}
+		var oce *ssh.OpenChannelError
+		if errors.As(r.err, &oce) {
+			return nil, &Error{Kind: KindForbidden, Addr: p.cfg.Addr, Op: op, Err: r.err}
+		}
+		// Any other failure means the connection itself is broken.
+		l.kill(fmt.Errorf("channel open failed: %w", r.err))
+		return nil, &Error{Kind: KindUnreachable, Addr: p.cfg.Addr, Op: op, Err: r.err}
+	case <-ctx.Done():
+		close(abandon)
+		return nil, ctxError(p.cfg.Addr, op, ctx.Err())
+	case <-l.dead:
+		close(abandon)
+		return nil, &Error{Kind: KindUnreachable, Addr: p.cfg.Addr, Op: op, Err: l.deathCause()}
+	}
+}
+
+// Dedicated dials a new SSH connection, not shared and not subject to the
+// shared link's backoff, for a long transfer. It has its own keepalive (a
+// dead peer tears it down). The caller must Close it; Pool.Close also closes
+// any still open.
+func (p *Pool) Dedicated(ctx context.Context) (*ssh.Client, error) {
+	l, err := p.dedicatedLink(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return l.client, nil
+}
+
+func (p *Pool) dedicatedLink(ctx context.Context) (*link, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, ctxError(p.cfg.Addr, "dial dedicated", err)
+	}
+	l, err := p.dialLink(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		l.kill(errPoolClosed)
+		return nil, p.closedError("dial dedicated")
+	}
+	if !l.isDead() {
+		p.dedicated[l] = struct{}{}
+	}
+	p.mu.Unlock()
+	return l, nil
+}
+
+// Kill declares the shared link dead and tears it down at once (never
+// blocks): calls blocked on it return with errors, and the next call redials
+// without backoff. cause is recorded for logs and error messages.
+func (p *Pool) Kill(cause error) {
+	if cause == nil {
+		cause = errKilled
+	}
+	p.mu.Lock()
+	l := p.cur
+	p.mu.Unlock()
+	if l != nil {
+		p.killLink(l, cause)
+	}
+}
+
+func (p *Pool) killLink(l *link, cause error) {
+	if l.kill(cause) {
+		p.log.Info("ssh link killed", "dedicated", l.dedicated, "cause", cause.Error())
+	}
+}
+
+// Close tears down the shared link and every dedicated link still open, and
+// waits (at most about a second) for the pool's goroutines. Each link is
+// first declared dead, then its TCP connection is closed, and only then its
+// ssh.Client, so an unresponsive or stopped peer cannot block Close. Calls
+// after Close fail with KindClosed. Close is idempotent.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	close(p.closing)
+	var links []*link
+	if p.cur != nil {
+		links = append(links, p.cur)
+	}
+	for l := range p.dedicated {
+		links = append(links, l)
+	}
+	p.mu.Unlock()
+
+	for _, l := range links {
+		l.kill(errPoolClosed) // dead first, then the TCP conn
+	}
+	for _, l := range links {
+		_ = l.client.Close() // cannot block now: its net.Conn is closed
+	}
+	if !waitBounded(&p.wg, closeWait) {
+		return &Error{Kind: KindUnknown, Addr: p.cfg.Addr, Op: "close",
+			Err: fmt.Errorf("goroutines still running after %v", closeWait)}
+	}
+	return nil
+}
+
+// waitBounded waits for wg at most d; it reports whether wg finished.
+func waitBounded(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}

@@ -1,0 +1,476 @@
+package sshconn
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/pem"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
+)
+
+// testServer is an in-process sshd: public key auth, keepalive replies,
+// direct-streamlocal channels bridged to local unix sockets. It can freeze
+// (stop reading and writing, like a SIGSTOPped sshd) and refuse channels.
+type testServer struct {
+	t          *testing.T
+	ln         net.Listener
+	Addr       string
+	hostKeys   []ssh.Signer
+	authorized []byte // marshalled authorized public key
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	frozen bool
+	thaw   chan struct{}
+	refuse map[string]bool // socket paths to refuse
+
+	closed     chan struct{}
+	closeOnce  sync.Once
+	wg         sync.WaitGroup
+	accepts    atomic.Int64
+	keepalives atomic.Int64
+}
+
+func genEd25519(t *testing.T) ed25519.PrivateKey {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return priv
+}
+
+func mustSigner(t *testing.T, k any) ssh.Signer {
+	t.Helper()
+	s, err := ssh.NewSignerFromKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// writeKey writes priv as an unencrypted OpenSSH private key file.
+func writeKey(t *testing.T, dir, name string, priv any) string {
+	t.Helper()
+	blk, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, pem.EncodeToMemory(blk), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func writeKnownHosts(t *testing.T, dir, name, addr string, keys ...ssh.PublicKey) string {
+	t.Helper()
+	var b strings.Builder
+	for _, k := range keys {
+		b.WriteString(knownhosts.Line([]string{knownhosts.Normalize(addr)}, k) + "\n")
+	}
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// startServer starts a test sshd with the given host keys (ed25519 if none)
+// authorizing clientPub.
+func startServer(t *testing.T, clientPub ssh.PublicKey, hostKeys ...ssh.Signer) *testServer {
+	t.Helper()
+	if len(hostKeys) == 0 {
+		hostKeys = []ssh.Signer{mustSigner(t, genEd25519(t))}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &testServer{
+		t: t, ln: ln, Addr: ln.Addr().String(), hostKeys: hostKeys,
+		authorized: clientPub.Marshal(),
+		conns:      map[net.Conn]struct{}{},
+		refuse:     map[string]bool{},
+		closed:     make(chan struct{}),
+	}
+	s.wg.Add(1)
+	go s.serve()
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *testServer) Close() {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		_ = s.ln.Close()
+		s.mu.Lock()
+		for c := range s.conns {
+			_ = c.Close()
+		}
+		s.mu.Unlock()
+		s.wg.Wait()
+	})
+}
+
+func (s *testServer) Freeze() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.frozen {
+		s.frozen = true
+		s.thaw = make(chan struct{})
+	}
+}
+
+func (s *testServer) Thaw() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.frozen {
+		s.frozen = false
+		close(s.thaw)
+	}
+}
+
+func (s *testServer) Refuse(path string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuse[path] = true
+}
+
+// DropAll closes every server-side connection (like killing sshd's children).
+func (s *testServer) DropAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		_ = c.Close()
+	}
+}
+
+func (s *testServer) gate() {
+	s.mu.Lock()
+	if !s.frozen {
+		s.mu.Unlock()
+		return
+	}
+	thaw := s.thaw
+	s.mu.Unlock()
+	select {
+	case <-thaw:
+	case <-s.closed:
+	}
+}
+
+type freezeConn struct {
+	net.Conn
+	s *testServer
+}
+
+func (c *freezeConn) Read(b []byte) (int, error) {
+	c.s.gate()
+	n, err := c.Conn.Read(b)
+	c.s.gate()
+	return n, err
+}
+
+func (c *freezeConn) Write(b []byte) (int, error) {
+	c.s.gate()
+	return c.Conn.Write(b)
+}
+
+func (s *testServer) serve() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.accepts.Add(1)
+		s.mu.Lock()
+		select {
+		case <-s.closed:
+			s.mu.Unlock()
+			_ = c.Close()
+			return
+		default:
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.handle(c)
+	}
+}
+
+func (s *testServer) handle(c net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		_ = c.Close()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+	cfg := &ssh.ServerConfig{
+		PublicKeyCallback: func(_ ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
+			if string(key.Marshal()) == string(s.authorized) {
+				return nil, nil
+			}
+			return nil, io.ErrUnexpectedEOF
+		},
+	}
+	for _, k := range s.hostKeys {
+		cfg.AddHostKey(k)
+	}
+	sc, chans, reqs, err := ssh.NewServerConn(&freezeConn{Conn: c, s: s}, cfg)
+	if err != nil {
+		return
+	}
+	defer sc.Close()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for r := range reqs {
+			if r.Type == "keepalive@openssh.com" {
+				s.keepalives.Add(1)
+			}
+			if r.WantReply {
+				_ = r.Reply(false, nil) // like OpenSSH: unknown global request -> failure reply
+			}
+		}
+	}()
+	for nc := range chans {
+		if nc.ChannelType() != "direct-streamlocal@openssh.com" {
+			_ = nc.Reject(ssh.UnknownChannelType, "unsupported")
+			continue
+		}
+		var req struct {
+			Path      string
+			Reserved0 string
+			Reserved1 uint32
+		}
+		if err := ssh.Unmarshal(nc.ExtraData(), &req); err != nil {
+			_ = nc.Reject(ssh.ConnectionFailed, "bad request")
+			continue
+		}
+		s.mu.Lock()
+		refused := s.refuse[req.Path]
+		s.mu.Unlock()
+		if refused {
+			_ = nc.Reject(ssh.ConnectionFailed, "open failed")
+			continue
+		}
+		uc, err := net.Dial("unix", req.Path)
+		if err != nil {
+			_ = nc.Reject(ssh.ConnectionFailed, "open failed")
+			continue
+		}
+		ch, creqs, err := nc.Accept()
+		if err != nil {
+			_ = uc.Close()
+			continue
+		}
+		s.wg.Add(3)
+		go func() { defer s.wg.Done(); ssh.DiscardRequests(creqs) }()
+		go func() {
+			defer s.wg.Done()
+			_, _ = io.Copy(ch, uc)
+			_ = ch.Close()
+		}()
+		go func() {
+			defer s.wg.Done()
+			_, _ = io.Copy(uc, ch)
+			_ = uc.Close()
+		}()
+	}
+}
+
+// fakeLibvirtd speaks just enough of the libvirt RPC protocol on a unix
+// socket: AuthList, ConnectOpen, ConnectClose, ConnectGetHostname.
+type fakeLibvirtd struct {
+	Path     string
+	ln       net.Listener
+	hostname string
+	hang     atomic.Bool // leave ConnectGetHostname unanswered
+	opens    atomic.Int64
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
+	closed bool
+}
+
+const (
+	procConnectOpen        = 1
+	procConnectClose       = 2
+	procConnectGetHostname = 59
+	procAuthList           = 66
+)
+
+func startLibvirtd(t *testing.T, hostname string) *fakeLibvirtd {
+	t.Helper()
+	// Short path: unix socket paths are limited to ~108 bytes.
+	dir, err := os.MkdirTemp("", "sshconn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	p := filepath.Join(dir, "libvirt-sock")
+	ln, err := net.Listen("unix", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeLibvirtd{Path: p, ln: ln, hostname: hostname, conns: map[net.Conn]struct{}{}}
+	f.wg.Add(1)
+	go f.serve()
+	t.Cleanup(f.Close)
+	return f
+}
+
+func (f *fakeLibvirtd) Close() {
+	f.mu.Lock()
+	f.closed = true
+	_ = f.ln.Close()
+	for c := range f.conns {
+		_ = c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+}
+
+// DropAll closes every client connection, like a libvirtd restart.
+func (f *fakeLibvirtd) DropAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := range f.conns {
+		_ = c.Close()
+	}
+}
+
+func (f *fakeLibvirtd) serve() {
+	defer f.wg.Done()
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		f.mu.Lock()
+		if f.closed {
+			f.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		f.conns[c] = struct{}{}
+		f.wg.Add(1)
+		f.mu.Unlock()
+		go f.handle(c)
+	}
+}
+
+func xdrString(s string) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(len(s)))
+	b = append(b, s...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+func (f *fakeLibvirtd) handle(c net.Conn) {
+	defer f.wg.Done()
+	defer func() {
+		_ = c.Close()
+		f.mu.Lock()
+		delete(f.conns, c)
+		f.mu.Unlock()
+	}()
+	r := bufio.NewReader(c)
+	for {
+		var hdr [28]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint32(hdr[0:4])
+		if n < 28 {
+			return
+		}
+		if _, err := io.CopyN(io.Discard, r, int64(n-28)); err != nil {
+			return
+		}
+		proc := binary.BigEndian.Uint32(hdr[12:16])
+		var payload []byte
+		switch proc {
+		case procAuthList:
+			payload = binary.BigEndian.AppendUint32(nil, 0) // no auth types
+		case procConnectOpen:
+			f.opens.Add(1)
+		case procConnectClose:
+		case procConnectGetHostname:
+			if f.hang.Load() {
+				continue
+			}
+			payload = xdrString(f.hostname)
+		default:
+			continue // unknown: never answered
+		}
+		out := make([]byte, 28, 28+len(payload))
+		copy(out, hdr[:])
+		binary.BigEndian.PutUint32(out[0:4], uint32(28+len(payload)))
+		binary.BigEndian.PutUint32(out[16:20], 1) // type: reply
+		binary.BigEndian.PutUint32(out[24:28], 0) // status: OK
+		out = append(out, payload...)
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+	}
+}
+
+// fixture is a test server plus the client files that reach it.
+type fixture struct {
+	srv        *testServer
+	dir        string
+	keyFile    string
+	knownHosts string
+	clientPriv ed25519.PrivateKey
+}
+
+func newFixture(t *testing.T, hostKeys ...ssh.Signer) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	priv := genEd25519(t)
+	clientPub, err := ssh.NewPublicKey(priv.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, clientPub, hostKeys...)
+	return &fixture{
+		srv:        srv,
+		dir:        dir,
+		keyFile:    writeKey(t, dir, "id_ed25519", priv),
+		knownHosts: writeKnownHosts(t, dir, "known_hosts", srv.Addr, srv.hostKeys[0].PublicKey()),
+		clientPriv: priv,
+	}
+}
+
+func (f *fixture) config() Config {
+	return Config{Addr: f.srv.Addr, User: "root", KeyFile: f.keyFile, KnownHostsFile: f.knownHosts}
+}
+
+func genECDSA(t *testing.T) *ecdsa.PrivateKey {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}

@@ -1,0 +1,625 @@
+package sshconn
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"go.uber.org/goleak"
+	"golang.org/x/crypto/ssh"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func newPool(t *testing.T, cfg Config) *Pool {
+	t.Helper()
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func TestValidate(t *testing.T) {
+	ok := Config{Addr: "127.0.0.1:22", User: "root", KeyFile: "/k", KnownHostsFile: "/kh"}
+	tests := []struct {
+		name  string
+		edit  func(*Config)
+		field string // "" = valid
+	}{
+		{"valid", func(*Config) {}, ""},
+		{"no addr", func(c *Config) { c.Addr = "" }, "Addr"},
+		{"addr without port", func(c *Config) { c.Addr = "host" }, "Addr"},
+		{"addr bad port", func(c *Config) { c.Addr = "host:99999" }, "Addr"},
+		{"addr empty host", func(c *Config) { c.Addr = ":22" }, "Addr"},
+		{"no user", func(c *Config) { c.User = "" }, "User"},
+		{"no key", func(c *Config) { c.KeyFile = "" }, "KeyFile"},
+		{"no known_hosts", func(c *Config) { c.KnownHostsFile = "" }, "KnownHostsFile"},
+		{"negative dial timeout", func(c *Config) { c.DialTimeout = -1 }, "DialTimeout"},
+		{"negative keepalive", func(c *Config) { c.KeepaliveInterval = -1 }, "KeepaliveInterval"},
+		{"negative count", func(c *Config) { c.KeepaliveCount = -1 }, "KeepaliveCount"},
+		{"negative backoff", func(c *Config) { c.MaxRedialBackoff = -1 }, "MaxRedialBackoff"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			tc.edit(&c)
+			err := c.Validate()
+			if tc.field == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate accepted %+v", c)
+			}
+			if KindOf(err) != KindConfig {
+				t.Errorf("kind %v, want %v", KindOf(err), KindConfig)
+			}
+			if !strings.Contains(err.Error(), tc.field+":") {
+				t.Errorf("error %q does not name field %s", err, tc.field)
+			}
+			if _, nerr := New(c); KindOf(nerr) != KindConfig {
+				t.Errorf("New accepted invalid config: %v", nerr)
+			}
+		})
+	}
+}
+
+func TestKindString(t *testing.T) {
+	seen := map[string]bool{}
+	for k := KindUnknown; k <= KindClosed; k++ {
+		s := k.String()
+		if s == "" || seen[s] || strings.HasPrefix(s, "Kind(") {
+			t.Errorf("bad or duplicate name %q for %d", s, int(k))
+		}
+		seen[s] = true
+	}
+	if KindOf(errors.New("x")) != KindUnknown || KindOf(nil) != KindUnknown {
+		t.Error("KindOf of a foreign error is not KindUnknown")
+	}
+}
+
+func TestDialErrors(t *testing.T) {
+	f := newFixture(t)
+	other := mustSigner(t, genEd25519(t)).PublicKey()
+	closedPort := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := ln.Addr().String()
+		_ = ln.Close()
+		return a
+	}()
+	tests := []struct {
+		name      string
+		edit      func(*Config)
+		want      Kind
+		noNetwork bool
+	}{
+		{"ok", func(*Config) {}, KindUnknown, false},
+		{"unknown host", func(c *Config) {
+			c.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-other-host", "10.9.9.9:22", f.srv.hostKeys[0].PublicKey())
+		}, KindHostUnknown, false},
+		{"empty known_hosts", func(c *Config) {
+			c.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-empty", f.srv.Addr)
+		}, KindHostUnknown, false},
+		{"missing known_hosts", func(c *Config) {
+			c.KnownHostsFile = filepath.Join(f.dir, "nope")
+		}, KindHostUnknown, true},
+		{"host key mismatch", func(c *Config) {
+			c.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-mismatch", f.srv.Addr, other)
+		}, KindHostKeyMismatch, false},
+		{"missing key file", func(c *Config) { c.KeyFile = filepath.Join(f.dir, "missing") }, KindKeyUnreadable, true},
+		{"garbage key file", func(c *Config) {
+			p := filepath.Join(f.dir, "garbage")
+			if err := os.WriteFile(p, []byte("not a key"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			c.KeyFile = p
+		}, KindKeyUnreadable, true},
+		{"auth refused", func(c *Config) { c.KeyFile = writeKey(t, f.dir, "unauthorized", genEd25519(t)) }, KindAuthRefused, false},
+		{"unreachable", func(c *Config) {
+			c.Addr = closedPort
+			c.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-closed", closedPort, f.srv.hostKeys[0].PublicKey())
+		}, KindUnreachable, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := f.config()
+			tc.edit(&cfg)
+			p := newPool(t, cfg)
+			before := f.srv.accepts.Load()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			c, err := p.Client(ctx)
+			if tc.want == KindUnknown {
+				if err != nil {
+					t.Fatalf("Client: %v", err)
+				}
+				if _, _, err := c.SendRequest("keepalive@openssh.com", true, nil); err != nil {
+					t.Fatalf("request on the client: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("Client succeeded")
+			}
+			if got := KindOf(err); got != tc.want {
+				t.Fatalf("kind %v, want %v (err: %v)", got, tc.want, err)
+			}
+			if tc.noNetwork && f.srv.accepts.Load() != before {
+				t.Errorf("the server was contacted although the failure is local")
+			}
+			if !p.Dead() {
+				t.Errorf("Dead() false after a failed dial")
+			}
+			if _, err := p.Dedicated(ctx); KindOf(err) != tc.want {
+				t.Errorf("Dedicated kind %v, want %v", KindOf(err), tc.want)
+			}
+		})
+	}
+}
+
+// A server offering ecdsa first and ed25519 must be accepted when
+// known_hosts pins only the ed25519 key (and vice versa).
+func TestHostKeyAlgorithmFromKnownHosts(t *testing.T) {
+	ec := mustSigner(t, genECDSA(t))
+	ed := mustSigner(t, genEd25519(t))
+	f := newFixture(t, ec, ed)
+	for _, tc := range []struct {
+		name string
+		pin  ssh.PublicKey
+	}{{"ed25519", ed.PublicKey()}, {"ecdsa", ec.PublicKey()}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := f.config()
+			cfg.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-"+tc.name, f.srv.Addr, tc.pin)
+			p := newPool(t, cfg)
+			if _, err := p.Client(context.Background()); err != nil {
+				t.Fatalf("Client: %v", err)
+			}
+		})
+	}
+}
+
+func TestForbiddenChannel(t *testing.T) {
+	f := newFixture(t)
+	lv := startLibvirtd(t, "h")
+	f.srv.Refuse(lv.Path)
+	p := newPool(t, f.config())
+	ctx := context.Background()
+	_, err := p.DialUnix(ctx, lv.Path)
+	if KindOf(err) != KindForbidden {
+		t.Fatalf("kind %v, want forbidden (err: %v)", KindOf(err), err)
+	}
+	var oce *ssh.OpenChannelError
+	if !errors.As(err, &oce) {
+		t.Errorf("error does not wrap *ssh.OpenChannelError: %v", err)
+	}
+	if p.Dead() {
+		t.Error("a refused channel marked the link dead")
+	}
+	// A missing socket is refused the same way by the server.
+	if _, err := p.DialUnix(ctx, lv.Path+".missing"); KindOf(err) != KindForbidden {
+		t.Errorf("missing socket: kind %v", KindOf(err))
+	}
+}
+
+func TestKeepaliveDeclaresDeadWhenFrozen(t *testing.T) {
+	const iv, count = 100 * time.Millisecond, 3
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.KeepaliveInterval, cfg.KeepaliveCount = iv, count
+	p := newPool(t, cfg)
+	c1, err := p.Client(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * iv)
+	if p.Dead() {
+		t.Fatal("healthy link declared dead")
+	}
+	if f.srv.keepalives.Load() < 2 {
+		t.Errorf("server saw %d keepalives in %v", f.srv.keepalives.Load(), 3*iv)
+	}
+	f.srv.Freeze()
+	frozenAt := time.Now()
+	for !p.Dead() {
+		if time.Since(frozenAt) > 10*iv*count {
+			t.Fatalf("not dead %v after freezing", time.Since(frozenAt))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	detect := time.Since(frozenAt)
+	t.Logf("dead %v after freeze (limit %v)", detect, iv*count)
+	if detect > iv*count+500*time.Millisecond {
+		t.Errorf("dead after %v, want within %v (+slack)", detect, iv*count)
+	}
+	// The dead client fails fast; the pool redials once the server answers.
+	if _, err := c1.Dial("unix", "/nonexistent"); err == nil {
+		t.Error("dead client still dials")
+	}
+	f.srv.Thaw()
+	c2, err := p.Client(context.Background())
+	if err != nil {
+		t.Fatalf("redial: %v", err)
+	}
+	if c2 == c1 {
+		t.Error("redial returned the dead client")
+	}
+	if p.Dead() {
+		t.Error("Dead() true after redial")
+	}
+}
+
+func TestCloseWithFrozenServer(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "h")
+	p := newPool(t, f.config())
+	l := NewLibvirt(p, LibvirtConfig{Socket: lvd.Path})
+	if err := l.Do(context.Background(), func(*libvirt.Libvirt) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.Dedicated(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.srv.Freeze()
+	defer f.srv.Thaw()
+	start := time.Now()
+	_ = l.Close()
+	_ = d.Close()
+	_ = p.Close()
+	el := time.Since(start)
+	t.Logf("Libvirt.Close+DedicatedConn.Close+Pool.Close with a frozen server: %v", el)
+	if el > 3*time.Second {
+		t.Errorf("closing took %v with a frozen server", el)
+	}
+	if _, err := p.Client(context.Background()); KindOf(err) != KindClosed {
+		t.Errorf("Client after Close: %v", err)
+	}
+	if err := l.Do(context.Background(), func(*libvirt.Libvirt) error { return nil }); KindOf(err) != KindClosed {
+		t.Errorf("Do after Close: %v", err)
+	}
+	if !p.Dead() || !l.Dead() {
+		t.Error("closed pool/libvirt not Dead")
+	}
+}
+
+func TestPoolCloseFrozenReturnsFast(t *testing.T) {
+	f := newFixture(t)
+	p := newPool(t, f.config())
+	if _, err := p.Client(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.srv.Freeze()
+	defer f.srv.Thaw()
+	start := time.Now()
+	if err := p.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if el := time.Since(start); el > time.Second {
+		t.Errorf("Close took %v", el)
+	}
+}
+
+func TestRedialAfterDeath(t *testing.T) {
+	tests := []struct {
+		name string
+		kill func(*fixture, *Pool)
+	}{
+		{"Kill", func(_ *fixture, p *Pool) { p.Kill(errors.New("test")) }},
+		{"server drops connection", func(f *fixture, _ *Pool) { f.srv.DropAll() }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			p := newPool(t, f.config())
+			c1, err := p.Client(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.kill(f, p)
+			deadline := time.Now().Add(5 * time.Second)
+			for !p.Dead() && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if !p.Dead() {
+				t.Fatal("link not dead")
+			}
+			start := time.Now()
+			c2, err := p.Client(context.Background())
+			if err != nil {
+				t.Fatalf("redial: %v", err)
+			}
+			t.Logf("redial took %v", time.Since(start))
+			if c1 == c2 {
+				t.Fatal("same client after death")
+			}
+			if _, _, err := c2.SendRequest("keepalive@openssh.com", true, nil); err != nil {
+				t.Fatalf("new client: %v", err)
+			}
+			if got := f.srv.accepts.Load(); got != 2 {
+				t.Errorf("server accepted %d connections, want 2", got)
+			}
+		})
+	}
+}
+
+// Failed dials are spaced by the backoff: quick successive calls do not each
+// hit the server.
+func TestRedialBackoff(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.KeyFile = writeKey(t, f.dir, "unauthorized", genEd25519(t))
+	cfg.MaxRedialBackoff = 400 * time.Millisecond
+	p := newPool(t, cfg)
+	for i := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		_, err := p.Client(ctx)
+		cancel()
+		if KindOf(err) != KindAuthRefused {
+			t.Fatalf("call %d: kind %v (err %v)", i, KindOf(err), err)
+		}
+	}
+	if got := f.srv.accepts.Load(); got != 1 {
+		t.Errorf("server contacted %d times by 5 quick calls, want 1", got)
+	}
+	// Without a short deadline, the call waits out the backoff and retries.
+	_, err := p.Client(context.Background())
+	if KindOf(err) != KindAuthRefused {
+		t.Fatalf("kind %v", KindOf(err))
+	}
+	if got := f.srv.accepts.Load(); got != 2 {
+		t.Errorf("server contacted %d times, want 2", got)
+	}
+}
+
+func TestDialUnixCtxCancelWhenFrozen(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "h")
+	p := newPool(t, f.config())
+	if _, err := p.Client(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.srv.Freeze()
+	defer f.srv.Thaw()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := p.DialUnix(ctx, lvd.Path)
+	if !errors.Is(err, context.DeadlineExceeded) || KindOf(err) != KindUnreachable {
+		t.Fatalf("err %v (kind %v)", err, KindOf(err))
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("DialUnix returned after %v", el)
+	}
+}
+
+func newLibvirt(t *testing.T, f *fixture, lvd *fakeLibvirtd, edit func(*Config)) (*Pool, *Libvirt) {
+	t.Helper()
+	cfg := f.config()
+	if edit != nil {
+		edit(&cfg)
+	}
+	p := newPool(t, cfg)
+	l := NewLibvirt(p, LibvirtConfig{Socket: lvd.Path, URI: "test:///default"})
+	t.Cleanup(func() { _ = l.Close() })
+	return p, l
+}
+
+func hostname(ctx context.Context, l *Libvirt) (string, error) {
+	var h string
+	err := l.Do(ctx, func(v *libvirt.Libvirt) error {
+		var err error
+		h, err = v.ConnectGetHostname()
+		return err
+	})
+	return h, err
+}
+
+func TestLibvirtDo(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "hyper-1")
+	_, l := newLibvirt(t, f, lvd, nil)
+	if l.Dead() {
+		t.Error("Dead before first use")
+	}
+	for i := range 3 {
+		h, err := hostname(context.Background(), l)
+		if err != nil || h != "hyper-1" {
+			t.Fatalf("call %d: %q, %v", i, h, err)
+		}
+	}
+	if n := lvd.opens.Load(); n != 1 {
+		t.Errorf("libvirt connection opened %d times, want 1 (shared)", n)
+	}
+	// fn's own errors come back unchanged.
+	sentinel := errors.New("mine")
+	if err := l.Do(context.Background(), func(*libvirt.Libvirt) error { return sentinel }); err != sentinel {
+		t.Errorf("Do returned %v, want fn's error", err)
+	}
+	if l.Dead() {
+		t.Error("fn's error marked the session dead")
+	}
+}
+
+func TestLibvirtDoForbidden(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "h")
+	f.srv.Refuse(lvd.Path)
+	_, l := newLibvirt(t, f, lvd, nil)
+	_, err := hostname(context.Background(), l)
+	if KindOf(err) != KindForbidden {
+		t.Fatalf("kind %v (err %v)", KindOf(err), err)
+	}
+}
+
+func TestLibvirtDoCtxLibvirtdHangs(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "h")
+	p, l := newLibvirt(t, f, lvd, nil)
+	if _, err := hostname(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	lvd.hang.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := hostname(ctx, l)
+	el := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) || KindOf(err) != KindUnreachable {
+		t.Fatalf("err %v kind %v", err, KindOf(err))
+	}
+	if el > 2*time.Second {
+		t.Errorf("Do returned after %v with a 300ms ctx", el)
+	}
+	// sshd answered the channel close: the SSH link survived.
+	if p.Dead() {
+		t.Error("the SSH link was killed although closing the channel sufficed")
+	}
+	lvd.hang.Store(false)
+	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
+		t.Fatalf("next Do: %q %v", h, err)
+	}
+	// Cancel (not deadline) is returned wrapped too.
+	lvd.hang.Store(true)
+	cctx, ccancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, ccancel)
+	if _, err := hostname(cctx, l); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancel: %v", err)
+	}
+}
+
+func TestLibvirtDoCtxServerFrozen(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "h")
+	p, l := newLibvirt(t, f, lvd, nil)
+	if _, err := hostname(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	f.srv.Freeze()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := hostname(ctx, l)
+	el := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err %v", err)
+	}
+	t.Logf("Do with 300ms ctx on a frozen server returned after %v", el)
+	if el > 2*time.Second {
+		t.Errorf("Do returned after %v", el)
+	}
+	if !p.Dead() || !l.Dead() {
+		t.Error("link not killed after an abandoned call on a frozen server")
+	}
+	f.srv.Thaw()
+	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
+		t.Fatalf("after thaw: %q %v", h, err)
+	}
+	if got := f.srv.accepts.Load(); got != 2 {
+		t.Errorf("accepts %d, want 2 (fresh connection)", got)
+	}
+}
+
+// A libvirtd restart drops the libvirt connection; the next Do reconnects
+// by itself, on the first try.
+func TestLibvirtReconnectAfterLibvirtdRestart(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "h")
+	p, l := newLibvirt(t, f, lvd, nil)
+	if _, err := hostname(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	lvd.DropAll()
+	deadline := time.Now().Add(5 * time.Second)
+	for !l.Dead() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !l.Dead() {
+		t.Fatal("session not seen dead after libvirtd dropped it")
+	}
+	if p.Dead() {
+		t.Error("SSH link dead after a libvirtd restart")
+	}
+	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
+		t.Fatalf("first Do after restart: %q %v", h, err)
+	}
+	if n := lvd.opens.Load(); n != 2 {
+		t.Errorf("opens %d, want 2", n)
+	}
+	if got := f.srv.accepts.Load(); got != 1 {
+		t.Errorf("accepts %d, want 1 (SSH link reused)", got)
+	}
+}
+
+// A call that is running when the connection drops fails as unreachable;
+// the next one succeeds.
+func TestLibvirtCallInterrupted(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "h")
+	_, l := newLibvirt(t, f, lvd, nil)
+	if _, err := hostname(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	lvd.hang.Store(true)
+	time.AfterFunc(100*time.Millisecond, lvd.DropAll)
+	_, err := hostname(context.Background(), l)
+	if KindOf(err) != KindUnreachable || !errors.Is(err, libvirt.ErrInterrupted) {
+		t.Fatalf("interrupted call: %v (kind %v)", err, KindOf(err))
+	}
+	lvd.hang.Store(false)
+	if _, err := hostname(context.Background(), l); err != nil {
+		t.Fatalf("next Do: %v", err)
+	}
+}
+
+func TestLibvirtDedicated(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "h")
+	_, l := newLibvirt(t, f, lvd, nil)
+	d, err := l.Dedicated(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := d.L.ConnectGetHostname(); err != nil || h != "h" {
+		t.Fatalf("dedicated call: %q %v", h, err)
+	}
+	if err := d.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if _, err := d.L.ConnectGetHostname(); err == nil {
+		t.Error("call after Close succeeded")
+	}
+
+	// Kill aborts a blocked call at once.
+	d2, err := l.Dedicated(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lvd.hang.Store(true)
+	time.AfterFunc(100*time.Millisecond, d2.Kill)
+	start := time.Now()
+	if _, err := d2.L.ConnectGetHostname(); err == nil {
+		t.Error("blocked call succeeded after Kill")
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("Kill took %v to abort the call", el)
+	}
+	_ = d2.Close()
+	if got := f.srv.accepts.Load(); got != 2 {
+		t.Errorf("accepts %d, want 2 dedicated connections", got)
+	}
+}
