@@ -34,9 +34,11 @@ func genLabel(t *rapid.T, label string, dots bool, max int) string {
 	}).Draw(t, label)
 }
 
-func genEntry(t *rapid.T, l string) string  { return genLabel(t, l, false, 8) }
-func genKey(t *rapid.T, l string) string    { return genLabel(t, l, true, 10) }
-func genFormat(t *rapid.T, l string) string { return rapid.SampledFrom([]string{FormatQCOW2, FormatRaw}).Draw(t, l) }
+func genEntry(t *rapid.T, l string) string { return genLabel(t, l, false, 8) }
+func genKey(t *rapid.T, l string) string   { return genLabel(t, l, true, 10) }
+func genFormat(t *rapid.T, l string) string {
+	return rapid.SampledFrom([]string{FormatQCOW2, FormatRaw}).Draw(t, l)
+}
 
 func TestBaseNameTable(t *testing.T) {
 	for _, tt := range []struct{ entry, key, format, want string }{
