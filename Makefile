@@ -2,8 +2,9 @@
 #
 #   make test   start the real test stack (scripts/teststack up), run go vet and
 #               every test including the integration-tagged ones against it, then
-#               stop the stack again (always, even when a step failed; the first
-#               failing step's exit status is kept). This is what CI runs
+#               stop the stack again (always, even when a step failed). The
+#               tests run even when vet fails, for the full picture; the first
+#               failing step's exit status is kept. This is what CI runs
 #               (.ci/run). Needs root (the stack starts libvirtd, sshd, squid).
 #               KEEP_STACK=1 leaves the stack running afterwards.
 #   make unit   the unit tests only, no stack needed.
@@ -32,13 +33,11 @@ test:
 	if [ $$rc -eq 0 ]; then \
 		echo "+ $(GO) vet ./..."; \
 		$(GO) vet ./... && $(GO) vet -tags integration ./... || rc=$$?; \
-	fi; \
-	if [ $$rc -eq 0 ]; then \
 		echo "+ $(GO) test -race -p 1 -tags integration -count=1 ./..."; \
-		$(GO) test -race -p 1 -tags integration -count=1 ./... || rc=$$?; \
+		$(GO) test -race -p 1 -tags integration -count=1 ./... || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	fi; \
 	if [ -z "$(KEEP_STACK)" ]; then \
-		$(TESTSTACK) down || { [ $$rc -ne 0 ] || rc=$$?; }; \
+		$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	fi; \
 	if [ $$rc -ne 0 ]; then echo "make test: FAILED (exit $$rc)" >&2; fi; \
 	exit $$rc
