@@ -1,0 +1,318 @@
+package kvm2
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// Defaults used for zero Config fields.
+const (
+	DefaultLibvirtSocket      = "/var/run/libvirt/libvirt-sock"
+	DefaultLibvirtURI         = "qemu:///system"
+	DefaultDomainType         = "qemu"
+	DefaultNetwork            = "default"
+	DefaultMachineTypeName    = "small"
+	DefaultCallTimeout        = 2 * time.Minute
+	defaultMachineTypeVCPUs   = 1
+	defaultMachineTypeMemory  = 512
+	maxMachineTypeVCPUs       = 256
+	minMachineTypeMemoryMiB   = 64
+	maxMachineTypeMemoryMiB   = 1 << 22 // 4 TiB
+	maxLibvirtObjectNameBytes = 255
+)
+
+// MachineType is the size of a VM.
+type MachineType struct {
+	// VCPUs is the number of virtual CPUs, 1–256.
+	VCPUs int
+	// MemoryMiB is the guest memory in MiB, at least 64.
+	MemoryMiB int
+}
+
+// Config describes one provider entry: one hypervisor host reached over SSH
+// and one libvirt storage pool on it. Every field documents its zero value.
+// Open validates it (errors name the field and the rule) and touches nothing.
+type Config struct {
+	// Entry is the provider entry name. It becomes part of volume and domain
+	// names, so it must be a lowercase DNS label (provider.ValidateName:
+	// 1–63 of a–z, 0–9, '-', alphanumeric at both ends, no "--"). Required.
+	Entry string
+	// Owner names the program (e.g. the operator instance) that owns the
+	// instances; it is stored in each domain's metadata and List returns only
+	// instances of this Owner. Same rule as Entry. Required.
+	Owner string
+
+	// Address is host:port of the hypervisor's sshd. Required.
+	Address string
+	// User is the SSH user. Required.
+	User string
+	// KeyFile is an unencrypted private key file. Required. It is read on
+	// every dial (a missing file is reported by Check as
+	// CredentialsUnavailable, not by Open).
+	KeyFile string
+	// KnownHostsFile is an OpenSSH known_hosts file pinning the host key.
+	// Required: host key verification cannot be skipped.
+	KnownHostsFile string
+	// LibvirtSocket is the path of libvirtd's read-write unix socket on the
+	// host. Zero: /var/run/libvirt/libvirt-sock.
+	LibvirtSocket string
+	// LibvirtURI is the connection URI sent to libvirtd. Zero: qemu:///system.
+	LibvirtURI string
+	// Pool is the libvirt storage pool holding base images, overlays and
+	// seeds. Required.
+	Pool string
+
+	// MachineTypes maps a machine type name (provider.Spec.MachineType) to
+	// its size. Zero: {"small": {VCPUs: 1, MemoryMiB: 512}}.
+	MachineTypes map[string]MachineType
+	// DefaultMachineType is used when a Spec names none. Zero: "small" when
+	// MachineTypes is empty, the only key when it has one key; required when
+	// it has several.
+	DefaultMachineType string
+
+	// Network is the libvirt network the VM's NIC joins. Zero: "default",
+	// unless Bridge is set. Setting both is an error.
+	Network string
+	// Bridge is a host bridge the VM's NIC joins instead of a libvirt
+	// network. Zero: use Network.
+	Bridge string
+	// DomainType is the libvirt domain type: "qemu" (TCG, works everywhere)
+	// or "kvm". Zero: "qemu".
+	DomainType string
+
+	// Kernel, when set, is the absolute path on the host of a kernel to boot
+	// directly (direct kernel boot) instead of the disk's boot loader. Zero:
+	// boot from the disk.
+	Kernel string
+	// Initrd is the absolute path on the host of the initrd for direct
+	// kernel boot. Zero: none. Requires Kernel.
+	Initrd string
+	// Cmdline is the kernel command line for direct kernel boot. Zero: none.
+	// Requires Kernel.
+	Cmdline string
+
+	// CallTimeout is the budget of one backend call when the caller's
+	// context has no deadline. Zero: 2m.
+	CallTimeout time.Duration
+	// DialTimeout bounds the SSH dial and handshake. Zero: sshconn's default
+	// (10s).
+	DialTimeout time.Duration
+	// KeepaliveInterval and KeepaliveCount tune SSH liveness. Zero:
+	// sshconn's defaults (5s, 3).
+	KeepaliveInterval time.Duration
+	KeepaliveCount    int
+}
+
+// Options are optional collaborators. A nil *Options is valid.
+type Options struct {
+	// Logger receives the provider's log lines. Zero value: discard. The
+	// provider never writes to stdout or stderr.
+	Logger logr.Logger
+	// TracerProvider creates a span per backend call. Nil: no-op.
+	TracerProvider trace.TracerProvider
+}
+
+// fieldErr returns a *provider.FieldError.
+func fieldErr(field, value, rule string) error {
+	if len(value) > 40 {
+		value = value[:40] + "…"
+	}
+	return &provider.FieldError{Field: field, Value: value, Rule: rule}
+}
+
+// validate checks c and returns it with defaults applied. The error is classed
+// Permanent and joins one *provider.FieldError per violation.
+func (c Config) validate() (Config, error) {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	add(provider.ValidateName("Entry", c.Entry))
+	add(provider.ValidateName("Owner", c.Owner))
+
+	if c.Address == "" {
+		add(fieldErr("Address", "", "is required (host:port of sshd)"))
+	} else if host, port, err := net.SplitHostPort(c.Address); err != nil {
+		add(fieldErr("Address", c.Address, "must be host:port"))
+	} else if host == "" {
+		add(fieldErr("Address", c.Address, "host must not be empty"))
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		add(fieldErr("Address", c.Address, "port must be a number in 1-65535"))
+	}
+	if c.User == "" {
+		add(fieldErr("User", "", "is required"))
+	} else if strings.ContainsAny(c.User, " \t\r\n@:/") {
+		add(fieldErr("User", c.User, "must not contain spaces, '@', ':' or '/'"))
+	}
+	if c.KeyFile == "" {
+		add(fieldErr("KeyFile", "", "is required (path of an unencrypted private key file)"))
+	}
+	if c.KnownHostsFile == "" {
+		add(fieldErr("KnownHostsFile", "", "is required (host key verification cannot be skipped)"))
+	}
+	if c.LibvirtSocket == "" {
+		c.LibvirtSocket = DefaultLibvirtSocket
+	} else if !path.IsAbs(c.LibvirtSocket) {
+		add(fieldErr("LibvirtSocket", c.LibvirtSocket, "must be an absolute path on the host"))
+	}
+	if c.LibvirtURI == "" {
+		c.LibvirtURI = DefaultLibvirtURI
+	} else if !strings.Contains(c.LibvirtURI, ":///") && !strings.Contains(c.LibvirtURI, "://") {
+		add(fieldErr("LibvirtURI", c.LibvirtURI, `must be a libvirt URI such as "qemu:///system"`))
+	}
+	add(validateObjectName("Pool", c.Pool, true))
+
+	// Machine types.
+	if len(c.MachineTypes) == 0 {
+		c.MachineTypes = map[string]MachineType{DefaultMachineTypeName: {VCPUs: defaultMachineTypeVCPUs, MemoryMiB: defaultMachineTypeMemory}}
+	} else {
+		mts := make(map[string]MachineType, len(c.MachineTypes))
+		for _, name := range sortedKeys(c.MachineTypes) {
+			mt := c.MachineTypes[name]
+			field := fmt.Sprintf("MachineTypes[%q]", name)
+			if err := validateKey(field, name); err != nil {
+				add(err)
+				continue
+			}
+			if mt.VCPUs < 1 || mt.VCPUs > maxMachineTypeVCPUs {
+				add(fieldErr(field+".VCPUs", strconv.Itoa(mt.VCPUs), fmt.Sprintf("must be 1-%d", maxMachineTypeVCPUs)))
+			}
+			if mt.MemoryMiB < minMachineTypeMemoryMiB || mt.MemoryMiB > maxMachineTypeMemoryMiB {
+				add(fieldErr(field+".MemoryMiB", strconv.Itoa(mt.MemoryMiB), fmt.Sprintf("must be %d-%d", minMachineTypeMemoryMiB, maxMachineTypeMemoryMiB)))
+			}
+			mts[name] = mt
+		}
+		c.MachineTypes = mts
+	}
+	if c.DefaultMachineType == "" {
+		switch {
+		case len(c.MachineTypes) == 1:
+			for k := range c.MachineTypes {
+				c.DefaultMachineType = k
+			}
+		default:
+			add(fieldErr("DefaultMachineType", "", "is required when MachineTypes has several entries"))
+		}
+	} else if _, ok := c.MachineTypes[c.DefaultMachineType]; !ok {
+		add(fieldErr("DefaultMachineType", c.DefaultMachineType, "must be a key of MachineTypes"))
+	}
+
+	// Images (see images.go).
+	c, errs = c.validateImages(errs)
+
+	// Network.
+	switch {
+	case c.Network != "" && c.Bridge != "":
+		add(fieldErr("Bridge", c.Bridge, "must be empty when Network is set (one NIC: a libvirt network or a bridge)"))
+	case c.Bridge != "":
+		if len(c.Bridge) > 15 || strings.ContainsAny(c.Bridge, " /\t\r\n") {
+			add(fieldErr("Bridge", c.Bridge, "must be an interface name (at most 15 characters, no spaces or '/')"))
+		}
+	default:
+		if c.Network == "" {
+			c.Network = DefaultNetwork
+		}
+		add(validateObjectName("Network", c.Network, true))
+	}
+
+	switch c.DomainType {
+	case "":
+		c.DomainType = DefaultDomainType
+	case "qemu", "kvm":
+	default:
+		add(fieldErr("DomainType", c.DomainType, `must be "qemu" or "kvm"`))
+	}
+
+	if c.Kernel != "" && !path.IsAbs(c.Kernel) {
+		add(fieldErr("Kernel", c.Kernel, "must be an absolute path on the host"))
+	}
+	if c.Initrd != "" {
+		if c.Kernel == "" {
+			add(fieldErr("Initrd", c.Initrd, "requires Kernel"))
+		} else if !path.IsAbs(c.Initrd) {
+			add(fieldErr("Initrd", c.Initrd, "must be an absolute path on the host"))
+		}
+	}
+	if c.Cmdline != "" && c.Kernel == "" {
+		add(fieldErr("Cmdline", c.Cmdline, "requires Kernel"))
+	}
+
+	if c.CallTimeout < 0 {
+		add(fieldErr("CallTimeout", c.CallTimeout.String(), "must not be negative (zero means 2m)"))
+	} else if c.CallTimeout == 0 {
+		c.CallTimeout = DefaultCallTimeout
+	}
+	if c.DialTimeout < 0 {
+		add(fieldErr("DialTimeout", c.DialTimeout.String(), "must not be negative (zero means the sshconn default)"))
+	}
+	if c.KeepaliveInterval < 0 {
+		add(fieldErr("KeepaliveInterval", c.KeepaliveInterval.String(), "must not be negative (zero means the sshconn default)"))
+	}
+	if c.KeepaliveCount < 0 {
+		add(fieldErr("KeepaliveCount", strconv.Itoa(c.KeepaliveCount), "must not be negative (zero means the sshconn default)"))
+	}
+
+	if len(errs) == 0 {
+		return c, nil
+	}
+	return c, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", errors.Join(errs...)))
+}
+
+// validateObjectName checks a libvirt object name (pool, network): no '/',
+// no control characters, at most 255 bytes.
+func validateObjectName(field, name string, required bool) error {
+	if name == "" {
+		if required {
+			return fieldErr(field, "", "is required")
+		}
+		return nil
+	}
+	if len(name) > maxLibvirtObjectNameBytes {
+		return fieldErr(field, name, fmt.Sprintf("is %d bytes, at most %d allowed", len(name), maxLibvirtObjectNameBytes))
+	}
+	for _, r := range name {
+		if r < 0x20 || r == 0x7f || r == '/' {
+			return fieldErr(field, name, "must not contain '/' or control characters")
+		}
+	}
+	return nil
+}
+
+// validateKey checks an image key or machine type name with the Spec rule
+// (lowercase letters, digits, '.', '-', alphanumeric at both ends, no "--").
+func validateKey(field, key string) error {
+	err := provider.Spec{Name: "x", UID: "x", ImageKey: key}.Validate()
+	if key == "" {
+		return fieldErr(field, "", "must not be empty")
+	}
+	if err == nil {
+		return nil
+	}
+	var fe *provider.FieldError
+	if errors.As(err, &fe) {
+		return fieldErr(field, key, fe.Rule)
+	}
+	return fieldErr(field, key, err.Error())
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

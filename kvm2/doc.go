@@ -1,0 +1,25 @@
+// Package kvm2 is the libvirt-over-SSH Provider: it runs egress proxy VMs on
+// one hypervisor host and one libvirt storage pool (a "provider entry").
+//
+// What it owns: reaching libvirtd through an SSH connection (package sshconn,
+// no virsh, no remote shell), provider health (Check), and — in the lifecycle
+// — the domain definition built from libvirt.org/go/libvirtxml structs, the
+// qcow2 overlay and the cloud-init NoCloud seed of each instance, the
+// library's metadata namespace on every domain it creates (UID, creation
+// time, entry, owner), and address discovery (guest agent, then DHCP lease,
+// then ARP).
+//
+// What it does not own: base images (package imagecache fetches, verifies and
+// publishes them), retries, reconcile loops and garbage collection (the
+// embedder drives those with the error classes of package provider and List).
+//
+// Lifecycle: Open validates the Config and builds the provider without
+// touching the host (so Check can report an unreachable host); the first call
+// dials. Every error is classed (provider.Code): Transient, Permanent,
+// NotFound, Canceled, DeadlineExceeded. Close releases every connection and
+// goroutine; calls after Close fail with provider.ErrClosed, classed
+// Permanent.
+//
+// The library writes nothing to stdout or stderr: logging goes only to the
+// logr.Logger in Options, tracing to its trace.TracerProvider.
+package kvm2

@@ -1,0 +1,262 @@
+package kvm2
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/sshconn"
+)
+
+// TracerName is the instrumentation name of this package's spans.
+const TracerName = "github.com/egressproxy/egressproxy/kvm2"
+
+// Provider is the kvm2 provider of one entry (one host, one pool). It is safe
+// for concurrent use. Create it with Open; release it with Close.
+type Provider struct {
+	cfg    Config
+	log    logr.Logger
+	tracer trace.Tracer
+
+	pool *sshconn.Pool
+	lv   *sshconn.Libvirt
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open validates cfg and returns the provider of that entry. It does not
+// touch the host: the first call dials, so Check can report an unreachable
+// host, bad credentials or an unknown host key as a Health reason. A bad cfg
+// is a Permanent error that names each field and rule. A nil opts is valid.
+func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, provider.FromContext(err)
+	}
+	if opts == nil {
+		opts = &Options{}
+	}
+	cfg, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
+	log = log.WithValues("entry", cfg.Entry)
+	tp := opts.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	pool, err := sshconn.New(sshconn.Config{
+		Addr:              cfg.Address,
+		User:              cfg.User,
+		KeyFile:           cfg.KeyFile,
+		KnownHostsFile:    cfg.KnownHostsFile,
+		DialTimeout:       cfg.DialTimeout,
+		KeepaliveInterval: cfg.KeepaliveInterval,
+		KeepaliveCount:    cfg.KeepaliveCount,
+		Logger:            log.WithName("sshconn"),
+	})
+	if err != nil {
+		return nil, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
+	}
+	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{
+		Socket:      cfg.LibvirtSocket,
+		URI:         cfg.LibvirtURI,
+		CallTimeout: cfg.CallTimeout,
+		Logger:      log.WithName("libvirt"),
+	})
+	return &Provider{
+		cfg:    cfg,
+		log:    log,
+		tracer: tp.Tracer(TracerName),
+		pool:   pool,
+		lv:     lv,
+	}, nil
+}
+
+// Config returns the validated configuration with defaults applied.
+func (p *Provider) Config() Config { return p.cfg }
+
+func (p *Provider) checkOpen() error {
+	if p.closed.Load() {
+		return provider.WithCode(provider.Permanent, fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, provider.ErrClosed))
+	}
+	return nil
+}
+
+// do runs fn on the shared libvirt connection inside a span named op and
+// returns fn's error unclassified (the caller classifies).
+func (p *Provider) do(ctx context.Context, op string, fn func(*libvirt.Libvirt) error, attrs ...attribute.KeyValue) error {
+	ctx, span := p.tracer.Start(ctx, op, trace.WithAttributes(attrs...))
+	defer span.End()
+	err := p.lv.Do(ctx, fn)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
+}
+
+// errPoolNotActive marks a pool that exists but does not run.
+var errPoolNotActive = errors.New("storage pool is not active")
+
+var poolStateNames = map[uint8]string{
+	uint8(libvirt.StoragePoolInactive):     "inactive",
+	uint8(libvirt.StoragePoolBuilding):     "building",
+	uint8(libvirt.StoragePoolRunning):      "running",
+	uint8(libvirt.StoragePoolDegraded):     "degraded",
+	uint8(libvirt.StoragePoolInaccessible): "inaccessible",
+}
+
+func poolStateName(s uint8) string {
+	if n, ok := poolStateNames[s]; ok {
+		return n
+	}
+	return "state-" + strconv.Itoa(int(s))
+}
+
+// formatLibVersion turns libvirt's major*1e6+minor*1e3+micro into
+// "major.minor.micro".
+func formatLibVersion(v uint64) string {
+	return fmt.Sprintf("%d.%d.%d", v/1000000, v/1000%1000, v%1000)
+}
+
+// formatGiB formats bytes as GiB with two decimals.
+func formatGiB(b uint64) string {
+	return strconv.FormatFloat(float64(b)/(1<<30), 'f', 2, 64)
+}
+
+// Check reports the entry's health without creating anything: Reachable with
+// Details hostname, libvirtVersion, poolState and poolFreeGiB, or not
+// Reachable with a Reason (CredentialsUnavailable, Unauthorized,
+// HostKeyUnknown, HostKeyMismatch, Forbidden, PoolNotFound, PoolNotActive,
+// Unreachable, Unknown) and a Message. Details learnt before the failure are
+// kept. The error is only for the call itself: the context ended (Canceled /
+// DeadlineExceeded) or the provider is closed (ErrClosed, Permanent).
+func (p *Provider) Check(ctx context.Context) (provider.Health, error) {
+	if err := p.checkOpen(); err != nil {
+		return provider.Health{}, err
+	}
+	var (
+		mu      sync.Mutex
+		details = map[string]string{}
+	)
+	set := func(k, v string) {
+		mu.Lock()
+		details[k] = v
+		mu.Unlock()
+	}
+	err := p.do(ctx, "kvm2.Check", func(l *libvirt.Libvirt) error {
+		host, err := l.ConnectGetHostname()
+		if err != nil {
+			return fmt.Errorf("get hostname: %w", err)
+		}
+		set("hostname", host)
+		ver, err := l.ConnectGetLibVersion()
+		if err != nil {
+			return fmt.Errorf("get libvirt version: %w", err)
+		}
+		set("libvirtVersion", formatLibVersion(ver))
+		pool, err := l.StoragePoolLookupByName(p.cfg.Pool)
+		if err != nil {
+			return fmt.Errorf("look up storage pool %q: %w", p.cfg.Pool, err)
+		}
+		refreshErr := l.StoragePoolRefresh(pool, 0)
+		state, _, _, avail, err := l.StoragePoolGetInfo(pool)
+		if err != nil {
+			return fmt.Errorf("get storage pool %q info: %w", p.cfg.Pool, err)
+		}
+		set("poolState", poolStateName(state))
+		if state != uint8(libvirt.StoragePoolRunning) {
+			return fmt.Errorf("storage pool %q is %s: %w", p.cfg.Pool, poolStateName(state), errPoolNotActive)
+		}
+		if refreshErr != nil {
+			return fmt.Errorf("refresh storage pool %q: %w", p.cfg.Pool, refreshErr)
+		}
+		set("poolFreeGiB", formatGiB(avail))
+		return nil
+	}, attribute.String("pool", p.cfg.Pool))
+
+	mu.Lock()
+	h := provider.Health{Details: details, CheckedAt: time.Now().UTC()}
+	mu.Unlock()
+	if err == nil {
+		h.Reachable = true
+		p.log.V(1).Info("check: reachable", "hostname", details["hostname"], "libvirtVersion", details["libvirtVersion"],
+			"poolState", details["poolState"], "poolFreeGiB", details["poolFreeGiB"])
+		return h, nil
+	}
+	// The call itself failed: the caller's context ended or we are closed.
+	if cerr := ctx.Err(); cerr != nil {
+		return provider.Health{}, provider.FromContext(fmt.Errorf("kvm2 %s: check: %w", p.cfg.Entry, err))
+	}
+	if sshconn.KindOf(err) == sshconn.KindClosed || p.closed.Load() {
+		return provider.Health{}, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2 %s: check: %w", p.cfg.Entry, closedError{err}))
+	}
+	h.Reason = healthReason(err)
+	h.Message = err.Error()
+	p.log.Info("check: unhealthy", "reason", string(h.Reason), "error", h.Message)
+	return h, nil
+}
+
+// healthReason maps a failed check to its reason.
+func healthReason(err error) provider.HealthReason {
+	switch sshconn.KindOf(err) {
+	case sshconn.KindKeyUnreadable:
+		return provider.ReasonCredentialsUnavailable
+	case sshconn.KindAuthRefused:
+		return provider.ReasonUnauthorized
+	case sshconn.KindHostUnknown:
+		return provider.ReasonHostKeyUnknown
+	case sshconn.KindHostKeyMismatch:
+		return provider.ReasonHostKeyMismatch
+	case sshconn.KindForbidden:
+		return provider.ReasonForbidden
+	case sshconn.KindUnreachable:
+		return provider.ReasonUnreachable
+	}
+	switch {
+	case errors.Is(err, errPoolNotActive):
+		return provider.ReasonPoolNotActive
+	case isLibvirtCode(err, libvirt.ErrNoStoragePool):
+		return provider.ReasonPoolNotFound
+	case isLibvirtCode(err, libvirt.ErrAccessDenied, libvirt.ErrAuthFailed, libvirt.ErrAuthUnavailable,
+		libvirt.ErrOperationDenied, libvirt.ErrAuthCancelled):
+		return provider.ReasonForbidden
+	case linkDead(err):
+		return provider.ReasonUnreachable
+	case isLibvirtCode(err, libvirt.ErrNoConnect, libvirt.ErrInvalidConn, libvirt.ErrRPC):
+		return provider.ReasonUnreachable
+	}
+	return provider.ReasonUnknown
+}
+
+// Close releases the libvirt connection, the SSH connection and every
+// goroutine the provider started. It does not delete instances. It is
+// idempotent; calls after Close fail with provider.ErrClosed (Permanent).
+func (p *Provider) Close() error {
+	p.closeOnce.Do(func() {
+		p.closed.Store(true)
+		lerr := p.lv.Close()
+		perr := p.pool.Close()
+		p.closeErr = errors.Join(lerr, perr)
+		p.log.V(1).Info("closed")
+	})
+	return p.closeErr
+}
