@@ -240,7 +240,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		l.kill(errPoolClosed)
 		return nil, p.closedError("dial")
 	}
-	p.log.V(1).Info("ssh connected", "addr", cfg.Addr, "user", cfg.User, "dedicated", dedicated,
+	p.log.V(1).Info("ssh connected", "user", cfg.User, "dedicated", dedicated,
 		"elapsed", time.Since(start).String())
 	return l, nil
 }
@@ -258,7 +258,7 @@ func (p *Pool) reap(l *link) {
 		err = errors.New("connection closed")
 	}
 	if l.kill(fmt.Errorf("ssh connection ended: %w", err)) {
-		p.log.Info("ssh link ended", "addr", l.addr, "dedicated", l.dedicated, "err", err.Error())
+		p.log.Info("ssh link ended", "dedicated", l.dedicated, "err", err.Error())
 	}
 	_ = l.client.Close()
 	if l.dedicated {
@@ -297,7 +297,7 @@ func (p *Pool) keepalive(l *link) {
 			inflight = false
 			if err != nil {
 				if l.kill(fmt.Errorf("keepalive failed: %w", err)) {
-					p.log.Info("ssh link dead", "addr", l.addr, "reason", "keepalive failed", "err", err.Error())
+					p.log.Info("ssh link dead", "reason", "keepalive failed", "err", err.Error())
 				}
 				return
 			}
@@ -311,7 +311,7 @@ func (p *Pool) keepalive(l *link) {
 				cause := fmt.Errorf("no answer from %s for %v (%d keepalives at %v)", l.addr,
 					idle.Round(time.Millisecond), p.cfg.KeepaliveCount, iv)
 				if l.kill(cause) {
-					p.log.Info("ssh link dead", "addr", l.addr, "reason", cause.Error())
+					p.log.Info("ssh link dead", "reason", cause.Error())
 				}
 				return
 			}

@@ -302,6 +302,7 @@ type fakeLibvirtd struct {
 	ln       net.Listener
 	hostname string
 	hang     atomic.Bool // leave ConnectGetHostname unanswered
+	hangOpen atomic.Bool // leave ConnectOpen unanswered
 	opens    atomic.Int64
 
 	mu     sync.Mutex
@@ -413,6 +414,9 @@ func (f *fakeLibvirtd) handle(c net.Conn) {
 		case procAuthList:
 			payload = binary.BigEndian.AppendUint32(nil, 0) // no auth types
 		case procConnectOpen:
+			if f.hangOpen.Load() {
+				continue
+			}
 			f.opens.Add(1)
 		case procConnectClose:
 		case procConnectGetHostname:

@@ -1,0 +1,346 @@
+//go:build integration
+
+package sshconn
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/go-logr/logr/testr"
+
+	"github.com/egressproxy/egressproxy/internal/teststack"
+)
+
+func stackConfig(t *testing.T, env teststack.Env) Config {
+	return Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts,
+		Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
+}
+
+func stackLibvirt(t *testing.T, env teststack.Env, cfg Config) (*Pool, *Libvirt) {
+	t.Helper()
+	p := newPool(t, cfg)
+	l := NewLibvirt(p, LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI, Logger: cfg.Logger})
+	t.Cleanup(func() { _ = l.Close() })
+	return p, l
+}
+
+func TestIntegrationDo(t *testing.T) {
+	env := teststack.Require(t)
+	want, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, l := stackLibvirt(t, env, stackConfig(t, env))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	h, err := hostname(ctx, l)
+	if err != nil {
+		t.Fatalf("Do(ConnectGetHostname): %v", err)
+	}
+	t.Logf("first Do (ssh dial + channel + ConnectToURI + call): %v", time.Since(start))
+	if h != want {
+		t.Errorf("hostname %q, want %q", h, want)
+	}
+	var ver uint64
+	if err := l.Do(ctx, func(v *libvirt.Libvirt) error {
+		var err error
+		ver, err = v.ConnectGetLibVersion()
+		return err
+	}); err != nil || ver == 0 {
+		t.Fatalf("ConnectGetLibVersion: %d %v", ver, err)
+	}
+
+	d, err := l.Dedicated(ctx)
+	if err != nil {
+		t.Fatalf("Dedicated: %v", err)
+	}
+	if h, err := d.L.ConnectGetHostname(); err != nil || h != want {
+		t.Errorf("dedicated ConnectGetHostname: %q %v", h, err)
+	}
+	if err := d.Close(); err != nil {
+		t.Errorf("dedicated Close: %v", err)
+	}
+}
+
+func TestIntegrationErrors(t *testing.T) {
+	env := teststack.Require(t)
+	dir := t.TempDir()
+	other := mustSigner(t, genEd25519(t)).PublicKey()
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want Kind
+	}{
+		{"missing key file", func(c *Config) { c.KeyFile = filepath.Join(dir, "missing") }, KindKeyUnreadable},
+		{"key not authorized", func(c *Config) { c.KeyFile = writeKey(t, dir, "stranger", genEd25519(t)) }, KindAuthRefused},
+		{"empty known_hosts", func(c *Config) { c.KnownHostsFile = writeKnownHosts(t, dir, "kh-empty", env.SSHAddr) }, KindHostUnknown},
+		{"known_hosts with another key", func(c *Config) {
+			c.KnownHostsFile = writeKnownHosts(t, dir, "kh-other", env.SSHAddr, other)
+		}, KindHostKeyMismatch},
+		{"unprivileged user cannot open the socket", func(c *Config) { c.User = env.UnprivUser }, KindForbidden},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := stackConfig(t, env)
+			tc.edit(&cfg)
+			_, l := stackLibvirt(t, env, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, err := hostname(ctx, l)
+			if got := KindOf(err); got != tc.want {
+				t.Fatalf("kind %v, want %v (err: %v)", got, tc.want, err)
+			}
+			t.Logf("%v", err)
+		})
+	}
+}
+
+func TestIntegrationSSHDStopped(t *testing.T) {
+	env := teststack.Require(t)
+	teststack.Run(t, "sshd-stop")
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			teststack.Run(t, "sshd-start")
+		}
+	})
+	cfg := stackConfig(t, env)
+	cfg.MaxRedialBackoff = 200 * time.Millisecond
+	_, l := stackLibvirt(t, env, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := hostname(ctx, l)
+	if KindOf(err) != KindUnreachable {
+		t.Fatalf("kind %v, want unreachable (err: %v)", KindOf(err), err)
+	}
+	teststack.Run(t, "sshd-start")
+	restarted = true
+	if _, err := hostname(ctx, l); err != nil {
+		t.Fatalf("Do after sshd-start: %v", err)
+	}
+}
+
+// sshdTree returns the sshd listener pid and all its descendants (the
+// privileged monitor and the unprivileged child of each connection).
+func sshdTree(t *testing.T, listener int) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := map[int]int{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...; comm may hold spaces and parens.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 {
+			continue
+		}
+		ppid, err := strconv.Atoi(f[1])
+		if err == nil {
+			parent[pid] = ppid
+		}
+	}
+	tree := []int{listener}
+	in := map[int]bool{listener: true}
+	for grew := true; grew; {
+		grew = false
+		for pid, pp := range parent {
+			if in[pp] && !in[pid] {
+				in[pid] = true
+				tree = append(tree, pid)
+				grew = true
+			}
+		}
+	}
+	return tree
+}
+
+func signalAll(t *testing.T, pids []int, sig syscall.Signal) {
+	t.Helper()
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("kill -%d %d: %v", sig, pid, err)
+		}
+	}
+}
+
+// A SIGSTOPped sshd (listener and connection children): a Do with a 2s ctx
+// returns within its budget, keepalives declare the link dead within
+// interval*count, Close returns within a second, and after SIGCONT the next
+// call succeeds on a fresh connection.
+func TestIntegrationFrozenSSHD(t *testing.T) {
+	env := teststack.Require(t)
+	const iv, count = 200 * time.Millisecond, 3
+
+	// pA: default keepalive (5s*3), so only the ctx can end its stuck call.
+	pA, lA := stackLibvirt(t, env, stackConfig(t, env))
+	// pB: fast keepalive, to measure dead-link detection.
+	cfgB := stackConfig(t, env)
+	cfgB.KeepaliveInterval, cfgB.KeepaliveCount = iv, count
+	pB, lB := stackLibvirt(t, env, cfgB)
+	// pC: only to measure Close with a frozen peer.
+	pC, lC := stackLibvirt(t, env, stackConfig(t, env))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, l := range []*Libvirt{lA, lB, lC} {
+		if _, err := hostname(ctx, l); err != nil {
+			t.Fatalf("Do before freeze: %v", err)
+		}
+	}
+	clientA, err := pA.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	listener, err := strconv.Atoi(teststack.Run(t, "sshd-pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := sshdTree(t, listener)
+	if len(tree) < 2 {
+		t.Fatalf("sshd %d has no connection children (tree %v)", listener, tree)
+	}
+	t.Logf("sshd tree: %v", tree)
+	signalAll(t, tree, syscall.SIGSTOP)
+	frozenAt := time.Now()
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			signalAll(t, tree, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(thaw)
+
+	// Do with a 2s ctx on the frozen link.
+	doneA := make(chan error, 1)
+	startA := time.Now()
+	go func() {
+		c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := hostname(c, lA)
+		doneA <- err
+	}()
+
+	// Dead within interval*count (+slack).
+	for !pB.Dead() {
+		if time.Since(frozenAt) > 10*time.Second {
+			t.Fatal("pool B not dead 10s after SIGSTOP")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	detect := time.Since(frozenAt)
+	t.Logf("MEASURE dead-link detection under SIGSTOP: %v (keepalive %v x %d)", detect, iv, count)
+	if detect > iv*count+time.Second {
+		t.Errorf("dead after %v, want within %v (+1s slack)", detect, iv*count)
+	}
+	if !lB.Dead() {
+		t.Error("Libvirt B not Dead although its link is")
+	}
+
+	var errA error
+	select {
+	case errA = <-doneA:
+	case <-time.After(6 * time.Second):
+		t.Fatal("Do with a 2s ctx did not return within 6s")
+	}
+	elA := time.Since(startA)
+	t.Logf("MEASURE Do with 2s ctx on frozen sshd returned after %v: %v", elA, errA)
+	if !errors.Is(errA, context.DeadlineExceeded) || KindOf(errA) != KindUnreachable {
+		t.Errorf("Do error %v (kind %v), want a deadline, unreachable", errA, KindOf(errA))
+	}
+	if elA > 4*time.Second {
+		t.Errorf("Do returned after %v, budget 2s", elA)
+	}
+
+	start := time.Now()
+	if err := lC.Close(); err != nil {
+		t.Logf("Libvirt.Close: %v", err)
+	}
+	elL := time.Since(start)
+	start = time.Now()
+	if err := pC.Close(); err != nil {
+		t.Errorf("Pool.Close: %v", err)
+	}
+	elP := time.Since(start)
+	t.Logf("MEASURE with sshd frozen: Libvirt.Close %v, Pool.Close %v", elL, elP)
+	if elL > 1500*time.Millisecond || elP > 1500*time.Millisecond {
+		t.Errorf("Close took Libvirt %v / Pool %v, want about 1s at most", elL, elP)
+	}
+
+	thaw()
+	for _, tc := range []struct {
+		name string
+		l    *Libvirt
+	}{{"A", lA}, {"B", lB}} {
+		start := time.Now()
+		if h, err := hostname(ctx, tc.l); err != nil || h == "" {
+			t.Fatalf("%s: Do after SIGCONT: %q %v", tc.name, h, err)
+		}
+		t.Logf("MEASURE %s: first Do after SIGCONT (redial): %v", tc.name, time.Since(start))
+	}
+	if c, err := pA.Client(ctx); err != nil || c == clientA {
+		t.Errorf("pool A did not redial a fresh connection (err %v)", err)
+	}
+}
+
+// After libvirtd restarts between two calls, the next call (or the one
+// after) succeeds without any manual reconnect.
+func TestIntegrationLibvirtdRestart(t *testing.T) {
+	env := teststack.Require(t)
+	p, l := stackLibvirt(t, env, stackConfig(t, env))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := hostname(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	client, err := p.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := teststack.Run(t, "libvirtd-pid")
+	teststack.Run(t, "libvirtd-restart")
+	if after := teststack.Run(t, "libvirtd-pid"); after == before {
+		t.Fatalf("libvirtd pid unchanged (%s)", after)
+	}
+	var errs []error
+	for i := 1; i <= 2; i++ {
+		start := time.Now()
+		_, err := hostname(ctx, l)
+		t.Logf("MEASURE call %d after libvirtd restart: %v (err %v)", i, time.Since(start), err)
+		if err == nil {
+			if i > 1 {
+				t.Logf("first call after restart failed: %v", errs[0])
+			}
+			if c, _ := p.Client(ctx); c != client {
+				t.Error("the SSH link was redialed although only libvirtd restarted")
+			}
+			return
+		}
+		errs = append(errs, err)
+	}
+	t.Fatalf("no call succeeded after libvirtd restart: %v", errs)
+}
