@@ -1,0 +1,173 @@
+package memprovider_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/provider/memprovider"
+	"github.com/egressproxy/egressproxy/provider/providertest"
+)
+
+// The suite must be able to fail: each broken variant below breaks one
+// rule of the contract, runs the suite in a child process (a test cannot
+// observe its own subtests failing without failing itself), and the parent
+// asserts that the child fails and names the right subtest.
+
+const brokenEnv = "MEMPROVIDER_BROKEN_VARIANT"
+
+// broken wraps a memprovider and breaks one rule.
+type broken struct {
+	*memprovider.Provider
+	variant string
+}
+
+func (b *broken) Create(ctx context.Context, s provider.Spec) (provider.Instance, error) {
+	if b.variant == "create-not-idempotent" {
+		if _, err := b.Provider.Get(ctx, s.Ref()); err == nil {
+			return provider.Instance{}, provider.Errorf(provider.Permanent, "instance %s already exists", s.Name)
+		}
+	}
+	if b.variant == "ignores-context" {
+		ctx = context.Background()
+	}
+	return b.Provider.Create(ctx, s)
+}
+
+func (b *broken) Get(ctx context.Context, r provider.Ref) (provider.Instance, error) {
+	switch b.variant {
+	case "get-ignores-uid":
+		l, err := b.Provider.List(ctx)
+		if err != nil {
+			return provider.Instance{}, err
+		}
+		for _, inst := range l {
+			if inst.Name == r.Name {
+				return inst, nil
+			}
+		}
+	case "hangs":
+		time.Sleep(time.Minute) // ignores ctx: the watchdog must end the run
+	case "slow":
+		select { // honours ctx, but takes longer than the budget
+		case <-ctx.Done():
+			return provider.Instance{}, provider.FromContext(ctx.Err())
+		case <-time.After(time.Minute):
+		}
+	}
+	return b.Provider.Get(ctx, r)
+}
+
+func (b *broken) Delete(ctx context.Context, r provider.Ref) error {
+	switch b.variant {
+	case "delete-missing-notfound":
+		if _, err := b.Provider.Get(ctx, r); err != nil {
+			return err
+		}
+	case "delete-ignores-uid":
+		l, err := b.Provider.List(ctx)
+		if err != nil {
+			return err
+		}
+		for _, inst := range l {
+			if inst.Name == r.Name {
+				r.UID = inst.UID
+			}
+		}
+	}
+	return b.Provider.Delete(ctx, r)
+}
+
+func (b *broken) List(ctx context.Context) ([]provider.Instance, error) {
+	l, err := b.Provider.List(ctx)
+	if b.variant == "list-duplicates" && len(l) > 0 {
+		l = append(l, l[0])
+	}
+	return l, err
+}
+
+type brokenHarness struct{ variant string }
+
+func (h brokenHarness) MakeProvider(context.Context) (provider.Provider, error) {
+	return &broken{Provider: memprovider.New(nil), variant: h.variant}, nil
+}
+func (brokenHarness) Close() {}
+
+// TestBrokenVariant is the child: it runs only when the parent sets the
+// variant in the environment, and is expected to FAIL.
+func TestBrokenVariant(t *testing.T) {
+	variant := os.Getenv(brokenEnv)
+	if variant == "" {
+		t.Skip("child of TestSuiteCatchesBrokenVariants; runs only with " + brokenEnv + " set")
+	}
+	mk := func(context.Context, *testing.T) (providertest.Harness, error) { return brokenHarness{variant}, nil }
+	opts := &providertest.Options{RunningTimeout: 5 * time.Second, SubtestBudget: time.Second, Grace: time.Second}
+	if strings.HasPrefix(os.Getenv("MEMPROVIDER_BROKEN_RUN"), "statemachine") {
+		providertest.RunStateMachine(t, mk, opts)
+		return
+	}
+	providertest.RunConformanceTests(t, mk, opts)
+}
+
+func TestSuiteCatchesBrokenVariants(t *testing.T) {
+	if os.Getenv(brokenEnv) != "" {
+		t.Skip("in the child")
+	}
+	tests := []struct {
+		variant      string
+		statemachine bool
+		want         []string // in the child's output
+	}{
+		{"delete-missing-notfound", false, []string{"--- FAIL: TestBrokenVariant/Delete/MissingSucceeds", "want nil"}},
+		{"create-not-idempotent", false, []string{"--- FAIL: TestBrokenVariant/Create/IdempotentOnUID"}},
+		{"get-ignores-uid", false, []string{"--- FAIL: TestBrokenVariant/Get/WrongUIDIsNotFound", "want NotFound"}},
+		{"delete-ignores-uid", false, []string{"--- FAIL: TestBrokenVariant/Delete/WrongUIDKeepsInstance"}},
+		{"list-duplicates", false, []string{"--- FAIL: TestBrokenVariant/List/Exact", "a duplicate"}},
+		{"ignores-context", false, []string{"--- FAIL: TestBrokenVariant/Context/CanceledBeforeCall", "want Canceled"}},
+		{"slow", false, []string{"--- FAIL: TestBrokenVariant/Create/ConcurrentSameSpec", "exceeded its budget of 1s"}},
+		{"hangs", false, []string{"panic: providertest: TestBrokenVariant/Create/ConcurrentSameSpec is still blocked", "does not honour its context"}},
+		{"delete-ignores-uid", true, []string{"--- FAIL: TestBrokenVariant", "rapid"}},
+		{"create-not-idempotent", true, []string{"--- FAIL: TestBrokenVariant", "Create("}},
+	}
+	for _, tt := range tests {
+		name := tt.variant
+		if tt.statemachine {
+			name += "/statemachine"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestBrokenVariant$", "-test.v", "-test.count=1",
+				"-rapid.checks=20", "-rapid.nofailfile")
+			run := "suite"
+			if tt.statemachine {
+				run = "statemachine"
+			}
+			cmd.Env = append(os.Environ(), brokenEnv+"="+tt.variant, "MEMPROVIDER_BROKEN_RUN="+run)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) {
+				t.Fatalf("child with broken variant %q did not fail (err %v); the suite missed the bug.\n%s", tt.variant, err, out)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("child output lacks %q:\n%s", w, tail(string(out), 60))
+				}
+			}
+		})
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
