@@ -1,0 +1,519 @@
+// Package imagecache keeps verified base images in a libvirt storage pool,
+// one per (provider entry, image key, format), for overlays to be backed by.
+//
+// It owns: the volume naming (see BaseName), downloading an image over HTTP
+// straight into a volume in constant memory, verifying what libvirt actually
+// stored before publishing it, the digest markers, the claims that keep two
+// writers (two processes, e.g. during a leader handover) from touching one
+// base at once, single-flight inside one process, eviction that refuses while
+// a domain uses the base, List and Verify.
+//
+// It does not own the libvirt connection (Conn, e.g. *sshconn.Libvirt), the
+// overlays and domains that use a base (kvm2 does), or retries: every error
+// is classed with the provider error codes and the caller decides.
+//
+// # Publish protocol
+//
+// A base "base-<entry>--<key>.<format>" is usable only together with exactly
+// one marker "<base>.sha256-<digest>" (a 0-byte volume whose name carries the
+// digest, so creating it is atomic). The marker is created last, after the
+// stored bytes were read back and hashed.
+//
+// Whoever creates, fills or deletes a base first holds a claim: it creates a
+// uniquely named 0-byte claim volume "claim-<entry>--<key>.<format>.<ns>.<hex>",
+// then lists the pool; if any other fresh claim exists it drops its own and
+// retries after a random pause (create-then-look, so two writers can never
+// both proceed). A claim older than twice the transfer budget is stale: its
+// writer is gone, and anyone may delete it. Every cache that shares a pool
+// must use the same budget (order of magnitude) and roughly synchronised
+// clocks. Readers use only base + marker; a base without a marker is debris
+// only when nobody holds a fresh claim, so a volume another live writer is
+// still filling is never deleted.
+package imagecache
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/sshconn"
+	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// Image is one configured image.
+type Image struct {
+	// Key is the image key: same shape as provider.Spec.ImageKey (1–63 of
+	// a–z 0–9 . -, alphanumeric ends, no "--"). Required.
+	Key string
+	// URL is the http(s) URL of the image. Required.
+	URL string
+	// SHA256 is the expected lowercase hex sha256 of the image file. Empty:
+	// any digest is accepted and recorded.
+	SHA256 string
+	// Format is "qcow2" (zero value) or "raw".
+	Format string
+}
+
+func (img Image) format() string {
+	if img.Format == "" {
+		return FormatQCOW2
+	}
+	return img.Format
+}
+
+// Validate checks the image and returns the violations joined (each a
+// *provider.FieldError), classed Permanent.
+func (img Image) Validate() error {
+	var errs []error
+	if err := validKey(img.Key); err != nil {
+		errs = append(errs, err)
+	}
+	if img.URL == "" {
+		errs = append(errs, &provider.FieldError{Field: "URL", Rule: "is required"})
+	} else if !strings.HasPrefix(img.URL, "http://") && !strings.HasPrefix(img.URL, "https://") {
+		errs = append(errs, &provider.FieldError{Field: "URL", Value: img.URL, Rule: "must be an http:// or https:// URL"})
+	}
+	if img.SHA256 != "" && !validDigest(img.SHA256) {
+		errs = append(errs, &provider.FieldError{Field: "SHA256", Value: img.SHA256, Rule: "must be 64 lowercase hex digits"})
+	}
+	if !validFormat(img.format()) {
+		errs = append(errs, &provider.FieldError{Field: "Format", Value: img.Format, Rule: `must be "qcow2" or "raw"`})
+	}
+	if len(errs) > 0 {
+		return provider.WithCode(provider.Permanent, errors.Join(errs...))
+	}
+	return nil
+}
+
+// Config configures a Cache.
+type Config struct {
+	// Entry is the provider entry name (provider.ValidateName rules).
+	// Required.
+	Entry string
+	// Pool is the libvirt storage pool holding the bases. Required.
+	Pool string
+	// TransferBudget bounds one cold fetch (HTTP + upload + verify +
+	// publish). Zero: 20m. A claim older than twice this is stale.
+	TransferBudget time.Duration
+	// HTTPGrace: the HTTP download's deadline is TransferBudget - HTTPGrace,
+	// so a stalled mirror ends as a clean error before the budget would
+	// have to cut the libvirt link. Zero: 1m. Must be < TransferBudget.
+	HTTPGrace time.Duration
+	// HTTPClient fetches images. Zero: a client with no overall timeout
+	// (the deadline comes from the budget).
+	HTTPClient *http.Client
+	// Progress, when set, is called with the transfer progress at most
+	// every ProgressInterval (and once at the end of the upload), from the
+	// goroutine that feeds the upload: it must not block for long.
+	Progress func(Progress)
+	// ProgressInterval is the progress callback and log interval. Zero: 5s.
+	ProgressInterval time.Duration
+	// Logger receives progress and decision lines. Zero value: discard.
+	Logger logr.Logger
+	// TracerProvider makes the fetch/upload/verify spans. Zero: no spans.
+	TracerProvider trace.TracerProvider
+}
+
+// Progress reports a transfer.
+type Progress struct {
+	Volume string
+	Bytes  int64   // bytes sent so far
+	Total  int64   // Content-Length, -1 when unknown
+	Rate   float64 // bytes/s since the transfer started
+}
+
+// Conn is what the cache needs from a libvirt link; *sshconn.Libvirt
+// satisfies it.
+type Conn interface {
+	Do(ctx context.Context, fn func(*libvirt.Libvirt) error) error
+	Dedicated(ctx context.Context) (*sshconn.DedicatedConn, error)
+}
+
+// Base is a published, verified base image.
+type Base struct {
+	Volume string // volume name
+	Path   string // volume path on the host
+	Digest string // sha256 hex of the stored bytes
+	Format string // "qcow2" or "raw"
+}
+
+// Entry is one base of this cache's entry, as found in the pool.
+type Entry struct {
+	Base
+	// Marker is the marker volume name, "" when the base has no valid one
+	// (debris; the next Ensure replaces it).
+	Marker string
+	// UsedBy are the names of defined domains (running or not) whose disks
+	// are backed by the base.
+	UsedBy []string
+}
+
+const (
+	defaultBudget   = 20 * time.Minute
+	defaultGrace    = time.Minute
+	defaultInterval = 5 * time.Second
+	// cleanupTimeout bounds deleting a failed volume or releasing a claim
+	// after the operation's own context ended.
+	cleanupTimeout = 30 * time.Second
+	// closeWait bounds how long Close waits for in-flight fetches.
+	closeWait = 10 * time.Second
+	// pollInterval is how often a waiter looks for another writer's result.
+	pollInterval = 500 * time.Millisecond
+)
+
+// Cache keeps the base images of one provider entry in one pool. It is safe
+// for concurrent use.
+type Cache struct {
+	conn   Conn
+	cfg    Config
+	log    logr.Logger
+	tracer trace.Tracer
+
+	mu      sync.Mutex
+	closed  bool
+	flights map[string]*flight
+	wg      sync.WaitGroup
+	stop    context.Context // canceled by Close
+	cancel  context.CancelFunc
+}
+
+type flight struct {
+	done    chan struct{}
+	base    Base
+	err     error
+	waiters int
+	cancel  context.CancelFunc
+	img     Image
+	// abandoned: every caller left; the fetch is being canceled.
+	abandoned bool
+}
+
+// New validates cfg (errors name the field, classed Permanent) and returns
+// a Cache. It does no I/O.
+func New(conn Conn, cfg Config) (*Cache, error) {
+	var errs []error
+	if conn == nil {
+		errs = append(errs, &provider.FieldError{Field: "conn", Rule: "is required"})
+	}
+	if err := provider.ValidateName("Entry", cfg.Entry); err != nil {
+		errs = append(errs, err)
+	}
+	if cfg.Pool == "" {
+		errs = append(errs, &provider.FieldError{Field: "Pool", Rule: "is required"})
+	}
+	if cfg.TransferBudget < 0 || cfg.HTTPGrace < 0 || cfg.ProgressInterval < 0 {
+		errs = append(errs, &provider.FieldError{Field: "TransferBudget/HTTPGrace/ProgressInterval", Rule: "must not be negative"})
+	}
+	if cfg.TransferBudget == 0 {
+		cfg.TransferBudget = defaultBudget
+	}
+	if cfg.HTTPGrace == 0 {
+		cfg.HTTPGrace = defaultGrace
+	}
+	if cfg.HTTPGrace >= cfg.TransferBudget {
+		errs = append(errs, &provider.FieldError{Field: "HTTPGrace", Value: cfg.HTTPGrace.String(), Rule: fmt.Sprintf("must be shorter than TransferBudget (%s)", cfg.TransferBudget)})
+	}
+	if len(errs) > 0 {
+		return nil, provider.WithCode(provider.Permanent, errors.Join(errs...))
+	}
+	if cfg.ProgressInterval == 0 {
+		cfg.ProgressInterval = defaultInterval
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{}
+	}
+	log := cfg.Logger
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	stop, cancel := context.WithCancel(context.Background())
+	return &Cache{
+		conn:    conn,
+		cfg:     cfg,
+		log:     log.WithValues("entry", cfg.Entry, "pool", cfg.Pool),
+		tracer:  tp.Tracer("github.com/egressproxy/egressproxy/imagecache"),
+		flights: map[string]*flight{},
+		stop:    stop,
+		cancel:  cancel,
+	}, nil
+}
+
+// BaseName returns the volume name of img's base in this cache.
+func (c *Cache) BaseName(img Image) string { return BaseName(c.cfg.Entry, img.Key, img.format()) }
+
+func (c *Cache) staleAfter() time.Duration { return 2 * c.cfg.TransferBudget }
+
+var errClosed = provider.WithCode(provider.Permanent, fmt.Errorf("imagecache: %w", provider.ErrClosed))
+
+// Ensure returns img's published base, fetching, verifying and publishing
+// it first when the pool has no usable one. Concurrent Ensure calls for one
+// image share one fetch. The fetch runs under its own TransferBudget; when
+// every caller waiting for it has gone, it is canceled.
+//
+// Errors: Permanent for a bad image, an HTTP 4xx, a digest different from
+// the configured one (naming both and the remedy); Transient for network,
+// libvirt, short or corrupt transfers and a pool without room; the
+// caller's context codes when ctx ends first.
+func (c *Cache) Ensure(ctx context.Context, img Image) (Base, error) {
+	if err := img.Validate(); err != nil {
+		return Base{}, err
+	}
+	name := c.BaseName(img)
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return Base{}, errClosed
+	}
+	f, ok := c.flights[name]
+	if ok && f.abandoned {
+		ok = false // its callers all left and it is being canceled: start afresh
+	}
+	if ok && f.img != img {
+		c.mu.Unlock()
+		return Base{}, provider.Errorf(provider.Permanent, "image %q: another Ensure of the same key with a different URL, digest or format is in flight", img.Key)
+	}
+	if !ok {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.TransferBudget)
+		stop := context.AfterFunc(c.stop, cancel)
+		f = &flight{done: make(chan struct{}), cancel: cancel, img: img}
+		c.flights[name] = f
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			defer stop()
+			defer cancel()
+			b, err := c.ensure(fctx, img, name)
+			c.mu.Lock()
+			f.base, f.err = b, err
+			if c.flights[name] == f {
+				delete(c.flights, name)
+			}
+			c.mu.Unlock()
+			close(f.done)
+		}()
+	}
+	f.waiters++
+	c.mu.Unlock()
+
+	select {
+	case <-f.done:
+		return f.base, f.err
+	case <-ctx.Done():
+		c.mu.Lock()
+		f.waiters--
+		if f.waiters == 0 {
+			f.abandoned = true
+			f.cancel()
+		}
+		c.mu.Unlock()
+		return Base{}, provider.FromContext(ctx.Err())
+	}
+}
+
+// ensure is the state machine of one image: decide from a pool snapshot,
+// then hit, wait, claim, clean debris or fetch.
+func (c *Cache) ensure(ctx context.Context, img Image, name string) (Base, error) {
+	log := c.log.WithValues("volume", name)
+	for {
+		d, err := c.look(ctx, img, name, "")
+		if err != nil {
+			return Base{}, err
+		}
+		switch d.Action {
+		case actHit:
+			return c.published(ctx, img, name, d.Digest)
+		case actMismatch, actAmbiguous:
+			return Base{}, c.conflict(img, name, d)
+		case actWait:
+			log.V(1).Info("another writer holds a claim; waiting", "claims", d.Others, "reason", d.Reason)
+			if err := sleep(ctx, pollInterval); err != nil {
+				return Base{}, provider.Errorf(provider.Transient, "base %s: another writer (%s) is still fetching it: %w", name, strings.Join(d.Others, ", "), err)
+			}
+			continue
+		}
+		// actAcquire: take a claim and decide again.
+		b, retry, err := c.underClaim(ctx, name, func(d decision, claim string) (Base, error) {
+			switch d.Action {
+			case actHit:
+				return c.published(ctx, img, name, d.Digest)
+			case actMismatch, actAmbiguous:
+				return Base{}, c.conflict(img, name, d)
+			}
+			// actFetch
+			if err := c.removeDebris(ctx, name, d); err != nil {
+				return Base{}, err
+			}
+			return c.fetch(ctx, img, name)
+		})
+		if retry {
+			continue
+		}
+		return b, err
+	}
+}
+
+// underClaim creates a claim for base name, decides again with it held and,
+// unless another writer also holds one, runs fn. retry is true when the
+// caller should look again (backed off). The claim is released afterwards.
+func (c *Cache) underClaim(ctx context.Context, name string, fn func(decision, string) (Base, error)) (b Base, retry bool, err error) {
+	claim := claimName(name, time.Now(), randHex(8))
+	if err := c.createEmpty(ctx, claim); err != nil {
+		return Base{}, false, c.classify(ctx, fmt.Errorf("create claim %s: %w", claim, err))
+	}
+	defer c.deleteQuiet(ctx, claim)
+	d, err := c.look(ctx, Image{}, name, claim)
+	if err != nil {
+		return Base{}, false, err
+	}
+	if d.Action == actBackOff {
+		c.log.V(1).Info("another writer claimed the base too; backing off", "volume", name, "claims", d.Others)
+		c.deleteQuiet(ctx, claim)
+		if err := sleep(ctx, pollInterval/2+time.Duration(mrand.Int64N(int64(pollInterval)))); err != nil {
+			return Base{}, false, provider.Errorf(provider.Transient, "base %s: contended by %s: %w", name, strings.Join(d.Others, ", "), err)
+		}
+		return Base{}, true, nil
+	}
+	if d.Action != actFetch && d.Action != actHit && d.Action != actMismatch && d.Action != actAmbiguous {
+		return Base{}, true, nil
+	}
+	b, err = fn(d, claim)
+	return b, false, err
+}
+
+// look lists the pool and decides. want comes from img (empty for a
+// zero Image).
+func (c *Cache) look(ctx context.Context, img Image, name, own string) (decision, error) {
+	names, err := c.listNames(ctx)
+	if err != nil {
+		return decision{}, err
+	}
+	d := decide(snapshot{Names: names, Base: name, Want: img.SHA256, Own: own, Now: time.Now(), StaleAfter: c.staleAfter()})
+	if d.Action != actFetch {
+		for _, r := range d.Remove {
+			c.log.V(1).Info("removing stale volume", "volume", r)
+			c.deleteQuiet(ctx, r)
+		}
+	}
+	return d, nil
+}
+
+// conflict is the permanent error of a mismatching or ambiguous marker.
+func (c *Cache) conflict(img Image, name string, d decision) error {
+	if d.Action == actAmbiguous {
+		return provider.Errorf(provider.Permanent,
+			"base %s in pool %s has several digest markers (%s); it is left untouched because running VMs may use it: delete the proxies using it and evict the base, or add the image under a new key",
+			name, c.cfg.Pool, strings.Join(d.Digests, ", "))
+	}
+	return provider.Errorf(provider.Permanent,
+		"base %s in pool %s has sha256 %s but image %q is configured with sha256 %s; it is left untouched because running VMs may use it: add the image under a new key, or delete the proxies using it and evict the base",
+		name, c.cfg.Pool, d.Digest, img.Key, img.SHA256)
+}
+
+// removeDebris deletes what decide found to be debris, while we hold the
+// only claim. A base some domain still uses is never deleted.
+func (c *Cache) removeDebris(ctx context.Context, name string, d decision) error {
+	for _, r := range d.Remove {
+		if r == name {
+			users, err := c.usersOf(ctx, []string{name})
+			if err != nil {
+				return err
+			}
+			if u := users[name]; len(u) > 0 {
+				return provider.Errorf(provider.Permanent, "base %s has no valid digest marker (%s) but domains %s use it; refusing to replace it: delete those domains or restore the marker", name, d.Reason, strings.Join(u, ", "))
+			}
+		}
+		c.log.Info("removing debris", "volume", r, "reason", d.Reason)
+		if err := c.deleteVolume(ctx, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// published returns the Base of a hit.
+func (c *Cache) published(ctx context.Context, img Image, name, digest string) (Base, error) {
+	var path string
+	err := c.do(ctx, func(l *libvirt.Libvirt) error {
+		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
+		if err != nil {
+			return err
+		}
+		v, err := l.StorageVolLookupByName(p, name)
+		if err != nil {
+			return err
+		}
+		path, err = l.StorageVolGetPath(v)
+		return err
+	})
+	if err != nil {
+		return Base{}, c.classify(ctx, fmt.Errorf("look up base %s: %w", name, err))
+	}
+	return Base{Volume: name, Path: path, Digest: digest, Format: img.format()}, nil
+}
+
+// Close cancels in-flight fetches and waits for them (bounded). Later calls
+// return a Permanent error wrapping provider.ErrClosed.
+func (c *Cache) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.cancel()
+	done := make(chan struct{})
+	go func() { c.wg.Wait(); close(done) }()
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return provider.Errorf(provider.Transient, "imagecache: in-flight fetches did not end within %s", closeWait)
+	}
+}
+
+func (c *Cache) checkOpen() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return errClosed
+	}
+	return nil
+}
+
+var timeNow = time.Now
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func spanAttr(name string) trace.SpanStartOption {
+	return trace.WithAttributes(attribute.String("volume", name))
+}

@@ -1,0 +1,280 @@
+package imagecache
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/provider"
+	"libvirt.org/go/libvirtxml"
+)
+
+// maxChain bounds backing-chain walks (a loop in broken metadata must not
+// hang us).
+const maxChain = 32
+
+// Evict removes img's base and its markers, unless a defined domain
+// (running or not) uses the base as a backing store: then it returns a
+// Permanent error naming the domains and touches nothing. Evicting a base
+// that does not exist is not an error.
+func (c *Cache) Evict(ctx context.Context, img Image) error {
+	if err := c.checkOpen(); err != nil {
+		return err
+	}
+	if err := validKey(img.Key); err != nil {
+		return provider.WithCode(provider.Permanent, err)
+	}
+	if !validFormat(img.format()) {
+		return provider.Errorf(provider.Permanent, "invalid Format %q", img.Format)
+	}
+	name := c.BaseName(img)
+	for {
+		_, retry, err := c.underClaim(ctx, name, func(_ decision, claim string) (Base, error) {
+			names, err := c.listNames(ctx)
+			if err != nil {
+				return Base{}, err
+			}
+			users, err := c.usersOf(ctx, []string{name})
+			if err != nil {
+				return Base{}, err
+			}
+			if u := users[name]; len(u) > 0 {
+				return Base{}, provider.Errorf(provider.Permanent, "base %s is the backing store of domains %s; delete them before evicting it", name, strings.Join(u, ", "))
+			}
+			// Markers first: a base without a marker is never used.
+			for _, n := range names {
+				if isMarkerOf(name, n) {
+					if err := c.deleteVolume(ctx, n); err != nil {
+						return Base{}, err
+					}
+				}
+			}
+			if slices.Contains(names, name) {
+				c.log.Info("evicting base", "volume", name)
+				return Base{}, c.deleteVolume(ctx, name)
+			}
+			return Base{}, nil
+		})
+		if !retry {
+			return err
+		}
+	}
+}
+
+// Verify re-hashes img's published base as stored on the host. It returns
+// the Base when the stored bytes match the marker; NotFound when there is
+// no usable base; Permanent for a marker that differs from the configured
+// digest or stored bytes that differ from the marker (nothing is deleted:
+// running VMs may use the base).
+func (c *Cache) Verify(ctx context.Context, img Image) (Base, error) {
+	if err := c.checkOpen(); err != nil {
+		return Base{}, err
+	}
+	if err := img.Validate(); err != nil {
+		return Base{}, err
+	}
+	name := c.BaseName(img)
+	names, err := c.listNames(ctx)
+	if err != nil {
+		return Base{}, err
+	}
+	d := decide(snapshot{Names: names, Base: name, Want: img.SHA256, Now: timeNow(), StaleAfter: c.staleAfter()})
+	switch d.Action {
+	case actHit:
+	case actMismatch, actAmbiguous:
+		return Base{}, c.conflict(img, name, d)
+	default:
+		return Base{}, provider.Errorf(provider.NotFound, "base %s: no published base in pool %s (%s)", name, c.cfg.Pool, d.Reason)
+	}
+	ctx, span := c.tracer.Start(ctx, "imagecache.verify", spanAttr(name))
+	defer span.End()
+	n, digest, err := c.readBack(ctx, name)
+	if err != nil {
+		endSpan(span, err)
+		return Base{}, err
+	}
+	if digest != d.Digest {
+		err := provider.Errorf(provider.Permanent, "base %s: the host stores %d bytes with sha256 %s but its marker says %s; it is left untouched because running VMs may use it: delete the proxies using it and evict the base", name, n, digest, d.Digest)
+		endSpan(span, err)
+		return Base{}, err
+	}
+	return c.published(ctx, img, name, digest)
+}
+
+// List returns this entry's bases in the pool with their digests and the
+// domains that use them.
+func (c *Cache) List(ctx context.Context) ([]Entry, error) {
+	if err := c.checkOpen(); err != nil {
+		return nil, err
+	}
+	names, err := c.listNames(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var bases []string
+	for _, n := range names {
+		if e, _, _, ok := ParseBaseName(n); ok && e == c.cfg.Entry {
+			bases = append(bases, n)
+		}
+	}
+	slices.Sort(bases)
+	if len(bases) == 0 {
+		return nil, nil
+	}
+	users, err := c.usersOf(ctx, bases)
+	if err != nil {
+		return nil, err
+	}
+	paths, err := c.paths(ctx, bases)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Entry, 0, len(bases))
+	for _, b := range bases {
+		_, _, f, _ := ParseBaseName(b)
+		e := Entry{Base: Base{Volume: b, Path: paths[b], Format: f}, UsedBy: users[b]}
+		var valid []string
+		for _, n := range names {
+			if isMarkerOf(b, n) {
+				if _, _, ok := markerOf(b, n); ok {
+					valid = append(valid, n)
+				}
+			}
+		}
+		if len(valid) == 1 {
+			e.Marker = valid[0]
+			e.Digest, _, _ = markerOf(b, valid[0])
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+func (c *Cache) paths(ctx context.Context, vols []string) (map[string]string, error) {
+	out := map[string]string{}
+	err := c.do(ctx, func(l *libvirt.Libvirt) error {
+		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
+		if err != nil {
+			return err
+		}
+		for _, n := range vols {
+			v, err := l.StorageVolLookupByName(p, n)
+			if err != nil {
+				continue // deleted meanwhile
+			}
+			if out[n], err = l.StorageVolGetPath(v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, c.classify(ctx, fmt.Errorf("volume paths in pool %s: %w", c.cfg.Pool, err))
+	}
+	return out, nil
+}
+
+// usersOf maps each of the given base volumes to the defined domains
+// (running or not) that use it: as a disk source, or anywhere in a disk's
+// backing chain. The chain is followed through the domain XML (live
+// domains list it) and through the backing store that libvirt reports for
+// every volume of the pool (inactive domains do not list it; their qcow2
+// overlays do).
+func (c *Cache) usersOf(ctx context.Context, bases []string) (map[string][]string, error) {
+	out := map[string][]string{}
+	err := c.do(ctx, func(l *libvirt.Libvirt) error {
+		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
+		if err != nil {
+			return err
+		}
+		vols, _, err := l.StoragePoolListAllVolumes(p, 1, 0)
+		if err != nil {
+			return err
+		}
+		basePath := map[string]string{} // path -> base name
+		backing := map[string]string{}  // volume path -> backing path
+		byName := map[string]string{}   // volume name -> path
+		for _, v := range vols {
+			x, err := l.StorageVolGetXMLDesc(v, 0)
+			if err != nil {
+				continue // deleted meanwhile
+			}
+			var sv libvirtxml.StorageVolume
+			if err := sv.Unmarshal(x); err != nil || sv.Target == nil {
+				continue
+			}
+			byName[v.Name] = sv.Target.Path
+			if slices.Contains(bases, v.Name) {
+				basePath[sv.Target.Path] = v.Name
+			}
+			if sv.BackingStore != nil && sv.BackingStore.Path != "" {
+				backing[sv.Target.Path] = sv.BackingStore.Path
+			}
+		}
+		doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+		if err != nil {
+			return err
+		}
+		for _, dom := range doms {
+			x, err := l.DomainGetXMLDesc(dom, 0)
+			if err != nil {
+				continue // undefined meanwhile
+			}
+			var dd libvirtxml.Domain
+			if err := dd.Unmarshal(x); err != nil || dd.Devices == nil {
+				continue
+			}
+			used := map[string]bool{}
+			for _, disk := range dd.Devices.Disks {
+				var chain []string
+				if src := diskPath(disk.Source, c.cfg.Pool, byName); src != "" {
+					chain = append(chain, src)
+				}
+				for bs, i := disk.BackingStore, 0; bs != nil && i < maxChain; bs, i = bs.BackingStore, i+1 {
+					if s := diskPath(bs.Source, c.cfg.Pool, byName); s != "" {
+						chain = append(chain, s)
+					}
+				}
+				for _, s := range slices.Clone(chain) {
+					for next, i := backing[s], 0; next != "" && i < maxChain; next, i = backing[next], i+1 {
+						chain = append(chain, next)
+					}
+				}
+				for _, s := range chain {
+					if b, ok := basePath[s]; ok {
+						used[b] = true
+					}
+				}
+			}
+			for b := range used {
+				out[b] = append(out[b], dd.Name)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, c.classify(ctx, fmt.Errorf("find domains using bases in pool %s: %w", c.cfg.Pool, err))
+	}
+	for b := range out {
+		slices.Sort(out[b])
+	}
+	return out, nil
+}
+
+// diskPath is the host path of a disk source: a file, a block device, or a
+// volume of our pool.
+func diskPath(s *libvirtxml.DomainDiskSource, pool string, byName map[string]string) string {
+	switch {
+	case s == nil:
+		return ""
+	case s.File != nil:
+		return s.File.File
+	case s.Block != nil:
+		return s.Block.Dev
+	case s.Volume != nil && s.Volume.Pool == pool:
+		return byName[s.Volume.Volume]
+	}
+	return ""
+}
