@@ -5,6 +5,8 @@ package sshconn
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -129,52 +131,56 @@ func TestIntegrationSSHDStopped(t *testing.T) {
 	}
 }
 
-// sshdTree returns the sshd listener pid and all its descendants (the
-// privileged monitor and the unprivileged child of each connection).
-func sshdTree(t *testing.T, listener int) []int {
+// sshdPidsFor returns the sshd processes serving the given client-side TCP
+// addresses: those holding the server end of each connection (the
+// privileged monitor and the unprivileged child), found through
+// /proc/net/tcp inodes and /proc/*/fd. Only our own sessions are frozen,
+// not other users of the stack's sshd.
+func sshdPidsFor(t *testing.T, sshdAddr string, clients ...net.Addr) []int {
 	t.Helper()
-	entries, err := os.ReadDir("/proc")
+	b, err := os.ReadFile("/proc/net/tcp")
 	if err != nil {
 		t.Fatal(err)
 	}
-	parent := map[int]int{}
-	for _, e := range entries {
+	hexAddr := func(a string) string {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ip := net.ParseIP(host).To4()
+		n, _ := strconv.Atoi(port)
+		return fmt.Sprintf("%02X%02X%02X%02X:%04X", ip[3], ip[2], ip[1], ip[0], n)
+	}
+	server := hexAddr(sshdAddr)
+	inodes := map[string]bool{}
+	for _, c := range clients {
+		want := hexAddr(c.String())
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) > 9 && f[1] == server && f[2] == want {
+				inodes["socket:["+f[9]+"]"] = true
+			}
+		}
+	}
+	if len(inodes) != len(clients) {
+		t.Fatalf("found %d server sockets for %d clients", len(inodes), len(clients))
+	}
+	var pids []int
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...; comm may hold spaces and parens.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 2 {
-			continue
-		}
-		ppid, err := strconv.Atoi(f[1])
-		if err == nil {
-			parent[pid] = ppid
-		}
-	}
-	tree := []int{listener}
-	in := map[int]bool{listener: true}
-	for grew := true; grew; {
-		grew = false
-		for pid, pp := range parent {
-			if in[pp] && !in[pid] {
-				in[pid] = true
-				tree = append(tree, pid)
-				grew = true
+		fds, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
+		for _, fd := range fds {
+			if l, err := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name())); err == nil && inodes[l] {
+				pids = append(pids, pid)
+				break
 			}
 		}
 	}
-	return tree
+	return pids
 }
 
 func signalAll(t *testing.T, pids []int, sig syscall.Signal) {
@@ -186,7 +192,7 @@ func signalAll(t *testing.T, pids []int, sig syscall.Signal) {
 	}
 }
 
-// A SIGSTOPped sshd (listener and connection children): a Do with a 2s ctx
+// A SIGSTOPped sshd (listener and the processes of our connections): a Do with a 2s ctx
 // returns within its budget, keepalives declare the link dead within
 // interval*count, Close returns within a second, and after SIGCONT the next
 // call succeeds on a fresh connection.
@@ -219,11 +225,24 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tree := sshdTree(t, listener)
-	if len(tree) < 2 {
-		t.Fatalf("sshd %d has no connection children (tree %v)", listener, tree)
+	var clients []net.Addr
+	for _, p := range []*Pool{pA, pB, pC} {
+		c, err := p.Client(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c.LocalAddr())
 	}
-	t.Logf("sshd tree: %v", tree)
+	tree := append([]int{listener}, sshdPidsFor(t, env.SSHAddr, clients...)...)
+	if len(tree) < 1+len(clients) {
+		t.Fatalf("sshd processes of our connections not found (pids %v)", tree)
+	}
+	for _, pid := range tree[1:] {
+		if pid == os.Getpid() {
+			t.Fatalf("own pid %d among the sshd pids %v", pid, tree)
+		}
+	}
+	t.Logf("SIGSTOP sshd listener and our sessions' processes: %v", tree)
 	signalAll(t, tree, syscall.SIGSTOP)
 	frozenAt := time.Now()
 	thawed := false
