@@ -1,0 +1,194 @@
+package egressproxy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/provider/memprovider"
+)
+
+// The lifecycle of one proxy through the portable client: Create (idempotent
+// on the UID), Get (read back), List, Delete (idempotent).
+func Example() {
+	ctx := context.Background()
+	client := egressproxy.New(memprovider.New(nil), nil)
+	defer client.Close()
+
+	spec := provider.Spec{Name: "proxy-1", UID: "7f9c2a1e-uid-of-my-object"}
+	inst, err := client.Create(ctx, spec)
+	if err != nil {
+		fmt.Println("create:", err)
+		return
+	}
+	fmt.Println("created:", inst.Name, inst.State)
+
+	// Creating again with the same UID returns the same instance.
+	again, _ := client.Create(ctx, spec)
+	fmt.Println("same instance:", again.UID == inst.UID && again.CreatedAt.Equal(inst.CreatedAt))
+
+	got, _ := client.Get(ctx, spec.Ref())
+	fmt.Println("read back:", got.Name, got.State, got.Port)
+
+	list, _ := client.List(ctx)
+	fmt.Println("listed:", len(list))
+
+	fmt.Println("delete:", client.Delete(ctx, spec.Ref()))
+	fmt.Println("delete again:", client.Delete(ctx, spec.Ref()))
+
+	_, err = client.Get(ctx, spec.Ref())
+	fmt.Println("gone:", errors.Is(err, provider.ErrNotFound))
+	// Output:
+	// created: proxy-1 Running
+	// same instance: true
+	// read back: proxy-1 Running 3128
+	// listed: 1
+	// delete: <nil>
+	// delete again: <nil>
+	// gone: true
+}
+
+// Map error classes to what a reconcile loop does next: Transient and
+// DeadlineExceeded requeue with backoff, Permanent waits for a human (or a
+// changed spec), NotFound means the instance must be (re)created.
+func Example_errorClasses() {
+	ctx := context.Background()
+	p := memprovider.New(nil)
+	client := egressproxy.New(p, nil)
+	defer client.Close()
+
+	decide := func(err error) string {
+		switch provider.Code(err) {
+		case provider.OK:
+			return "done"
+		case provider.NotFound:
+			return "recreate"
+		case provider.Permanent:
+			return "report, do not retry"
+		case provider.Canceled:
+			return "stop"
+		default: // Transient, DeadlineExceeded, Unknown
+			return "requeue with backoff"
+		}
+	}
+
+	// A bad spec is Permanent and names the field.
+	_, err := client.Create(ctx, provider.Spec{Name: "Proxy_1", UID: "u1"})
+	fmt.Println(decide(err), "|", err)
+
+	// The backend is busy once: Transient.
+	p.InjectFault(memprovider.OpCreate, memprovider.Fault{Code: provider.Transient, Err: errors.New("hypervisor busy"), Times: 1})
+	_, err = client.Create(ctx, provider.Spec{Name: "proxy-1", UID: "u1"})
+	fmt.Println(decide(err), "|", err)
+
+	// The retry succeeds.
+	_, err = client.Create(ctx, provider.Spec{Name: "proxy-1", UID: "u1"})
+	fmt.Println(decide(err))
+
+	// The name is taken by another object: Permanent.
+	_, err = client.Create(ctx, provider.Spec{Name: "proxy-1", UID: "u2"})
+	fmt.Println(decide(err), "|", errors.Is(err, provider.ErrPermanent))
+
+	// Missing: NotFound.
+	_, err = client.Get(ctx, provider.Ref{Name: "proxy-2", UID: "u3"})
+	fmt.Println(decide(err))
+
+	// Every error names the operation and the instance.
+	var op *egressproxy.OpError
+	if errors.As(err, &op) {
+		fmt.Println(op.Op, op.Instance)
+	}
+	// Output:
+	// report, do not retry | egressproxy create Proxy_1: invalid Name "Proxy_1": may contain only lowercase letters, digits and '-'
+	// requeue with backoff | egressproxy create proxy-1: hypervisor busy
+	// done
+	// report, do not retry | true
+	// recreate
+	// get proxy-2
+}
+
+// Orphan garbage collection: List returns every instance the provider entry
+// owns with its UID, so the embedder deletes those no object wants any more.
+func ExampleClient_List_orphans() {
+	ctx := context.Background()
+	client := egressproxy.New(memprovider.New(nil), nil)
+	defer client.Close()
+	for _, s := range []provider.Spec{
+		{Name: "proxy-a", UID: "uid-a"},
+		{Name: "proxy-b", UID: "uid-b"}, // its object was deleted while we were down
+	} {
+		client.Create(ctx, s)
+	}
+	wanted := map[string]bool{"uid-a": true} // UIDs of objects that still exist
+
+	list, err := client.List(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, inst := range list {
+		if !wanted[inst.UID] {
+			fmt.Println("deleting orphan", inst.Name, client.Delete(ctx, inst.Ref))
+		}
+	}
+	list, _ = client.List(ctx)
+	fmt.Println("left:", len(list), list[0].Name)
+	// Output:
+	// deleting orphan proxy-b <nil>
+	// left: 1 proxy-a
+}
+
+// Check reports provider health without creating anything; an unhealthy
+// backend is a Health with a Reason, not an error.
+func ExampleClient_Check() {
+	ctx := context.Background()
+	p := memprovider.New(nil)
+	client := egressproxy.New(p, nil)
+	defer client.Close()
+
+	h, _ := client.Check(ctx)
+	fmt.Println(h.Reachable, h.Details["backend"])
+
+	p.InjectFault(memprovider.OpCheck, memprovider.Fault{Code: provider.Transient, Reason: provider.ReasonUnauthorized, Err: errors.New("ssh: unable to authenticate"), Times: 1})
+	h, err := client.Check(ctx)
+	fmt.Println(h.Reachable, h.Reason, h.Message, err)
+	// Output:
+	// true memory
+	// false Unauthorized ssh: unable to authenticate <nil>
+}
+
+// With ServeProxies each Running instance is a real HTTP CONNECT proxy on
+// loopback, so probes and clients work without a hypervisor. Instances
+// report Provisioning (no address) until ProvisionDelay has passed.
+func Example_servedProxies() {
+	ctx := context.Background()
+	client := egressproxy.New(memprovider.New(&memprovider.Options{
+		ServeProxies:   true,
+		ProvisionDelay: 50 * time.Millisecond,
+	}), nil)
+	defer client.Close()
+
+	spec := provider.Spec{Name: "proxy-1", UID: "u1"}
+	inst, _ := client.Create(ctx, spec)
+	fmt.Println(inst.State, inst.Address() == "")
+	for inst.State != provider.StateRunning {
+		time.Sleep(10 * time.Millisecond)
+		inst, _ = client.Get(ctx, spec.Ref())
+	}
+	host, _, _ := net.SplitHostPort(inst.Address())
+	fmt.Println(inst.State, host, inst.AddressSource)
+
+	conn, err := net.Dial("tcp", inst.Address())
+	if err == nil {
+		fmt.Println("proxy accepts connections")
+		conn.Close()
+	}
+	// Output:
+	// Provisioning true
+	// Running 127.0.0.1 listener
+	// proxy accepts connections
+}
