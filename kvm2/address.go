@@ -1,0 +1,147 @@
+package kvm2
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+
+	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/sshconn"
+)
+
+// Address sources, in the order they are tried.
+const (
+	SourceAgent = "agent" // QEMU guest agent inside the VM
+	SourceLease = "lease" // DHCP lease of the libvirt network
+	SourceARP   = "arp"   // the host's ARP table
+)
+
+var addressSources = []struct {
+	name string
+	src  libvirt.DomainInterfaceAddressesSource
+}{
+	{SourceAgent, libvirt.DomainInterfaceAddressesSrcAgent},
+	{SourceLease, libvirt.DomainInterfaceAddressesSrcLease},
+	{SourceARP, libvirt.DomainInterfaceAddressesSrcArp},
+}
+
+// addrBackend reads a domain's interface addresses from one source
+// (DomainInterfaceAddresses). The kvm2 implementation runs it on the shared
+// libvirt connection; tests fake it.
+type addrBackend interface {
+	InterfaceAddresses(ctx context.Context, src libvirt.DomainInterfaceAddressesSource) ([]libvirt.DomainInterface, error)
+}
+
+// SourceError is one address source's failure.
+type SourceError struct {
+	Source string
+	Err    error
+}
+
+func (e SourceError) Error() string { return e.Source + ": " + e.Err.Error() }
+func (e SourceError) Unwrap() error { return e.Err }
+
+// AddressError says why no address could be read: every source failed (each
+// one's cause in Sources), or the link died while asking one of them. It is
+// classed Transient.
+type AddressError struct {
+	Sources  []SourceError
+	LinkDead bool
+}
+
+func (e *AddressError) Error() string {
+	parts := make([]string, len(e.Sources))
+	for i, s := range e.Sources {
+		parts[i] = s.Error()
+	}
+	if e.LinkDead {
+		return "address discovery: link to libvirt died: " + strings.Join(parts, "; ")
+	}
+	return "address discovery: every source failed: " + strings.Join(parts, "; ")
+}
+
+// Unwrap exposes each source's error.
+func (e *AddressError) Unwrap() []error {
+	out := make([]error, len(e.Sources))
+	for i := range e.Sources {
+		out[i] = e.Sources[i]
+	}
+	return out
+}
+
+// discoverAddress asks the guest agent, then the DHCP lease, then ARP for the
+// domain's address, and returns the first usable one with its source.
+//
+// One source failing is normal (a booting guest has no agent yet; some hosts
+// have no usable ARP source): the next is tried. When a source answers
+// without a usable address and no source has one, the result is ("", "",
+// nil): the guest has no address yet. When every source failed, or the link
+// died, the error is a Transient *AddressError naming each source's failure.
+// A context that ends is returned as Canceled/DeadlineExceeded; a domain that
+// vanished as NotFound. mac, when set, restricts the agent's answer to the
+// interface with that hardware address.
+func discoverAddress(ctx context.Context, b addrBackend, mac string) (ip, source string, err error) {
+	var failed []SourceError
+	for _, s := range addressSources {
+		if err := ctx.Err(); err != nil {
+			return "", "", provider.FromContext(err)
+		}
+		ifaces, err := b.InterfaceAddresses(ctx, s.src)
+		if err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				return "", "", provider.FromContext(fmt.Errorf("address from %s: %w", s.name, err))
+			}
+			switch c := provider.Code(classifyRead(err)); {
+			case c == provider.Canceled || c == provider.DeadlineExceeded:
+				return "", "", classifyRead(fmt.Errorf("address from %s: %w", s.name, err))
+			case c == provider.NotFound:
+				return "", "", provider.WithCode(provider.NotFound, fmt.Errorf("address from %s: %w", s.name, err))
+			case sshconn.KindOf(err) == sshconn.KindClosed:
+				return "", "", classify(err)
+			}
+			failed = append(failed, SourceError{Source: s.name, Err: err})
+			if linkDead(err) {
+				return "", "", provider.WithCode(provider.Transient, &AddressError{Sources: failed, LinkDead: true})
+			}
+			continue
+		}
+		if a := pickAddress(ifaces, mac, s.src == libvirt.DomainInterfaceAddressesSrcAgent); a != "" {
+			return a, s.name, nil
+		}
+	}
+	if len(failed) == len(addressSources) {
+		return "", "", provider.WithCode(provider.Transient, &AddressError{Sources: failed})
+	}
+	return "", "", nil
+}
+
+// pickAddress returns the best address among ifaces: a global IPv4 address
+// first, else a global IPv6 one; loopback, link-local and unspecified
+// addresses never. With filterMAC and mac set, only the interface with that
+// hardware address counts.
+func pickAddress(ifaces []libvirt.DomainInterface, mac string, filterMAC bool) string {
+	var v6 string
+	for _, ifc := range ifaces {
+		if filterMAC && mac != "" {
+			if len(ifc.Hwaddr) == 0 || !strings.EqualFold(ifc.Hwaddr[0], mac) {
+				continue
+			}
+		}
+		for _, a := range ifc.Addrs {
+			ip, err := netip.ParseAddr(a.Addr)
+			if err != nil || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() || ip.IsMulticast() {
+				continue
+			}
+			if ip.Is4() || ip.Is4In6() {
+				return ip.Unmap().String()
+			}
+			if v6 == "" {
+				v6 = ip.String()
+			}
+		}
+	}
+	return v6
+}

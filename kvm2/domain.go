@@ -1,0 +1,294 @@
+package kvm2
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// MetadataNamespace is the XML namespace of the library's own element in a
+// domain's <metadata>. Only domains carrying an element of exactly this
+// namespace (with this provider's entry and owner) are instances of the
+// provider; other namespaces, including older versions, are never ours.
+const MetadataNamespace = "https://egressproxy.dev/xmlns/instance/v1"
+
+// metadataPrefix is the namespace prefix written into the domain XML.
+const metadataPrefix = "egressproxy"
+
+// domainPrefix starts every domain (and so overlay and seed volume) name,
+// which keeps them apart from imagecache's "base-" and "claim-" volumes.
+const domainPrefix = "ep-"
+
+// domainName is "ep-<entry>--<name>". Neither entry nor name contain "--"
+// (provider.ValidateName), so the mapping is injective.
+func domainName(entry, name string) string { return domainPrefix + entry + "--" + name }
+
+// overlayVolume is the name of the instance's qcow2 overlay.
+func overlayVolume(domain string) string { return domain + ".qcow2" }
+
+// seedVolume is the name of the instance's cloud-init seed ISO.
+func seedVolume(domain string) string { return domain + "-seed.iso" }
+
+// instanceMeta is what the library records in a domain's metadata.
+type instanceMeta struct {
+	UID     string
+	Created time.Time // UTC
+	Entry   string
+	Owner   string
+	Port    int
+}
+
+// metaXML is the decoded form of the metadata element.
+type metaXML struct {
+	XMLName xml.Name `xml:"https://egressproxy.dev/xmlns/instance/v1 instance"`
+	UID     string   `xml:"https://egressproxy.dev/xmlns/instance/v1 uid"`
+	Created string   `xml:"https://egressproxy.dev/xmlns/instance/v1 created"`
+	Entry   string   `xml:"https://egressproxy.dev/xmlns/instance/v1 entry"`
+	Owner   string   `xml:"https://egressproxy.dev/xmlns/instance/v1 owner"`
+	Port    string   `xml:"https://egressproxy.dev/xmlns/instance/v1 port"`
+}
+
+// checkXMLText returns an error naming field when s cannot be carried by XML
+// 1.0 character data unchanged (invalid UTF-8, or a character outside the
+// XML Char production such as most control characters or U+FFFE).
+func checkXMLText(field, s string) error {
+	if !utf8.ValidString(s) {
+		return fieldErr(field, "", "must be valid UTF-8")
+	}
+	for _, r := range s {
+		if !isXMLChar(r) {
+			return fieldErr(field, s, fmt.Sprintf("contains %U, which XML cannot carry", r))
+		}
+	}
+	return nil
+}
+
+func isXMLChar(r rune) bool {
+	return r == 0x09 || r == 0x0A || r == 0x0D ||
+		r >= 0x20 && r <= 0xD7FF ||
+		r >= 0xE000 && r <= 0xFFFD ||
+		r >= 0x10000 && r <= 0x10FFFF
+}
+
+// marshalMetadata writes our metadata element with the encoder (every value
+// escaped by it):
+//
+//	<egressproxy:instance xmlns:egressproxy="https://egressproxy.dev/xmlns/instance/v1">
+//	  <egressproxy:uid>…</egressproxy:uid> <egressproxy:created>RFC 3339</egressproxy:created>
+//	  <egressproxy:entry>…</egressproxy:entry> <egressproxy:owner>…</egressproxy:owner>
+//	  <egressproxy:port>3128</egressproxy:port>
+//	</egressproxy:instance>
+func marshalMetadata(m instanceMeta) (string, error) {
+	if err := checkXMLText("UID", m.UID); err != nil {
+		return "", provider.WithCode(provider.Permanent, err)
+	}
+	var buf bytes.Buffer
+	enc := xml.NewEncoder(&buf)
+	el := func(local string) xml.Name { return xml.Name{Local: metadataPrefix + ":" + local} }
+	root := xml.StartElement{
+		Name: el("instance"),
+		Attr: []xml.Attr{{Name: xml.Name{Local: "xmlns:" + metadataPrefix}, Value: MetadataNamespace}},
+	}
+	toks := []xml.Token{root}
+	for _, kv := range [][2]string{
+		{"uid", m.UID},
+		{"created", m.Created.UTC().Format(time.RFC3339Nano)},
+		{"entry", m.Entry},
+		{"owner", m.Owner},
+		{"port", strconv.Itoa(m.Port)},
+	} {
+		toks = append(toks, xml.StartElement{Name: el(kv[0])}, xml.CharData(kv[1]), xml.EndElement{Name: el(kv[0])})
+	}
+	toks = append(toks, root.End())
+	for _, t := range toks {
+		if err := enc.EncodeToken(t); err != nil {
+			return "", fmt.Errorf("encode metadata: %w", err)
+		}
+	}
+	if err := enc.Flush(); err != nil {
+		return "", fmt.Errorf("encode metadata: %w", err)
+	}
+	return buf.String(), nil
+}
+
+// errNoMetadata: the XML has no element of MetadataNamespace.
+var errNoMetadata = errors.New("no " + MetadataNamespace + " metadata")
+
+// parseMetadata finds our metadata element anywhere in doc (a whole domain
+// XML, the inner XML of <metadata>, or the element itself), resolving
+// namespace prefixes, and decodes it. errNoMetadata when absent; another
+// error when present but malformed.
+func parseMetadata(doc string) (instanceMeta, error) {
+	dec := xml.NewDecoder(strings.NewReader(doc))
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return instanceMeta{}, errNoMetadata
+		}
+		if err != nil {
+			return instanceMeta{}, fmt.Errorf("parse domain metadata: %w", err)
+		}
+		se, ok := tok.(xml.StartElement)
+		if !ok || se.Name.Space != MetadataNamespace || se.Name.Local != "instance" {
+			continue
+		}
+		var mx metaXML
+		if err := dec.DecodeElement(&mx, &se); err != nil {
+			return instanceMeta{}, fmt.Errorf("parse domain metadata: %w", err)
+		}
+		m := instanceMeta{UID: mx.UID, Entry: mx.Entry, Owner: mx.Owner}
+		if m.UID == "" || m.Entry == "" || m.Owner == "" {
+			return instanceMeta{}, fmt.Errorf("parse domain metadata: uid, entry and owner are required")
+		}
+		if m.Created, err = time.Parse(time.RFC3339Nano, strings.TrimSpace(mx.Created)); err != nil {
+			return instanceMeta{}, fmt.Errorf("parse domain metadata: created: %w", err)
+		}
+		m.Created = m.Created.UTC()
+		if m.Port, err = strconv.Atoi(strings.TrimSpace(mx.Port)); err != nil || m.Port < 1 || m.Port > 65535 {
+			return instanceMeta{}, fmt.Errorf("parse domain metadata: port %q is not 1-65535", mx.Port)
+		}
+		return m, nil
+	}
+}
+
+// domainParams is everything the domain definition is built from.
+type domainParams struct {
+	Name       string // libvirt domain name
+	Type       string // "qemu" or "kvm"
+	VCPUs      int
+	MemoryMiB  int
+	Pool       string // storage pool of the overlay and the seed
+	Overlay    string // overlay volume name (qcow2)
+	Seed       string // seed ISO volume name
+	Network    string // libvirt network, or
+	Bridge     string // host bridge
+	Kernel     string // direct kernel boot (optional)
+	Initrd     string
+	Cmdline    string
+	ConsoleLog string // host file receiving the serial console (optional)
+	Meta       instanceMeta
+}
+
+// guestAgentChannel is the virtio-serial name of the QEMU guest agent.
+const guestAgentChannel = "org.qemu.guest_agent.0"
+
+// buildDomain returns the domain definition built from libvirtxml structs.
+func buildDomain(p domainParams) (*libvirtxml.Domain, error) {
+	for _, f := range []struct{ field, val string }{
+		{"Name", p.Name}, {"Pool", p.Pool}, {"Overlay", p.Overlay}, {"Seed", p.Seed},
+		{"Network", p.Network}, {"Bridge", p.Bridge}, {"Kernel", p.Kernel}, {"Initrd", p.Initrd},
+		{"Cmdline", p.Cmdline}, {"ConsoleLog", p.ConsoleLog}, {"Entry", p.Meta.Entry}, {"Owner", p.Meta.Owner},
+	} {
+		if err := checkXMLText(f.field, f.val); err != nil {
+			return nil, provider.WithCode(provider.Permanent, err)
+		}
+	}
+	switch {
+	case p.Name == "":
+		return nil, provider.WithCode(provider.Permanent, fieldErr("Name", "", "is required"))
+	case p.VCPUs < 1:
+		return nil, provider.WithCode(provider.Permanent, fieldErr("VCPUs", strconv.Itoa(p.VCPUs), "must be at least 1"))
+	case p.MemoryMiB < 1:
+		return nil, provider.WithCode(provider.Permanent, fieldErr("MemoryMiB", strconv.Itoa(p.MemoryMiB), "must be at least 1"))
+	case (p.Network == "") == (p.Bridge == ""):
+		return nil, provider.WithCode(provider.Permanent, fieldErr("Network", p.Network, "exactly one of Network and Bridge must be set"))
+	}
+	meta, err := marshalMetadata(p.Meta)
+	if err != nil {
+		return nil, err
+	}
+	typ := p.Type
+	if typ == "" {
+		typ = DefaultDomainType
+	}
+	zero := uint(0)
+	os := &libvirtxml.DomainOS{
+		Type: &libvirtxml.DomainOSType{Arch: "x86_64", Type: "hvm"},
+	}
+	if p.Kernel != "" {
+		os.Kernel, os.Initrd, os.Cmdline = p.Kernel, p.Initrd, p.Cmdline
+	} else {
+		os.BootDevices = []libvirtxml.DomainBootDevice{{Dev: "hd"}}
+	}
+	nic := libvirtxml.DomainInterface{
+		Model: &libvirtxml.DomainInterfaceModel{Type: "virtio"},
+	}
+	if p.Network != "" {
+		nic.Source = &libvirtxml.DomainInterfaceSource{Network: &libvirtxml.DomainInterfaceSourceNetwork{Network: p.Network}}
+	} else {
+		nic.Source = &libvirtxml.DomainInterfaceSource{Bridge: &libvirtxml.DomainInterfaceSourceBridge{Bridge: p.Bridge}}
+	}
+	serial := libvirtxml.DomainSerial{
+		Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+		Target: &libvirtxml.DomainSerialTarget{Port: &zero},
+	}
+	if p.ConsoleLog != "" {
+		serial.Log = &libvirtxml.DomainChardevLog{File: p.ConsoleLog, Append: "on"}
+	}
+	d := &libvirtxml.Domain{
+		Type:     typ,
+		Name:     p.Name,
+		Metadata: &libvirtxml.DomainMetadata{XML: meta},
+		Memory:   &libvirtxml.DomainMemory{Value: uint(p.MemoryMiB), Unit: "MiB"},
+		VCPU:     &libvirtxml.DomainVCPU{Value: uint(p.VCPUs)},
+		OS:       os,
+		Features: &libvirtxml.DomainFeatureList{
+			ACPI: &libvirtxml.DomainFeature{},
+			APIC: &libvirtxml.DomainFeatureAPIC{},
+		},
+		OnPoweroff: "destroy",
+		OnReboot:   "restart",
+		OnCrash:    "destroy",
+		Devices: &libvirtxml.DomainDeviceList{
+			Disks: []libvirtxml.DomainDisk{
+				{
+					Device: "disk",
+					Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "qcow2"},
+					Source: &libvirtxml.DomainDiskSource{Volume: &libvirtxml.DomainDiskSourceVolume{Pool: p.Pool, Volume: p.Overlay}},
+					Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
+				},
+				{
+					Device:   "cdrom",
+					Driver:   &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "raw"},
+					Source:   &libvirtxml.DomainDiskSource{Volume: &libvirtxml.DomainDiskSourceVolume{Pool: p.Pool, Volume: p.Seed}},
+					Target:   &libvirtxml.DomainDiskTarget{Dev: "sda", Bus: "sata"},
+					ReadOnly: &libvirtxml.DomainDiskReadOnly{},
+				},
+			},
+			Interfaces: []libvirtxml.DomainInterface{nic},
+			Serials:    []libvirtxml.DomainSerial{serial},
+			Consoles: []libvirtxml.DomainConsole{{
+				Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+				Target: &libvirtxml.DomainConsoleTarget{Type: "serial", Port: &zero},
+			}},
+			Channels: []libvirtxml.DomainChannel{{
+				Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind"}},
+				Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: guestAgentChannel}},
+			}},
+		},
+	}
+	return d, nil
+}
+
+// buildDomainXML returns the domain XML text of p.
+func buildDomainXML(p domainParams) (string, error) {
+	d, err := buildDomain(p)
+	if err != nil {
+		return "", err
+	}
+	s, err := d.Marshal()
+	if err != nil {
+		return "", provider.WithCode(provider.Permanent, fmt.Errorf("marshal domain %q: %w", p.Name, err))
+	}
+	return s, nil
+}
