@@ -200,9 +200,15 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	stop := context.AfterFunc(dctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
 	ac := newActivityConn(nc)
 	sc, chans, reqs, err := ssh.NewClientConn(ac, cfg.Addr, &ssh.ClientConfig{
-		User:              cfg.User,
-		Auth:              []ssh.AuthMethod{ssh.PublicKeys(signer)},
-		HostKeyCallback:   hostKeyCB,
+		User: cfg.User,
+		Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
+		HostKeyCallback: func(host string, remote net.Addr, key ssh.PublicKey) error {
+			if err := hostKeyCB(host, remote, key); err != nil {
+				return fmt.Errorf("%w (server presented %s %s; checked against %s)",
+					err, key.Type(), ssh.FingerprintSHA256(key), cfg.KnownHostsFile)
+			}
+			return nil
+		},
 		HostKeyAlgorithms: algos,
 	})
 	if !stop() && err == nil {

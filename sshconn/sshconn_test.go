@@ -76,6 +76,31 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// FuzzValidate: Validate never panics, and whatever it accepts has every
+// required field and a usable host:port.
+func FuzzValidate(f *testing.F) {
+	f.Add("127.0.0.1:22", "root", "/k", "/kh", int64(0), 0)
+	f.Add("host", "", "", "", int64(-1), -1)
+	f.Add("[::1]:65536", "u", "k", "kh", int64(5), 3)
+	f.Fuzz(func(t *testing.T, addr, user, key, kh string, d int64, n int) {
+		c := Config{Addr: addr, User: user, KeyFile: key, KnownHostsFile: kh,
+			DialTimeout: time.Duration(d), KeepaliveInterval: time.Duration(d), KeepaliveCount: n}
+		err := c.Validate()
+		if err != nil {
+			if KindOf(err) != KindConfig {
+				t.Fatalf("kind %v", KindOf(err))
+			}
+			return
+		}
+		if user == "" || key == "" || kh == "" || d < 0 || n < 0 {
+			t.Fatalf("accepted %+v", c)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			t.Fatalf("accepted addr %q: %v", addr, err)
+		}
+	})
+}
+
 func TestKindString(t *testing.T) {
 	seen := map[string]bool{}
 	for k := KindUnknown; k <= KindClosed; k++ {
@@ -158,6 +183,10 @@ func TestDialErrors(t *testing.T) {
 			}
 			if got := KindOf(err); got != tc.want {
 				t.Fatalf("kind %v, want %v (err: %v)", got, tc.want, err)
+			}
+			if (tc.want == KindHostUnknown || tc.want == KindHostKeyMismatch) && !tc.noNetwork &&
+				!strings.Contains(err.Error(), "SHA256:") {
+				t.Errorf("host key error does not show the presented key: %v", err)
 			}
 			if tc.noNetwork && f.srv.accepts.Load() != before {
 				t.Errorf("the server was contacted although the failure is local")
