@@ -1,0 +1,216 @@
+package health
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fastProxies is a set of minimal in-process CONNECT responders on loopback:
+// one goroutine per listener, serving its connections one after the other
+// (accept, read the request head, answer 200, wait for the client to close).
+type fastProxies struct {
+	lns   []net.Listener
+	addrs []string
+	wg    sync.WaitGroup
+}
+
+var connectOK = []byte("HTTP/1.1 200 Connection established\r\n\r\n")
+
+func startFastProxies(tb testing.TB, n int) *fastProxies {
+	tb.Helper()
+	p := &fastProxies{}
+	lc := net.ListenConfig{KeepAlive: -1}
+	for i := 0; i < n; i++ {
+		ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+		if err != nil {
+			p.close()
+			tb.Fatalf("listener %d: %v", i, err)
+		}
+		p.lns = append(p.lns, ln)
+		p.addrs = append(p.addrs, ln.Addr().String())
+		p.wg.Add(1)
+		go p.serve(ln)
+	}
+	tb.Cleanup(p.close)
+	return p
+}
+
+func (p *fastProxies) serve(ln net.Listener) {
+	defer p.wg.Done()
+	var buf [512]byte
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		n := 0
+		for !bytes.Contains(buf[:n], []byte("\r\n\r\n")) && n < len(buf) {
+			m, err := c.Read(buf[n:])
+			if err != nil {
+				break
+			}
+			n += m
+		}
+		if _, err := c.Write(connectOK); err == nil {
+			for {
+				if _, err := c.Read(buf[:]); err != nil {
+					break
+				}
+			}
+		}
+		c.Close()
+	}
+}
+
+func (p *fastProxies) close() {
+	for _, ln := range p.lns {
+		ln.Close()
+	}
+	p.wg.Wait()
+}
+
+// probeAllocs runs one round with every allocation profiled and returns the
+// allocations (count, bytes) made under Probe, per probe: the library's own
+// cost, without the in-process fake proxies' accept path.
+func probeAllocs(tb testing.TB, targets []Target, opts *ProbeAllOptions) (allocs, bytes float64) {
+	const fn = "github.com/egressproxy/egressproxy/health.Probe"
+	sum := func() (n, b int64) {
+		runtime.GC()
+		runtime.GC()
+		var recs []runtime.MemProfileRecord
+		for {
+			k, ok := runtime.MemProfile(recs, true)
+			if ok {
+				recs = recs[:k]
+				break
+			}
+			recs = make([]runtime.MemProfileRecord, k+100)
+		}
+		for _, r := range recs {
+			frames := runtime.CallersFrames(r.Stack())
+			for {
+				f, more := frames.Next()
+				if f.Function == fn || strings.HasPrefix(f.Function, fn+".") {
+					n += r.AllocObjects
+					b += r.AllocBytes
+					break
+				}
+				if !more {
+					break
+				}
+			}
+		}
+		return n, b
+	}
+	old := runtime.MemProfileRate
+	runtime.MemProfileRate = 1
+	defer func() { runtime.MemProfileRate = old }()
+	n0, b0 := sum()
+	res := ProbeAll(context.Background(), targets, opts)
+	n1, b1 := sum()
+	for _, r := range res {
+		if !r.OK {
+			tb.Fatalf("%s: %v", r.ID, r.Err)
+		}
+	}
+	return float64(n1-n0) / float64(len(targets)), float64(b1-b0) / float64(len(targets))
+}
+
+// BenchmarkProbe1000Proxies probes 1,000 in-process CONNECT proxies on
+// loopback per op with ProbeAll and a fixed worker count. Reported:
+//
+//	probes/s           probes completed per second of wall time
+//	allocs/probe       process-wide mallocs per probe (library + fake proxies)
+//	probe-allocs/probe allocations made under Probe only (memory profile)
+//	probe-B/probe      bytes allocated under Probe only
+//	goroutines/inflight peak extra goroutines during the rounds / workers
+func BenchmarkProbe1000Proxies(b *testing.B) {
+	const nProxies = 1000
+	px := startFastProxies(b, nProxies)
+	targets := make([]Target, nProxies)
+	for i, a := range px.addrs {
+		targets[i] = Target{ID: fmt.Sprint("p", i), ProxyAddr: a}
+	}
+	for _, workers := range []int{32, 128} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			opts := &ProbeAllOptions{Workers: workers, TargetAddr: "203.0.113.1:443", Probe: ProbeOptions{Timeout: 5 * time.Second}}
+			// Warm up (pools, listeners' accept queues).
+			for _, r := range ProbeAll(context.Background(), targets, opts) {
+				if !r.OK {
+					b.Fatalf("warm-up %s: %v", r.ID, r.Err)
+				}
+			}
+			var peak atomic.Int64
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t := time.NewTicker(time.Millisecond)
+				defer t.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-t.C:
+						if n := int64(runtime.NumGoroutine()); n > peak.Load() {
+							peak.Store(n)
+						}
+					}
+				}
+			}()
+			time.Sleep(5 * time.Millisecond)
+			base := int64(runtime.NumGoroutine())
+			var ms0, ms1 runtime.MemStats
+			runtime.ReadMemStats(&ms0)
+			failed := 0
+			var firstErr error
+			b.ResetTimer()
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				for _, r := range ProbeAll(context.Background(), targets, opts) {
+					if !r.OK {
+						failed++
+						if firstErr == nil {
+							firstErr = r.Err
+						}
+					}
+				}
+			}
+			elapsed := time.Since(start)
+			b.StopTimer()
+			runtime.ReadMemStats(&ms1)
+			close(stop)
+			wg.Wait()
+			if failed > 0 {
+				b.Fatalf("%d probes failed, first: %v", failed, firstErr)
+			}
+			probes := float64(b.N * nProxies)
+			b.ReportMetric(probes/elapsed.Seconds(), "probes/s")
+			b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/probes, "allocs/probe")
+			b.ReportMetric(float64(peak.Load()-base)/float64(workers), "goroutines/inflight")
+			a, by := probeAllocs(b, targets, opts)
+			b.ReportMetric(a, "probe-allocs/probe")
+			b.ReportMetric(by, "probe-B/probe")
+		})
+	}
+}
+
+// BenchmarkProbe measures one probe at a time against one fast proxy.
+func BenchmarkProbe(b *testing.B) {
+	px := startFastProxies(b, 1)
+	b.ReportAllocs()
+	for b.Loop() {
+		if r := Probe(context.Background(), px.addrs[0], "203.0.113.1:443", nil); !r.OK {
+			b.Fatal(r.Err)
+		}
+	}
+}
