@@ -31,6 +31,13 @@ func (h *harness) MakeProvider(context.Context) (provider.Provider, error) {
 }
 func (h *harness) Close() {}
 
+// MakeOtherEntryProvider: memproviders share nothing, so a second one is
+// another entry. This makes the suite run its isolation subtest (whose
+// checks matter for backends that share a host, like kvm2).
+func (h *harness) MakeOtherEntryProvider(ctx context.Context) (provider.Provider, error) {
+	return h.MakeProvider(ctx)
+}
+
 func maker(opts memprovider.Options) providertest.HarnessMaker {
 	return func(context.Context, *testing.T) (providertest.Harness, error) {
 		return &harness{opts: opts}, nil

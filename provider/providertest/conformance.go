@@ -36,6 +36,7 @@ var conformanceTests = []struct {
 	{"Delete/MissingSucceeds", testDeleteMissing},
 	{"Delete/WrongUIDKeepsInstance", testDeleteWrongUID},
 	{"List/Exact", testListExact},
+	{"List/OtherEntryInvisible", testOtherEntryInvisible},
 	{"State/ReachesRunning", testReachesRunning},
 	{"Context/CanceledBeforeCall", testContextCanceled},
 	{"Context/DeadlineExceededBeforeCall", testContextDeadline},
@@ -510,6 +511,63 @@ func testListExact(e *env) {
 		e.fatalf("Delete: %v", err)
 	}
 	e.wantList(before, a.Ref(), c.Ref())
+}
+
+func testOtherEntryInvisible(e *env) {
+	oh, ok := e.h.(OtherEntryHarness)
+	if !ok {
+		e.t.Skip("the harness does not implement providertest.OtherEntryHarness: isolation between entries is not checked")
+	}
+	op, err := oh.MakeOtherEntryProvider(e.ctx)
+	if err != nil {
+		e.fatalf("MakeOtherEntryProvider: %v", err)
+	}
+	other := egressproxy.New(op, nil)
+	defer other.Close()
+	before := e.baseline()
+	otherBefore, err := other.List(e.ctx)
+	if err != nil {
+		e.fatalf("List on the other entry: %v", err)
+	}
+	mine, theirs := e.spec("mine"), e.spec("theirs")
+	e.create(mine)
+	if _, err := other.Create(e.ctx, theirs); err != nil {
+		e.fatalf("Create on the other entry: %v", err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), e.o.Grace+time.Minute)
+		defer cancel()
+		if err := op.Delete(ctx, theirs.Ref()); err != nil {
+			e.t.Errorf("cleanup on the other entry: %v", err)
+		}
+	}()
+	// Neither reads the other's instance...
+	_, err = e.c.Get(e.ctx, theirs.Ref())
+	e.wantCode("Get of the other entry's instance", err, provider.NotFound)
+	_, err = other.Get(e.ctx, mine.Ref())
+	e.wantCode("the other entry's Get of this entry's instance", err, provider.NotFound)
+	// ...nor deletes it...
+	if err := other.Delete(e.ctx, mine.Ref()); err != nil {
+		e.t.Errorf("the other entry's Delete of this entry's instance = %v, want nil (missing there)", err)
+	}
+	e.get(mine.Ref())
+	// ...nor lists it.
+	e.wantList(before, mine.Ref())
+	l, err := other.List(e.ctx)
+	if err != nil {
+		e.fatalf("List on the other entry: %v", err)
+	}
+	got := map[string]string{}
+	for _, inst := range l {
+		got[inst.Name] = inst.UID
+	}
+	want := map[string]string{theirs.Name: theirs.UID}
+	for _, inst := range otherBefore {
+		want[inst.Name] = inst.UID
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		e.t.Errorf("the other entry's List is not exact (-want +got):\n%s", d)
+	}
 }
 
 // ---- State ----

@@ -50,6 +50,17 @@ type Harness interface {
 	Close()
 }
 
+// OtherEntryHarness is implemented by harnesses that can also make a
+// provider for a second entry on the same backend (for kvm2: another Entry
+// on the same host and pool). The suite then checks that neither entry sees,
+// reads or deletes the other's instances. Harnesses without it skip that
+// subtest, saying so.
+type OtherEntryHarness interface {
+	Harness
+	// MakeOtherEntryProvider returns a provider for the second entry.
+	MakeOtherEntryProvider(ctx context.Context) (provider.Provider, error)
+}
+
 // HarnessMaker makes a Harness for one subtest. It may call t.Skip (for
 // example when a real stack is absent) and t.Cleanup.
 type HarnessMaker func(ctx context.Context, t *testing.T) (Harness, error)
