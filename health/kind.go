@@ -69,8 +69,9 @@ func (k Kind) String() string {
 	return "kind(" + strconv.Itoa(int(k)) + ")"
 }
 
-// Error makes a Kind usable as an errors.Is target.
-func (k Kind) Error() string { return "health: " + k.String() }
+// Error makes a Kind usable as an errors.Is target. It returns the same
+// text as String, so a Kind formats the same with %v and %s.
+func (k Kind) Error() string { return k.String() }
 
 // ProbeError is the error of a failed probe (Result.Err). Match its class
 // with errors.Is(err, health.KindXxx) or read Kind directly after errors.As.

@@ -199,8 +199,10 @@ func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 // Update records one complete round. Every observation with an address
 // counts as a probe of that proxy; a proxy reported without an address, or
 // tracked but absent from obs, keeps its state and is forgotten once Grace
-// has passed since it was last seen with an address. Observations of one
-// ID are applied in order.
+// has passed since it was last seen with an address. A result of
+// KindCanceled (the embedder's context ended) counts as seen but not as a
+// probe: it changes no counter or state. Observations of one ID are applied
+// in order.
 func (t *Tracker) Update(obs []Observation) {
 	now := t.now()
 	var forgotten []Status
@@ -217,6 +219,10 @@ func (t *Tracker) Update(obs []Observation) {
 		}
 		e.Addr = ob.Addr
 		e.LastSeen = now
+		if ob.Result.Kind == KindCanceled {
+			// The embedder's context ended: says nothing about the proxy.
+			continue
+		}
 		t.record(e, &ob.Result, now)
 	}
 	for id, e := range t.entries {

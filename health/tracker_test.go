@@ -117,6 +117,13 @@ func TestTrackerSequences(t *testing.T) {
 			{obs: []Observation{noAddr("a")}, want: map[string]State{"a": StateUnknown}},
 			{advance: 60 * time.Second, obs: []Observation{noAddr("a")}, want: map[string]State{}, forgot: []string{"a"}},
 		}},
+		{name: "canceled probes do not count", steps: []step{
+			{obs: []Observation{ok("a")}}, {obs: []Observation{ok("a")}},
+			{obs: []Observation{{ID: "a", Addr: addr, Result: failResult(KindCanceled)}}},
+			{obs: []Observation{{ID: "a", Addr: addr, Result: failResult(KindCanceled)}}},
+			{advance: 50 * time.Second, obs: []Observation{{ID: "a", Addr: addr, Result: failResult(KindCanceled)}}, want: map[string]State{"a": StateHealthy}},
+			{advance: 50 * time.Second, obs: []Observation{noAddr("a")}, want: map[string]State{"a": StateHealthy}},
+		}},
 		{name: "remove forgets at once", steps: []step{
 			{obs: []Observation{ok("a")}},
 			{remove: "a", want: map[string]State{}, forgot: []string{"a"}},
