@@ -77,9 +77,9 @@ type fleetConfig struct {
 	Entries []kvm2.Config `json:"entries"`
 	// Spec is the template of every proxy (Name and UID are set here).
 	Spec provider.Spec `json:"spec"`
-	// Target is the CONNECT target probed through the proxies. Empty: the
-	// program's own loopback target (reachable only from proxies on this
-	// machine).
+	// Target is the CONNECT target (host:port) probed through the proxies;
+	// the VMs must be able to reach it. Required: the program's own target
+	// listens on this machine's loopback, which VMs cannot reach.
 	Target string `json:"target"`
 	// RunningTimeout is how long the fleet may take to run, e.g. "10m".
 	// Empty: 10m.
@@ -170,6 +170,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 		template       provider.Spec
 		target         = tgt.addr
 		runningTimeout = 10 * time.Second
+		pollEvery      = 100 * time.Millisecond
 		inMemory       = *config == ""
 	)
 	if inMemory {
@@ -196,9 +197,8 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 				return fail("%s: runningTimeout %q: want a positive duration like \"10m\"", *config, cfg.RunningTimeout)
 			}
 		}
-		if cfg.Target != "" {
-			target = cfg.Target
-		}
+		target = cfg.Target
+		pollEvery = time.Second
 		template = cfg.Spec
 		if *timeout == 0 {
 			*timeout = runningTimeout + 2*time.Minute
@@ -326,7 +326,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 				return fail("waiting for the fleet: %v", ctx.Err())
 			}
 			return fail("the fleet did not reach Running within %v (%s)", runningTimeout, line)
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(pollEvery):
 		}
 	}
 
@@ -416,6 +416,9 @@ func loadConfig(path string) (*fleetConfig, error) {
 	}
 	if len(cfg.Entries) == 0 {
 		return nil, fail("%s: no entries (want at least one kvm2 entry under \"entries\")", path)
+	}
+	if _, _, err := net.SplitHostPort(cfg.Target); err != nil {
+		return nil, fail("%s: target %q: want the host:port the proxies should CONNECT to (reachable from the VMs), e.g. example.com:443", path, cfg.Target)
 	}
 	return &cfg, nil
 }

@@ -116,7 +116,8 @@ func TestRunFailures(t *testing.T) {
 		{name: "config without entries", args: []string{"-config", write("empty.yaml", "target: example.com:443\n")}, code: 1, stderr: []string{"no entries"}},
 		{name: "config unknown field", args: []string{"-config", write("typo.yaml", "entries: []\nbogus: 1\n")}, code: 1, stderr: []string{"bogus"}},
 		{name: "config bad json", args: []string{"-config", write("bad.json", "{")}, code: 1, stderr: []string{"bad.json"}},
-		{name: "config kvm2 entry", args: []string{"-config", write("kvm.yaml", "entries:\n  - entry: lab1\n    owner: fleet\n    address: 127.0.0.1:1\n    user: root\n    keyFile: /nonexistent\n    knownHostsFile: /nonexistent\n    pool: default\n")},
+		{name: "config without target", args: []string{"-config", write("notarget.yaml", "entries:\n  - entry: lab1\n")}, code: 1, stderr: []string{"target \"\": want the host:port"}},
+		{name: "config kvm2 entry", args: []string{"-config", write("kvm.yaml", "target: 127.0.0.1:9\nentries:\n  - entry: lab1\n    owner: fleet\n    address: 127.0.0.1:1\n    user: root\n    keyFile: /nonexistent\n    knownHostsFile: /nonexistent\n    pool: default\n")},
 			code: 1, stderr: []string{"simple-fleet: "}},
 		{name: "create refused", memFaults: func(p *memprovider.Provider) {
 			p.InjectFault(memprovider.OpCreate, memprovider.Fault{Code: provider.Permanent, Times: 1})
