@@ -24,6 +24,9 @@
 //	    keyFile: /home/me/.ssh/id_ed25519
 //	    knownHostsFile: /home/me/.ssh/known_hosts
 //	    pool: default
+//	    images:
+//	      debian-12:
+//	        url: https://cloud.debian.org/images/cloud/bookworm/latest/debian-12-genericcloud-amd64.qcow2
 //	spec:
 //	  imageKey: debian-12
 //	  port: 3128
