@@ -211,3 +211,24 @@ func TestRunKeepServesUntilInterrupted(t *testing.T) {
 		t.Error("-keep deleted the fleet")
 	}
 }
+
+func TestLoadConfigYAMLAndJSON(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{
+		"fleet.yaml": "target: example.com:443\nrunningTimeout: 5m\nspec:\n  imageKey: debian-12\n  port: 8080\nentries:\n  - entry: lab1\n    owner: fleet\n    pool: default\n",
+		"fleet.json": `{"target":"example.com:443","runningTimeout":"5m","spec":{"imageKey":"debian-12","port":8080},"entries":[{"entry":"lab1","owner":"fleet","pool":"default"}]}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := filepath.Join(dir, name)
+			os.WriteFile(p, []byte(content), 0o600)
+			cfg, err := loadConfig(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := cfg.Entries[0]
+			if e.Entry != "lab1" || e.Owner != "fleet" || e.Pool != "default" || cfg.Spec.ImageKey != "debian-12" || cfg.Spec.Port != 8080 || cfg.RunningTimeout != "5m" {
+				t.Fatalf("parsed %+v", cfg)
+			}
+		})
+	}
+}
