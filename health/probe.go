@@ -49,8 +49,9 @@ type ProbeOptions struct {
 	// exchange through it after the proxy answered 2xx (and after the TLS
 	// handshake when TLS is set, in which case conn is the *tls.Conn).
 	// conn carries the probe's deadline; any bytes the proxy sent after its
-	// response head are read first. Exchange must not keep conn after it
-	// returns; Probe closes it. A non-nil error fails the probe as
+	// response head are read first. Exchange must honour ctx for anything
+	// it waits on other than conn, and must not keep conn after it returns;
+	// Probe closes it. A non-nil error fails the probe as
 	// KindTunnelFailed. Zero: no exchange.
 	Exchange func(ctx context.Context, conn net.Conn) error
 

@@ -79,6 +79,8 @@ func TestProbeClassifies(t *testing.T) {
 			opts: ProbeOptions{Dialer: &net.Dialer{Resolver: &net.Resolver{PreferGo: true,
 				Dial: func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("no DNS in tests") }}}},
 			kind: KindDNS, op: "dial"},
+		{name: "dial timeout", proxy: func(*testing.T) string { return "192.0.2.1:3128" },
+			opts: ProbeOptions{Timeout: short, Dialer: blockingDialer{}}, kind: KindTimeout, op: "dial"},
 		{name: "bad proxy address", proxy: func(*testing.T) string { return "no-port" }, kind: KindBadInput, op: "input"},
 		{name: "empty proxy address", proxy: func(*testing.T) string { return "" }, kind: KindBadInput, op: "input"},
 		{name: "target with CRLF", proxy: fake(nil), target: "a:1\r\nX: y", kind: KindBadInput, op: "input"},
@@ -123,6 +125,14 @@ func TestProbeClassifies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// blockingDialer never connects: it waits for the dial context to end.
+type blockingDialer struct{}
+
+func (blockingDialer) DialContext(ctx context.Context, _, _ string) (net.Conn, error) {
+	<-ctx.Done()
+	return nil, &net.OpError{Op: "dial", Net: "tcp", Err: ctx.Err()}
 }
 
 func fake(handle func(net.Conn)) func(t *testing.T) string {

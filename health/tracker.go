@@ -206,6 +206,7 @@ func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 func (t *Tracker) Update(obs []Observation) {
 	now := t.now()
 	var forgotten []Status
+	var changes []change
 	t.mu.Lock()
 	for i := range obs {
 		ob := &obs[i]
@@ -223,7 +224,9 @@ func (t *Tracker) Update(obs []Observation) {
 			// The embedder's context ended: says nothing about the proxy.
 			continue
 		}
-		t.record(e, &ob.Result, now)
+		if prev := e.State; t.record(e, &ob.Result, now) {
+			changes = append(changes, change{from: prev, to: *e})
+		}
 	}
 	for id, e := range t.entries {
 		if now.Sub(e.LastSeen) >= t.grace {
@@ -232,11 +235,21 @@ func (t *Tracker) Update(obs []Observation) {
 		}
 	}
 	t.mu.Unlock()
+	for _, c := range changes {
+		t.log.Info("proxy health changed", "id", c.to.ID, "addr", c.to.Addr,
+			"from", c.from.String(), "to", c.to.State.String(), "lastError", c.to.LastErr)
+	}
 	t.forget(forgotten, "grace period expired")
 }
 
-// record applies one probe result to e. t.mu is held.
-func (t *Tracker) record(e *Status, r *Result, now time.Time) {
+type change struct {
+	from State
+	to   Status
+}
+
+// record applies one probe result to e and reports whether e's state
+// changed. t.mu is held.
+func (t *Tracker) record(e *Status, r *Result, now time.Time) bool {
 	e.LastProbe = now
 	e.LastLatency = r.Total
 	e.LastStatusCode = r.StatusCode
@@ -259,10 +272,7 @@ func (t *Tracker) record(e *Status, r *Result, now time.Time) {
 			e.State, e.Since = StateUnhealthy, now
 		}
 	}
-	if e.State != prev {
-		t.log.Info("proxy health changed", "id", e.ID, "addr", e.Addr,
-			"from", prev.String(), "to", e.State.String(), "lastError", e.LastErr)
-	}
+	return e.State != prev
 }
 
 func (t *Tracker) forget(forgotten []Status, why string) {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/google/go-cmp/cmp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -437,5 +438,26 @@ func TestTrackerRound(t *testing.T) {
 	}
 	if rounds != 3 || probeAlls != 3 {
 		t.Fatalf("%d round spans and %d ProbeAll spans, want 3 each", rounds, probeAlls)
+	}
+}
+
+func TestTrackerLogsThroughLogr(t *testing.T) {
+	var mu sync.Mutex
+	var lines []string
+	log := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		lines = append(lines, args)
+		mu.Unlock()
+	}, funcr.Options{Verbosity: 1})
+	clock := &fakeClock{now: time.Unix(0, 0)}
+	tr, _ := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: time.Second, Now: clock.Now, Logger: log})
+	tr.Update([]Observation{{ID: "a", Addr: "10.0.0.1:3128", Result: okResult}})
+	clock.Advance(time.Second)
+	tr.Update(nil)
+	joined := strings.Join(lines, "\n")
+	for _, want := range []string{`"msg"="proxy health changed" "id"="a"`, `"to"="healthy"`, `"msg"="proxy forgotten" "id"="a"`} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("logs lack %s:\n%s", want, joined)
+		}
 	}
 }
