@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"path"
 	"sort"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/provider"
 )
 
@@ -73,6 +75,19 @@ type Config struct {
 	// seeds. Required.
 	Pool string
 
+	// Images maps an image key (provider.Spec.ImageKey) to the base image
+	// the instance's overlay is backed by; package imagecache fetches,
+	// verifies and publishes it in Pool. An Image's Key may be left empty
+	// (it is set from the map key); when set it must equal the map key.
+	// Zero: no images — Check works, Create fails Permanent.
+	Images map[string]imagecache.Image
+	// DefaultImage is used when a Spec names no image. Zero: the only key
+	// when Images has one key; required when it has several.
+	DefaultImage string
+	// TransferBudget bounds one cold image fetch (see imagecache.Config).
+	// Zero: imagecache's default (20m).
+	TransferBudget time.Duration
+
 	// MachineTypes maps a machine type name (provider.Spec.MachineType) to
 	// its size. Zero: {"small": {VCPUs: 1, MemoryMiB: 512}}.
 	MachineTypes map[string]MachineType
@@ -102,6 +117,11 @@ type Config struct {
 	// Requires Kernel.
 	Cmdline string
 
+	// ConsoleLogDir, when set, is an absolute directory on the host where
+	// each VM's serial console is logged as "<domain>.log" (written by
+	// virtlogd). Zero: the console is a pty only, nothing is logged.
+	ConsoleLogDir string
+
 	// CallTimeout is the budget of one backend call when the caller's
 	// context has no deadline. Zero: 2m.
 	CallTimeout time.Duration
@@ -121,6 +141,9 @@ type Options struct {
 	Logger logr.Logger
 	// TracerProvider creates a span per backend call. Nil: no-op.
 	TracerProvider trace.TracerProvider
+	// HTTPClient downloads base images. Nil: imagecache's default (no
+	// overall timeout; the transfer budget bounds a download).
+	HTTPClient *http.Client
 }
 
 // fieldErr returns a *provider.FieldError.
@@ -250,6 +273,12 @@ func (c Config) validate() (Config, error) {
 		add(fieldErr("Cmdline", c.Cmdline, "requires Kernel"))
 	}
 
+	if c.ConsoleLogDir != "" && !path.IsAbs(c.ConsoleLogDir) {
+		add(fieldErr("ConsoleLogDir", c.ConsoleLogDir, "must be an absolute path on the host"))
+	}
+	if c.TransferBudget < 0 {
+		add(fieldErr("TransferBudget", c.TransferBudget.String(), "must not be negative (zero means the imagecache default)"))
+	}
 	if c.CallTimeout < 0 {
 		add(fieldErr("CallTimeout", c.CallTimeout.String(), "must not be negative (zero means 2m)"))
 	} else if c.CallTimeout == 0 {

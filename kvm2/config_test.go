@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/provider"
 )
 
@@ -85,6 +86,19 @@ func TestConfigValidate(t *testing.T) {
 		{"kernel relative", func(c *Config) { c.Kernel = "vmlinuz" }, "Kernel", "absolute"},
 		{"initrd without kernel", func(c *Config) { c.Initrd = "/boot/initrd" }, "Initrd", "requires Kernel"},
 		{"cmdline without kernel", func(c *Config) { c.Cmdline = "console=ttyS0" }, "Cmdline", "requires Kernel"},
+		{"image key", func(c *Config) { c.Images = map[string]imagecache.Image{"Bad": {URL: "http://x/y"}} }, `Images["Bad"]`, "lowercase"},
+		{"image key mismatch", func(c *Config) { c.Images = map[string]imagecache.Image{"a": {Key: "b", URL: "http://x/y"}} }, `Images["a"].Key`, "equal the map key"},
+		{"image url", func(c *Config) { c.Images = map[string]imagecache.Image{"a": {URL: "ftp://x/y"}} }, `Images["a"].URL`, "http"},
+		{"image digest", func(c *Config) { c.Images = map[string]imagecache.Image{"a": {URL: "http://x/y", SHA256: "abc"}} }, `Images["a"].SHA256`, "64"},
+		{"default image needed", func(c *Config) {
+			c.Images = map[string]imagecache.Image{"a": {URL: "http://x/a"}, "b": {URL: "http://x/b"}}
+		}, "DefaultImage", "required"},
+		{"default image unknown", func(c *Config) {
+			c.Images = map[string]imagecache.Image{"a": {URL: "http://x/a"}}
+			c.DefaultImage = "z"
+		}, "DefaultImage", "key of Images"},
+		{"console log dir relative", func(c *Config) { c.ConsoleLogDir = "logs" }, "ConsoleLogDir", "absolute"},
+		{"transfer budget negative", func(c *Config) { c.TransferBudget = -1 }, "TransferBudget", "negative"},
 		{"call timeout negative", func(c *Config) { c.CallTimeout = -1 }, "CallTimeout", "negative"},
 		{"dial timeout negative", func(c *Config) { c.DialTimeout = -1 }, "DialTimeout", "negative"},
 		{"keepalive count negative", func(c *Config) { c.KeepaliveCount = -1 }, "KeepaliveCount", "negative"},
@@ -135,6 +149,12 @@ func TestConfigValidOptions(t *testing.T) {
 	}
 	if got.Network != "" {
 		t.Errorf("Network = %q with Bridge set, want empty", got.Network)
+	}
+	img := validConfig()
+	img.Images = map[string]imagecache.Image{"debian-12": {URL: "https://example.com/d.qcow2"}}
+	got, err = img.validate()
+	if err != nil || got.DefaultImage != "debian-12" || got.Images["debian-12"].Key != "debian-12" {
+		t.Errorf("single image: default %q, key %q, err %v", got.DefaultImage, got.Images["debian-12"].Key, err)
 	}
 	one := validConfig()
 	one.MachineTypes = map[string]MachineType{"only": {2, 2048}}

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -30,8 +31,10 @@ type Provider struct {
 	log    logr.Logger
 	tracer trace.Tracer
 
-	pool *sshconn.Pool
-	lv   *sshconn.Libvirt
+	pool  *sshconn.Pool
+	lv    *sshconn.Libvirt
+	cache *imagecache.Cache
+	locks nameLocks
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -81,12 +84,26 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		CallTimeout: cfg.CallTimeout,
 		Logger:      log.WithName("libvirt"),
 	})
+	cache, err := imagecache.New(lv, imagecache.Config{
+		Entry:          cfg.Entry,
+		Pool:           cfg.Pool,
+		TransferBudget: cfg.TransferBudget,
+		HTTPClient:     opts.HTTPClient,
+		Logger:         log.WithName("imagecache"),
+		TracerProvider: tp,
+	})
+	if err != nil {
+		_ = lv.Close()
+		_ = pool.Close()
+		return nil, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
+	}
 	return &Provider{
 		cfg:    cfg,
 		log:    log,
 		tracer: tp.Tracer(TracerName),
 		pool:   pool,
 		lv:     lv,
+		cache:  cache,
 	}, nil
 }
 
@@ -253,9 +270,10 @@ func healthReason(err error) provider.HealthReason {
 func (p *Provider) Close() error {
 	p.closeOnce.Do(func() {
 		p.closed.Store(true)
+		cerr := p.cache.Close()
 		lerr := p.lv.Close()
 		perr := p.pool.Close()
-		p.closeErr = errors.Join(lerr, perr)
+		p.closeErr = errors.Join(cerr, lerr, perr)
 		p.log.V(1).Info("closed")
 	})
 	return p.closeErr
