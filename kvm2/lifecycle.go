@@ -311,6 +311,11 @@ func (p *Provider) deleteVolumes(l *libvirt.Libvirt, name string) error {
 	if err != nil {
 		return fmt.Errorf("look up pool %q: %w", p.cfg.Pool, err)
 	}
+	return p.deleteVolumesIn(l, pool, name)
+}
+
+// deleteVolumesIn is deleteVolumes with the pool already looked up.
+func (p *Provider) deleteVolumesIn(l *libvirt.Libvirt, pool libvirt.StoragePool, name string) error {
 	for _, v := range []string{overlayVolume(name), seedVolume(name)} {
 		vol, err := l.StorageVolLookupByName(pool, v)
 		if isLibvirtCode(err, libvirt.ErrNoStorageVol) {
@@ -437,8 +442,9 @@ type created struct {
 
 func (c *created) set(f *bool) { c.mu.Lock(); *f = true; c.mu.Unlock() }
 
-// create makes the volumes and the domain and starts it (8 RPCs + the seed
-// upload stream).
+// create makes the volumes and the domain and starts it: 8 RPCs (pool
+// lookup, two leftover lookups, two volume creations, the seed upload
+// stream, define, start).
 func (p *Provider) create(l *libvirt.Libvirt, name string, base imagecache.Base, seed []byte, domXML string, made *created) error {
 	pool, err := l.StoragePoolLookupByName(p.cfg.Pool)
 	if err != nil {
@@ -446,7 +452,7 @@ func (p *Provider) create(l *libvirt.Libvirt, name string, base imagecache.Base,
 	}
 	// Leftovers of an earlier failed Create of this name (no domain exists,
 	// we hold the name lock) are removed first.
-	if err := p.deleteVolumes(l, name); err != nil {
+	if err := p.deleteVolumesIn(l, pool, name); err != nil {
 		return err
 	}
 	overlay := libvirtxml.StorageVolume{
