@@ -1,0 +1,168 @@
+//go:build integration
+
+package kvm2
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// processTree returns pid and all its descendants.
+func processTree(t *testing.T, root int) []int {
+	t.Helper()
+	parent := map[int]int{}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(s[i+1:])
+		if len(fields) < 2 {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		ppid, _ := strconv.Atoi(fields[1])
+		parent[pid] = ppid
+	}
+	out := []int{root}
+	for changed := true; changed; {
+		changed = false
+		for pid, pp := range parent {
+			in, has := false, false
+			for _, o := range out {
+				in = in || o == pp
+				has = has || o == pid
+			}
+			if in && !has {
+				out = append(out, pid)
+				changed = true
+			}
+		}
+	}
+	return out
+}
+
+// TestIntegrationFrozenSSHD: with sshd and its session processes stopped
+// (SIGSTOP), a Check returns within its context budget, Close returns
+// within a second, and after SIGCONT a new provider is reachable again.
+func TestIntegrationFrozenSSHD(t *testing.T) {
+	cfg := stackConfig(t)
+	p, err := Open(context.Background(), cfg, &Options{Logger: testr.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if h := checkT(t, p); !h.Reachable {
+		t.Fatalf("Check before freezing: %+v", h)
+	}
+	pid, err := strconv.Atoi(teststack.Run(t, "sshd-pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := processTree(t, pid)
+	thaw := func() {
+		for _, p := range frozen {
+			_ = syscall.Kill(p, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(thaw)
+	for _, p := range frozen {
+		if err := syscall.Kill(p, syscall.SIGSTOP); err != nil {
+			t.Logf("SIGSTOP %d: %v", p, err)
+		}
+	}
+	t.Logf("froze sshd tree %v", frozen)
+
+	const budget = 2 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	start := time.Now()
+	h, err := p.Check(ctx)
+	took := time.Since(start)
+	cancel()
+	t.Logf("Check with sshd frozen: %v after %v (health %+v)", err, took.Round(time.Millisecond), h)
+	if took > budget+2*time.Second {
+		t.Errorf("Check took %v with a %v budget", took, budget)
+	}
+	if err == nil && h.Reachable {
+		t.Error("Check reachable with sshd frozen")
+	}
+	if err != nil && provider.Code(err) != provider.DeadlineExceeded {
+		t.Errorf("Check error code %v, want DeadlineExceeded", provider.Code(err))
+	}
+	start = time.Now()
+	if err := p.Close(); err != nil {
+		t.Logf("Close: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Close took %v with sshd frozen, want under 1s", d)
+	}
+	thaw()
+	q := openT(t, cfg, testr.New(t))
+	if h := checkT(t, q); !h.Reachable {
+		t.Errorf("Check after SIGCONT: %+v", h)
+	}
+}
+
+// TestIntegrationSpans: every backend call makes a span named after it, with
+// the domain and, for Create, the overlay volume as attributes.
+func TestIntegrationSpans(t *testing.T) {
+	e := newLifecycleEnv(t)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	p, err := Open(context.Background(), e.cfg, &Options{Logger: testr.New(t), TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	ctx := ctxT(t)
+	spec := provider.Spec{Name: "traced", UID: "uid-t"}
+	if _, err := p.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Get(ctx, spec.Ref()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Delete(ctx, spec.Ref()); err != nil {
+		t.Fatal(err)
+	}
+	attrs := map[string]map[string]string{}
+	for _, s := range rec.Ended() {
+		m := map[string]string{}
+		for _, kv := range s.Attributes() {
+			m[string(kv.Key)] = kv.Value.Emit()
+		}
+		attrs[s.Name()] = m
+	}
+	dn := domainName(e.cfg.Entry, "traced")
+	for _, want := range []struct{ span, key, val string }{
+		{"kvm2.Create", "volume", overlayVolume(dn)},
+		{"kvm2.Create", "domain", dn},
+		{"kvm2.Get", "domain", dn},
+		{"kvm2.InterfaceAddresses", "domain", dn},
+		{"kvm2.Delete", "domain", dn},
+	} {
+		if got := attrs[want.span][want.key]; got != want.val {
+			t.Errorf("span %s attribute %s = %q, want %q (spans: %v)", want.span, want.key, got, want.val, attrs)
+		}
+	}
+}
