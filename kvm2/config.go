@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
@@ -149,7 +150,11 @@ type Options struct {
 // fieldErr returns a *provider.FieldError.
 func fieldErr(field, value, rule string) error {
 	if len(value) > 40 {
-		value = value[:40] + "…"
+		n := 40
+		for n > 0 && !utf8.RuneStart(value[n]) {
+			n--
+		}
+		value = value[:n] + "…"
 	}
 	return &provider.FieldError{Field: field, Value: value, Rule: rule}
 }
@@ -193,7 +198,7 @@ func (c Config) validate() (Config, error) {
 	}
 	if c.LibvirtURI == "" {
 		c.LibvirtURI = DefaultLibvirtURI
-	} else if !strings.Contains(c.LibvirtURI, ":///") && !strings.Contains(c.LibvirtURI, "://") {
+	} else if !strings.Contains(c.LibvirtURI, "://") {
 		add(fieldErr("LibvirtURI", c.LibvirtURI, `must be a libvirt URI such as "qemu:///system"`))
 	}
 	add(validateObjectName("Pool", c.Pool, true))

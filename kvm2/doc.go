@@ -13,6 +13,15 @@
 // publishes them), retries, reconcile loops and garbage collection (the
 // embedder drives those with the error classes of package provider and List).
 //
+// Names on the host: instance <name> of entry <entry> is the domain
+// "ep-<entry>--<name>" with the overlay "ep-<entry>--<name>.qcow2" and the
+// seed "ep-<entry>--<name>-seed.iso" ("--" cannot occur in an entry or a
+// name, so the mapping is injective, and no name can collide with
+// imagecache's "base-" volumes). Ownership is decided by the metadata element
+// of namespace MetadataNamespace (UID, creation time, entry, owner, port),
+// never by the name: domains without it, with another entry or owner, or
+// with another namespace are never listed, read or deleted.
+//
 // Lifecycle: Open validates the Config and builds the provider without
 // touching the host (so Check can report an unreachable host); the first call
 // dials. Every error is classed (provider.Code): Transient, Permanent,
