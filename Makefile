@@ -8,6 +8,7 @@
 #               (.ci/run). Needs root (the stack starts libvirtd, sshd, squid).
 #               KEEP_STACK=1 leaves the stack running afterwards.
 #   make unit   the unit tests only, no stack needed.
+#   make fuzz-short   each go test -fuzz target for FUZZTIME (part of make test).
 #   make stack-up / stack-down / stack-status   drive the stack by hand; then
 #               eval "$$(scripts/teststack env)" to run single tests against it.
 
@@ -22,7 +23,13 @@ GO ?= go
 TESTSTACK := scripts/teststack
 KEEP_STACK ?=
 
-.PHONY: test unit vet stack-up stack-down stack-status
+.PHONY: test unit vet fuzz-short stack-up stack-down stack-status
+
+# Every go test -fuzz target, as package:Target. fuzz-short runs each briefly
+# (FUZZTIME) so the targets and their committed seed corpora cannot rot.
+FUZZ_TARGETS := ./provider:FuzzSpecValidate ./kvm2:FuzzDomainXML ./kvm2:FuzzSeed \
+	./health:FuzzReadResponseHead ./sshconn:FuzzValidate ./imagecache:FuzzParseNames
+FUZZTIME ?= 8s
 
 test:
 	@rc=0; \
@@ -36,11 +43,21 @@ test:
 		echo "+ $(GO) test -race -p 1 -tags integration -count=1 ./..."; \
 		$(GO) test -race -p 1 -tags integration -count=1 ./... || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	fi; \
+	if [ $$rc -eq 0 ]; then \
+		$(MAKE) --no-print-directory fuzz-short || rc=$$?; \
+	fi; \
 	if [ -z "$(KEEP_STACK)" ]; then \
 		$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	fi; \
 	if [ $$rc -ne 0 ]; then echo "make test: FAILED (exit $$rc)" >&2; fi; \
 	exit $$rc
+
+fuzz-short:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "+ $(GO) test -run '^$$' -fuzz '^$$fn$$' -fuzztime $(FUZZTIME) $$pkg"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
 
 unit:
 	$(GO) test -race ./...
