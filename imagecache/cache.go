@@ -313,6 +313,11 @@ func (c *Cache) Ensure(ctx context.Context, img Image) (Base, error) {
 
 	select {
 	case <-f.done:
+		if code := provider.Code(f.err); ctx.Err() == nil && (code == provider.DeadlineExceeded || code == provider.Canceled) {
+			// Our own budget ran out (or Close canceled the fetch), not
+			// the caller's context.
+			return Base{}, provider.Errorf(provider.Transient, "image %q: transfer budget %s exhausted or fetch canceled: %w", img.Key, c.cfg.TransferBudget, f.err)
+		}
 		return f.base, f.err
 	case <-ctx.Done():
 		c.mu.Lock()

@@ -9,6 +9,8 @@ import (
 	"hash"
 	"io"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
@@ -48,11 +50,11 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err 
 	total := resp.ContentLength
 	span.SetAttributes(attribute.Int64("content_length", total))
 
+	avail, err := c.poolAvailable(ctx)
+	if err != nil {
+		return Base{}, err
+	}
 	if total > 0 {
-		avail, err := c.poolAvailable(ctx)
-		if err != nil {
-			return Base{}, err
-		}
 		if uint64(total) > avail {
 			return Base{}, provider.Errorf(provider.Transient, "image %q is %d bytes but pool %s has only %d bytes free; free space in the pool and retry", img.Key, total, c.cfg.Pool, avail)
 		}
@@ -85,7 +87,7 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err 
 
 	log.Info("fetching image", "bytes", total)
 	start := time.Now()
-	n, digest, err := c.upload(ctx, name, resp.Body, total)
+	n, digest, err := c.upload(ctx, name, resp.Body, total, avail)
 	_ = resp.Body.Close()
 	if err != nil {
 		return Base{}, err
@@ -165,7 +167,18 @@ func (c *Cache) poolAvailable(ctx context.Context) (uint64, error) {
 // upload streams body into volume name on a dedicated connection, counting
 // and hashing on the way. The connection is closed before it returns; it is
 // killed at once if ctx ends.
-func (c *Cache) upload(ctx context.Context, name string, body io.Reader, total int64) (n int64, digest string, err error) {
+//
+// Two guards work around the pinned go-libvirt's stream handling, which
+// deadlocks its connection when libvirtd answers a failed stream with two
+// packets back to back (an error for a data packet, then the confirmation
+// of the finish that was already on its way): the source never announces
+// its end before libvirt has written every byte (the volume's size on the
+// host is polled until it matches; a size that stops short is an error the
+// source reports itself), and bytes beyond the pool's free space are
+// refused by the source before libvirt runs out of disk. If the call still
+// hangs (no source read for uploadStall), the link is killed and the call
+// abandoned after abandonWait; see runStream.
+func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, total int64, free uint64) (n int64, digest string, err error) {
 	ctx, span := c.tracer.Start(ctx, "imagecache.upload", spanAttr(name))
 	defer func() {
 		span.SetAttributes(attribute.Int64("bytes", n))
@@ -176,11 +189,22 @@ func (c *Cache) upload(ctx context.Context, name string, body io.Reader, total i
 		return 0, "", c.classify(ctx, fmt.Errorf("upload %s: dedicated connection: %w", name, err))
 	}
 	defer dc.Close()
-	stop := context.AfterFunc(ctx, dc.Kill)
-	defer stop()
 
-	m := &meter{r: body, h: sha256.New(), total: total, start: time.Now(), last: time.Now(), c: c, volume: name}
-	err = func() error {
+	now := time.Now()
+	m := &meter{r: body, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free}
+	m.touch()
+	// The drain must stop as soon as the call returned (e.g. with libvirt's
+	// error), or upload would wait for the Read holding m.mu.
+	dctx, stopDrain := context.WithCancel(ctx)
+	defer stopDrain()
+	m.drain = func() error {
+		err := c.drained(dctx, name, m.n)
+		if err != nil && dctx.Err() != nil && ctx.Err() == nil {
+			return errDrainStopped
+		}
+		return err
+	}
+	err = c.runStream(ctx, dc, "upload "+name, m.stalled, func() error {
 		p, err := dc.L.StoragePoolLookupByName(c.cfg.Pool)
 		if err != nil {
 			return err
@@ -190,8 +214,15 @@ func (c *Cache) upload(ctx context.Context, name string, body io.Reader, total i
 			return err
 		}
 		return dc.L.StorageVolUpload(v, m, 0, 0, 0)
-	}()
+	})
+	stopDrain()
+	_ = body.Close() // unblocks a Read of an abandoned call
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.report(true)
+	if err != nil && errors.Is(m.err, errDrainStopped) {
+		m.err = nil // the drain was stopped because the call failed: report the call's error
+	}
 	if m.err != nil {
 		return m.n, "", c.classify(ctx, fmt.Errorf("upload %s: reading the image after %d bytes: %w", name, m.n, m.err))
 	}
@@ -199,6 +230,111 @@ func (c *Cache) upload(ctx context.Context, name string, body io.Reader, total i
 		return m.n, "", c.classify(ctx, fmt.Errorf("upload %s after %d bytes: %w", name, m.n, err))
 	}
 	return m.n, hex.EncodeToString(m.h.Sum(nil)), nil
+}
+
+// Stream guard timings; variables so tests can shorten them.
+var (
+	// uploadStall: no source read for this long while the upload call
+	// has not returned means libvirt stopped consuming: kill the link.
+	uploadStall = time.Minute
+	// abandonWait: how long a stream call gets to return after its link
+	// was killed before it is abandoned.
+	abandonWait = 5 * time.Second
+	// drainPoll: how often the volume size is polled before the end of
+	// the source is announced.
+	drainPoll = 20 * time.Millisecond
+	// drainStall: a volume size that stays short of the bytes sent for
+	// this long means libvirt failed to write them (e.g. disk full; its
+	// error would only surface, or be lost, when the stream is finished).
+	drainStall = 10 * time.Second
+)
+
+var (
+	// errStalled is the cause when a stream makes no progress.
+	errStalled = errors.New("libvirt stopped consuming the stream")
+	// errDrainStopped: the upload call returned while the source waited
+	// for libvirt to catch up.
+	errDrainStopped = errors.New("upload ended while waiting for libvirt to write")
+)
+
+// runStream runs a stream call of dc in its own goroutine. When ctx ends or
+// stalled reports true, the dedicated link is killed; a call that still
+// does not return within abandonWait is abandoned (its goroutine blocked
+// inside go-libvirt is logged as leaked) so the cache never hangs.
+func (c *Cache) runStream(ctx context.Context, dc dedicated, op string, stalled func() bool, call func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var cause error
+loop:
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			cause = ctx.Err()
+			break loop
+		case <-tick.C:
+			if stalled != nil && stalled() {
+				cause = errStalled
+				break loop
+			}
+		}
+	}
+	dc.Kill()
+	t := time.NewTimer(abandonWait)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		if err == nil {
+			err = cause
+		}
+		return fmt.Errorf("%w (%w)", err, cause)
+	case <-t.C:
+		c.log.Error(cause, "go-libvirt stream call did not return after its link was killed; abandoning it (its goroutines stay blocked inside go-libvirt)", "op", op)
+		return fmt.Errorf("%s: abandoned: %w", op, cause)
+	}
+}
+
+// dedicated is what runStream needs of *sshconn.DedicatedConn.
+type dedicated interface{ Kill() }
+
+// drained waits until the volume's size on the host reaches n, i.e.
+// libvirt has written everything sent so far. A size that stops growing for
+// drainStall is an error.
+func (c *Cache) drained(ctx context.Context, name string, n int64) error {
+	var last uint64
+	lastChange := time.Now()
+	for {
+		var phys uint64
+		err := c.do(ctx, func(l *libvirt.Libvirt) error {
+			p, err := l.StoragePoolLookupByName(c.cfg.Pool)
+			if err != nil {
+				return err
+			}
+			v, err := l.StorageVolLookupByName(p, name)
+			if err != nil {
+				return err
+			}
+			_, _, phys, err = l.StorageVolGetInfoFlags(v, uint32(libvirt.StorageVolGetPhysical))
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("waiting for libvirt to write %d bytes: %w", n, err)
+		}
+		if phys >= uint64(n) {
+			return nil
+		}
+		if phys != last {
+			last, lastChange = phys, time.Now()
+		} else if time.Since(lastChange) > drainStall {
+			return fmt.Errorf("libvirt wrote only %d of %d bytes: %w", phys, n, errStalled)
+		}
+		if err := sleep(ctx, drainPoll); err != nil {
+			return err
+		}
+	}
 }
 
 // readBack hashes the bytes libvirt reads from the volume on the host,
@@ -209,12 +345,10 @@ func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error
 		return 0, "", c.classify(ctx, fmt.Errorf("read back %s: dedicated connection: %w", name, err))
 	}
 	defer dc.Close()
-	stop := context.AfterFunc(ctx, dc.Kill)
-	defer stop()
 	// The writer never fails: go-libvirt must keep draining the stream
 	// (a failing writer would leave its router blocked); ctx kills the link.
 	w := &hashWriter{h: sha256.New()}
-	err = func() error {
+	err = c.runStream(ctx, dc, "read back "+name, nil, func() error {
 		p, err := dc.L.StoragePoolLookupByName(c.cfg.Pool)
 		if err != nil {
 			return err
@@ -224,7 +358,9 @@ func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error
 			return err
 		}
 		return dc.L.StorageVolDownload(v, w, 0, 0, 0)
-	}()
+	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if err != nil {
 		return 0, "", c.classify(ctx, fmt.Errorf("read back %s after %d bytes: %w", name, w.n, err))
 	}
@@ -232,35 +368,71 @@ func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error
 }
 
 type hashWriter struct {
-	h hash.Hash
-	n int64
+	mu sync.Mutex // an abandoned call may still write
+	h  hash.Hash
+	n  int64
 }
 
 func (w *hashWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.h.Write(p)
 	w.n += int64(len(p))
 	return len(p), nil
 }
 
-// meter is the upload's source: it counts, hashes and reports progress. Its
-// first read error other than io.EOF is kept in err.
+// meter is the upload's source: it counts, hashes and reports progress,
+// refuses bytes beyond the pool's free space, and before it returns io.EOF
+// waits (drain) until libvirt has written everything. Its first read error
+// other than io.EOF is kept in err.
 type meter struct {
+	mu     sync.Mutex // an abandoned call may still read
 	r      io.Reader
 	h      hash.Hash
 	n      int64
 	total  int64
+	free   uint64 // 0: no limit
 	err    error
 	start  time.Time
 	last   time.Time
 	c      *Cache
 	volume string
+	drain  func() error
+
+	inRead   atomic.Bool
+	lastRead atomic.Int64 // unix nanos of the last Read return
+}
+
+func (m *meter) touch() { m.lastRead.Store(time.Now().UnixNano()) }
+
+// stalled: no Read running and none for uploadStall.
+func (m *meter) stalled() bool {
+	return !m.inRead.Load() && time.Since(time.Unix(0, m.lastRead.Load())) > uploadStall
 }
 
 func (m *meter) Read(p []byte) (int, error) {
+	m.inRead.Store(true)
+	defer func() { m.touch(); m.inRead.Store(false) }()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return 0, m.err
+	}
 	n, err := m.r.Read(p)
 	if n > 0 {
 		m.h.Write(p[:n])
 		m.n += int64(n)
+	}
+	if n > 0 && errors.Is(err, io.EOF) {
+		err = nil // send these bytes first; the next Read drains and ends
+	}
+	if m.free > 0 && uint64(m.n) > m.free {
+		err = fmt.Errorf("the image is larger than the %d bytes free in pool %s", m.free, m.c.cfg.Pool)
+	}
+	if errors.Is(err, io.EOF) && m.drain != nil {
+		if derr := m.drain(); derr != nil {
+			err = derr
+		}
 	}
 	if err != nil && !errors.Is(err, io.EOF) && m.err == nil {
 		m.err = err
@@ -278,7 +450,7 @@ func (m *meter) report(final bool) {
 	if el > 0 {
 		pr.Rate = float64(m.n) / el
 	}
-	m.c.log.V(boolInt(final)).Info("upload progress", "volume", m.volume, "bytes", m.n, "total", m.total, "bytesPerSecond", int64(pr.Rate))
+	m.c.log.V(boolInt(!final)).Info("upload progress", "volume", m.volume, "bytes", m.n, "total", m.total, "bytesPerSecond", int64(pr.Rate))
 	if m.c.cfg.Progress != nil {
 		m.c.cfg.Progress(pr)
 	}
