@@ -98,15 +98,19 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err 
 	if img.SHA256 != "" && digest != img.SHA256 {
 		return Base{}, provider.Errorf(provider.Permanent, "image %q from %s has sha256 %s but sha256 %s is configured; fix the URL or the configured digest (a new digest needs a new key if a base with the old one is in use)", img.Key, img.URL, digest, img.SHA256)
 	}
+	uploaded := time.Since(start)
 	if err := c.verifyStored(ctx, name, n, digest); err != nil {
 		return Base{}, err
 	}
+	verified := time.Since(start) - uploaded
 	if err := c.createEmpty(ctx, MarkerName(name, digest)); err != nil {
 		return Base{}, c.classify(ctx, fmt.Errorf("create marker of %s: %w", name, err))
 	}
 	published = true
 	el := time.Since(start)
-	log.Info("published base", "bytes", n, "sha256", digest, "seconds", el.Seconds(), "rate", float64(n)/el.Seconds())
+	log.Info("published base", "bytes", n, "sha256", digest, "seconds", el.Seconds(),
+		"uploadSeconds", uploaded.Seconds(), "uploadBytesPerSecond", int64(float64(n)/uploaded.Seconds()),
+		"verifySeconds", verified.Seconds(), "verifyBytesPerSecond", int64(float64(n)/verified.Seconds()))
 	return c.published(ctx, img, name, digest)
 }
 

@@ -1088,3 +1088,52 @@ func TestMakeBigImage(t *testing.T) {
 	}
 	makeBigQcow2(t, p)
 }
+
+// The pinned go-libvirt returns promptly when the upload's source fails
+// (older versions deadlocked on their unbuffered stream channels), the
+// connection stays usable, and no goroutine is left (TestMain's goleak).
+func TestStackGoLibvirtFailingReaderReturnsPromptly(t *testing.T) {
+	env := teststack.Require(t)
+	lv := link(t, env)
+	entry := testEntry()
+	cleanupEntry(t, lv, env.Pool, entry)
+	name := BaseName(entry, "reader", "raw")
+	putVol(t, lv, env.Pool, name, nil)
+	dc, err := lv.Dedicated(ctxT(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dc.Close()
+	boom := errors.New("source failed")
+	for i, after := range []int64{0, 1 << 20, 9 << 20} {
+		src := io.MultiReader(io.LimitReader(mrand.NewChaCha8([32]byte{byte(i)}), after), iotest{boom})
+		p, err := dc.L.StoragePoolLookupByName(env.Pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := dc.L.StorageVolLookupByName(p, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- dc.L.StorageVolUpload(v, src, 0, 0, 0) }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, boom) {
+				t.Fatalf("upload failing after %d bytes returned %v, want the source error", after, err)
+			}
+			t.Logf("failing after %d bytes: returned in %s", after, time.Since(start).Round(time.Millisecond))
+		case <-time.After(10 * time.Second):
+			dc.Kill()
+			t.Fatalf("upload with a failing source after %d bytes did not return within 10s", after)
+		}
+		if _, err := dc.L.ConnectGetLibVersion(); err != nil {
+			t.Fatalf("connection unusable after the failed upload: %v", err)
+		}
+	}
+}
+
+type iotest struct{ err error }
+
+func (r iotest) Read([]byte) (int, error) { return 0, r.err }
