@@ -314,9 +314,12 @@ func (c *Cache) Ensure(ctx context.Context, img Image) (Base, error) {
 	select {
 	case <-f.done:
 		if code := provider.Code(f.err); ctx.Err() == nil && (code == provider.DeadlineExceeded || code == provider.Canceled) {
-			// Our own budget ran out (or Close canceled the fetch), not
+			// Our own budget ran out, or Close canceled the fetch; not
 			// the caller's context.
-			return Base{}, provider.Errorf(provider.Transient, "image %q: transfer budget %s exhausted or fetch canceled: %w", img.Key, c.cfg.TransferBudget, f.err)
+			if c.stop.Err() != nil {
+				return Base{}, provider.Errorf(provider.Transient, "image %q: the cache was closed during the fetch: %w", img.Key, f.err)
+			}
+			return Base{}, provider.Errorf(provider.Transient, "image %q: transfer budget %s exhausted: %w", img.Key, c.cfg.TransferBudget, f.err)
 		}
 		return f.base, f.err
 	case <-ctx.Done():

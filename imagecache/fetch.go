@@ -92,6 +92,9 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err 
 	if err != nil {
 		return Base{}, err
 	}
+	if n == 0 {
+		return Base{}, provider.Errorf(provider.Transient, "image %q: %s served an empty body", img.Key, img.URL)
+	}
 	if total >= 0 && n != total {
 		return Base{}, provider.Errorf(provider.Transient, "image %q: the body ended after %d of the %d bytes announced", img.Key, n, total)
 	}

@@ -467,6 +467,7 @@ func TestStackFailureShapes(t *testing.T) {
 			<-r.Context().Done()
 		}, want: provider.Transient, msg: "bytes free", within: 20 * time.Second},
 		{name: "different bytes than configured", handler: serveFile(other), sha: true, want: provider.Permanent, msg: img.sha256, within: 20 * time.Second},
+		{name: "empty body", handler: func(w http.ResponseWriter, r *http.Request, _ int64) { w.WriteHeader(200) }, want: provider.Transient, msg: "empty body", within: 10 * time.Second},
 		{name: "http 404", handler: func(w http.ResponseWriter, r *http.Request, _ int64) { http.NotFound(w, r) }, want: provider.Permanent, msg: "404", within: 10 * time.Second},
 		{name: "http 503", handler: func(w http.ResponseWriter, r *http.Request, _ int64) { w.WriteHeader(503) }, want: provider.Transient, msg: "503", within: 10 * time.Second},
 	} {
@@ -1137,3 +1138,41 @@ func TestStackGoLibvirtFailingReaderReturnsPromptly(t *testing.T) {
 type iotest struct{ err error }
 
 func (r iotest) Read([]byte) (int, error) { return 0, r.err }
+
+// Close during a fetch cancels it, waits for it, and leaves nothing behind.
+func TestStackCloseDuringFetch(t *testing.T) {
+	env := teststack.Require(t)
+	lv := link(t, env)
+	entry := testEntry()
+	cleanupEntry(t, lv, env.Pool, entry)
+	img := makeQcow2(t, t.TempDir(), 8)
+	srv := newImageServer(t, serveHalfThen(img, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
+	c, err := New(lv, Config{Entry: entry, Pool: env.Pool, Logger: testr.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Ensure(context.Background(), Image{Key: "c", URL: srv.URL + "/c"})
+		done <- err
+	}()
+	for srv.requests.Load() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // mid-body
+	start := time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("Close took %s", el)
+	}
+	select {
+	case err := <-done:
+		wantCode(t, err, provider.Transient)
+		t.Logf("Ensure after Close: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Ensure did not return after Close")
+	}
+	assertClean(t, lv, env.Pool, entry)
+}
