@@ -1,0 +1,122 @@
+// Command bench measures egressproxy on the real test stack and writes
+// docs/benchmarks.md: image upload (the library's cold fetch vs virsh
+// vol-upload over qemu+ssh vs cat | ssh), peak RSS of a cold fetch, the
+// control path (libvirt RPCs and wall time per operation, concurrent Gets),
+// health probes (in-process proxies and the stack's Squid) and how
+// Create/Get/List scale with the number of instances.
+//
+// Run it through `make bench` (as root: it starts the stack). By hand:
+//
+//	scripts/teststack up && eval "$(scripts/teststack env)"
+//	go build -o /tmp/egressproxy-bench ./bench && /tmp/egressproxy-bench -out docs/benchmarks.md
+//
+// Every figure is a median over -runs runs; comparisons are medians of
+// per-pair ratios of interleaved runs (A B C, rotated each round) so drift
+// of the machine cancels within a pair.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/egressproxy/egressproxy/internal/benchutil"
+)
+
+func main() {
+	var o options
+	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report file to write")
+	flag.IntVar(&o.runs, "runs", 5, "runs per figure (median); at least 5 for the report")
+	flag.IntVar(&o.imageMiB, "image-mib", 1024, "size of the random data in the test qcow2 (MiB)")
+	flag.StringVar(&o.scale, "scale", "1,10,50,100", "instance counts of the scaling table")
+	flag.IntVar(&o.gets, "gets", 1000, "concurrent Gets per run")
+	flag.IntVar(&o.probes, "probes", 1000, "probes per round through Squid")
+	flag.StringVar(&o.phases, "phases", "upload,control,scale,health", "phases to run")
+	flag.StringVar(&o.analysis, "analysis", "bench/analysis.md", "hand-written reading appended to the report ('' for none)")
+	flag.StringVar(&o.command, "command", "make bench", "command recorded in the report")
+	child := flag.Bool("fetch-child", false, "internal: run one cold fetch and print its figures as JSON")
+	flag.StringVar(&o.url, "url", "", "internal (-fetch-child): image URL")
+	flag.StringVar(&o.sum, "sha256", "", "internal (-fetch-child): image digest")
+	flag.StringVar(&o.entry, "entry", "", "internal (-fetch-child): imagecache entry")
+	flag.Parse()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
+	defer cancel()
+	env, err := benchutil.LoadEnv()
+	if err != nil {
+		fatal(err)
+	}
+	if *child {
+		res, err := benchutil.LibraryFetch(ctx, env, o.entry, "bench", o.url, o.sum, true)
+		if err != nil {
+			fatal(err)
+		}
+		if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+			fatal(err)
+		}
+		return
+	}
+	if o.runs < 1 {
+		fatal(fmt.Errorf("-runs must be ≥ 1"))
+	}
+	r := &report{opts: o, started: time.Now().UTC()}
+	r.machine = describeMachine(ctx)
+	for _, ph := range strings.Split(o.phases, ",") {
+		logf("phase %s (load: %s)", ph, loadavg())
+		r.loads = append(r.loads, fmt.Sprintf("%s start %s: %s", ph, time.Now().UTC().Format("15:04:05"), loadavg()))
+		var err error
+		switch strings.TrimSpace(ph) {
+		case "upload":
+			r.upload, err = runUpload(ctx, env, o)
+		case "control":
+			r.control, err = runControl(ctx, env, o)
+		case "scale":
+			r.scale, err = runScale(ctx, env, o)
+		case "health":
+			r.health, err = runHealth(ctx, env, o)
+		case "":
+		default:
+			err = fmt.Errorf("unknown phase %q", ph)
+		}
+		if err != nil {
+			fatal(fmt.Errorf("phase %s: %w", ph, err))
+		}
+	}
+	r.loads = append(r.loads, fmt.Sprintf("end %s: %s", time.Now().UTC().Format("15:04:05"), loadavg()))
+	r.finished = time.Now().UTC()
+	if err := os.WriteFile(o.out, []byte(r.render()), 0o644); err != nil {
+		fatal(err)
+	}
+	logf("wrote %s", o.out)
+}
+
+type options struct {
+	out, scale, phases, analysis, command string
+	runs, imageMiB, gets, probes          int
+	url, sum, entry                       string
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+}
+
+func fatal(err error) {
+	fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+	os.Exit(1)
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
