@@ -989,8 +989,14 @@ func TestStackOneGiB(t *testing.T) {
 		t.Fatalf("image is only %d bytes", img.size)
 	}
 	srv := newImageServer(t, serveFile(img))
+	var uploadHWM string
 	c := newTestCache(t, lv, entry, env.Pool, func(cfg *Config) {
 		cfg.Logger = testr.NewWithOptions(t, testr.Options{Verbosity: 0})
+		cfg.Progress = func(p Progress) {
+			if p.Bytes == img.size {
+				uploadHWM = procStatus("VmHWM")
+			}
+		}
 	})
 	im := Image{Key: "big", URL: srv.URL + "/big.qcow2", SHA256: img.sha256}
 	start := time.Now()
@@ -1005,15 +1011,8 @@ func TestStackOneGiB(t *testing.T) {
 	}
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	st, _ := os.ReadFile("/proc/self/status")
-	var hwm string
-	for _, l := range strings.Split(string(st), "\n") {
-		if strings.HasPrefix(l, "VmHWM") || strings.HasPrefix(l, "VmRSS") {
-			hwm += strings.Join(strings.Fields(l), " ") + "; "
-		}
-	}
-	t.Logf("after the fetch: %s Go runtime Sys %d MiB, HeapSys %d MiB, HeapInuse %d MiB, StackSys %d MiB, total allocated %d MiB",
-		hwm, ms.Sys>>20, ms.HeapSys>>20, ms.HeapInuse>>20, ms.StackSys>>20, ms.TotalAlloc>>20)
+	t.Logf("peak RSS at the end of the upload: %s; after verify+publish: %s (%s, %s); Go runtime Sys %d MiB, HeapSys %d MiB, HeapInuse %d MiB, total allocated %d MiB",
+		uploadHWM, procStatus("VmHWM"), procStatus("RssAnon"), procStatus("RssFile"), ms.Sys>>20, ms.HeapSys>>20, ms.HeapInuse>>20, ms.TotalAlloc>>20)
 	if got := hashFile(t, b.Path); got != (imageFile{path: b.Path, size: img.size, sha256: img.sha256}) {
 		t.Fatalf("stored %+v", got)
 	}
@@ -1175,4 +1174,15 @@ func TestStackCloseDuringFetch(t *testing.T) {
 		t.Fatal("Ensure did not return after Close")
 	}
 	assertClean(t, lv, env.Pool, entry)
+}
+
+// procStatus returns one "Key: value" line of /proc/self/status.
+func procStatus(key string) string {
+	st, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(st), "\n") {
+		if strings.HasPrefix(l, key+":") {
+			return strings.Join(strings.Fields(l), " ")
+		}
+	}
+	return key + ": ?"
 }
