@@ -44,6 +44,9 @@ test:
 		$(GO) test -race -p 1 -tags integration -count=1 ./... || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
+		$(MAKE) --no-print-directory bench-short || rc=$$?; \
+	fi; \
+	if [ $$rc -eq 0 ]; then \
 		$(MAKE) --no-print-directory fuzz-short || rc=$$?; \
 	fi; \
 	if [ -z "$(KEEP_STACK)" ]; then \
@@ -74,3 +77,38 @@ stack-down:
 
 stack-status:
 	$(TESTSTACK) status
+
+# make bench   (root) start the real stack, build and run the bench tool
+#              (bench/) and write docs/benchmarks.md: uploads vs virsh and raw
+#              ssh, peak RSS, control-path RPCs, concurrent Gets, health probes,
+#              scaling to 100 instances (about 10 minutes). KEEP_STACK=1 leaves
+#              the stack running; BENCH_FLAGS adds flags (see bench -h).
+# make bench-short   every Go benchmark once (-benchtime 1x) against the
+#              running stack (part of make test), so they cannot rot.
+.PHONY: bench bench-short
+BENCH_FLAGS ?=
+
+bench:
+	@rc=0; \
+	if [ ! -x /usr/bin/time ]; then \
+		apt-get install -y --no-install-recommends time || { apt-get update && apt-get install -y --no-install-recommends time; } || rc=$$?; \
+	fi; \
+	[ $$rc -ne 0 ] || $(TESTSTACK) up || rc=$$?; \
+	if [ $$rc -eq 0 ]; then \
+		stackenv=$$($(TESTSTACK) env) && eval "$$stackenv" || rc=$$?; \
+	fi; \
+	if [ $$rc -eq 0 ]; then \
+		bin="$$EGRESSPROXY_STACK_DIR/bench/bench"; mkdir -p "$${bin%/*}"; \
+		echo "+ $(GO) build -o $$bin ./bench && $$bin -out docs/benchmarks.md $(BENCH_FLAGS)"; \
+		$(GO) build -o "$$bin" ./bench && "$$bin" -out docs/benchmarks.md $(BENCH_FLAGS) || rc=$$?; \
+	fi; \
+	if [ -z "$(KEEP_STACK)" ]; then \
+		$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+	fi; \
+	if [ $$rc -ne 0 ]; then echo "make bench: FAILED (exit $$rc)" >&2; fi; \
+	exit $$rc
+
+bench-short:
+	@pkgs=$$(grep -rl --include='*_test.go' '^func Benchmark' . | xargs -n1 dirname | sort -u); \
+	echo "+ $(GO) test -tags integration -p 1 -run '^$$' -bench . -benchtime 1x" $$pkgs; \
+	$(GO) test -tags integration -p 1 -run '^$$' -bench . -benchtime 1x $$pkgs
