@@ -42,7 +42,14 @@ func main() {
 	flag.StringVar(&o.url, "url", "", "internal (-fetch-child): image URL")
 	flag.StringVar(&o.sum, "sha256", "", "internal (-fetch-child): image digest")
 	flag.StringVar(&o.entry, "entry", "", "internal (-fetch-child): imagecache entry")
+	reana := flag.Bool("reanalyse", false, "only replace the reading at the end of -out with -analysis (figures untouched)")
 	flag.Parse()
+	if *reana {
+		if err := reanalyse(o.out, o.analysis); err != nil {
+			fatal(err)
+		}
+		return
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
 	defer cancel()

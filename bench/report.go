@@ -128,13 +128,35 @@ func (r *report) render() string {
 		r.renderScale(p, s)
 	}
 	r.renderSummary(p)
+	b.WriteString(analysisMarker)
 	if r.opts.analysis != "" {
 		if a, err := os.ReadFile(r.opts.analysis); err == nil {
-			p("")
 			b.Write(a)
 		}
 	}
 	return b.String()
+}
+
+// analysisMarker separates the measured part of the report from the
+// hand-written reading (bench/analysis.md), which -reanalyse replaces.
+const analysisMarker = "\n<!-- measured figures above; the reading below is bench/analysis.md -->\n\n"
+
+// reanalyse replaces the reading at the end of an existing report with the
+// current analysis file, leaving the figures untouched.
+func reanalyse(out, analysis string) error {
+	doc, err := os.ReadFile(out)
+	if err != nil {
+		return err
+	}
+	head, _, ok := strings.Cut(string(doc), analysisMarker)
+	if !ok {
+		return fmt.Errorf("%s has no analysis marker; rerun the benchmarks", out)
+	}
+	a, err := os.ReadFile(analysis)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(out, []byte(head+analysisMarker+string(a)), 0o644)
 }
 
 func (r *report) renderUpload(p func(string, ...any), u *uploadResult) {
