@@ -127,38 +127,145 @@ var errNoMetadata = errors.New("no " + MetadataNamespace + " metadata")
 // parseMetadata finds our metadata element anywhere in doc (a whole domain
 // XML, the inner XML of <metadata>, or the element itself), resolving
 // namespace prefixes, and decodes it. errNoMetadata when absent; another
-// error when present but malformed.
+// error when present but malformed. It reads doc only up to that element.
 func parseMetadata(doc string) (instanceMeta, error) {
+	x := parseDomainXML(doc, false)
+	return x.meta, x.metaErr
+}
+
+// domainXMLInfo is what kvm2 reads from a domain's XML.
+type domainXMLInfo struct {
+	meta    instanceMeta
+	metaErr error  // nil, errNoMetadata when absent, another error when malformed
+	mac     string // hardware address of the first NIC (only when asked for)
+}
+
+// parseDomainXML reads our metadata (as parseMetadata) and, with wantMAC,
+// the hardware address of the domain's first NIC, in one pass over doc's
+// token stream. Without wantMAC it stops at our metadata element, which
+// libvirt writes near the top; with it, it reads the root element to its
+// end.
+//
+// The MAC is the one libvirtxml.Domain.Unmarshal would give as
+// Devices.Interfaces[0].MAC.Address: the root element must be <domain>
+// and well formed to its end, the first <interface> child of a <devices>
+// child of the root is the first NIC, and the address attribute of its
+// last <mac> child carrying one wins; every <interface> there needs a type
+// attribute. Element and attribute names are matched by local name, in any
+// namespace, as encoding/xml does for libvirtxml's untagged fields. When
+// libvirtxml would refuse the document, the MAC is empty, except for
+// refusals of values elsewhere in it (a number that does not parse, a
+// device lacking a required attribute), which libvirt never writes and
+// which this does not check.
+func parseDomainXML(doc string, wantMAC bool) domainXMLInfo {
+	out := domainXMLInfo{metaErr: errNoMetadata}
 	dec := xml.NewDecoder(strings.NewReader(doc))
-	for {
+	metaDone, macDone := false, !wantMAC
+	var (
+		depth     int  // elements open around the next token
+		rootSeen  bool // the root element has started
+		inDevices bool // inside a <devices> child of the root
+		nic       int  // first NIC: 0 not seen, 1 inside it, 2 passed
+		mac       string
+	)
+	for !metaDone || !macDone {
 		tok, err := dec.Token()
-		if err == io.EOF {
-			return instanceMeta{}, errNoMetadata
-		}
 		if err != nil {
-			return instanceMeta{}, fmt.Errorf("parse domain metadata: %w", err)
+			if !metaDone && err != io.EOF {
+				out.metaErr = fmt.Errorf("parse domain metadata: %w", err)
+			}
+			if !macDone {
+				mac = "" // libvirtxml refuses a document it cannot read to the root's end
+			}
+			break
 		}
-		se, ok := tok.(xml.StartElement)
-		if !ok || se.Name.Space != MetadataNamespace || se.Name.Local != "instance" {
-			continue
+		switch t := tok.(type) {
+		case xml.StartElement:
+			if depth == 0 && !rootSeen {
+				rootSeen = true
+				if !macDone && t.Name.Local != "domain" {
+					macDone = true // not a domain document: libvirtxml refuses it
+				}
+			}
+			if !metaDone && t.Name.Space == MetadataNamespace && t.Name.Local == "instance" {
+				metaDone = true
+				// A syntax error inside it sticks to dec: the next
+				// Token ends the loop.
+				out.meta, out.metaErr = decodeMetadata(dec, &t)
+				continue // the element, consumed, was none of the NIC's
+			}
+			depth++
+			if macDone {
+				continue
+			}
+			switch {
+			case depth == 2 && t.Name.Local == "devices":
+				inDevices = true
+			case depth == 3 && inDevices && t.Name.Local == "interface":
+				if !hasAttr(t.Attr, "type") {
+					mac, macDone = "", true // libvirtxml: missing interface type attribute
+					continue
+				}
+				if nic == 0 {
+					nic = 1
+				}
+			case depth == 4 && nic == 1 && t.Name.Local == "mac":
+				for _, a := range t.Attr {
+					if a.Name.Local == "address" {
+						mac = a.Value
+					}
+				}
+			}
+		case xml.EndElement:
+			depth--
+			if macDone {
+				continue
+			}
+			switch depth {
+			case 0:
+				macDone = true // libvirtxml reads nothing after the root
+			case 1:
+				inDevices = false
+			case 2:
+				if nic == 1 {
+					nic = 2
+				}
+			}
 		}
-		var mx metaXML
-		if err := dec.DecodeElement(&mx, &se); err != nil {
-			return instanceMeta{}, fmt.Errorf("parse domain metadata: %w", err)
-		}
-		m := instanceMeta{UID: mx.UID, Entry: mx.Entry, Owner: mx.Owner}
-		if m.UID == "" || m.Entry == "" || m.Owner == "" {
-			return instanceMeta{}, fmt.Errorf("parse domain metadata: uid, entry and owner are required")
-		}
-		if m.Created, err = time.Parse(time.RFC3339Nano, strings.TrimSpace(mx.Created)); err != nil {
-			return instanceMeta{}, fmt.Errorf("parse domain metadata: created: %w", err)
-		}
-		m.Created = m.Created.UTC()
-		if m.Port, err = strconv.Atoi(strings.TrimSpace(mx.Port)); err != nil || m.Port < 1 || m.Port > 65535 {
-			return instanceMeta{}, fmt.Errorf("parse domain metadata: port %q is not 1-65535", mx.Port)
-		}
-		return m, nil
 	}
+	out.mac = mac
+	return out
+}
+
+func hasAttr(attrs []xml.Attr, local string) bool {
+	for _, a := range attrs {
+		if a.Name.Local == local {
+			return true
+		}
+	}
+	return false
+}
+
+// decodeMetadata decodes our metadata element se (its start just read
+// from dec) and checks it.
+func decodeMetadata(dec *xml.Decoder, se *xml.StartElement) (instanceMeta, error) {
+	var mx metaXML
+	if err := dec.DecodeElement(&mx, se); err != nil {
+		return instanceMeta{}, fmt.Errorf("parse domain metadata: %w", err)
+	}
+	m := instanceMeta{UID: mx.UID, Entry: mx.Entry, Owner: mx.Owner}
+	if m.UID == "" || m.Entry == "" || m.Owner == "" {
+		return instanceMeta{}, fmt.Errorf("parse domain metadata: uid, entry and owner are required")
+	}
+	var err error
+	if m.Created, err = time.Parse(time.RFC3339Nano, strings.TrimSpace(mx.Created)); err != nil {
+		return instanceMeta{}, fmt.Errorf("parse domain metadata: created: %w", err)
+	}
+	m.Created = m.Created.UTC()
+	if m.Port, err = strconv.Atoi(strings.TrimSpace(mx.Port)); err != nil || m.Port < 1 || m.Port > 65535 {
+		return instanceMeta{}, fmt.Errorf("parse domain metadata: port %q is not 1-65535", mx.Port)
+	}
+	return m, nil
 }
 
 // domainParams is everything the domain definition is built from.

@@ -76,31 +76,31 @@ type domainInfo struct {
 	state libvirt.DomainState
 }
 
-// readDomain reads a domain's XML (metadata, MAC) and state: 2 RPCs.
+// readDomain reads a domain's XML (metadata, MAC) and state: 2 RPCs. The
+// XML is decoded once, after the state is known: the MAC (only used to
+// look for the address of an active domain) is read only when the domain
+// is active, and otherwise decoding stops at our metadata element.
 func (p *Provider) readDomain(l *libvirt.Libvirt, dom libvirt.Domain) (domainInfo, error) {
 	info := domainInfo{dom: dom}
 	x, err := l.DomainGetXMLDesc(dom, 0)
 	if err != nil {
 		return info, fmt.Errorf("get XML of domain %q: %w", dom.Name, err)
 	}
-	m, err := parseMetadata(x)
-	switch {
+	st, _, stErr := l.DomainGetState(dom, 0)
+	info.state = libvirt.DomainState(st)
+	px := parseDomainXML(x, stErr == nil && domainActive(info.state))
+	switch err := px.metaErr; {
 	case err == nil:
-		info.meta = m
-		info.ours = m.Entry == p.cfg.Entry && m.Owner == p.cfg.Owner
+		info.meta = px.meta
+		info.ours = px.meta.Entry == p.cfg.Entry && px.meta.Owner == p.cfg.Owner
 	case errors.Is(err, errNoMetadata):
 	default:
 		p.log.Info("domain has malformed egressproxy metadata; treating it as not ours", "domain", dom.Name, "error", err.Error())
 	}
-	var d libvirtxml.Domain
-	if err := d.Unmarshal(x); err == nil && d.Devices != nil && len(d.Devices.Interfaces) > 0 && d.Devices.Interfaces[0].MAC != nil {
-		info.mac = d.Devices.Interfaces[0].MAC.Address
+	info.mac = px.mac
+	if stErr != nil {
+		return info, fmt.Errorf("get state of domain %q: %w", dom.Name, stErr)
 	}
-	st, _, err := l.DomainGetState(dom, 0)
-	if err != nil {
-		return info, fmt.Errorf("get state of domain %q: %w", dom.Name, err)
-	}
-	info.state = libvirt.DomainState(st)
 	return info, nil
 }
 
