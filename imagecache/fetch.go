@@ -246,7 +246,7 @@ var (
 	uploadStall = time.Minute
 	// abandonWait: how long a stream call gets to return after its link
 	// was killed before it is abandoned.
-	abandonWait = 5 * time.Second
+	abandonWait = 10 * time.Second
 	// drainPoll: how often the volume size is polled before the end of
 	// the source is announced.
 	drainPoll = 20 * time.Millisecond
@@ -355,7 +355,8 @@ func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error
 	// The writer never fails: go-libvirt must keep draining the stream
 	// (a failing writer would leave its router blocked); ctx kills the link.
 	w := &hashWriter{h: sha256.New()}
-	err = c.runStream(ctx, dc, "read back "+name, nil, func() error {
+	w.touch()
+	err = c.runStream(ctx, dc, "read back "+name, w.stalled, func() error {
 		p, err := dc.L.StoragePoolLookupByName(c.cfg.Pool)
 		if err != nil {
 			return err
@@ -375,12 +376,21 @@ func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error
 }
 
 type hashWriter struct {
-	mu sync.Mutex // an abandoned call may still write
-	h  hash.Hash
-	n  int64
+	mu        sync.Mutex // an abandoned call may still write
+	h         hash.Hash
+	n         int64
+	lastWrite atomic.Int64 // unix nanos
+}
+
+func (w *hashWriter) touch() { w.lastWrite.Store(time.Now().UnixNano()) }
+
+// stalled: libvirt sent nothing for uploadStall.
+func (w *hashWriter) stalled() bool {
+	return time.Since(time.Unix(0, w.lastWrite.Load())) > uploadStall
 }
 
 func (w *hashWriter) Write(p []byte) (int, error) {
+	defer w.touch()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.h.Write(p)

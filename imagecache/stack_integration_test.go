@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1185,4 +1186,93 @@ func procStatus(key string) string {
 		}
 	}
 	return key + ": ?"
+}
+
+// BenchmarkStackTransfer compares, side by side on one link (the sub-
+// benchmarks alternate under -count), a bare go-libvirt upload of a file
+// with the cache's upload (count + sha256 + drain) and its read-back
+// verification. Run: go test -tags integration -run XXX -bench Transfer
+// -benchtime 5x ./imagecache (each op is one round: A, B, C)
+func BenchmarkStackTransfer(b *testing.B) {
+	env := teststack.Require(b)
+	const size = 256 << 20
+	path := filepath.Join(b.TempDir(), "bench.raw")
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := io.CopyN(f, mrand.NewChaCha8([32]byte{7}), size); err != nil {
+		b.Fatal(err)
+	}
+	f.Close()
+	p, err := sshconn.New(sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts})
+	if err != nil {
+		b.Fatal(err)
+	}
+	lv := sshconn.NewLibvirt(p, sshconn.LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI})
+	defer p.Close()
+	defer lv.Close()
+	entry := testEntry()
+	c, err := New(lv, Config{Entry: entry, Pool: env.Pool})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	name := BaseName(entry, "bench", "raw")
+	ctx := context.Background()
+	defer func() { _ = c.deleteVolume(ctx, name) }()
+	open := func(b *testing.B) *os.File {
+		f, err := os.Open(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return f
+	}
+	raw := func(b *testing.B) {
+		f := open(b)
+		defer f.Close()
+		dc, err := lv.Dedicated(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer dc.Close()
+		pl, _ := dc.L.StoragePoolLookupByName(env.Pool)
+		v, _ := dc.L.StorageVolLookupByName(pl, name)
+		if err := dc.L.StorageVolUpload(v, f, 0, 0, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	up := func(b *testing.B) {
+		if _, _, err := c.upload(ctx, name, open(b), size, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	back := func(b *testing.B) {
+		if n, _, err := c.readBack(ctx, name); err != nil || n != size {
+			b.Fatal(n, err)
+		}
+	}
+	// Alternate A B C, A B C, ... and report the median rate of each.
+	var rates [3][]float64
+	b.ResetTimer()
+	for range b.N {
+		for i, fn := range []func(*testing.B){raw, up, back} {
+			if i < 2 {
+				b.StopTimer()
+				_ = c.deleteVolume(ctx, name)
+				if err := c.createEmpty(ctx, name); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			start := time.Now()
+			fn(b)
+			rates[i] = append(rates[i], size/time.Since(start).Seconds()/1e6)
+		}
+	}
+	for i, unit := range []string{"go-libvirt-upload-MB/s", "imagecache-upload-MB/s", "imagecache-readback-MB/s"} {
+		slices.Sort(rates[i])
+		b.ReportMetric(rates[i][len(rates[i])/2], unit)
+	}
+	b.ReportMetric(0, "ns/op")
 }
