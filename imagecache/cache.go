@@ -109,7 +109,8 @@ type Config struct {
 	TransferBudget time.Duration
 	// HTTPGrace: the HTTP download's deadline is TransferBudget - HTTPGrace,
 	// so a stalled mirror ends as a clean error before the budget would
-	// have to cut the libvirt link. Zero: 1m. Must be < TransferBudget.
+	// have to cut the libvirt link. Zero: 1m, or TransferBudget/4 when
+	// that is shorter. Must be < TransferBudget.
 	HTTPGrace time.Duration
 	// HTTPClient fetches images. Zero: a client with no overall timeout
 	// (the deadline comes from the budget).
@@ -220,7 +221,7 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 		cfg.TransferBudget = defaultBudget
 	}
 	if cfg.HTTPGrace == 0 {
-		cfg.HTTPGrace = defaultGrace
+		cfg.HTTPGrace = min(defaultGrace, cfg.TransferBudget/4)
 	}
 	if cfg.HTTPGrace >= cfg.TransferBudget {
 		errs = append(errs, &provider.FieldError{Field: "HTTPGrace", Value: cfg.HTTPGrace.String(), Rule: fmt.Sprintf("must be shorter than TransferBudget (%s)", cfg.TransferBudget)})

@@ -53,7 +53,6 @@ func TestNewValidates(t *testing.T) {
 		{"bad entry", &fakeConn{}, func(c Config) Config { c.Entry = "a--b"; return c }, "Entry"},
 		{"no pool", &fakeConn{}, func(c Config) Config { c.Pool = ""; return c }, "Pool"},
 		{"grace not shorter than budget", &fakeConn{}, func(c Config) Config { c.TransferBudget, c.HTTPGrace = time.Minute, time.Minute; return c }, "HTTPGrace"},
-		{"default grace vs short budget", &fakeConn{}, func(c Config) Config { c.TransferBudget = 30 * time.Second; return c }, "HTTPGrace"},
 		{"negative", &fakeConn{}, func(c Config) Config { c.ProgressInterval = -1; return c }, "ProgressInterval"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,6 +73,11 @@ func TestNewValidates(t *testing.T) {
 		t.Fatalf("BaseName = %q", c.BaseName(okImage))
 	}
 	_ = c.Close()
+	short, err := New(&fakeConn{}, Config{Entry: "h", Pool: "p", TransferBudget: 40 * time.Second})
+	if err != nil || short.cfg.HTTPGrace != 10*time.Second {
+		t.Fatalf("short budget: grace %v, err %v", short.cfg.HTTPGrace, err)
+	}
+	_ = short.Close()
 }
 
 func TestImageValidate(t *testing.T) {
