@@ -65,13 +65,17 @@ func (c *Cache) listNames(ctx context.Context) ([]string, error) {
 }
 
 // volXML is the XML of a new raw file volume of capacity bytes (0: grows
-// as written), never preallocated.
+// as written), never preallocated, mode 0644 (a base is read by the qemu
+// processes of every domain backed by it; images are not secrets).
 func volXML(name string, capacity int64) (string, error) {
 	v := libvirtxml.StorageVolume{
 		Name:       name,
 		Capacity:   &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: uint64(max(capacity, 0))},
 		Allocation: &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: 0},
-		Target:     &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}},
+		Target: &libvirtxml.StorageVolumeTarget{
+			Format:      &libvirtxml.StorageVolumeTargetFormat{Type: "raw"},
+			Permissions: &libvirtxml.StorageVolumeTargetPermissions{Mode: "0644"},
+		},
 	}
 	return v.Marshal()
 }
