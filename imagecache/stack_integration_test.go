@@ -570,6 +570,22 @@ func TestStackUploadSabotage(t *testing.T) {
 // transient dir pool on it; both are removed when the test ends.
 func tmpfsPool(t *testing.T, env teststack.Env, lv *sshconn.Libvirt, size string) (name, dir string) {
 	t.Helper()
+	// A run killed by a timeout skips its cleanups: remove what it left.
+	_ = lv.Do(ctxT(t, 30*time.Second), func(l *libvirt.Libvirt) error {
+		pools, _, err := l.ConnectListAllStoragePools(1, 0)
+		for _, p := range pools {
+			if strings.HasPrefix(p.Name, "ic-tmpfs-") {
+				_ = l.StoragePoolDestroy(p)
+			}
+		}
+		return err
+	})
+	if old, _ := filepath.Glob(filepath.Join(env.Dir, "ic-tmpfs-*")); len(old) > 0 {
+		for _, d := range old {
+			_ = exec.Command("umount", d).Run()
+			_ = os.Remove(d)
+		}
+	}
 	name = "ic-tmpfs-" + hex.EncodeToString(randBytes(3))
 	dir = filepath.Join(env.Dir, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
