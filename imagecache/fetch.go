@@ -467,17 +467,10 @@ func (m *meter) report(final bool) {
 	if el > 0 {
 		pr.Rate = float64(m.n) / el
 	}
-	m.c.log.V(boolInt(!final)).Info("upload progress", "volume", m.volume, "bytes", m.n, "total", m.total, "bytesPerSecond", int64(pr.Rate))
+	m.c.log.Info("upload progress", "final", final, "volume", m.volume, "bytes", m.n, "total", m.total, "bytesPerSecond", int64(pr.Rate))
 	if m.c.cfg.Progress != nil {
 		m.c.cfg.Progress(pr)
 	}
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func endSpan(span trace.Span, err error) {
