@@ -256,6 +256,9 @@ var (
 	drainStall = 10 * time.Second
 )
 
+// onAbandon is a test hook run when a stream call is abandoned.
+var onAbandon func()
+
 var (
 	// errStalled is the cause when a stream makes no progress.
 	errStalled = errors.New("libvirt stopped consuming the stream")
@@ -299,6 +302,9 @@ loop:
 		}
 		return fmt.Errorf("%w (%w)", err, cause)
 	case <-t.C:
+		if onAbandon != nil {
+			onAbandon()
+		}
 		c.log.Error(cause, "go-libvirt stream call did not return after its link was killed; abandoning it (its goroutines stay blocked inside go-libvirt)", "op", op)
 		return fmt.Errorf("%s: abandoned: %w", op, cause)
 	}
