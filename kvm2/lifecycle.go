@@ -77,10 +77,11 @@ type domainInfo struct {
 }
 
 // readDomain reads a domain's XML (metadata, MAC) and state: 2 RPCs. The
-// XML is decoded once, after the state is known: the MAC (only used to
-// look for the address of an active domain) is read only when the domain
-// is active, and otherwise decoding stops at our metadata element.
-func (p *Provider) readDomain(l *libvirt.Libvirt, dom libvirt.Domain) (domainInfo, error) {
+// XML is decoded once, after the state is known. The MAC is only used to
+// look for the address of an active domain, so it is read only when the
+// caller will look (withMAC) and the domain is active; otherwise decoding
+// stops at our metadata element.
+func (p *Provider) readDomain(l *libvirt.Libvirt, dom libvirt.Domain, withMAC bool) (domainInfo, error) {
 	info := domainInfo{dom: dom}
 	x, err := l.DomainGetXMLDesc(dom, 0)
 	if err != nil {
@@ -88,7 +89,7 @@ func (p *Provider) readDomain(l *libvirt.Libvirt, dom libvirt.Domain) (domainInf
 	}
 	st, _, stErr := l.DomainGetState(dom, 0)
 	info.state = libvirt.DomainState(st)
-	px := parseDomainXML(x, stErr == nil && domainActive(info.state))
+	px := parseDomainXML(x, withMAC && stErr == nil && domainActive(info.state))
 	switch err := px.metaErr; {
 	case err == nil:
 		info.meta = px.meta
@@ -113,7 +114,7 @@ func (p *Provider) lookup(ctx context.Context, op, name string) (domainInfo, err
 		if err != nil {
 			return fmt.Errorf("look up domain %q: %w", name, err)
 		}
-		info, err = p.readDomain(l, dom)
+		info, err = p.readDomain(l, dom, true)
 		return err
 	}, attribute.String("domain", name))
 	return info, err
@@ -206,7 +207,7 @@ func (p *Provider) List(ctx context.Context) ([]provider.Instance, error) {
 			if !strings.HasPrefix(dom.Name, prefix) {
 				continue // our names always have this shape; skip the RPCs
 			}
-			info, err := p.readDomain(l, dom)
+			info, err := p.readDomain(l, dom, true)
 			if err != nil {
 				if isLibvirtCode(err, libvirt.ErrNoDomain) {
 					continue // undefined meanwhile
@@ -265,7 +266,7 @@ func (p *Provider) Delete(ctx context.Context, ref provider.Ref) error {
 		case err != nil:
 			return fmt.Errorf("look up domain: %w", err)
 		}
-		info, err := p.readDomain(l, dom)
+		info, err := p.readDomain(l, dom, false) // no address lookup: no MAC
 		if err != nil {
 			if isLibvirtCode(err, libvirt.ErrNoDomain) {
 				return p.deleteVolumes(l, name)
