@@ -1,16 +1,27 @@
 # egressproxy — build and test entry points.
 #
-#   make test   start the real test stack (scripts/teststack up), run go vet and
-#               every test including the integration-tagged ones against it, then
-#               stop the stack again (always, even when a step failed). The
-#               tests run even when vet fails, for the full picture; the first
-#               failing step's exit status is kept. This is what CI runs
-#               (.ci/run). Needs root (the stack starts libvirtd, sshd, squid).
-#               KEEP_STACK=1 leaves the stack running afterwards.
+#   make test   everything, as CI runs it (.ci/run runs exactly this). Needs
+#               root. First, with network: the stack's packages
+#               (scripts/teststack deps), the guest image for the end-to-end
+#               test (scripts/guestimage build, cached in /var/cache/egressproxy
+#               per recipe) and the Go modules (go mod download). Then, with
+#               no network at all, `make test-in-netns` inside a private
+#               network namespace (scripts/netns) with a stack of its own
+#               (EGRESSPROXY_STACK_DIR in a fresh temp dir, removed afterwards),
+#               so it never touches a stack already running on the machine and
+#               nothing the tests start — libvirtd, sshd, squid, the guest and
+#               its NAT network — reaches outside the namespace.
+#   make test-in-netns   (internal; refuses to run outside scripts/netns)
+#               start the stack, run go vet and every test including the
+#               integration- and e2e-tagged ones against it, bench-short,
+#               fuzz-short, then stop the stack again (always, even when a step
+#               failed). The tests run even when vet fails, for the full
+#               picture; the first failing step's exit status is kept.
 #   make unit   the unit tests only, no stack needed.
 #   make fuzz-short   each go test -fuzz target for FUZZTIME (part of make test).
-#   make stack-up / stack-down / stack-status   drive the stack by hand; then
-#               eval "$$(scripts/teststack env)" to run single tests against it.
+#   make stack-up / stack-down / stack-status   drive the (machine's) stack by
+#               hand; then eval "$$(scripts/teststack env)" to run single tests
+#               against it.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -21,9 +32,13 @@ export PATH := $(PATH):/usr/local/go/bin
 
 GO ?= go
 TESTSTACK := scripts/teststack
+GUESTIMAGE := scripts/guestimage
+NETNS := scripts/netns
+# Bound of one test binary; the e2e test boots a guest under TCG (minutes).
+TEST_TIMEOUT ?= 25m
 KEEP_STACK ?=
 
-.PHONY: test unit vet fuzz-short stack-up stack-down stack-status
+.PHONY: test test-in-netns unit vet fuzz-short stack-up stack-down stack-status
 
 # Every go test -fuzz target, as package:Target. fuzz-short runs each briefly
 # (FUZZTIME) so the targets and their committed seed corpora cannot rot.
@@ -32,16 +47,48 @@ FUZZ_TARGETS := ./provider:FuzzSpecValidate ./kvm2:FuzzDomainXML ./kvm2:FuzzSeed
 FUZZTIME ?= 8s
 
 test:
-	@rc=0; \
+	@rc=0; t0=$$SECONDS; \
+	echo "+ $(TESTSTACK) deps"; \
+	$(TESTSTACK) deps || rc=$$?; \
+	if [ $$rc -eq 0 ]; then \
+		echo "+ $(GUESTIMAGE) build"; t1=$$SECONDS; \
+		$(GUESTIMAGE) build >/dev/null || rc=$$?; \
+		echo "make test: guest image ready in $$((SECONDS - t1))s"; \
+	fi; \
+	if [ $$rc -eq 0 ]; then \
+		echo "+ $(GO) mod download"; \
+		$(GO) mod download || rc=$$?; \
+	fi; \
+	if [ $$rc -eq 0 ]; then \
+		stackdir=$$(mktemp -d /tmp/egp-test-stack.XXXXXX) || rc=$$?; \
+	fi; \
+	if [ $$rc -eq 0 ]; then \
+		echo "+ EGRESSPROXY_STACK_DIR=$$stackdir GOPROXY=off $(NETNS) run -- $(MAKE) test-in-netns"; \
+		EGRESSPROXY_STACK_DIR=$$stackdir GOPROXY=off \
+			$(NETNS) run --name egp-test-$$$$ -- $(MAKE) --no-print-directory test-in-netns </dev/null || rc=$$?; \
+		rm -rf "$$stackdir"; \
+	fi; \
+	echo "make test: $$((SECONDS - t0))s in all"; \
+	if [ $$rc -ne 0 ]; then echo "make test: FAILED (exit $$rc)" >&2; fi; \
+	exit $$rc
+
+test-in-netns:
+	@if [ -z "$$EGRESSPROXY_NETNS" ]; then \
+		echo "make test-in-netns: not inside scripts/netns (EGRESSPROXY_NETNS unset); run make test" >&2; exit 2; \
+	fi; \
+	rc=0; \
 	$(TESTSTACK) up || rc=$$?; \
 	if [ $$rc -eq 0 ]; then \
 		stackenv=$$($(TESTSTACK) env) && eval "$$stackenv" || rc=$$?; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
+		guestenv=$$($(GUESTIMAGE) env) && eval "$$guestenv" || rc=$$?; \
+	fi; \
+	if [ $$rc -eq 0 ]; then \
 		echo "+ $(GO) vet ./..."; \
-		$(GO) vet ./... && $(GO) vet -tags integration ./... || rc=$$?; \
-		echo "+ $(GO) test -race -p 1 -tags integration -count=1 ./..."; \
-		$(GO) test -race -p 1 -tags integration -count=1 ./... || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+		$(GO) vet ./... && $(GO) vet -tags integration,e2e ./... || rc=$$?; \
+		echo "+ $(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) ./..."; \
+		$(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) ./... || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
 		$(MAKE) --no-print-directory bench-short || rc=$$?; \
@@ -49,10 +96,8 @@ test:
 	if [ $$rc -eq 0 ]; then \
 		$(MAKE) --no-print-directory fuzz-short || rc=$$?; \
 	fi; \
-	if [ -z "$(KEEP_STACK)" ]; then \
-		$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
-	fi; \
-	if [ $$rc -ne 0 ]; then echo "make test: FAILED (exit $$rc)" >&2; fi; \
+	$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+	if [ $$rc -ne 0 ]; then echo "make test-in-netns: FAILED (exit $$rc)" >&2; fi; \
 	exit $$rc
 
 fuzz-short:
