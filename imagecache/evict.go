@@ -90,7 +90,11 @@ func (c *Cache) Verify(ctx context.Context, img Image) (Base, error) {
 	}
 	ctx, span := c.tracer.Start(ctx, "imagecache.verify", spanAttr(name))
 	defer span.End()
-	n, digest, err := c.readBack(ctx, name)
+	size := int64(-1)
+	if phys, err := c.physical(ctx, name); err == nil {
+		size = int64(phys)
+	}
+	n, digest, err := c.readBack(ctx, name, size)
 	if err != nil {
 		endSpan(span, err)
 		return Base{}, err

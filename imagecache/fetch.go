@@ -141,7 +141,7 @@ func (c *Cache) verifyStored(ctx context.Context, name string, n int64, digest s
 	if phys != uint64(n) {
 		return provider.Errorf(provider.Transient, "verify %s: the volume holds %d bytes on the host but %d were sent (upload lost data; disk full?)", name, phys, n)
 	}
-	rn, rd, err := c.readBack(ctx, name)
+	rn, rd, err := c.readBack(ctx, name, int64(phys))
 	if err != nil {
 		return err
 	}
@@ -211,7 +211,7 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 		}
 		return err
 	}
-	err = c.runStream(ctx, dc, "upload "+name, m.stalled, func() error {
+	err = c.runStream(ctx, dc, "upload "+name, m.stalled, nil, func() error {
 		p, err := dc.L.StoragePoolLookupByName(c.cfg.Pool)
 		if err != nil {
 			return err
@@ -262,6 +262,8 @@ var onAbandon func()
 var (
 	// errStalled is the cause when a stream makes no progress.
 	errStalled = errors.New("libvirt stopped consuming the stream")
+	// errStuck: every byte arrived but go-libvirt's call never returned.
+	errStuck = errors.New("go-libvirt stream call stuck after the last byte")
 	// errDrainStopped: the upload call returned while the source waited
 	// for libvirt to catch up.
 	errDrainStopped = errors.New("upload ended while waiting for libvirt to write")
@@ -271,12 +273,19 @@ var (
 // stalled reports true, the dedicated link is killed; a call that still
 // does not return within abandonWait is abandoned (its goroutine blocked
 // inside go-libvirt is logged as leaked) so the cache never hangs.
-func (c *Cache) runStream(ctx context.Context, dc dedicated, op string, stalled func() bool, call func() error) error {
+//
+// complete (may be nil) reports that every expected byte has arrived: a
+// call that then still has not returned after a tick is stuck in
+// go-libvirt's end-of-stream race (its router blocked delivering a second
+// packet for the stream while the call waits for the router's lock); the
+// link is killed, the call abandoned, and the transfer counts as done.
+func (c *Cache) runStream(ctx context.Context, dc dedicated, op string, stalled, complete func() bool, call func() error) error {
 	done := make(chan error, 1)
 	go func() { done <- call() }()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var cause error
+	completeTicks := 0
 loop:
 	for {
 		select {
@@ -286,6 +295,16 @@ loop:
 			cause = ctx.Err()
 			break loop
 		case <-tick.C:
+			if complete != nil && complete() {
+				if completeTicks++; completeTicks >= 2 {
+					dc.Kill()
+					c.log.Error(errStuck, "all bytes arrived but the go-libvirt stream call did not return; killed its link and abandoned it (its goroutines stay blocked inside go-libvirt)", "op", op)
+					if onAbandon != nil {
+						onAbandon()
+					}
+					return nil
+				}
+			}
 			if stalled != nil && stalled() {
 				cause = errStalled
 				break loop
@@ -352,7 +371,11 @@ func (c *Cache) drained(ctx context.Context, name string, n int64) error {
 
 // readBack hashes the bytes libvirt reads from the volume on the host,
 // on a dedicated connection (closed before it returns).
-func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error) {
+//
+// expect is the volume's size on the host (-1: unknown); once that many
+// bytes arrived, a call stuck in go-libvirt's end-of-stream race is
+// abandoned instead of waited for.
+func (c *Cache) readBack(ctx context.Context, name string, expect int64) (int64, string, error) {
 	dc, err := c.conn.Dedicated(ctx)
 	if err != nil {
 		return 0, "", c.classify(ctx, fmt.Errorf("read back %s: dedicated connection: %w", name, err))
@@ -362,7 +385,12 @@ func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error
 	// (a failing writer would leave its router blocked); ctx kills the link.
 	w := &hashWriter{h: sha256.New()}
 	w.touch()
-	err = c.runStream(ctx, dc, "read back "+name, w.stalled, func() error {
+	complete := func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return expect >= 0 && w.n >= expect
+	}
+	err = c.runStream(ctx, dc, "read back "+name, w.stalled, complete, func() error {
 		p, err := dc.L.StoragePoolLookupByName(c.cfg.Pool)
 		if err != nil {
 			return err
@@ -492,4 +520,23 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// physical returns the volume's size on the host (the file size for a dir
+// pool) as libvirt reports it now.
+func (c *Cache) physical(ctx context.Context, name string) (uint64, error) {
+	var phys uint64
+	err := c.do(ctx, func(l *libvirt.Libvirt) error {
+		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
+		if err != nil {
+			return err
+		}
+		v, err := l.StorageVolLookupByName(p, name)
+		if err != nil {
+			return err
+		}
+		_, _, phys, err = l.StorageVolGetInfoFlags(v, uint32(libvirt.StorageVolGetPhysical))
+		return err
+	})
+	return phys, err
 }

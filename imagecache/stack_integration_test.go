@@ -1268,7 +1268,7 @@ func BenchmarkStackTransfer(b *testing.B) {
 		}
 	}
 	back := func(b *testing.B) {
-		if n, _, err := c.readBack(ctx, name); err != nil || n != size {
+		if n, _, err := c.readBack(ctx, name, size); err != nil || n != size {
 			b.Fatal(n, err)
 		}
 	}
