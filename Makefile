@@ -13,7 +13,9 @@
 #               its NAT network — reaches outside the namespace.
 #   make test-in-netns   (internal; refuses to run outside scripts/netns)
 #               start the stack, run go vet and every test including the
-#               integration- and e2e-tagged ones against it, bench-short,
+#               integration- and e2e-tagged ones against it (the e2e package
+#               as a step of its own, verbose, so every run logs its boot,
+#               address source and timings), bench-short,
 #               fuzz-short, then stop the stack again (always, even when a step
 #               failed). The tests run even when vet fails, for the full
 #               picture; the first failing step's exit status is kept.
@@ -87,8 +89,11 @@ test-in-netns:
 	if [ $$rc -eq 0 ]; then \
 		echo "+ $(GO) vet ./..."; \
 		$(GO) vet ./... && $(GO) vet -tags integration,e2e ./... || rc=$$?; \
-		echo "+ $(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) ./..."; \
-		$(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) ./... || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+		pkgs=$$($(GO) list ./... | grep -v '/e2e$$') || rc=$$?; \
+		echo "+ $(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) <every package but ./e2e>"; \
+		$(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) $$pkgs || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+		echo "+ $(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e"; \
+		$(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
 		$(MAKE) --no-print-directory bench-short || rc=$$?; \

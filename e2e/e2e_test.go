@@ -48,12 +48,19 @@ const (
 // Bounds for a loaded 2-core machine under TCG (docs/e2e.md: one boot at
 // load ~8 took 151 s to its lease and 194 s to Squid). They are failure
 // bounds, not performance assertions.
-const (
+//
+// EGRESSPROXY_E2E_RUNNING_BOUND (a Go duration) overrides runningBound, e.g.
+// to see the failure output of a guest that never answers without waiting
+// six minutes; squidBound then follows it (+2m).
+var (
 	runningBound = 6 * time.Minute // Create returned → Running with an address
 	squidBound   = 8 * time.Minute // Create returned → Squid answers 2xx
-	testBound    = 20 * time.Minute
-	pollEvery    = 2 * time.Second
-	stablePolls  = 5
+)
+
+const (
+	testBound   = 20 * time.Minute
+	pollEvery   = 2 * time.Second
+	stablePolls = 5
 )
 
 // userData makes Squid listen on squidPort and allow CONNECT from the NAT
@@ -394,6 +401,13 @@ func consoleLog(dir, domain string) string {
 func domainName(entry, name string) string { return "ep-" + entry + "--" + name }
 
 func TestE2EProxyGuest(t *testing.T) {
+	if v := os.Getenv("EGRESSPROXY_E2E_RUNNING_BOUND"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("EGRESSPROXY_E2E_RUNNING_BOUND=%q: want a positive Go duration", v)
+		}
+		runningBound, squidBound = d, d+2*time.Minute
+	}
 	g := requireGuest(t)
 	requireNetns(t)
 	env := teststack.Require(t)
