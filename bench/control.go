@@ -118,6 +118,7 @@ type scaleResult struct {
 	pooledS, directS, decodeS []float64
 	pooledVsDirect            []float64 // direct time / pooled time per pair (throughput ratio)
 	pooledVsDecode            []float64 // same against direct + kvm2's XML decoding
+	getsLoad                  string    // load average (1/5/15 min) just before the concurrent Gets
 	fillCreateMS              []float64
 	stopAfterCreate           bool
 }
@@ -205,6 +206,7 @@ func runScale(ctx context.Context, env teststack.Env, o options) (*scaleResult, 
 		refs[i], doms[i] = s.Ref(), k.DomainName(s.Name)
 	}
 	res.gets, res.domains = o.gets, len(specs)
+	res.getsLoad = loadavg()
 	for i := range o.runs {
 		pooled := func() error {
 			d, err := benchutil.ConcurrentGets(ctx, k.Plain, refs, o.gets)

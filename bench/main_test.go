@@ -58,3 +58,23 @@ func TestRenderReadsTargets(t *testing.T) {
 		}
 	}
 }
+
+func TestGetsReading(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		ratio, vsDecode float64
+		want, notWant   string
+	}{
+		{"met", 0.93, 0.95, "target **met** at 0.93", "missed"},
+		{"decoding", 0.47, 0.93, "the gap is the CPU kvm2 spends decoding", "**met**"},
+		{"part decoding", 0.6, 0.8, "decoding explains part of the gap", "**met**"},
+		{"not decoding", 0.82, 0.84, "decoding is not what separates them", "**met**"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := getsReading(tc.ratio, tc.vsDecode)
+			if !strings.Contains(got, tc.want) || strings.Contains(got, tc.notWant) {
+				t.Errorf("getsReading(%v, %v) = %q; want %q in it and not %q", tc.ratio, tc.vsDecode, got, tc.want, tc.notWant)
+			}
+		})
+	}
+}

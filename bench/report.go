@@ -137,6 +137,21 @@ func (r *report) render() string {
 	return b.String()
 }
 
+// getsReading explains the concurrent-Gets ratio from the run's own
+// figures: pooled/direct and pooled/(direct + kvm2's decoding).
+func getsReading(ratio, vsDecode float64) string {
+	switch {
+	case ratio >= 0.9:
+		return fmt.Sprintf("target **met** at %.2f: kvm2's Get on the pooled connection keeps at least 90%% of the throughput of the bare RPCs on a direct go-libvirt connection (pooled vs direct + decoding %.2f). On this shared 2-core machine the ratio drops when other test runs load it, so a single run near 0.9 is not a margin.", ratio, vsDecode)
+	case vsDecode >= 0.9:
+		return fmt.Sprintf("target **missed** at %.2f, but against direct go-libvirt doing kvm2's decoding the ratio is %.2f (≥ 0.9): the gap is the CPU kvm2 spends decoding the domain XML, not the pooled connection.", ratio, vsDecode)
+	case vsDecode >= ratio+0.1:
+		return fmt.Sprintf("target **missed** at %.2f; against direct go-libvirt doing kvm2's decoding the ratio is %.2f: decoding explains part of the gap, the rest (still below 0.9) is the pooled path itself (sshconn's per-call work, kvm2's classification and tracing) or load from other processes on this 2-core machine — compare with the load average above and a quiet rerun.", ratio, vsDecode)
+	default:
+		return fmt.Sprintf("target **missed** at %.2f, and %.2f against direct go-libvirt doing kvm2's decoding: decoding is not what separates them. The difference is the pooled path itself (sshconn's per-call work, kvm2's classification and tracing) competing for 2 cores with 1,000 goroutines, or load from other processes on this shared machine — compare with the load average above and a quiet rerun before changing code.", ratio, vsDecode)
+	}
+}
+
 // analysisMarker separates the measured part of the report from the
 // hand-written reading (bench/analysis.md), which -reanalyse replaces.
 const analysisMarker = "\n<!-- measured figures above; the reading below is bench/analysis.md -->\n\n"
@@ -234,11 +249,13 @@ func (r *report) renderControl(p func(string, ...any)) {
 		p("| --- | --- | --- |")
 		p("| kvm2 pooled | %.3f | %s |", med(s.pooledS), list(s.pooledS, "%.3f"))
 		p("| go-libvirt direct | %.3f | %s |", med(s.directS), list(s.directS, "%.3f"))
-		p("| go-libvirt direct + kvm2's XML decoding (diagnostic) | %.3f | %s |", med(s.decodeS), list(s.decodeS, "%.3f"))
+		p("| go-libvirt direct + kvm2's XML decoding for a powered-off domain (diagnostic) | %.3f | %s |", med(s.decodeS), list(s.decodeS, "%.3f"))
 		p("")
 		p("Throughput ratio pooled/direct (= direct time / pooled time, paired): median **%.2f** (%s) — target ≥ 0.9: %s.", ratio, list(s.pooledVsDirect, "%.2f"), verdict(ratio >= 0.9))
 		p("")
-		p("Diagnostic, pooled vs direct doing the same XML decoding as kvm2 (a token scan of the domain XML plus `libvirtxml.Domain.Unmarshal`): median %.2f (%s). The gap between the two ratios is the cost of decoding, not of the pooled connection.", med(s.pooledVsDecode), list(s.pooledVsDecode, "%.2f"))
+		p("Diagnostic, pooled vs direct doing the same XML decoding as kvm2 does for a domain that is not running (kvm2's `parseDomainXML` without the MAC: one token scan that stops after our metadata element, which is decoded and checked; the MAC is read only for running domains): median %.2f (%s). The gap between the two ratios is the cost of decoding, not of the pooled connection.", med(s.pooledVsDecode), list(s.pooledVsDecode, "%.2f"))
+		p("")
+		p("Reading (generated from the figures above; load average just before the concurrent Gets: %s): %s", s.getsLoad, getsReading(ratio, med(s.pooledVsDecode)))
 		p("")
 	}
 }
