@@ -225,6 +225,19 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
+// OpenLifecycleT opens a Provider on a fresh lifecycle env, after adjust (if
+// not nil) has changed a copy of its Config, and returns it with a test
+// context. It is exported for the external test package kvm2_test, whose
+// files may import internal/benchutil (which imports kvm2).
+func OpenLifecycleT(t *testing.T, adjust func(*Config)) (*Provider, context.Context) {
+	t.Helper()
+	cfg := newLifecycleEnv(t).cfg
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	return openT(t, cfg, testr.New(t)), ctxT(t)
+}
+
 func TestIntegrationLifecycle(t *testing.T) {
 	e := newLifecycleEnv(t)
 	p := openT(t, e.cfg, testr.New(t))
