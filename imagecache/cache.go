@@ -458,15 +458,8 @@ func (c *Cache) removeDebris(ctx context.Context, name string, d decision) error
 // published returns the Base of a hit.
 func (c *Cache) published(ctx context.Context, img Image, name, digest string) (Base, error) {
 	var path string
-	err := c.do(ctx, func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
-		v, err := l.StorageVolLookupByName(p, name)
-		if err != nil {
-			return err
-		}
+	err := c.doVol(ctx, name, func(l *libvirt.Libvirt, v libvirt.StorageVol) error {
+		var err error
 		path, err = l.StorageVolGetPath(v)
 		return err
 	})

@@ -158,11 +158,7 @@ func (c *Cache) List(ctx context.Context) ([]Entry, error) {
 
 func (c *Cache) paths(ctx context.Context, vols []string) (map[string]string, error) {
 	out := map[string]string{}
-	err := c.do(ctx, func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
+	err := c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
 		for _, n := range vols {
 			v, err := l.StorageVolLookupByName(p, n)
 			if err != nil {
@@ -188,11 +184,7 @@ func (c *Cache) paths(ctx context.Context, vols []string) (map[string]string, er
 // overlays do).
 func (c *Cache) usersOf(ctx context.Context, bases []string) (map[string][]string, error) {
 	out := map[string][]string{}
-	err := c.do(ctx, func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
+	err := c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
 		vols, _, err := l.StoragePoolListAllVolumes(p, 1, 0)
 		if err != nil {
 			return err

@@ -64,12 +64,8 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err 
 	if err != nil {
 		return Base{}, provider.WithCode(provider.Permanent, err)
 	}
-	err = c.do(ctx, func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
-		_, err = l.StorageVolCreateXML(p, x, 0)
+	err = c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
+		_, err := l.StorageVolCreateXML(p, x, 0)
 		return err
 	})
 	if err != nil {
@@ -122,19 +118,7 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err 
 func (c *Cache) verifyStored(ctx context.Context, name string, n int64, digest string) (err error) {
 	ctx, span := c.tracer.Start(ctx, "imagecache.verify", spanAttr(name))
 	defer func() { endSpan(span, err) }()
-	var phys uint64
-	err = c.do(ctx, func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
-		v, err := l.StorageVolLookupByName(p, name)
-		if err != nil {
-			return err
-		}
-		_, _, phys, err = l.StorageVolGetInfoFlags(v, uint32(libvirt.StorageVolGetPhysical))
-		return err
-	})
+	phys, err := c.physical(ctx, name)
 	if err != nil {
 		return c.classify(ctx, fmt.Errorf("verify %s: %w", name, err))
 	}
@@ -154,14 +138,11 @@ func (c *Cache) verifyStored(ctx context.Context, name string, n int64, digest s
 // poolAvailable refreshes the pool (best effort) and returns its free bytes.
 func (c *Cache) poolAvailable(ctx context.Context) (uint64, error) {
 	var avail uint64
-	err := c.do(ctx, func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
+	err := c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
 		if err := l.StoragePoolRefresh(p, 0); err != nil {
 			c.log.V(1).Info("pool refresh failed; using the last known free space", "err", err.Error())
 		}
+		var err error
 		_, _, _, avail, err = l.StoragePoolGetInfo(p)
 		return err
 	})
@@ -212,11 +193,7 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 		return err
 	}
 	err = c.runStream(ctx, dc, "upload "+name, m.stalled, nil, func() error {
-		p, err := dc.L.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
-		v, err := dc.L.StorageVolLookupByName(p, name)
+		v, err := lookupVol(dc.L, c.cfg.Pool, name)
 		if err != nil {
 			return err
 		}
@@ -339,19 +316,7 @@ func (c *Cache) drained(ctx context.Context, name string, n int64) error {
 	var last uint64
 	lastChange := time.Now()
 	for {
-		var phys uint64
-		err := c.do(ctx, func(l *libvirt.Libvirt) error {
-			p, err := l.StoragePoolLookupByName(c.cfg.Pool)
-			if err != nil {
-				return err
-			}
-			v, err := l.StorageVolLookupByName(p, name)
-			if err != nil {
-				return err
-			}
-			_, _, phys, err = l.StorageVolGetInfoFlags(v, uint32(libvirt.StorageVolGetPhysical))
-			return err
-		})
+		phys, err := c.physical(ctx, name)
 		if err != nil {
 			return fmt.Errorf("waiting for libvirt to write %d bytes: %w", n, err)
 		}
@@ -391,11 +356,7 @@ func (c *Cache) readBack(ctx context.Context, name string, expect int64) (int64,
 		return expect >= 0 && w.n >= expect
 	}
 	err = c.runStream(ctx, dc, "read back "+name, w.stalled, complete, func() error {
-		p, err := dc.L.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
-		v, err := dc.L.StorageVolLookupByName(p, name)
+		v, err := lookupVol(dc.L, c.cfg.Pool, name)
 		if err != nil {
 			return err
 		}
@@ -526,15 +487,8 @@ func errString(err error) string {
 // pool) as libvirt reports it now.
 func (c *Cache) physical(ctx context.Context, name string) (uint64, error) {
 	var phys uint64
-	err := c.do(ctx, func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
-		v, err := l.StorageVolLookupByName(p, name)
-		if err != nil {
-			return err
-		}
+	err := c.doVol(ctx, name, func(l *libvirt.Libvirt, v libvirt.StorageVol) error {
+		var err error
 		_, _, phys, err = l.StorageVolGetInfoFlags(v, uint32(libvirt.StorageVolGetPhysical))
 		return err
 	})

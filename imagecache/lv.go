@@ -15,6 +15,49 @@ func (c *Cache) do(ctx context.Context, fn func(*libvirt.Libvirt) error) error {
 	return c.conn.Do(ctx, fn)
 }
 
+// doPool runs fn on the shared connection with the cache's pool.
+func (c *Cache) doPool(ctx context.Context, fn func(*libvirt.Libvirt, libvirt.StoragePool) error) error {
+	return c.do(ctx, onPool(c.cfg.Pool, fn))
+}
+
+// doVol runs fn on the shared connection with volume name of the pool.
+func (c *Cache) doVol(ctx context.Context, name string, fn func(*libvirt.Libvirt, libvirt.StorageVol) error) error {
+	return c.do(ctx, onVol(c.cfg.Pool, name, fn))
+}
+
+// onPool turns fn into a function of the connection that first looks up
+// pool.
+func onPool(pool string, fn func(*libvirt.Libvirt, libvirt.StoragePool) error) func(*libvirt.Libvirt) error {
+	return func(l *libvirt.Libvirt) error {
+		p, err := l.StoragePoolLookupByName(pool)
+		if err != nil {
+			return err
+		}
+		return fn(l, p)
+	}
+}
+
+// onVol turns fn into a function of the connection that first looks up
+// volume name of pool.
+func onVol(pool, name string, fn func(*libvirt.Libvirt, libvirt.StorageVol) error) func(*libvirt.Libvirt) error {
+	return func(l *libvirt.Libvirt) error {
+		v, err := lookupVol(l, pool, name)
+		if err != nil {
+			return err
+		}
+		return fn(l, v)
+	}
+}
+
+// lookupVol looks up volume name of pool on l.
+func lookupVol(l *libvirt.Libvirt, pool, name string) (libvirt.StorageVol, error) {
+	p, err := l.StoragePoolLookupByName(pool)
+	if err != nil {
+		return libvirt.StorageVol{}, err
+	}
+	return l.StorageVolLookupByName(p, name)
+}
+
 // classify gives an infrastructure error its class: the context's code when
 // ctx ended, NotFound for a missing pool, Transient otherwise. Errors that
 // already carry a class keep it.
@@ -43,11 +86,7 @@ func isLibvirtErr(err error, code libvirt.ErrorNumber) bool {
 // listNames returns the names of every volume in the pool.
 func (c *Cache) listNames(ctx context.Context) ([]string, error) {
 	var names []string
-	err := c.do(ctx, func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
+	err := c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
 		vols, _, err := l.StoragePoolListAllVolumes(p, 1, 0)
 		if err != nil {
 			return err
@@ -87,27 +126,15 @@ func (c *Cache) createEmpty(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	return c.do(ctx, func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
-		_, err = l.StorageVolCreateXML(p, x, 0)
+	return c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
+		_, err := l.StorageVolCreateXML(p, x, 0)
 		return err
 	})
 }
 
 // deleteVolume deletes a volume; a volume already gone is fine.
 func (c *Cache) deleteVolume(ctx context.Context, name string) error {
-	err := c.do(ctx, func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(c.cfg.Pool)
-		if err != nil {
-			return err
-		}
-		v, err := l.StorageVolLookupByName(p, name)
-		if err != nil {
-			return err
-		}
+	err := c.doVol(ctx, name, func(l *libvirt.Libvirt, v libvirt.StorageVol) error {
 		return l.StorageVolDelete(v, libvirt.StorageVolDeleteNormal)
 	})
 	if err == nil || isLibvirtErr(err, libvirt.ErrNoStorageVol) {

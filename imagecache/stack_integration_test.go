@@ -53,6 +53,17 @@ func link(t *testing.T, env teststack.Env) *sshconn.Libvirt {
 	return lv
 }
 
+// stackEntry links to the stack and returns a fresh entry whose volumes
+// are deleted when the test ends.
+func stackEntry(t *testing.T) (teststack.Env, *sshconn.Libvirt, string) {
+	t.Helper()
+	env := teststack.Require(t)
+	lv := link(t, env)
+	entry := testEntry()
+	cleanupEntry(t, lv, env.Pool, entry)
+	return env, lv, entry
+}
+
 func testEntry() string { return "t" + hex.EncodeToString(randBytes(4)) }
 
 func randBytes(n int) []byte {
@@ -89,11 +100,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 func poolNames(t *testing.T, lv *sshconn.Libvirt, pool string) []string {
 	t.Helper()
 	var names []string
-	err := lv.Do(ctxT(t, 30*time.Second), func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(pool)
-		if err != nil {
-			return err
-		}
+	err := lv.Do(ctxT(t, 30*time.Second), onPool(pool, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
 		if err := l.StoragePoolRefresh(p, 0); err != nil {
 			return err
 		}
@@ -102,7 +109,7 @@ func poolNames(t *testing.T, lv *sshconn.Libvirt, pool string) []string {
 			names = append(names, v.Name)
 		}
 		return err
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,28 +139,16 @@ func cleanupEntry(t *testing.T, lv *sshconn.Libvirt, pool, entry string) {
 func delVol(lv *sshconn.Libvirt, pool, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return lv.Do(ctx, func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(pool)
-		if err != nil {
-			return err
-		}
-		v, err := l.StorageVolLookupByName(p, name)
-		if err != nil {
-			return err
-		}
+	return lv.Do(ctx, onVol(pool, name, func(l *libvirt.Libvirt, v libvirt.StorageVol) error {
 		return l.StorageVolDelete(v, 0)
-	})
+	}))
 }
 
 // putVol creates a raw volume holding data.
 func putVol(t *testing.T, lv *sshconn.Libvirt, pool, name string, data []byte) {
 	t.Helper()
 	x, _ := volXML(name, 0)
-	err := lv.Do(ctxT(t, 30*time.Second), func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(pool)
-		if err != nil {
-			return err
-		}
+	err := lv.Do(ctxT(t, 30*time.Second), onPool(pool, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
 		v, err := l.StorageVolCreateXML(p, x, 0)
 		if err != nil {
 			return err
@@ -162,7 +157,7 @@ func putVol(t *testing.T, lv *sshconn.Libvirt, pool, name string, data []byte) {
 			return nil
 		}
 		return l.StorageVolUpload(v, strings.NewReader(string(data)), 0, 0, 0)
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,10 +315,7 @@ func (r *recordingConn) Dedicated(ctx context.Context) (*sshconn.DedicatedConn, 
 // ---------- tests ----------
 
 func TestStackColdFetchHitVerifyListEvict(t *testing.T) {
-	env := teststack.Require(t)
-	lv := link(t, env)
-	entry := testEntry()
-	cleanupEntry(t, lv, env.Pool, entry)
+	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 8)
 	srv := newImageServer(t, serveFile(img))
 	var progress atomic.Int64
@@ -409,10 +401,7 @@ func contains(s []string, v string) bool {
 }
 
 func TestStackSingleFlight(t *testing.T) {
-	env := teststack.Require(t)
-	lv := link(t, env)
-	entry := testEntry()
-	cleanupEntry(t, lv, env.Pool, entry)
+	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 16)
 	srv := newImageServer(t, serveFile(img))
 	c := newTestCache(t, lv, entry, env.Pool, nil)
@@ -614,13 +603,9 @@ func tmpfsPool(t *testing.T, env teststack.Env, lv *sshconn.Libvirt, size string
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		err := lv.Do(ctx, func(l *libvirt.Libvirt) error {
-			p, err := l.StoragePoolLookupByName(name)
-			if err != nil {
-				return err
-			}
+		err := lv.Do(ctx, onPool(name, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
 			return l.StoragePoolDestroy(p)
-		})
+		}))
 		if err != nil {
 			t.Errorf("destroy pool %s: %v", name, err)
 		}
@@ -630,17 +615,14 @@ func tmpfsPool(t *testing.T, env teststack.Env, lv *sshconn.Libvirt, size string
 
 func poolFree(t *testing.T, lv *sshconn.Libvirt, pool string) uint64 {
 	var avail uint64
-	err := lv.Do(ctxT(t, 30*time.Second), func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(pool)
-		if err != nil {
-			return err
-		}
+	err := lv.Do(ctxT(t, 30*time.Second), onPool(pool, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
 		if err := l.StoragePoolRefresh(p, 0); err != nil {
 			return err
 		}
+		var err error
 		_, _, _, avail, err = l.StoragePoolGetInfo(p)
 		return err
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -829,17 +811,12 @@ func TestStackEntriesDoNotShare(t *testing.T) {
 		t.Fatalf("after evicting %s: %v", b1.Volume, names)
 	}
 	var stored string
-	_ = lv.Do(ctxT(t, 30*time.Second), func(l *libvirt.Libvirt) error {
-		p, _ := l.StoragePoolLookupByName(env.Pool)
-		v, err := l.StorageVolLookupByName(p, old)
-		if err != nil {
-			return err
-		}
+	_ = lv.Do(ctxT(t, 30*time.Second), onVol(env.Pool, old, func(l *libvirt.Libvirt, v libvirt.StorageVol) error {
 		var sb strings.Builder
-		err = l.StorageVolDownload(v, &sb, 0, 0, 0)
+		err := l.StorageVolDownload(v, &sb, 0, 0, 0)
 		stored = sb.String()
 		return err
-	})
+	}))
 	if stored != "old provider's base" {
 		t.Fatalf("old-style volume content changed: %q", stored)
 	}
@@ -895,10 +872,7 @@ func TestStackTwoProcessesRace(t *testing.T) {
 // Evict is refused while a defined (inactive) domain has a qcow2 overlay
 // backed by the base.
 func TestStackEvictRefusedWhileUsed(t *testing.T) {
-	env := teststack.Require(t)
-	lv := link(t, env)
-	entry := testEntry()
-	cleanupEntry(t, lv, env.Pool, entry)
+	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 2)
 	srv := newImageServer(t, serveFile(img))
 	c := newTestCache(t, lv, entry, env.Pool, nil)
@@ -916,18 +890,14 @@ func TestStackEvictRefusedWhileUsed(t *testing.T) {
 		BackingStore: &libvirtxml.StorageVolumeBackingStore{Path: base.Path, Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}},
 	}).Marshal()
 	var ovPath string
-	err = lv.Do(ctxT(t, 30*time.Second), func(l *libvirt.Libvirt) error {
-		p, err := l.StoragePoolLookupByName(env.Pool)
-		if err != nil {
-			return err
-		}
+	err = lv.Do(ctxT(t, 30*time.Second), onPool(env.Pool, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
 		v, err := l.StorageVolCreateXML(p, ox, 0)
 		if err != nil {
 			return err
 		}
 		ovPath, err = l.StorageVolGetPath(v)
 		return err
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1052,10 +1022,7 @@ var _ = errors.Is
 // file shorter than what was sent, and stored bytes whose digest differs
 // from the streamed one, are both refused.
 func TestStackVerifyStoredCatchesShortAndWrongBytes(t *testing.T) {
-	env := teststack.Require(t)
-	lv := link(t, env)
-	entry := testEntry()
-	cleanupEntry(t, lv, env.Pool, entry)
+	env, lv, entry := stackEntry(t)
 	c := newTestCache(t, lv, entry, env.Pool, nil)
 	name := BaseName(entry, "v", "raw")
 	data := randBytes(1 << 20)
@@ -1114,10 +1081,7 @@ func TestMakeBigImage(t *testing.T) {
 // (older versions deadlocked on their unbuffered stream channels), the
 // connection stays usable, and no goroutine is left (TestMain's goleak).
 func TestStackGoLibvirtFailingReaderReturnsPromptly(t *testing.T) {
-	env := teststack.Require(t)
-	lv := link(t, env)
-	entry := testEntry()
-	cleanupEntry(t, lv, env.Pool, entry)
+	env, lv, entry := stackEntry(t)
 	name := BaseName(entry, "reader", "raw")
 	putVol(t, lv, env.Pool, name, nil)
 	dc, err := lv.Dedicated(ctxT(t, 30*time.Second))
@@ -1128,11 +1092,7 @@ func TestStackGoLibvirtFailingReaderReturnsPromptly(t *testing.T) {
 	boom := errors.New("source failed")
 	for i, after := range []int64{0, 1 << 20, 9 << 20} {
 		src := io.MultiReader(io.LimitReader(mrand.NewChaCha8([32]byte{byte(i)}), after), iotest{boom})
-		p, err := dc.L.StoragePoolLookupByName(env.Pool)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := dc.L.StorageVolLookupByName(p, name)
+		v, err := lookupVol(dc.L, env.Pool, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1161,10 +1121,7 @@ func (r iotest) Read([]byte) (int, error) { return 0, r.err }
 
 // Close during a fetch cancels it, waits for it, and leaves nothing behind.
 func TestStackCloseDuringFetch(t *testing.T) {
-	env := teststack.Require(t)
-	lv := link(t, env)
-	entry := testEntry()
-	cleanupEntry(t, lv, env.Pool, entry)
+	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 8)
 	srv := newImageServer(t, serveHalfThen(img, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
 	c, err := New(lv, Config{Entry: entry, Pool: env.Pool, Logger: testr.New(t)})
@@ -1256,8 +1213,7 @@ func BenchmarkStackTransfer(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer dc.Close()
-		pl, _ := dc.L.StoragePoolLookupByName(env.Pool)
-		v, _ := dc.L.StorageVolLookupByName(pl, name)
+		v, _ := lookupVol(dc.L, env.Pool, name)
 		if err := dc.L.StorageVolUpload(v, f, 0, 0, 0); err != nil {
 			b.Fatal(err)
 		}
