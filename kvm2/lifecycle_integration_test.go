@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -96,29 +97,20 @@ func newLifecycleEnv(t *testing.T) *lifecycleEnv {
 	t.Cleanup(func() {
 		// Remove every domain and volume of this test entry, then the network.
 		err := rawLibvirt(t, func(l *libvirt.Libvirt) error {
-			doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+			doms, err := entryDomains(l, cfg.Entry)
 			if err != nil {
 				return err
 			}
 			for _, d := range doms {
-				if strings.Contains(d.Name, cfg.Entry) {
-					_ = l.DomainDestroy(d)
-					_ = l.DomainUndefineFlags(d, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineSnapshotsMetadata|libvirt.DomainUndefineNvram)
-				}
+				_ = l.DomainDestroy(d)
+				_ = l.DomainUndefineFlags(d, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineSnapshotsMetadata|libvirt.DomainUndefineNvram)
 			}
-			pool, err := l.StoragePoolLookupByName(cfg.Pool)
-			if err != nil {
-				return err
-			}
-			_ = l.StoragePoolRefresh(pool, 0)
-			vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
+			vols, err := entryVolumes(l, cfg, false)
 			if err != nil {
 				return err
 			}
 			for _, v := range vols {
-				if strings.Contains(v.Name, cfg.Entry) {
-					_ = l.StorageVolDelete(v, 0)
-				}
+				_ = l.StorageVolDelete(v, 0)
 			}
 			n, err := l.NetworkLookupByName(e.network)
 			if err != nil {
@@ -133,6 +125,33 @@ func newLifecycleEnv(t *testing.T) *lifecycleEnv {
 	return e
 }
 
+// entryDomains lists the domains, running or not, whose names contain
+// entry.
+func entryDomains(l *libvirt.Libvirt, entry string) ([]libvirt.Domain, error) {
+	doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(doms, func(d libvirt.Domain) bool { return !strings.Contains(d.Name, entry) }), nil
+}
+
+// entryVolumes lists the volumes of cfg.Pool whose names contain cfg.Entry,
+// after refreshing the pool; a failed refresh is an error only when strict.
+func entryVolumes(l *libvirt.Libvirt, cfg Config, strict bool) ([]libvirt.StorageVol, error) {
+	pool, err := l.StoragePoolLookupByName(cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.StoragePoolRefresh(pool, 0); err != nil && strict {
+		return nil, err
+	}
+	vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(vols, func(v libvirt.StorageVol) bool { return !strings.Contains(v.Name, cfg.Entry) }), nil
+}
+
 // hostFacts reads, with a connection of its own, the domains and volumes
 // of an entry.
 type hostFacts struct {
@@ -145,35 +164,22 @@ func readHost(t *testing.T, cfg Config) hostFacts {
 	t.Helper()
 	f := hostFacts{domains: map[string]libvirt.DomainState{}, volumes: map[string]string{}, paths: map[string]string{}}
 	err := rawLibvirt(t, func(l *libvirt.Libvirt) error {
-		doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+		doms, err := entryDomains(l, cfg.Entry)
 		if err != nil {
 			return err
 		}
 		for _, d := range doms {
-			if !strings.Contains(d.Name, cfg.Entry) {
-				continue
-			}
 			st, _, err := l.DomainGetState(d, 0)
 			if err != nil {
 				return err
 			}
 			f.domains[d.Name] = libvirt.DomainState(st)
 		}
-		pool, err := l.StoragePoolLookupByName(cfg.Pool)
-		if err != nil {
-			return err
-		}
-		if err := l.StoragePoolRefresh(pool, 0); err != nil {
-			return err
-		}
-		vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
+		vols, err := entryVolumes(l, cfg, true)
 		if err != nil {
 			return err
 		}
 		for _, v := range vols {
-			if !strings.Contains(v.Name, cfg.Entry) {
-				continue
-			}
 			x, err := l.StorageVolGetXMLDesc(v, 0)
 			if err != nil {
 				return err
@@ -196,6 +202,22 @@ func readHost(t *testing.T, cfg Config) hostFacts {
 		t.Fatalf("read host: %v", err)
 	}
 	return f
+}
+
+// assertOnlyBases reads the host and reports any domain or non-base volume
+// of the entry left on it (when is appended to the messages).
+func assertOnlyBases(t *testing.T, cfg Config, when string) hostFacts {
+	t.Helper()
+	facts := readHost(t, cfg)
+	if len(facts.domains) != 0 {
+		t.Errorf("domains left%s: %v", when, facts.domains)
+	}
+	for v := range facts.volumes {
+		if !strings.HasPrefix(v, "base-") {
+			t.Errorf("volume left%s: %s", when, v)
+		}
+	}
+	return facts
 }
 
 // downloadVolume reads a volume's bytes through libvirt.
@@ -321,15 +343,7 @@ func TestIntegrationLifecycle(t *testing.T) {
 			t.Fatalf("Delete %s: %v", s.Name, err)
 		}
 	}
-	after := readHost(t, e.cfg)
-	if len(after.domains) != 0 {
-		t.Errorf("domains left after Delete: %v", after.domains)
-	}
-	for v := range after.volumes {
-		if !strings.HasPrefix(v, "base-") {
-			t.Errorf("volume left after Delete: %s", v)
-		}
-	}
+	after := assertOnlyBases(t, e.cfg, " after Delete")
 	if _, ok := after.volumes[e.baseVol]; !ok {
 		t.Errorf("Delete removed the base %s", e.baseVol)
 	}
@@ -449,15 +463,7 @@ func TestIntegrationCreateFaultLeavesNothing(t *testing.T) {
 			if c := provider.Code(err); c != provider.Permanent && c != provider.Transient {
 				t.Errorf("unclassified error %v", c)
 			}
-			facts := readHost(t, cfg)
-			if len(facts.domains) != 0 {
-				t.Errorf("domains left: %v", facts.domains)
-			}
-			for v := range facts.volumes {
-				if !strings.HasPrefix(v, "base-") {
-					t.Errorf("volume left: %s", v)
-				}
-			}
+			assertOnlyBases(t, cfg, "")
 			if list, err := p.List(ctx); err != nil || len(list) != 0 {
 				t.Errorf("List = %v, %v", list, err)
 			}
@@ -509,15 +515,7 @@ func TestIntegrationCreatePoolStopped(t *testing.T) {
 		t.Fatalf("restart pool: %v", err)
 	}
 	restarted = true
-	facts := readHost(t, e.cfg)
-	if len(facts.domains) != 0 {
-		t.Errorf("domains left: %v", facts.domains)
-	}
-	for v := range facts.volumes {
-		if !strings.HasPrefix(v, "base-") {
-			t.Errorf("volume left: %s", v)
-		}
-	}
+	assertOnlyBases(t, e.cfg, "")
 	if err := p.Delete(ctx, provider.Ref{Name: "faulty", UID: "uid-f"}); err != nil {
 		t.Errorf("Delete after the fault: %v", err)
 	}
@@ -558,13 +556,5 @@ func TestIntegrationMetacharactersRoundTrip(t *testing.T) {
 	if provider.Code(err) != provider.Permanent || !errors.As(err, &fe) || fe.Field != "UserData" {
 		t.Errorf("oversized user-data: %v", err)
 	}
-	facts := readHost(t, e.cfg)
-	if len(facts.domains) != 0 {
-		t.Errorf("domains left: %v", facts.domains)
-	}
-	for v := range facts.volumes {
-		if !strings.HasPrefix(v, "base-") {
-			t.Errorf("volume left: %s", v)
-		}
-	}
+	assertOnlyBases(t, e.cfg, "")
 }
