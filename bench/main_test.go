@@ -78,3 +78,21 @@ func TestGetsReading(t *testing.T) {
 		})
 	}
 }
+
+func TestDecodeGap(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		directS, decodeS float64
+		want             string
+	}{
+		{"noise", 0.320, 0.279, "below the run-to-run noise"},
+		{"equal", 0.3, 0.3, "below the run-to-run noise"},
+		{"decoding costs", 0.2, 0.3, "50% slower"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := decodeGap(tc.directS, tc.decodeS); !strings.Contains(got, tc.want) {
+				t.Errorf("decodeGap(%v, %v) = %q; want %q in it", tc.directS, tc.decodeS, got, tc.want)
+			}
+		})
+	}
+}
