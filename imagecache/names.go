@@ -158,8 +158,10 @@ func parseClaimName(name string) (base string, at time.Time, ok bool) {
 	if d1 < 0 || rnd == "" || !isHex(rnd) {
 		return "", time.Time{}, false
 	}
-	ns, err := strconv.ParseInt(rest[d1+1:d2], 10, 64)
-	if err != nil || ns < 0 {
+	digits := rest[d1+1 : d2]
+	ns, err := strconv.ParseInt(digits, 10, 64)
+	// Only the canonical form claimName writes: no sign, no leading zeros.
+	if err != nil || ns < 0 || strconv.FormatInt(ns, 10) != digits {
 		return "", time.Time{}, false
 	}
 	base = basePrefix + rest[:d1]
