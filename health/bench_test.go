@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"net"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/egressproxy/egressproxy/internal/allocprof"
 )
 
 // fastProxies is a set of minimal in-process CONNECT responders on loopback:
@@ -81,47 +82,16 @@ func (p *fastProxies) close() {
 // allocations (count, bytes) made under Probe, per probe: the library's own
 // cost, without the in-process fake proxies' accept path.
 func probeAllocs(tb testing.TB, targets []Target, opts *ProbeAllOptions) (allocs, bytes float64) {
-	const fn = "github.com/egressproxy/egressproxy/health.Probe"
-	sum := func() (n, b int64) {
-		runtime.GC()
-		runtime.GC()
-		var recs []runtime.MemProfileRecord
-		for {
-			k, ok := runtime.MemProfile(recs, true)
-			if ok {
-				recs = recs[:k]
-				break
-			}
-			recs = make([]runtime.MemProfileRecord, k+100)
-		}
-		for _, r := range recs {
-			frames := runtime.CallersFrames(r.Stack())
-			for {
-				f, more := frames.Next()
-				if f.Function == fn || strings.HasPrefix(f.Function, fn+".") {
-					n += r.AllocObjects
-					b += r.AllocBytes
-					break
-				}
-				if !more {
-					break
-				}
-			}
-		}
-		return n, b
-	}
-	old := runtime.MemProfileRate
-	runtime.MemProfileRate = 1
-	defer func() { runtime.MemProfileRate = old }()
-	n0, b0 := sum()
-	res := ProbeAll(context.Background(), targets, opts)
-	n1, b1 := sum()
+	var res []Result
+	n, b := allocprof.Under("github.com/egressproxy/egressproxy/health.Probe", func() {
+		res = ProbeAll(context.Background(), targets, opts)
+	})
 	for _, r := range res {
 		if !r.OK {
 			tb.Fatalf("%s: %v", r.ID, r.Err)
 		}
 	}
-	return float64(n1-n0) / float64(len(targets)), float64(b1-b0) / float64(len(targets))
+	return float64(n) / float64(len(targets)), float64(b) / float64(len(targets))
 }
 
 // BenchmarkProbe1000Proxies probes 1,000 in-process CONNECT proxies on

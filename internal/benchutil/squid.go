@@ -6,11 +6,11 @@ import (
 	"io"
 	"net"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/egressproxy/egressproxy/health"
+	"github.com/egressproxy/egressproxy/internal/allocprof"
 )
 
 // SinkTarget is a TCP listener on loopback that accepts connections and
@@ -113,40 +113,8 @@ func ProbeThroughAuth(ctx context.Context, proxyAddr, target, user, password str
 // allocations made under health.Probe per probe (count, bytes): the
 // library's own cost without the target's or the runtime's.
 func ProbeAllocs(ctx context.Context, proxyAddr, target string, n, workers int) (allocs, bytes float64) {
-	const fn = "github.com/egressproxy/egressproxy/health.Probe"
-	sum := func() (c, b int64) {
-		runtime.GC()
-		runtime.GC()
-		var recs []runtime.MemProfileRecord
-		for {
-			k, ok := runtime.MemProfile(recs, true)
-			if ok {
-				recs = recs[:k]
-				break
-			}
-			recs = make([]runtime.MemProfileRecord, k+100)
-		}
-		for _, r := range recs {
-			frames := runtime.CallersFrames(r.Stack())
-			for {
-				f, more := frames.Next()
-				if f.Function == fn || strings.HasPrefix(f.Function, fn+".") {
-					c += r.AllocObjects
-					b += r.AllocBytes
-					break
-				}
-				if !more {
-					break
-				}
-			}
-		}
-		return c, b
-	}
-	old := runtime.MemProfileRate
-	runtime.MemProfileRate = 1
-	defer func() { runtime.MemProfileRate = old }()
-	c0, b0 := sum()
-	ProbeThrough(ctx, proxyAddr, target, n, workers)
-	c1, b1 := sum()
-	return float64(c1-c0) / float64(n), float64(b1-b0) / float64(n)
+	c, b := allocprof.Under("github.com/egressproxy/egressproxy/health.Probe", func() {
+		ProbeThrough(ctx, proxyAddr, target, n, workers)
+	})
+	return float64(c) / float64(n), float64(b) / float64(n)
 }
