@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -361,26 +360,6 @@ func (ct *connectTarget) seen() []string {
 	return append([]string(nil), ct.peers...)
 }
 
-// exchange proves the tunnel: an HTTP GET through it must return the token.
-func (ct *connectTarget) exchange(_ context.Context, conn net.Conn) error {
-	if _, err := fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", ct.addr); err != nil {
-		return err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK || string(body) != ct.token {
-		return fmt.Errorf("target answered %s %q through the tunnel, want 200 %q", resp.Status, body, ct.token)
-	}
-	return nil
-}
-
 // consoleLog returns the serial console log of a domain (the tail when it
 // is long), for failure output.
 func consoleLog(dir, domain string) string {
@@ -561,7 +540,7 @@ func TestE2EProxyGuest(t *testing.T) {
 	// Squid in the guest tunnels a CONNECT to the target on the bridge.
 	var res health.Result
 	for {
-		res = health.Probe(ctx, inst.Address(), target.addr, &health.ProbeOptions{Timeout: 15 * time.Second, Exchange: target.exchange})
+		res = health.Probe(ctx, inst.Address(), target.addr, &health.ProbeOptions{Timeout: 15 * time.Second, Exchange: health.HTTPGet(target.addr, target.token)})
 		if res.OK {
 			break
 		}

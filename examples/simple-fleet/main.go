@@ -38,7 +38,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -489,22 +488,5 @@ func exchangeFor(target, own string) func(context.Context, net.Conn) error {
 	if target != own {
 		return nil
 	}
-	return func(ctx context.Context, conn net.Conn) error {
-		if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: "+target+"\r\nConnection: close\r\n\r\n"); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
-		if err != nil {
-			return err
-		}
-		if resp.StatusCode != http.StatusOK || string(body) != targetBody {
-			return fmt.Errorf("target answered %s %q through the tunnel", resp.Status, body)
-		}
-		return nil
-	}
+	return health.HTTPGet(target, targetBody)
 }
