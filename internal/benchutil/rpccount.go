@@ -28,7 +28,8 @@ var procNames = map[uint32]string{
 // RPCCounter is a unix socket proxy in front of libvirtd's socket that
 // counts the RPC calls (packets of type CALL) its clients send. Point a
 // client's libvirt socket path at Path (sshd runs on the same machine, so
-// a remote client reaches it through its SSH channel).
+// a remote client reaches it through its SSH channel). Arm makes it act at
+// one RPC boundary, to interrupt a client there.
 type RPCCounter struct {
 	ln   net.Listener
 	path string
@@ -38,7 +39,55 @@ type RPCCounter struct {
 	calls []uint32
 	conns []net.Conn
 	wg    sync.WaitGroup
+
+	armed *Interrupt // acts on a call seen from now on; nil: none
+	seen  int        // CALL packets seen since Arm
 }
+
+// Interrupt makes the proxy act at one RPC boundary: just before a call
+// reaches libvirtd, or just after libvirtd answered it and before the
+// answer reaches the client. Tests use it to interrupt an operation (cancel
+// its context, close its client, kill its link) at every RPC boundary.
+type Interrupt struct {
+	// Call is the 1-based index, among the CALL packets the proxy sees
+	// after Arm (on any of its connections), of the call to act at.
+	Call int
+	// AfterReply false: act before the call is forwarded (it reaches
+	// libvirtd only after Act returned, if it is not cut). True: forward
+	// the call, hold libvirtd's first answer to it (REPLY or STREAM packet
+	// with its serial) and act before passing that answer on.
+	AfterReply bool
+	// Act runs in the proxy at that moment; the held packet and all the
+	// traffic behind it in that direction wait for it. cut true: the
+	// proxy closes both sides of that connection and drops the held
+	// packet instead of passing it on.
+	Act func(proc uint32) (cut bool)
+}
+
+// Arm sets the interrupt (replacing any earlier one) and restarts the call
+// count from zero. It acts once.
+func (c *RPCCounter) Arm(in Interrupt) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.armed = &in
+	c.seen = 0
+}
+
+// Disarm removes an interrupt that has not acted yet.
+func (c *RPCCounter) Disarm() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.armed = nil
+}
+
+// proxied is one client connection and its libvirtd connection.
+type proxied struct {
+	in, out net.Conn
+	mu      sync.Mutex
+	held    map[uint32]*Interrupt // serial → interrupt acting on its answer
+}
+
+func (x *proxied) cut() { x.in.Close(); x.out.Close() }
 
 // NewRPCCounter listens on a fresh socket in a new directory under dir and
 // forwards every connection to target.
@@ -70,9 +119,10 @@ func NewRPCCounter(dir, target string) (*RPCCounter, error) {
 			c.mu.Lock()
 			c.conns = append(c.conns, in, out)
 			c.mu.Unlock()
+			x := &proxied{in: in, out: out, held: map[uint32]*Interrupt{}}
 			c.wg.Add(2)
-			go func() { defer c.wg.Done(); _, _ = io.Copy(in, out); in.Close() }()
-			go func() { defer c.wg.Done(); c.scan(in, out); out.Close() }()
+			go func() { defer c.wg.Done(); c.answers(x); in.Close() }()
+			go func() { defer c.wg.Done(); c.scan(x); out.Close() }()
 		}
 	}()
 	return c, nil
@@ -81,26 +131,90 @@ func NewRPCCounter(dir, target string) (*RPCCounter, error) {
 // Path is the socket to connect to instead of libvirtd's.
 func (c *RPCCounter) Path() string { return c.path }
 
-// scan copies client→server packets and records each CALL's procedure.
-func (c *RPCCounter) scan(in io.Reader, out io.Writer) {
-	hdr := make([]byte, 28)
+// header is the fixed part of every libvirt RPC packet: length, program,
+// version, procedure, type, serial, status (7 big-endian uint32).
+const header = 28
+
+// Packet types (virNetMessageType).
+const (
+	typeCall   = 0
+	typeReply  = 1
+	typeStream = 3
+)
+
+// scan copies client→server packets, records each CALL's procedure and
+// applies an armed Interrupt.
+func (c *RPCCounter) scan(x *proxied) {
+	hdr := make([]byte, header)
 	for {
-		if _, err := io.ReadFull(in, hdr); err != nil {
+		if _, err := io.ReadFull(x.in, hdr); err != nil {
 			return
 		}
 		n := binary.BigEndian.Uint32(hdr[0:4])
 		proc := binary.BigEndian.Uint32(hdr[12:16])
 		typ := binary.BigEndian.Uint32(hdr[16:20])
-		if typ == 0 { // VIR_NET_CALL
+		serial := binary.BigEndian.Uint32(hdr[20:24])
+		var fire *Interrupt
+		if typ == typeCall {
 			c.mu.Lock()
 			c.calls = append(c.calls, proc)
+			if c.armed != nil {
+				c.seen++
+				if c.seen == c.armed.Call {
+					fire, c.armed = c.armed, nil
+				}
+			}
 			c.mu.Unlock()
 		}
-		if _, err := out.Write(hdr); err != nil {
+		if fire != nil && !fire.AfterReply {
+			if fire.Act(proc) {
+				x.cut()
+				return
+			}
+		}
+		if fire != nil && fire.AfterReply {
+			x.mu.Lock()
+			x.held[serial] = fire
+			x.mu.Unlock()
+		}
+		if _, err := x.out.Write(hdr); err != nil {
 			return
 		}
-		if n > 28 {
-			if _, err := io.CopyN(out, in, int64(n-28)); err != nil {
+		if n > header {
+			if _, err := io.CopyN(x.out, x.in, int64(n-header)); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// answers copies server→client packets, holding an answer an Interrupt
+// waits for until it acted.
+func (c *RPCCounter) answers(x *proxied) {
+	hdr := make([]byte, header)
+	for {
+		if _, err := io.ReadFull(x.out, hdr); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint32(hdr[0:4])
+		proc := binary.BigEndian.Uint32(hdr[12:16])
+		typ := binary.BigEndian.Uint32(hdr[16:20])
+		serial := binary.BigEndian.Uint32(hdr[20:24])
+		if typ == typeReply || typ == typeStream {
+			x.mu.Lock()
+			fire := x.held[serial]
+			delete(x.held, serial)
+			x.mu.Unlock()
+			if fire != nil && fire.Act(proc) {
+				x.cut()
+				return
+			}
+		}
+		if _, err := x.in.Write(hdr); err != nil {
+			return
+		}
+		if n > header {
+			if _, err := io.CopyN(x.in, x.out, int64(n-header)); err != nil {
 				return
 			}
 		}
