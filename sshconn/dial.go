@@ -187,10 +187,16 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 
 	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	defer cancel()
+	// Pool.Close ends the dial too, so Close never waits for a dial timeout.
+	stopOnClose := context.AfterFunc(p.closeCtx, cancel)
+	defer stopOnClose()
 	var d net.Dialer
 	start := time.Now()
 	nc, err := d.DialContext(dctx, "tcp", cfg.Addr)
 	if err != nil {
+		if p.closeCtx.Err() != nil {
+			return nil, p.closedError("dial")
+		}
 		return nil, &Error{Kind: KindUnreachable, Addr: cfg.Addr, Op: "dial", Err: err}
 	}
 	// The handshake has no context: bound it by a deadline and by ctx.
@@ -198,6 +204,9 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		_ = nc.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(dctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	if testWrapConn != nil {
+		nc = testWrapConn(nc)
+	}
 	ac := newActivityConn(nc)
 	sc, chans, reqs, err := ssh.NewClientConn(ac, cfg.Addr, &ssh.ClientConfig{
 		User: cfg.User,
@@ -221,6 +230,9 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	}
 	if err != nil {
 		_ = nc.Close()
+		if p.closeCtx.Err() != nil {
+			return nil, p.closedError("ssh handshake")
+		}
 		k := classifyHandshake(err)
 		if ctxErr := dctx.Err(); ctxErr != nil && k == KindUnreachable {
 			err = fmt.Errorf("%w (%v)", ctxErr, err)
@@ -250,6 +262,10 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		"elapsed", time.Since(start).String())
 	return l, nil
 }
+
+// testWrapConn, when set by a test, wraps every TCP connection a link is
+// made of (to observe the close order).
+var testWrapConn func(net.Conn) net.Conn
 
 var (
 	errPoolClosed = errors.New("pool closed")

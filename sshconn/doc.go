@@ -13,16 +13,23 @@
 //     connections for long transfers. Kill to abandon the shared link.
 //   - Libvirt: a go-libvirt session over the Pool; Do runs one piece of work
 //     with a context that go-libvirt itself does not take, returning promptly
-//     when the context ends (it kills the link to unblock the RPC), and
-//     reconnects after libvirtd restarts or the link dies, detecting a dead
-//     session before running the work.
+//     when the context ends. A call abandoned that way is abandoned for its
+//     caller only: the shared session stays up for everyone else and its
+//     late reply is discarded; the session is torn down only when liveness
+//     says it is dead (keepalives, go-libvirt's disconnect, a probe of an
+//     overdue abandoned call). It reconnects after libvirtd restarts or the
+//     link dies, detecting a dead session before running the work.
+//   - A stream guard between go-libvirt and every channel, which keeps
+//     go-libvirt's reply router from deadlocking on the stream packet orders
+//     libvirtd really sends (see streamguard.go and docs/upstream.md).
 //   - Error classes: every classified failure is an *Error whose Kind says
 //     why: key unreadable, auth refused, host unknown, host key mismatch,
 //     unreachable, forbidden (the remote socket channel was refused), closed,
 //     invalid config. KindOf(err) extracts it.
 //
 // Close rules: Pool.Close, Libvirt.Close and DedicatedConn.Close never block
-// on an unresponsive (even SIGSTOPped) peer. A link is first declared dead
+// on an unresponsive (even SIGSTOPped) peer, and end the calls and dials in
+// flight (a dial never outlives Close). A link is first declared dead
 // (a channel is closed, releasing waiters), then its TCP connection is
 // closed (unblocking every reader and writer), and only then anything that
 // may wait; goroutines are awaited for about a second at most. Every

@@ -25,6 +25,13 @@ type LibvirtConfig struct {
 	// CallTimeout is the budget of one Do (connecting included) when its ctx
 	// has no deadline. Zero: 2m.
 	CallTimeout time.Duration
+	// ProbeAfter is how long a call abandoned by its caller (its ctx ended)
+	// may stay unanswered before the shared session is probed with a cheap
+	// call; a session whose probe is not answered within ProbeTimeout is
+	// torn down (libvirtd stopped answering). Zero: 30s.
+	ProbeAfter time.Duration
+	// ProbeTimeout bounds that probe. Zero: 10s.
+	ProbeTimeout time.Duration
 	// Logger receives debug/info lines. Zero value: discard.
 	Logger logr.Logger
 }
@@ -33,11 +40,14 @@ const (
 	defaultLibvirtSocket = "/var/run/libvirt/libvirt-sock"
 	defaultLibvirtURI    = "qemu:///system"
 	defaultCallTimeout   = 2 * time.Minute
+	defaultProbeAfter    = 30 * time.Second
+	defaultProbeTimeout  = 10 * time.Second
 
-	// gentleAbort is how long an abandoned call gets to return after its
-	// libvirt channel was closed before the whole SSH link is killed.
+	// gentleAbort is how long a call on a session being torn down gets to
+	// return after its libvirt channel was closed before the whole SSH link
+	// is killed.
 	gentleAbort = 250 * time.Millisecond
-	// abortWait bounds how long Do waits for an abandoned fn to return once
+	// abortWait bounds how long a teardown waits for a call to return once
 	// the link was killed.
 	abortWait = time.Second
 	// politeClose bounds the polite libvirt Disconnect in Close.
@@ -57,6 +67,8 @@ type Libvirt struct {
 	mu         sync.Mutex
 	closed     bool
 	closing    chan struct{}
+	closeCtx   context.Context // ended by Close: connects in flight end
+	cancelAll  context.CancelFunc
 	sess       *session      // current session; may be dead (kept for Dead)
 	connecting chan struct{} // non-nil while a session is being connected
 
@@ -68,8 +80,12 @@ type session struct {
 	lv     *libvirt.Libvirt
 	conn   net.Conn // the SSH channel
 	link   *link    // the SSH connection carrying it
+	guard  *streamGuard
 	broken atomic.Bool
 	once   sync.Once
+
+	probeMu   sync.Mutex // one liveness probe at a time
+	lastAlive time.Time  // when a probe was last answered (under probeMu)
 }
 
 // dead reports whether the session can no longer serve calls: marked broken
@@ -117,6 +133,10 @@ func (d *onceDialer) Dial() (net.Conn, error) {
 	return c, nil
 }
 
+// testNoStreamGuard, set by the upstream reproducer test only, hands
+// go-libvirt the bare channel.
+var testNoStreamGuard bool
+
 // NewLibvirt returns a Libvirt over pool. It does not dial.
 func NewLibvirt(pool *Pool, cfg LibvirtConfig) *Libvirt {
 	if cfg.Socket == "" {
@@ -128,15 +148,24 @@ func NewLibvirt(pool *Pool, cfg LibvirtConfig) *Libvirt {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = defaultCallTimeout
 	}
+	if cfg.ProbeAfter <= 0 {
+		cfg.ProbeAfter = defaultProbeAfter
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = defaultProbeTimeout
+	}
 	log := cfg.Logger
 	if log.GetSink() == nil {
 		log = logr.Discard()
 	}
+	closeCtx, cancelAll := context.WithCancel(context.Background())
 	return &Libvirt{
-		pool:    pool,
-		cfg:     cfg,
-		log:     log.WithName("sshconn-libvirt").WithValues("addr", pool.cfg.Addr, "uri", cfg.URI),
-		closing: make(chan struct{}),
+		pool:      pool,
+		cfg:       cfg,
+		log:       log.WithName("sshconn-libvirt").WithValues("addr", pool.cfg.Addr, "uri", cfg.URI),
+		closing:   make(chan struct{}),
+		closeCtx:  closeCtx,
+		cancelAll: cancelAll,
 	}
 }
 
@@ -164,11 +193,15 @@ func (l *Libvirt) closedError(op string) error {
 // libvirtd restart already runs on a fresh connection.
 //
 // fn runs in its own goroutine. When ctx ends (or, if ctx has no deadline,
-// LibvirtConfig.CallTimeout runs out) Do closes the libvirt channel, then if
-// fn still has not returned kills the SSH link so its blocked RPC returns,
-// and returns promptly an error wrapping ctx.Err() (KindUnreachable for a
-// deadline, unclassified for a cancel). Other calls on that link then fail
-// as KindUnreachable and the next Do reconnects.
+// LibvirtConfig.CallTimeout runs out) Do returns promptly an error wrapping
+// ctx.Err() (KindUnreachable for a deadline, unclassified for a cancel).
+// The call is abandoned for this caller only: the shared session stays up
+// for every other caller, the RPC still completes on libvirtd and its reply
+// is discarded when it arrives. The session is torn down only when liveness
+// says it is dead: the SSH link's keepalives go unanswered, go-libvirt sees
+// its socket close, or an abandoned call stays unanswered for
+// LibvirtConfig.ProbeAfter and a probe call is not answered within
+// ProbeTimeout either. Close ends calls in flight at once.
 //
 // If fn fails and the libvirt connection was lost, the session is marked
 // dead and the error is returned as *Error{Kind: KindUnreachable}; any other
@@ -183,7 +216,7 @@ func (l *Libvirt) Do(ctx context.Context, fn func(*libvirt.Libvirt) error) error
 	if err != nil {
 		return err
 	}
-	err = l.run(ctx, s, "libvirt call", func() error { return fn(s.lv) })
+	err = l.runShared(ctx, s, "libvirt call", func() error { return fn(s.lv) })
 	if err == nil {
 		return nil
 	}
@@ -199,23 +232,112 @@ func (l *Libvirt) Do(ctx context.Context, fn func(*libvirt.Libvirt) error) error
 	return err
 }
 
-// run runs f in an owned goroutine and waits for it or for ctx. When ctx
-// ends first, the session is broken so that f returns: the channel is
-// closed, and the SSH link killed if that is not enough within gentleAbort.
-func (l *Libvirt) run(ctx context.Context, s *session, op string, f func() error) error {
+// start runs f in an owned goroutine; its result arrives on the returned
+// channel (buffered: nobody has to receive it).
+func (l *Libvirt) start(f func() error) (<-chan error, bool) {
 	done := make(chan error, 1)
 	if !l.goOwned(func() { done <- f() }) {
+		return nil, false
+	}
+	return done, true
+}
+
+// runShared runs f on the shared session s and waits for it, for ctx or
+// for Close. When ctx ends first, f is abandoned for this caller only (see
+// Do); a watcher owned by l probes the session if f stays unanswered.
+func (l *Libvirt) runShared(ctx context.Context, s *session, op string, f func() error) error {
+	done, ok := l.start(f)
+	if !ok {
 		return l.closedError(op)
 	}
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
+	case <-l.closing:
+		return l.closedError(op)
 	}
 	cause := ctx.Err()
-	l.log.V(1).Info("abandoning libvirt call", "op", op, "err", cause.Error())
+	l.log.V(1).Info("libvirt call abandoned by its caller; the session stays up", "op", op, "err", cause.Error())
+	l.goOwned(func() { l.watchAbandoned(s, done, op) })
+	return ctxError(l.pool.cfg.Addr, op, cause)
+}
+
+// runExclusive runs f on a session nobody else uses yet (connecting). When
+// ctx ends first the session is torn down so that f returns.
+func (l *Libvirt) runExclusive(ctx context.Context, s *session, op string, f func() error) error {
+	done, ok := l.start(f)
+	if !ok {
+		return l.closedError(op)
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	case <-l.closing:
+		l.abort(s, done, errors.New("libvirt session closed"))
+		return l.closedError(op)
+	}
+	cause := ctx.Err()
+	l.log.V(1).Info("abandoning libvirt connect", "op", op, "err", cause.Error())
 	l.abort(s, done, fmt.Errorf("%s abandoned: %w", op, cause))
 	return ctxError(l.pool.cfg.Addr, op, cause)
+}
+
+// watchAbandoned waits for an abandoned call's reply. Each time it stays
+// unanswered for ProbeAfter, the session is probed; a session that does not
+// answer its probe is torn down, which ends the call.
+func (l *Libvirt) watchAbandoned(s *session, done <-chan error, op string) {
+	t := time.NewTimer(l.cfg.ProbeAfter)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-l.closing:
+			return // Close tears the session down; the call's goroutine is waited for there
+		case <-t.C:
+		}
+		if err := l.probe(s); err != nil {
+			cause := fmt.Errorf("abandoned %s unanswered for %v and the session did not answer a probe: %w", op, l.cfg.ProbeAfter, err)
+			l.log.Info("libvirt session not answering; tearing it down", "err", cause.Error())
+			l.abort(s, done, cause)
+			return
+		}
+		t.Reset(l.cfg.ProbeAfter)
+	}
+}
+
+// probe asks libvirtd on s for its version, bounded by ProbeTimeout; nil
+// means the session answers. Concurrent probes of one session share one
+// call (a probe answered within the last ProbeAfter/2 counts).
+func (l *Libvirt) probe(s *session) error {
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	if s.dead() {
+		return errors.New("session dead")
+	}
+	if !s.lastAlive.IsZero() && time.Since(s.lastAlive) < l.cfg.ProbeAfter/2 {
+		return nil
+	}
+	done, ok := l.start(func() error { _, err := s.lv.ConnectGetLibVersion(); return err })
+	if !ok {
+		return errors.New("libvirt session closed")
+	}
+	t := time.NewTimer(l.cfg.ProbeTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		if err != nil && s.lost(err) {
+			return err
+		}
+		s.lastAlive = time.Now() // any answer, even an error, is a sign of life
+		return nil
+	case <-t.C:
+		return fmt.Errorf("no answer within %v", l.cfg.ProbeTimeout)
+	case <-l.closing:
+		return errors.New("libvirt session closed")
+	}
 }
 
 // abort breaks s so that a call blocked on it returns, bounded in time.
@@ -235,7 +357,7 @@ func (l *Libvirt) abort(s *session, done <-chan error, cause error) {
 	select {
 	case <-done:
 	case <-t.C:
-		l.log.Info("abandoned libvirt call still running after the link was killed", "cause", cause.Error())
+		l.log.Info("libvirt call still running after the link was killed", "cause", cause.Error())
 	}
 }
 
@@ -282,7 +404,11 @@ func (l *Libvirt) session(ctx context.Context) (*session, error) {
 		if old != nil {
 			l.teardown(old)
 		}
-		s, err := l.connect(ctx)
+		cctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(l.closeCtx, cancel) // Close ends the connect
+		s, err := l.connect(cctx)
+		stop()
+		cancel()
 
 		l.mu.Lock()
 		l.connecting = nil
@@ -319,12 +445,16 @@ func (l *Libvirt) connect(ctx context.Context) (*session, error) {
 }
 
 func (l *Libvirt) newSession(conn net.Conn, lk *link) *session {
-	return &session{lv: libvirt.NewWithDialer(&onceDialer{conn: conn}), conn: conn, link: lk}
+	if testNoStreamGuard {
+		return &session{lv: libvirt.NewWithDialer(&onceDialer{conn: conn}), conn: conn, link: lk}
+	}
+	g := newStreamGuard(conn)
+	return &session{lv: libvirt.NewWithDialer(&onceDialer{conn: g}), conn: conn, guard: g, link: lk}
 }
 
 func (l *Libvirt) connectURI(ctx context.Context, s *session) error {
 	op := "libvirt connect " + l.cfg.URI
-	err := l.run(ctx, s, op, func() error { return s.lv.ConnectToURI(libvirt.ConnectURI(l.cfg.URI)) })
+	err := l.runExclusive(ctx, s, op, func() error { return s.lv.ConnectToURI(libvirt.ConnectURI(l.cfg.URI)) })
 	if err == nil {
 		return nil
 	}
@@ -374,6 +504,7 @@ func (l *Libvirt) Close() error {
 	}
 	l.closed = true
 	close(l.closing)
+	l.cancelAll()
 	l.mu.Unlock()
 
 	var err error
@@ -419,9 +550,11 @@ func (l *Libvirt) Close() error {
 type DedicatedConn struct {
 	L *libvirt.Libvirt
 
-	pool *Pool
-	link *link
-	once sync.Once
+	pool  *Pool
+	link  *link
+	guard *streamGuard // nil only in the upstream reproducer
+	log   logr.Logger
+	once  sync.Once
 }
 
 // Dedicated dials a new SSH connection (Pool.Dedicated), opens the libvirt
@@ -438,6 +571,10 @@ func (l *Libvirt) Dedicated(ctx context.Context) (*DedicatedConn, error) {
 	if closed {
 		return nil, l.closedError("libvirt dedicated connect")
 	}
+	var cancel context.CancelFunc
+	ctx, cancel = context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(l.closeCtx, cancel)() // Close ends the connect
 	lk, err := l.pool.dedicatedLink(ctx)
 	if err != nil {
 		return nil, err
@@ -452,7 +589,7 @@ func (l *Libvirt) Dedicated(ctx context.Context) (*DedicatedConn, error) {
 		l.pool.killLink(lk, errors.New("dedicated connect failed"))
 		return nil, err
 	}
-	return &DedicatedConn{L: s.lv, pool: l.pool, link: lk}, nil
+	return &DedicatedConn{L: s.lv, pool: l.pool, link: lk, guard: s.guard, log: l.log}, nil
 }
 
 // Close disconnects libvirt (politely if the peer answers within half a
@@ -474,6 +611,12 @@ func (d *DedicatedConn) Close() error {
 		}
 		d.link.kill(errors.New("dedicated connection closed")) // dead first, then the TCP conn
 		_ = d.link.client.Close()
+		if g := d.guard; g != nil {
+			if held, dropped := g.heldPackets.Load(), g.droppedPackets.Load(); held+dropped > 0 {
+				d.log.V(1).Info("stream guard kept go-libvirt's router from deadlocking",
+					"heldBeforeReply", held, "droppedAfterEnd", dropped)
+			}
+		}
 	})
 	if err != nil {
 		return &Error{Kind: KindUnknown, Addr: d.link.addr, Op: "close dedicated", Err: err}

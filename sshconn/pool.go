@@ -25,11 +25,13 @@ type Pool struct {
 	mu        sync.Mutex
 	closed    bool
 	closing   chan struct{} // closed by Close
-	cur       *link         // the shared link; may be dead
-	dialing   chan struct{} // non-nil while a dial of the shared link runs
-	lastErr   error         // error of the latest failed dial of the shared link
-	failures  int           // consecutive failed dials (ctx-caused ones excluded)
-	retryAt   time.Time     // no new dial before this (backoff)
+	closeCtx  context.Context
+	cancelAll context.CancelFunc // ends closeCtx: dials in flight end at Close
+	cur       *link              // the shared link; may be dead
+	dialing   chan struct{}      // non-nil while a dial of the shared link runs
+	lastErr   error              // error of the latest failed dial of the shared link
+	failures  int                // consecutive failed dials (ctx-caused ones excluded)
+	retryAt   time.Time          // no new dial before this (backoff)
 	dedicated map[*link]struct{}
 
 	wg sync.WaitGroup // every goroutine the pool starts
@@ -42,10 +44,13 @@ func New(cfg Config) (*Pool, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	closeCtx, cancelAll := context.WithCancel(context.Background())
 	return &Pool{
 		cfg:       cfg,
 		log:       cfg.Logger.WithName("sshconn").WithValues("addr", cfg.Addr),
 		closing:   make(chan struct{}),
+		closeCtx:  closeCtx,
+		cancelAll: cancelAll,
 		dedicated: map[*link]struct{}{},
 	}, nil
 }
@@ -311,8 +316,8 @@ func (p *Pool) killLink(l *link, cause error) {
 	}
 }
 
-// Close tears down the shared link and every dedicated link still open, and
-// waits (at most about a second) for the pool's goroutines. Each link is
+// Close ends dials in flight, tears down the shared link and every
+// dedicated link still open, and waits (at most about a second) for the pool's goroutines. Each link is
 // first declared dead, then its TCP connection is closed, and only then its
 // ssh.Client, so an unresponsive or stopped peer cannot block Close. Calls
 // after Close fail with KindClosed. Close is idempotent.
@@ -324,6 +329,7 @@ func (p *Pool) Close() error {
 	}
 	p.closed = true
 	close(p.closing)
+	p.cancelAll() // dials in flight (TCP connect, handshake) end now
 	var links []*link
 	if p.cur != nil {
 		links = append(links, p.cur)

@@ -304,6 +304,9 @@ type fakeLibvirtd struct {
 	hang     atomic.Bool // leave ConnectGetHostname unanswered
 	hangOpen atomic.Bool // leave ConnectOpen unanswered
 	opens    atomic.Int64
+	// download answers StorageVolDownload with these packets (nil: the
+	// reply, then the data "0123456789" in two packets, then end of file).
+	download atomic.Pointer[[]fakePacket]
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -378,6 +381,40 @@ func (f *fakeLibvirtd) serve() {
 	}
 }
 
+
+// fakePacket is one packet a fake libvirtd sends for a call.
+type fakePacket struct {
+	typ, status uint32 // socket.Reply/Stream, socket.StatusOK/Error/Continue
+	payload     []byte
+}
+
+func reply() fakePacket               { return fakePacket{typ: 1, status: 0} }
+func data(s string) fakePacket        { return fakePacket{typ: 3, status: 2, payload: []byte(s)} }
+func eof() fakePacket                 { return fakePacket{typ: 3, status: 2} }
+func streamOK() fakePacket            { return fakePacket{typ: 3, status: 0} }
+func streamErr(msg string) fakePacket { return fakePacket{typ: 3, status: 1, payload: xdrError(msg)} }
+
+var defaultDownload = []fakePacket{reply(), data("01234"), data("56789"), eof()}
+
+// frame builds the packet as an answer to the call whose header is call.
+func (p fakePacket) frame(call [28]byte) []byte {
+	out := make([]byte, 28, 28+len(p.payload))
+	copy(out, call[:])
+	binary.BigEndian.PutUint32(out[0:4], uint32(28+len(p.payload)))
+	binary.BigEndian.PutUint32(out[16:20], p.typ)
+	binary.BigEndian.PutUint32(out[24:28], p.status)
+	return append(out, p.payload...)
+}
+
+// xdrError is libvirt's remote_error as go-libvirt decodes it.
+func xdrError(msg string) []byte {
+	b := binary.BigEndian.AppendUint32(nil, 1) // code: VIR_ERR_INTERNAL_ERROR
+	b = binary.BigEndian.AppendUint32(b, 0)    // domain
+	b = binary.BigEndian.AppendUint32(b, 0)    // padding
+	b = append(b, xdrString(msg)...)
+	return binary.BigEndian.AppendUint32(b, 2) // level: error
+}
+
 func xdrString(s string) []byte {
 	b := binary.BigEndian.AppendUint32(nil, uint32(len(s)))
 	b = append(b, s...)
@@ -410,6 +447,18 @@ func (f *fakeLibvirtd) handle(c net.Conn) {
 		}
 		proc := binary.BigEndian.Uint32(hdr[12:16])
 		var payload []byte
+		if proc == procStorageVolDownload {
+			pkts := defaultDownload
+			if p := f.download.Load(); p != nil {
+				pkts = *p
+			}
+			for _, p := range pkts {
+				if _, err := c.Write(p.frame(hdr)); err != nil {
+					return
+				}
+			}
+			continue
+		}
 		switch proc {
 		case procAuthList:
 			payload = binary.BigEndian.AppendUint32(nil, 0) // no auth types

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -531,10 +532,16 @@ func TestLibvirtDoCtxLibvirtdHangs(t *testing.T) {
 	}
 }
 
+// A caller whose ctx ends on a frozen server returns at once; the shared
+// link is torn down by liveness (keepalives unanswered), not by that
+// caller's ctx, and the abandoned call's goroutine ends with it.
 func TestLibvirtDoCtxServerFrozen(t *testing.T) {
 	f := newFixture(t)
 	lvd := startLibvirtd(t, "h")
-	p, l := newLibvirt(t, f, lvd, nil)
+	p, l := newLibvirt(t, f, lvd, func(c *Config) {
+		c.KeepaliveInterval = 500 * time.Millisecond
+		c.KeepaliveCount = 3
+	})
 	if _, err := hostname(context.Background(), l); err != nil {
 		t.Fatal(err)
 	}
@@ -551,9 +558,15 @@ func TestLibvirtDoCtxServerFrozen(t *testing.T) {
 	if el > 2*time.Second {
 		t.Errorf("Do returned after %v", el)
 	}
-	if !p.Dead() || !l.Dead() {
-		t.Error("link not killed after an abandoned call on a frozen server")
+	// Liveness declares the link dead (3 keepalives of 500ms unanswered).
+	deadline := time.Now().Add(10 * time.Second)
+	for !(p.Dead() && l.Dead()) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
 	}
+	if !p.Dead() || !l.Dead() {
+		t.Fatal("link of a frozen server not declared dead by its keepalives")
+	}
+	t.Logf("declared dead %v after the freeze", time.Since(start))
 	f.srv.Thaw()
 	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
 		t.Fatalf("after thaw: %q %v", h, err)
@@ -673,5 +686,229 @@ func TestLibvirtDedicated(t *testing.T) {
 	_ = d2.Close()
 	if got := f.srv.accepts.Load(); got != 2 {
 		t.Errorf("accepts %d, want 2 dedicated connections", got)
+	}
+}
+
+// An abandoned call whose libvirtd never answers: after ProbeAfter the
+// session is probed, the probe goes unanswered too, and the session (not
+// the SSH link, whose sshd still answers) is torn down, ending the call's
+// goroutine. A libvirtd that answers the probe keeps its session.
+func TestLibvirtAbandonedCallProbe(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "h")
+	p := newPool(t, f.config())
+	l := NewLibvirt(p, LibvirtConfig{Socket: lvd.Path, URI: "test:///default",
+		ProbeAfter: 200 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = l.Close() })
+	if _, err := hostname(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	lvd.hang.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := hostname(ctx, l); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err %v", err)
+	}
+	if l.Dead() {
+		t.Fatal("session torn down by a caller's deadline")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !l.Dead() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !l.Dead() {
+		t.Fatal("a session whose libvirtd answers nothing was not torn down after its probe")
+	}
+	if p.Dead() {
+		t.Error("the SSH link was killed although closing the channel sufficed")
+	}
+	lvd.hang.Store(false)
+	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
+		t.Fatalf("next Do: %q %v", h, err)
+	}
+}
+
+// silentServer accepts TCP connections and never says anything (a host
+// whose sshd hangs before its banner, or a black-holing middlebox).
+func silentServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var mu sync.Mutex
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// Close ends every call in flight promptly, dials included: against a host
+// that accepts TCP and never speaks SSH, a Do, a Dedicated and a Pool.Client
+// blocked in the handshake return within a second of Close with KindClosed,
+// not at their dial timeout.
+func TestCloseEndsDialsInFlight(t *testing.T) {
+	f := newFixture(t)
+	addr := silentServer(t)
+	for _, closeWhat := range []string{"libvirt", "pool"} {
+		t.Run("close "+closeWhat, func(t *testing.T) {
+			cfg := f.config()
+			cfg.Addr = addr
+			cfg.DialTimeout = 30 * time.Second
+			p, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := NewLibvirt(p, LibvirtConfig{Socket: "/nonexistent", URI: "test:///default"})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			type result struct {
+				what string
+				err  error
+				at   time.Time
+			}
+			res := make(chan result, 3)
+			go func() { _, err := hostname(ctx, l); res <- result{"Do", err, time.Now()} }()
+			go func() {
+				d, err := l.Dedicated(ctx)
+				if d != nil {
+					_ = d.Close()
+				}
+				res <- result{"Dedicated", err, time.Now()}
+			}()
+			go func() { _, err := p.Client(ctx); res <- result{"Pool.Client", err, time.Now()} }()
+			time.Sleep(300 * time.Millisecond) // all three are in the handshake
+			closed := time.Now()
+			if closeWhat == "libvirt" {
+				_ = l.Close()
+				_ = p.Close()
+			} else {
+				_ = p.Close()
+				_ = l.Close()
+			}
+			for range 3 {
+				select {
+				case r := <-res:
+					after := r.at.Sub(closed)
+					t.Logf("%s returned %v after Close: %v", r.what, after.Round(time.Millisecond), r.err)
+					if r.err == nil {
+						t.Errorf("%s succeeded against a silent server", r.what)
+					}
+					if after > time.Second {
+						t.Errorf("%s returned %v after Close, want < 1s", r.what, after)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("a call still blocked 10s after Close")
+				}
+			}
+		})
+	}
+}
+
+// closeOrderConn records, at the first Close of a link's TCP connection,
+// whether the link had already been declared dead.
+type closeOrderConn struct {
+	net.Conn
+	once     sync.Once
+	deadSeen chan bool // one value: isDead() at the first Close
+	isDead   func() bool
+}
+
+func (c *closeOrderConn) Close() error {
+	c.once.Do(func() { c.deadSeen <- c.isDead() })
+	return c.Conn.Close()
+}
+
+// The close rule: a link is declared dead (waiters released, and every
+// reader that fails afterwards sees it dead, so its error is classified as
+// the link's death) before its TCP connection is closed, and that before
+// anything that may wait (ssh.Client.Close). Reversing either step in
+// link.kill, Pool.Close, Pool.Kill or DedicatedConn.Close fails this test.
+func TestCloseOrderDeadBeforeConnClose(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "h")
+	var mu sync.Mutex
+	var conns []*closeOrderConn
+	testWrapConn = func(c net.Conn) net.Conn {
+		oc := &closeOrderConn{Conn: c, deadSeen: make(chan bool, 1)}
+		mu.Lock()
+		conns = append(conns, oc)
+		mu.Unlock()
+		return oc
+	}
+	t.Cleanup(func() { testWrapConn = nil })
+	last := func() *closeOrderConn {
+		mu.Lock()
+		defer mu.Unlock()
+		return conns[len(conns)-1]
+	}
+	check := func(t *testing.T, c *closeOrderConn) {
+		t.Helper()
+		select {
+		case dead := <-c.deadSeen:
+			if !dead {
+				t.Error("the TCP connection was closed before the link was declared dead")
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("the TCP connection was never closed")
+		}
+	}
+	ctx := context.Background()
+	for _, how := range []string{"Pool.Kill", "Pool.Close", "DedicatedConn.Close", "DedicatedConn.Kill"} {
+		t.Run(how, func(t *testing.T) {
+			p, l := newLibvirt(t, f, lvd, nil)
+			var c *closeOrderConn
+			link := func(lk *link) {
+				c = last()
+				c.isDead = lk.isDead
+			}
+			switch how {
+			case "DedicatedConn.Close", "DedicatedConn.Kill":
+				d, err := l.Dedicated(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				link(d.link)
+				if how == "DedicatedConn.Kill" {
+					d.Kill()
+				}
+				_ = d.Close()
+			default:
+				if _, err := hostname(ctx, l); err != nil {
+					t.Fatal(err)
+				}
+				p.mu.Lock()
+				lk := p.cur
+				p.mu.Unlock()
+				link(lk)
+				switch how {
+				case "Pool.Kill":
+					p.Kill(nil)
+				case "Pool.Close":
+					_ = p.Close()
+				}
+			}
+			check(t, c)
+		})
 	}
 }
