@@ -121,6 +121,13 @@ type Config struct {
 	Progress func(Progress)
 	// ProgressInterval is the progress callback and log interval. Zero: 5s.
 	ProgressInterval time.Duration
+	// StreamStall is the no-progress timeout of every libvirt stream (the
+	// upload and the read-back): no byte moved for this long, from the
+	// start of the stream or since the last chunk, means the stream hangs.
+	// Its dedicated connection is then discarded and the stream retried
+	// once on a fresh one (the upload with a new download of the image).
+	// Zero: 1m.
+	StreamStall time.Duration
 	// Logger receives progress and decision lines. Zero value: discard.
 	Logger logr.Logger
 	// TracerProvider makes the fetch/upload/verify spans. Zero: no spans.
@@ -162,9 +169,10 @@ type Entry struct {
 }
 
 const (
-	defaultBudget   = 20 * time.Minute
-	defaultGrace    = time.Minute
-	defaultInterval = 5 * time.Second
+	defaultBudget      = 20 * time.Minute
+	defaultGrace       = time.Minute
+	defaultInterval    = 5 * time.Second
+	defaultStreamStall = time.Minute
 	// cleanupTimeout bounds deleting a failed volume or releasing a claim
 	// after the operation's own context ended.
 	cleanupTimeout = 30 * time.Second
@@ -214,8 +222,8 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 	if cfg.Pool == "" {
 		errs = append(errs, &provider.FieldError{Field: "Pool", Rule: "is required"})
 	}
-	if cfg.TransferBudget < 0 || cfg.HTTPGrace < 0 || cfg.ProgressInterval < 0 {
-		errs = append(errs, &provider.FieldError{Field: "TransferBudget/HTTPGrace/ProgressInterval", Rule: "must not be negative"})
+	if cfg.TransferBudget < 0 || cfg.HTTPGrace < 0 || cfg.ProgressInterval < 0 || cfg.StreamStall < 0 {
+		errs = append(errs, &provider.FieldError{Field: "TransferBudget/HTTPGrace/ProgressInterval/StreamStall", Rule: "must not be negative"})
 	}
 	if cfg.TransferBudget == 0 {
 		cfg.TransferBudget = defaultBudget
@@ -228,6 +236,9 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 	}
 	if len(errs) > 0 {
 		return nil, provider.WithCode(provider.Permanent, errors.Join(errs...))
+	}
+	if cfg.StreamStall == 0 {
+		cfg.StreamStall = defaultStreamStall
 	}
 	if cfg.ProgressInterval == 0 {
 		cfg.ProgressInterval = defaultInterval

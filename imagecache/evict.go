@@ -2,6 +2,7 @@ package imagecache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -90,11 +91,10 @@ func (c *Cache) Verify(ctx context.Context, img Image) (Base, error) {
 	}
 	ctx, span := c.tracer.Start(ctx, "imagecache.verify", spanAttr(name))
 	defer span.End()
-	size := int64(-1)
-	if phys, err := c.physical(ctx, name); err == nil {
-		size = int64(phys)
+	n, digest, err := c.readBack(ctx, name)
+	if errors.Is(err, errStalled) && ctx.Err() == nil {
+		n, digest, err = c.readBack(ctx, name) // once more on a fresh connection
 	}
-	n, digest, err := c.readBack(ctx, name, size)
 	if err != nil {
 		endSpan(span, err)
 		return Base{}, err

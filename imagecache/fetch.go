@@ -27,6 +27,18 @@ import (
 func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err error) {
 	ctx, span := c.tracer.Start(ctx, "imagecache.fetch", spanAttr(name))
 	defer func() { endSpan(span, err) }()
+	b, err := c.fetchOnce(ctx, img, name)
+	if errors.Is(err, errStalled) && ctx.Err() == nil {
+		// The stream hung (its connection is discarded and the staged
+		// volume deleted by now): once more, on fresh connections.
+		c.log.Info("a libvirt stream made no progress; fetching once more on a fresh connection", "volume", name, "err", err.Error())
+		b, err = c.fetchOnce(ctx, img, name)
+	}
+	return b, err
+}
+
+// fetchOnce is one attempt of fetch: GET, upload, verify, publish.
+func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, err error) {
 	log := c.log.WithValues("volume", name, "url", img.URL)
 
 	httpCtx, cancelHTTP := context.WithDeadline(ctx, time.Now().Add(c.cfg.TransferBudget-c.cfg.HTTPGrace))
@@ -48,7 +60,7 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err 
 		return Base{}, provider.Errorf(code, "image %q: GET %s: %s", img.Key, img.URL, resp.Status)
 	}
 	total := resp.ContentLength
-	span.SetAttributes(attribute.Int64("content_length", total))
+	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("content_length", total))
 
 	avail, err := c.poolAvailable(ctx)
 	if err != nil {
@@ -125,7 +137,11 @@ func (c *Cache) verifyStored(ctx context.Context, name string, n int64, digest s
 	if phys != uint64(n) {
 		return provider.Errorf(provider.Transient, "verify %s: the volume holds %d bytes on the host but %d were sent (upload lost data; disk full?)", name, phys, n)
 	}
-	rn, rd, err := c.readBack(ctx, name, int64(phys))
+	rn, rd, err := c.readBack(ctx, name)
+	if errors.Is(err, errStalled) && ctx.Err() == nil {
+		c.log.Info("the read-back stream made no progress; reading back once more on a fresh connection", "volume", name, "err", err.Error())
+		rn, rd, err = c.readBack(ctx, name)
+	}
 	if err != nil {
 		return err
 	}
@@ -156,16 +172,15 @@ func (c *Cache) poolAvailable(ctx context.Context) (uint64, error) {
 // and hashing on the way. The connection is closed before it returns; it is
 // killed at once if ctx ends.
 //
-// Two guards work around the pinned go-libvirt's stream handling, which
-// deadlocks its connection when libvirtd answers a failed stream with two
-// packets back to back (an error for a data packet, then the confirmation
-// of the finish that was already on its way): the source never announces
+// Two guards keep libvirt from losing bytes silently (sshconn's stream
+// guard keeps go-libvirt's router from deadlocking on the packets libvirtd
+// sends after a failed stream): the source never announces
 // its end before libvirt has written every byte (the volume's size on the
 // host is polled until it matches; a size that stops short is an error the
 // source reports itself), and bytes beyond the pool's free space are
 // refused by the source before libvirt runs out of disk. If the call still
-// hangs (no source read for uploadStall), the link is killed and the call
-// abandoned after abandonWait; see runStream.
+// makes no progress for Config.StreamStall, its connection is killed and
+// the error wraps errStalled (fetch then tries once more); see runStream.
 func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, total int64, free uint64) (n int64, digest string, err error) {
 	ctx, span := c.tracer.Start(ctx, "imagecache.upload", spanAttr(name))
 	defer func() {
@@ -179,7 +194,7 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 	defer dc.Close()
 
 	now := time.Now()
-	m := &meter{r: body, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free}
+	m := &meter{r: body, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free, stall: c.cfg.StreamStall}
 	m.touch()
 	// The drain must stop as soon as the call returned (e.g. with libvirt's
 	// error), or upload would wait for the Read holding m.mu.
@@ -192,7 +207,7 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 		}
 		return err
 	}
-	err = c.runStream(ctx, dc, "upload "+name, m.stalled, nil, func() error {
+	err = c.runStream(ctx, dc, "upload "+name, m.stalled, func() error {
 		v, err := lookupVol(dc.L, c.cfg.Pool, name)
 		if err != nil {
 			return err
@@ -218,12 +233,12 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 
 // Stream guard timings; variables so tests can shorten them.
 var (
-	// uploadStall: no source read for this long while the upload call
-	// has not returned means libvirt stopped consuming: kill the link.
-	uploadStall = time.Minute
-	// abandonWait: how long a stream call gets to return after its link
-	// was killed before it is abandoned.
-	abandonWait = 10 * time.Second
+	// streamWait bounds how long runStream waits for a stream call to
+	// return once its link was killed. Killing the link always ends the
+	// call (sshconn's stream guard keeps go-libvirt's router from
+	// deadlocking), so this is a bound for logs, not an expected wait; the
+	// goroutine is owned by the cache either way and Close waits for it.
+	streamWait = 10 * time.Second
 	// drainPoll: how often the volume size is polled before the end of
 	// the source is announced.
 	drainPoll = 20 * time.Millisecond
@@ -233,36 +248,30 @@ var (
 	drainStall = 10 * time.Second
 )
 
-// onAbandon is a test hook run when a stream call is abandoned.
-var onAbandon func()
-
 var (
 	// errStalled is the cause when a stream makes no progress.
-	errStalled = errors.New("libvirt stopped consuming the stream")
-	// errStuck: every byte arrived but go-libvirt's call never returned.
-	errStuck = errors.New("go-libvirt stream call stuck after the last byte")
+	errStalled = errors.New("libvirt stream made no progress")
 	// errDrainStopped: the upload call returned while the source waited
 	// for libvirt to catch up.
 	errDrainStopped = errors.New("upload ended while waiting for libvirt to write")
 )
 
-// runStream runs a stream call of dc in its own goroutine. When ctx ends or
-// stalled reports true, the dedicated link is killed; a call that still
-// does not return within abandonWait is abandoned (its goroutine blocked
-// inside go-libvirt is logged as leaked) so the cache never hangs.
-//
-// complete (may be nil) reports that every expected byte has arrived: a
-// call that then still has not returned after a tick is stuck in
-// go-libvirt's end-of-stream race (its router blocked delivering a second
-// packet for the stream while the call waits for the router's lock); the
-// link is killed, the call abandoned, and the transfer counts as done.
-func (c *Cache) runStream(ctx context.Context, dc dedicated, op string, stalled, complete func() bool, call func() error) error {
+// runStream runs a stream call of dc in a goroutine owned by the cache and
+// waits for it. When ctx ends or stalled reports true (no progress for
+// Config.StreamStall, first byte included), the dedicated link is killed,
+// which ends the call, and runStream waits for it to return (bounded by
+// streamWait; Close waits for it in any case). A stall is returned
+// wrapping errStalled so the caller can retry once on a fresh connection.
+func (c *Cache) runStream(ctx context.Context, dc dedicated, op string, stalled func() bool, call func() error) error {
 	done := make(chan error, 1)
-	go func() { done <- call() }()
-	tick := time.NewTicker(time.Second)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		done <- call()
+	}()
+	tick := time.NewTicker(min(time.Second, c.cfg.StreamStall/4))
 	defer tick.Stop()
 	var cause error
-	completeTicks := 0
 loop:
 	for {
 		select {
@@ -272,37 +281,24 @@ loop:
 			cause = ctx.Err()
 			break loop
 		case <-tick.C:
-			if complete != nil && complete() {
-				if completeTicks++; completeTicks >= 2 {
-					dc.Kill()
-					c.log.Error(errStuck, "all bytes arrived but the go-libvirt stream call did not return; killed its link and abandoned it (its goroutines stay blocked inside go-libvirt)", "op", op)
-					if onAbandon != nil {
-						onAbandon()
-					}
-					return nil
-				}
-			}
 			if stalled != nil && stalled() {
-				cause = errStalled
+				cause = fmt.Errorf("%w for %v", errStalled, c.cfg.StreamStall)
 				break loop
 			}
 		}
 	}
 	dc.Kill()
-	t := time.NewTimer(abandonWait)
+	t := time.NewTimer(streamWait)
 	defer t.Stop()
 	select {
 	case err := <-done:
 		if err == nil {
-			err = cause
+			return cause
 		}
 		return fmt.Errorf("%w (%w)", err, cause)
 	case <-t.C:
-		if onAbandon != nil {
-			onAbandon()
-		}
-		c.log.Error(cause, "go-libvirt stream call did not return after its link was killed; abandoning it (its goroutines stay blocked inside go-libvirt)", "op", op)
-		return fmt.Errorf("%s: abandoned: %w", op, cause)
+		c.log.Error(cause, "libvirt stream call did not return after its link was killed; Close waits for it", "op", op)
+		return fmt.Errorf("%s: did not return after its link was killed: %w", op, cause)
 	}
 }
 
@@ -336,26 +332,18 @@ func (c *Cache) drained(ctx context.Context, name string, n int64) error {
 
 // readBack hashes the bytes libvirt reads from the volume on the host,
 // on a dedicated connection (closed before it returns).
-//
-// expect is the volume's size on the host (-1: unknown); once that many
-// bytes arrived, a call stuck in go-libvirt's end-of-stream race is
-// abandoned instead of waited for.
-func (c *Cache) readBack(ctx context.Context, name string, expect int64) (int64, string, error) {
+func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error) {
 	dc, err := c.conn.Dedicated(ctx)
 	if err != nil {
 		return 0, "", c.classify(ctx, fmt.Errorf("read back %s: dedicated connection: %w", name, err))
 	}
 	defer dc.Close()
 	// The writer never fails: go-libvirt must keep draining the stream
-	// (a failing writer would leave its router blocked); ctx kills the link.
-	w := &hashWriter{h: sha256.New()}
+	// (a failing writer would end the call early, leaving packets behind
+	// for its router); ctx and stalls kill the link.
+	w := &hashWriter{h: sha256.New(), stall: c.cfg.StreamStall}
 	w.touch()
-	complete := func() bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		return expect >= 0 && w.n >= expect
-	}
-	err = c.runStream(ctx, dc, "read back "+name, w.stalled, complete, func() error {
+	err = c.runStream(ctx, dc, "read back "+name, w.stalled, func() error {
 		v, err := lookupVol(dc.L, c.cfg.Pool, name)
 		if err != nil {
 			return err
@@ -371,17 +359,18 @@ func (c *Cache) readBack(ctx context.Context, name string, expect int64) (int64,
 }
 
 type hashWriter struct {
-	mu        sync.Mutex // an abandoned call may still write
+	mu        sync.Mutex // the call may still write while runStream gives up
 	h         hash.Hash
 	n         int64
+	stall     time.Duration
 	lastWrite atomic.Int64 // unix nanos
 }
 
 func (w *hashWriter) touch() { w.lastWrite.Store(time.Now().UnixNano()) }
 
-// stalled: libvirt sent nothing for uploadStall.
+// stalled: libvirt sent nothing for the stall timeout.
 func (w *hashWriter) stalled() bool {
-	return time.Since(time.Unix(0, w.lastWrite.Load())) > uploadStall
+	return time.Since(time.Unix(0, w.lastWrite.Load())) > w.stall
 }
 
 func (w *hashWriter) Write(p []byte) (int, error) {
@@ -398,7 +387,7 @@ func (w *hashWriter) Write(p []byte) (int, error) {
 // waits (drain) until libvirt has written everything. Its first read error
 // other than io.EOF is kept in err.
 type meter struct {
-	mu     sync.Mutex // an abandoned call may still read
+	mu     sync.Mutex // the call may still read while runStream gives up
 	r      io.Reader
 	h      hash.Hash
 	n      int64
@@ -410,6 +399,7 @@ type meter struct {
 	c      *Cache
 	volume string
 	drain  func() error
+	stall  time.Duration
 
 	inRead   atomic.Bool
 	lastRead atomic.Int64 // unix nanos of the last Read return
@@ -417,9 +407,10 @@ type meter struct {
 
 func (m *meter) touch() { m.lastRead.Store(time.Now().UnixNano()) }
 
-// stalled: no Read running and none for uploadStall.
+// stalled: no Read running and none for the stall timeout (libvirt
+// stopped consuming, or the call never started reading).
 func (m *meter) stalled() bool {
-	return !m.inRead.Load() && time.Since(time.Unix(0, m.lastRead.Load())) > uploadStall
+	return !m.inRead.Load() && time.Since(time.Unix(0, m.lastRead.Load())) > m.stall
 }
 
 func (m *meter) Read(p []byte) (int, error) {

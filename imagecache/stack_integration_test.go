@@ -1227,7 +1227,7 @@ func BenchmarkStackTransfer(b *testing.B) {
 		}
 	}
 	back := func(b *testing.B) {
-		if n, _, err := c.readBack(ctx, name, size); err != nil || n != size {
+		if n, _, err := c.readBack(ctx, name); err != nil || n != size {
 			b.Fatal(n, err)
 		}
 	}
@@ -1254,12 +1254,4 @@ func BenchmarkStackTransfer(b *testing.B) {
 		b.ReportMetric(rates[i][len(rates[i])/2], unit)
 	}
 	b.ReportMetric(0, "ns/op")
-}
-
-func init() {
-	onAbandon = func() {
-		buf := make([]byte, 4<<20)
-		n := runtime.Stack(buf, true)
-		_ = os.WriteFile(fmt.Sprintf("/tmp/ic-abandon-%d.txt", time.Now().UnixNano()), buf[:n], 0o644)
-	}
 }
