@@ -3,7 +3,10 @@
 package imagecache
 
 import (
+	"context"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -193,4 +196,87 @@ func knownHostsFor(t *testing.T, env teststack.Env, addr string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// Callers on one shared session are isolated: while fetches fail (a body
+// that errors mid-upload, so the drain poll on the shared session is
+// stopped mid-call) and other callers' Ensures are cancelled after a few
+// milliseconds, 20 concurrent readers of the same session keep succeeding
+// and the session is never torn down. Before, each failed upload and each
+// cancelled call killed the shared session and failed the readers.
+func TestStackCallersIsolatedFromFailingUploads(t *testing.T) {
+	env := teststack.Require(t)
+	lv := link(t, env)
+	entry := testEntry()
+	cleanupEntry(t, lv, env.Pool, entry)
+	img := makeQcow2(t, t.TempDir(), 8)
+	failing := newImageServer(t, serveHalfThen(img, func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }))
+	c := newTestCache(t, lv, entry, env.Pool, nil)
+
+	stop := make(chan struct{})
+	var ok, failed atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				_, err := c.poolAvailable(cctx)
+				cancel()
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+					continue
+				}
+				ok.Add(1)
+			}
+		})
+	}
+	var uploadsFailed, cancelled atomic.Int64
+	wg.Go(func() { // uploads that fail mid-body
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, err := c.Ensure(ctxT(t, 30*time.Second), Image{Key: fmt.Sprintf("f%d", i), URL: failing.URL + "/f"})
+			if err != nil {
+				uploadsFailed.Add(1)
+			}
+		}
+	})
+	wg.Go(func() { // callers whose ctx ends after 1–8 ms
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			cctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+i%8)*time.Millisecond)
+			_, err := c.List(cctx)
+			cancel()
+			if err != nil {
+				cancelled.Add(1)
+			}
+		}
+	})
+	time.Sleep(6 * time.Second)
+	close(stop)
+	wg.Wait()
+	t.Logf("reader calls ok %d, failed %d; uploads failed %d; cancelled calls %d", ok.Load(), failed.Load(), uploadsFailed.Load(), cancelled.Load())
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d reader calls failed beside failing uploads and cancelled callers; first: %v", n, firstErr.Load())
+	}
+	if uploadsFailed.Load() == 0 || cancelled.Load() == 0 {
+		t.Errorf("the test exercised no failing upload (%d) or no cancelled call (%d)", uploadsFailed.Load(), cancelled.Load())
+	}
+	if lv.Dead() {
+		t.Error("the shared session is dead after callers failed or cancelled")
+	}
 }
