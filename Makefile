@@ -40,7 +40,20 @@ NETNS := scripts/netns
 TEST_TIMEOUT ?= 25m
 KEEP_STACK ?=
 
-.PHONY: test test-in-netns unit vet fuzz-short stack-up stack-down stack-status
+.PHONY: test test-in-netns unit vet fuzz-short stack-up stack-down stack-status stress stress-in-netns stress-run
+
+# make stress   (root) the concurrency and fault tests under CPU load: on a
+#               real stack of its own in a private network namespace (as make
+#               test), the integration tests of $(STRESS_PKGS) run
+#               STRESS_COUNT times (default 20) with -race while
+#               scripts/cpuburn keeps every core busy. goleak in each
+#               package's TestMain fails any run that leaves a goroutine.
+#               make test runs the same step with CI_STRESS_COUNT=3 as its
+#               run of those packages.
+STRESS_PKGS := ./sshconn ./imagecache ./kvm2
+STRESS_COUNT ?= 20
+CI_STRESS_COUNT ?= 3
+STRESS_TIMEOUT ?= 120m
 
 # Every go test -fuzz target, as package:Target. fuzz-short runs each briefly
 # (FUZZTIME) so the targets and their committed seed corpora cannot rot.
@@ -93,9 +106,10 @@ test-in-netns:
 	if [ $$rc -eq 0 ]; then \
 		echo "+ $(GO) vet ./..."; \
 		$(GO) vet ./... && $(GO) vet -tags integration,e2e ./... || rc=$$?; \
-		pkgs=$$($(GO) list ./... | grep -v '/e2e$$') || rc=$$?; \
-		echo "+ $(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) <every package but ./e2e>"; \
+		pkgs=$$($(GO) list ./... | grep -v '/e2e$$' | grep -v -x -F -f <($(GO) list $(STRESS_PKGS))) || rc=$$?; \
+		echo "+ $(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) <every package but ./e2e and $(STRESS_PKGS)>"; \
 		$(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) $$pkgs || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+		$(MAKE) --no-print-directory stress-run STRESS_COUNT=$(CI_STRESS_COUNT) || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		echo "+ $(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e"; \
 		$(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	fi; \
@@ -107,6 +121,43 @@ test-in-netns:
 	fi; \
 	$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	if [ $$rc -ne 0 ]; then echo "make test-in-netns: FAILED (exit $$rc)" >&2; fi; \
+	exit $$rc
+
+stress:
+	@rc=0; t0=$$SECONDS; \
+	$(TESTSTACK) deps || rc=$$?; \
+	[ $$rc -ne 0 ] || $(GO) mod download || rc=$$?; \
+	if [ $$rc -eq 0 ]; then \
+		stackdir=$$(mktemp -d /tmp/egp-stress-stack.XXXXXX) || rc=$$?; \
+	fi; \
+	if [ $$rc -eq 0 ]; then \
+		EGRESSPROXY_STACK_DIR=$$stackdir GOPROXY=off \
+			$(NETNS) run --name egp-stress-$$$$ -- $(MAKE) --no-print-directory stress-in-netns </dev/null || rc=$$?; \
+		rm -rf "$$stackdir"; \
+	fi; \
+	echo "make stress: $$((SECONDS - t0))s in all"; \
+	if [ $$rc -ne 0 ]; then echo "make stress: FAILED (exit $$rc)" >&2; fi; \
+	exit $$rc
+
+stress-in-netns:
+	@if [ -z "$$EGRESSPROXY_NETNS" ]; then \
+		echo "make stress-in-netns: not inside scripts/netns (EGRESSPROXY_NETNS unset); run make stress" >&2; exit 2; \
+	fi; \
+	rc=0; \
+	$(TESTSTACK) up || rc=$$?; \
+	if [ $$rc -eq 0 ]; then \
+		stackenv=$$($(TESTSTACK) env) && eval "$$stackenv" || rc=$$?; \
+	fi; \
+	[ $$rc -ne 0 ] || $(MAKE) --no-print-directory stress-run || rc=$$?; \
+	$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+	exit $$rc
+
+# stress-run (internal) the stress step against the stack in the environment.
+stress-run:
+	@echo "+ scripts/cpuburn -- $(GO) test -race -p 1 -tags integration -count=$(STRESS_COUNT) -timeout $(STRESS_TIMEOUT) $(STRESS_PKGS)"; \
+	t0=$$SECONDS; rc=0; \
+	scripts/cpuburn -- $(GO) test -race -p 1 -tags integration -count=$(STRESS_COUNT) -timeout $(STRESS_TIMEOUT) $(STRESS_PKGS) || rc=$$?; \
+	echo "stress: $(STRESS_COUNT) runs of $(STRESS_PKGS) under CPU load in $$((SECONDS - t0))s, exit $$rc"; \
 	exit $$rc
 
 fuzz-short:

@@ -387,28 +387,42 @@ func TestRedialAfterDeath(t *testing.T) {
 	}
 }
 
-// Failed dials are spaced by the backoff: quick successive calls do not each
-// hit the server.
+// Failed dials are spaced by the backoff: calls arriving during the backoff
+// whose deadline ends before it fail at once with the latest dial error,
+// without contacting the server; a call that can wait waits it out and
+// dials again. No assertion depends on the scheduler being fast: the first
+// dial has a generous deadline, the backoff (10s) dwarfs the quick calls'
+// deadlines (1s), and the wait-out case shortens the backoff by hand.
 func TestRedialBackoff(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.config()
 	cfg.KeyFile = writeKey(t, f.dir, "unauthorized", genEd25519(t))
-	cfg.MaxRedialBackoff = 400 * time.Millisecond
+	cfg.MaxRedialBackoff = 10 * time.Second
 	p := newPool(t, cfg)
-	for i := range 5 {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		_, err := p.Client(ctx)
-		cancel()
-		if KindOf(err) != KindAuthRefused {
-			t.Fatalf("call %d: kind %v (err %v)", i, KindOf(err), err)
+	p.mu.Lock()
+	p.failures = 10 // the next failed dial backs off MaxRedialBackoff
+	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := p.Client(ctx); KindOf(err) != KindAuthRefused {
+		t.Fatalf("first call: kind %v (err %v)", KindOf(err), err)
+	}
+	for i := range 4 {
+		qctx, qcancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := p.Client(qctx)
+		qcancel()
+		if KindOf(err) != KindAuthRefused || !strings.Contains(err.Error(), "backing off") {
+			t.Fatalf("call %d during the backoff: kind %v (err %v)", i, KindOf(err), err)
 		}
 	}
 	if got := f.srv.accepts.Load(); got != 1 {
-		t.Errorf("server contacted %d times by 5 quick calls, want 1", got)
+		t.Errorf("server contacted %d times by 5 calls within one backoff, want 1", got)
 	}
-	// Without a short deadline, the call waits out the backoff and retries.
-	_, err := p.Client(context.Background())
-	if KindOf(err) != KindAuthRefused {
+	// A call that can wait waits the backoff out and dials again.
+	p.mu.Lock()
+	p.retryAt = time.Now().Add(200 * time.Millisecond)
+	p.mu.Unlock()
+	if _, err := p.Client(ctx); KindOf(err) != KindAuthRefused {
 		t.Fatalf("kind %v", KindOf(err))
 	}
 	if got := f.srv.accepts.Load(); got != 2 {
