@@ -21,6 +21,15 @@ var (
 	ErrNotFound = &classError{code: NotFound, msg: "not found"}
 	// ErrClosed is returned (classed Permanent) by calls made after Close.
 	ErrClosed = errors.New("provider closed")
+	// ErrSpecConflict is returned (classed Permanent) by Create when an
+	// instance with the spec's Name and UID exists but was created from
+	// another spec: the Spec.Digest the backend recorded for it differs
+	// from the digest of the spec given now (another Port, UserData,
+	// ImageKey or MachineType). The existing instance is left as it is;
+	// to apply the new spec, Delete the instance and Create it again (or
+	// create it under a new UID). Instances for which the backend has no
+	// recorded digest (Instance.SpecDigest empty) are never reported.
+	ErrSpecConflict = errors.New("instance exists with another spec")
 )
 
 // ErrorCode is the fixed set of error classes.

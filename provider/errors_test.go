@@ -32,6 +32,7 @@ func TestCode(t *testing.T) {
 		{"FromContext deadline", FromContext(context.DeadlineExceeded), DeadlineExceeded, []error{context.DeadlineExceeded}, nil},
 		{"FromContext other unchanged", FromContext(io.EOF), Unknown, []error{io.EOF}, nil},
 		{"explicit class wins over context", WithCode(Transient, context.DeadlineExceeded), Transient, []error{ErrTransient, context.DeadlineExceeded}, nil},
+		{"spec conflict", Errorf(Permanent, "create x: %w", ErrSpecConflict), Permanent, []error{ErrPermanent, ErrSpecConflict}, []error{ErrTransient, ErrNotFound}},
 		{"joined", errors.Join(io.EOF, WithCode(Permanent, io.ErrUnexpectedEOF)), Permanent, []error{ErrPermanent, io.ErrUnexpectedEOF}, nil},
 	}
 	for _, tt := range tests {

@@ -54,6 +54,12 @@ type Instance struct {
 	// AddressSource names where the address was found ("agent", "lease",
 	// "arp", "static", ...); empty when IP is empty.
 	AddressSource string
+	// SpecDigest is the Spec.Digest of the spec the instance was created
+	// from, as recorded by the backend; empty when the backend holds no
+	// record of it (for kvm2: a domain created before the library
+	// recorded digests). An embedder that wants to see drift without
+	// calling Create compares it with the digest of its current spec.
+	SpecDigest string
 }
 
 // Address returns "IP:Port", or "" when the instance has no address.
@@ -108,15 +114,26 @@ type Health struct {
 type Provider interface {
 	// Create makes the instance described by spec and starts it. It is
 	// idempotent on spec.UID: if an instance with this name and UID
-	// exists, it is returned unchanged, never duplicated. An object with
-	// the same name but another UID is a Permanent error (name taken).
-	// A partial failure leaves nothing that a later Create or Delete
-	// cannot clean up. Errors: Permanent (bad spec, name taken, image
+	// exists and was created from the same spec (same Spec.Digest), it is
+	// returned unchanged, never duplicated; if it was created from another
+	// spec, Create fails with ErrSpecConflict (Permanent) and changes
+	// nothing. An object with the same name but another UID is a
+	// Permanent error (name taken).
+	//
+	// Create converges: after any interruption (context ended, Close,
+	// link lost, process killed) at any point of a Create, calling Create
+	// again with the same spec completes the same instance (all of its
+	// backend objects, started) or returns a clear error; concurrent
+	// Creates of one spec (even from two processes) all return that one
+	// instance, or a Transient error that a retry resolves. A partial
+	// failure leaves nothing that a later Create or Delete cannot clean
+	// up. Errors: Permanent (bad spec, name taken, spec conflict, image
 	// digest mismatch, backend refuses the definition), Transient (backend
-	// unreachable or busy), context codes.
+	// unreachable or busy, a race with another call a retry resolves),
+	// context codes.
 	Create(ctx context.Context, spec Spec) (Instance, error)
 	// Get reads the instance back from the backend every time (UID,
-	// creation time, state, address). Errors: NotFound (missing, or the
+	// creation time, state, address, spec digest). Errors: NotFound (missing, or the
 	// name belongs to another UID or owner), Transient (backend
 	// unreachable, or every address source failed), context codes.
 	Get(ctx context.Context, ref Ref) (Instance, error)

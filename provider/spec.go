@@ -1,6 +1,9 @@
 package provider
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -114,6 +117,36 @@ func (s Spec) EffectivePort() int {
 		return DefaultPort
 	}
 	return s.Port
+}
+
+// specDigestDomain starts the hashed encoding of Digest; a future encoding
+// gets another domain string (and the digest another prefix).
+const specDigestDomain = "egressproxy.dev/spec/v1"
+
+// Digest returns a stable digest of the spec: "sha256:" and 64 lowercase
+// hex digits, the SHA-256 of a versioned encoding in which every field is
+// length-prefixed (so no two specs share an encoding): Name, UID,
+// EffectivePort, ImageKey, MachineType, UserData, in that order. Port is
+// normalised (0 and DefaultPort digest alike); nothing else is: an empty
+// ImageKey or MachineType (the provider's default) digests differently
+// from the key it resolves to today, since the provider's default may
+// change. The value depends only on the spec, never on the process, the
+// platform or the release: providers record it at creation
+// (Instance.SpecDigest) and compare it on Create (ErrSpecConflict). It is
+// not a secret-keeping device: it only fingerprints the spec.
+func (s Spec) Digest() string {
+	h := sha256.New()
+	var n [8]byte
+	put := func(v string) {
+		binary.BigEndian.PutUint64(n[:], uint64(len(v)))
+		h.Write(n[:])
+		h.Write([]byte(v))
+	}
+	put(specDigestDomain)
+	for _, v := range []string{s.Name, s.UID, strconv.Itoa(s.EffectivePort()), s.ImageKey, s.MachineType, s.UserData} {
+		put(v)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
 // Ref returns the Ref of the instance the spec describes.

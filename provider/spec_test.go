@@ -176,3 +176,71 @@ func TestInstanceAddress(t *testing.T) {
 		t.Fatal(got)
 	}
 }
+
+// TestSpecDigestGolden pins the digest of one spec: a change of the
+// encoding would make every recorded digest differ (a spurious
+// ErrSpecConflict for every existing instance), so it must fail here. The
+// value was computed independently from the documented encoding.
+func TestSpecDigestGolden(t *testing.T) {
+	const want = "sha256:c718a3515fe989564b46f5623f14b0433eed1b571118145a978b8c11f2143d5c"
+	if got := validSpec().Digest(); got != want {
+		t.Errorf("Digest() = %s, want %s", got, want)
+	}
+	if !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(validSpec().Digest()) {
+		t.Errorf("Digest() = %q, want sha256: and 64 lowercase hex digits", validSpec().Digest())
+	}
+}
+
+func TestSpecDigestFields(t *testing.T) {
+	base := validSpec()
+	d := base.Digest()
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Spec)
+		same   bool
+	}{
+		{"identical", func(*Spec) {}, true},
+		{"port 0 is DefaultPort", func(s *Spec) { s.Port = 0 }, true},
+		{"name", func(s *Spec) { s.Name = "proxy-2" }, false},
+		{"uid", func(s *Spec) { s.UID += "x" }, false},
+		{"port", func(s *Spec) { s.Port = 8080 }, false},
+		{"image key", func(s *Spec) { s.ImageKey = "debian-12.2" }, false},
+		{"image key default", func(s *Spec) { s.ImageKey = "" }, false},
+		{"machine type", func(s *Spec) { s.MachineType = "small" }, false},
+		{"user-data", func(s *Spec) { s.UserData += " " }, false},
+		{"user-data empty", func(s *Spec) { s.UserData = "" }, false},
+		// Length prefixes: moving bytes from one field to the next changes
+		// the digest.
+		{"shifted boundary", func(s *Spec) { s.Name, s.UID = s.Name+s.UID[:1], s.UID[1:] }, false},
+		{"shifted into user-data", func(s *Spec) { s.MachineType, s.UserData = "", "x"+s.UserData }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base
+			tc.mutate(&s)
+			if got := s.Digest() == d; got != tc.same {
+				t.Errorf("digest equal to the base's = %v, want %v (%s vs %s)", got, tc.same, s.Digest(), d)
+			}
+		})
+	}
+}
+
+// TestSpecDigestProperty: two specs have the same digest exactly when they
+// are equal once Port is normalised.
+func TestSpecDigestProperty(t *testing.T) {
+	field := rapid.SampledFrom([]string{"", "a", "b", "ab", "a\x00", "\x00", "ü"})
+	gen := rapid.Custom(func(t *rapid.T) Spec {
+		return Spec{
+			Name: field.Draw(t, "name"), UID: field.Draw(t, "uid"),
+			Port:     rapid.SampledFrom([]int{0, DefaultPort, 1, 8080}).Draw(t, "port"),
+			ImageKey: field.Draw(t, "image"), MachineType: field.Draw(t, "mt"), UserData: field.Draw(t, "ud"),
+		}
+	})
+	rapid.Check(t, func(t *rapid.T) {
+		a, b := gen.Draw(t, "a"), gen.Draw(t, "b")
+		na, nb := a, b
+		na.Port, nb.Port = a.EffectivePort(), b.EffectivePort()
+		if (a.Digest() == b.Digest()) != (na == nb) {
+			t.Fatalf("%+v → %s and %+v → %s: digest equality disagrees with spec equality", a, a.Digest(), b, b.Digest())
+		}
+	})
+}
