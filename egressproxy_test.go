@@ -43,7 +43,7 @@ func (r *recorder) Create(ctx context.Context, s provider.Spec) (provider.Instan
 	if err := r.note("create"); err != nil {
 		return provider.Instance{}, err
 	}
-	return provider.Instance{Ref: s.Ref(), State: provider.StateProvisioning}, nil
+	return provider.Instance{Ref: s.Ref(), State: provider.StateProvisioning, SpecDigest: s.Digest()}, nil
 }
 
 func (r *recorder) Get(ctx context.Context, ref provider.Ref) (provider.Instance, error) {
@@ -147,6 +147,26 @@ func TestErrorsWrappedOnceWithOpAndInstance(t *testing.T) {
 	// An error that already is an OpError is not wrapped again.
 	if w := wrap("get", "x", err); w != err {
 		t.Fatalf("double wrap: %v", w)
+	}
+}
+
+// TestSpecDigestAndConflictPassThrough: the client hands the provider's
+// SpecDigest back unchanged and keeps ErrSpecConflict (and its Permanent
+// class) visible through its wrapping.
+func TestSpecDigestAndConflictPassThrough(t *testing.T) {
+	r := &recorder{}
+	c := New(r, nil)
+	defer c.Close()
+	inst, err := c.Create(context.Background(), goodSpec())
+	if err != nil || inst.SpecDigest != goodSpec().Digest() {
+		t.Fatalf("Create = %+v, %v; want SpecDigest %s", inst, err, goodSpec().Digest())
+	}
+	r.err = provider.Errorf(provider.Permanent, "instance proxy-a exists with another spec: %w", provider.ErrSpecConflict)
+	_, err = c.Create(context.Background(), goodSpec())
+	var op *OpError
+	if !errors.As(err, &op) || op.Op != "create" || !errors.Is(err, provider.ErrSpecConflict) ||
+		!errors.Is(err, provider.ErrPermanent) || provider.Code(err) != provider.Permanent {
+		t.Fatalf("err = %v (code %v), want an OpError that is ErrSpecConflict and Permanent", err, provider.Code(err))
 	}
 }
 

@@ -111,6 +111,34 @@ func Example_errorClasses() {
 	// get proxy-2
 }
 
+// Spec drift is visible: Create of an existing UID with another spec is
+// ErrSpecConflict (Permanent) and changes nothing; Instance.SpecDigest says
+// which spec an instance was created from.
+func Example_specConflict() {
+	ctx := context.Background()
+	client := egressproxy.New(memprovider.New(nil), nil)
+	defer client.Close()
+
+	spec := provider.Spec{Name: "proxy-1", UID: "u1"}
+	inst, _ := client.Create(ctx, spec)
+	fmt.Println(inst.SpecDigest == spec.Digest())
+
+	spec.Port = 8080 // the embedder's object changed
+	_, err := client.Create(ctx, spec)
+	fmt.Println(errors.Is(err, provider.ErrSpecConflict), provider.Code(err))
+	fmt.Println(err)
+
+	// To apply the new spec: delete the instance and create it again.
+	_ = client.Delete(ctx, inst.Ref)
+	inst, err = client.Create(ctx, spec)
+	fmt.Println(err, inst.Port, inst.SpecDigest == spec.Digest())
+	// Output:
+	// true
+	// true Permanent
+	// egressproxy create proxy-1: memprovider: instance "proxy-1" (UID "u1") was created with another spec: Port (3128, now 8080): instance exists with another spec
+	// <nil> 8080 true
+}
+
 // Orphan garbage collection: List returns every instance the provider entry
 // owns with its UID, so the embedder deletes those no object wants any more.
 func ExampleClient_List_orphans() {

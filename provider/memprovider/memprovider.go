@@ -25,6 +25,7 @@ import (
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -111,6 +112,7 @@ type Provider struct {
 
 type item struct {
 	inst   provider.Instance
+	spec   provider.Spec  // the spec it was created from (for ErrSpecConflict's message)
 	forced provider.State // state forced by SetState; "" = follow the clock
 	ready  time.Time      // when Provisioning turns Running
 	host   int            // last octet of the 192.0.2.x address
@@ -261,7 +263,9 @@ func (p *Provider) enter(ctx context.Context, op Op) (*Fault, error) {
 }
 
 // Create creates the instance, or returns the existing one with the same
-// name and UID. Same name, other UID: Permanent.
+// name, UID and spec digest. Same name and UID but another spec:
+// provider.ErrSpecConflict (Permanent), naming the fields that differ (never
+// their user-data). Same name, other UID: Permanent.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
 	if _, err := p.enter(ctx, OpCreate); err != nil {
 		return provider.Instance{}, err
@@ -279,6 +283,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 			return provider.Instance{}, provider.Errorf(provider.Permanent,
 				"memprovider: name %q is taken by an instance with another UID", spec.Name)
 		}
+		if d := spec.Digest(); d != it.inst.SpecDigest {
+			return provider.Instance{}, provider.Errorf(provider.Permanent,
+				"memprovider: instance %q (UID %q) was created with another %s: %w",
+				spec.Name, spec.UID, specDiff(it.spec, spec), provider.ErrSpecConflict)
+		}
 		return p.readLocked(it)
 	}
 	port := spec.Port
@@ -288,15 +297,39 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	now := p.now().UTC()
 	it := &item{
 		inst: provider.Instance{
-			Ref:       provider.Ref{Name: spec.Name, UID: spec.UID},
-			CreatedAt: now,
-			Port:      port,
+			Ref:        provider.Ref{Name: spec.Name, UID: spec.UID},
+			CreatedAt:  now,
+			Port:       port,
+			SpecDigest: spec.Digest(),
 		},
+		spec:  spec,
 		ready: now.Add(p.opts.ProvisionDelay),
 		host:  p.allocHostLocked(),
 	}
 	p.items[spec.Name] = it
 	return p.readLocked(it)
+}
+
+// specDiff names the fields in which b differs from a (values only for
+// Port, ImageKey and MachineType: user-data may hold secrets).
+func specDiff(a, b provider.Spec) string {
+	var out []string
+	if a.EffectivePort() != b.EffectivePort() {
+		out = append(out, fmt.Sprintf("Port (%d, now %d)", a.EffectivePort(), b.EffectivePort()))
+	}
+	if a.ImageKey != b.ImageKey {
+		out = append(out, fmt.Sprintf("ImageKey (%q, now %q)", a.ImageKey, b.ImageKey))
+	}
+	if a.MachineType != b.MachineType {
+		out = append(out, fmt.Sprintf("MachineType (%q, now %q)", a.MachineType, b.MachineType))
+	}
+	if a.UserData != b.UserData {
+		out = append(out, "UserData")
+	}
+	if len(out) == 0 {
+		return "spec"
+	}
+	return "spec: " + strings.Join(out, ", ")
 }
 
 func (p *Provider) allocHostLocked() int {
