@@ -48,8 +48,8 @@ var probeKey = func() ssh.PublicKey {
 }()
 
 // loadKnownHosts returns the host key callback for cfg.KnownHostsFile and the
-// host key algorithms to offer so that the pinned key type is the one the
-// server presents (a server with ecdsa and ed25519 keys would otherwise
+// host key algorithms to offer, pinned types first, so that the pinned key
+// type is the one the server presents (a server with ecdsa and ed25519 keys would otherwise
 // present ecdsa first, and a known_hosts pinning only ed25519 would then look
 // like a mismatch). A missing or unreadable file is KindHostUnknown.
 func loadKnownHosts(cfg Config) (ssh.HostKeyCallback, []string, error) {
@@ -77,6 +77,12 @@ func loadKnownHosts(cfg Config) (ssh.HostKeyCallback, []string, error) {
 				add(t)
 			}
 		}
+		// Every other type after the pinned ones: a host that no longer
+		// presents any pinned type then completes the key exchange with
+		// another key, which the callback reports as a mismatch (as
+		// OpenSSH does), instead of failing with "no common algorithm",
+		// which would read as a network fault.
+		add(ssh.SupportedAlgorithms().HostKeys...)
 	}
 	return cb, algos, nil
 }

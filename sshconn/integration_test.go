@@ -88,6 +88,9 @@ func TestIntegrationErrors(t *testing.T) {
 		{"known_hosts with another key", func(c *Config) {
 			c.KnownHostsFile = writeKnownHosts(t, dir, "kh-other", env.SSHAddr, other)
 		}, KindHostKeyMismatch},
+		{"known_hosts pins another key type (host rebuilt or intercepted)", func(c *Config) {
+			c.KnownHostsFile = writeKnownHosts(t, dir, "kh-ecdsa", env.SSHAddr, mustSigner(t, genECDSA(t)).PublicKey())
+		}, KindHostKeyMismatch},
 		{"unprivileged user cannot open the socket", func(c *Config) { c.User = env.UnprivUser }, KindForbidden},
 	}
 	for _, tc := range tests {

@@ -926,3 +926,27 @@ func TestCloseOrderDeadBeforeConnClose(t *testing.T) {
 		})
 	}
 }
+
+// A host that now presents only a key of another type than the one pinned
+// (pinned ed25519, host offers ECDSA only: a rebuilt host, or an
+// interception) is a host key mismatch, as OpenSSH reports it ("remote host
+// identification has changed"), never a network fault.
+func TestHostKeyOfAnotherTypeIsMismatch(t *testing.T) {
+	ec := mustSigner(t, genECDSA(t))
+	f := newFixture(t, ec) // the server has only an ECDSA host key
+	cfg := f.config()
+	cfg.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-ed", f.srv.Addr, mustSigner(t, genEd25519(t)).PublicKey())
+	p := newPool(t, cfg)
+	_, err := p.Client(context.Background())
+	if KindOf(err) != KindHostKeyMismatch {
+		t.Fatalf("kind %v, want host key mismatch (err %v)", KindOf(err), err)
+	}
+	t.Logf("%v", err)
+	// A host still presenting the pinned type is unaffected.
+	f2 := newFixture(t, ec, mustSigner(t, genEd25519(t)))
+	cfg2 := f2.config()
+	cfg2.KnownHostsFile = writeKnownHosts(t, f2.dir, "kh-ec", f2.srv.Addr, ec.PublicKey())
+	if _, err := newPool(t, cfg2).Client(context.Background()); err != nil {
+		t.Fatalf("pinned ECDSA on a host with ECDSA and ed25519: %v", err)
+	}
+}
