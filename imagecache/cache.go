@@ -107,10 +107,13 @@ type Config struct {
 	// TransferBudget bounds one cold fetch (HTTP + upload + verify +
 	// publish). Zero: 20m. A claim older than twice this is stale.
 	TransferBudget time.Duration
-	// HTTPGrace: the HTTP download's deadline is TransferBudget - HTTPGrace,
-	// so a stalled mirror ends as a clean error before the budget would
-	// have to cut the libvirt link. Zero: 1m, or TransferBudget/4 when
-	// that is shorter. Must be < TransferBudget.
+	// HTTPGrace: the HTTP download's deadline is HTTPGrace before the end
+	// of the fetch's TransferBudget (one clock: the budget counts from the
+	// start of the fetch, so time spent waiting for another writer's claim
+	// comes off the download, not off the grace), so a stalled mirror ends
+	// as a clean error before the budget would have to cut the libvirt
+	// link. Zero: 1m, or TransferBudget/4 when that is shorter. Must be <
+	// TransferBudget.
 	HTTPGrace time.Duration
 	// HTTPClient fetches images. Zero: a client with no overall timeout
 	// (the deadline comes from the budget).

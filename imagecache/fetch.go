@@ -41,7 +41,11 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err 
 func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, err error) {
 	log := c.log.WithValues("volume", name, "url", img.URL)
 
-	httpCtx, cancelHTTP := context.WithDeadline(ctx, time.Now().Add(c.cfg.TransferBudget-c.cfg.HTTPGrace))
+	httpDeadline, err := c.httpDeadline(ctx)
+	if err != nil {
+		return Base{}, c.classify(ctx, fmt.Errorf("image %q: %w", img.Key, err))
+	}
+	httpCtx, cancelHTTP := context.WithDeadline(ctx, httpDeadline)
 	defer cancelHTTP()
 	req, err := http.NewRequestWithContext(httpCtx, http.MethodGet, img.URL, nil)
 	if err != nil {
@@ -123,6 +127,26 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 		"uploadSeconds", uploaded.Seconds(), "uploadBytesPerSecond", int64(float64(n)/uploaded.Seconds()),
 		"verifySeconds", verified.Seconds(), "verifyBytesPerSecond", int64(float64(n)/verified.Seconds()))
 	return c.published(ctx, img, name, digest)
+}
+
+// httpDeadline is the deadline of the HTTP download: the flight's own
+// deadline (ctx carries the TransferBudget, counted from the start of the
+// flight) minus HTTPGrace, so time spent before the GET — waiting for
+// another writer's claim, removing debris, a first attempt whose stream
+// stalled — comes off the download, never off the grace left for upload,
+// verification and publishing. One clock: the flight's. Without a deadline
+// on ctx (fetch called outside a flight) the budget starts now. When less
+// than HTTPGrace is left, nothing should be downloaded at all.
+func (c *Cache) httpDeadline(ctx context.Context) (time.Time, error) {
+	end, ok := ctx.Deadline()
+	if !ok {
+		end = time.Now().Add(c.cfg.TransferBudget)
+	}
+	d := end.Add(-c.cfg.HTTPGrace)
+	if left := time.Until(end); !d.After(time.Now()) {
+		return time.Time{}, fmt.Errorf("only %s of the transfer budget %s is left, not more than HTTPGrace %s; not downloading (retry)", left.Round(time.Millisecond), c.cfg.TransferBudget, c.cfg.HTTPGrace)
+	}
+	return d, nil
 }
 
 // verifyStored checks that the volume's physical size is n and that the
