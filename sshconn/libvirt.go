@@ -207,6 +207,11 @@ func (l *Libvirt) closedError(op string) error {
 // dead and the error is returned as *Error{Kind: KindUnreachable}; any other
 // error of fn (e.g. a libvirt.Error) is returned unchanged.
 func (l *Libvirt) Do(ctx context.Context, fn func(*libvirt.Libvirt) error) error {
+	if err := ctx.Err(); err != nil {
+		// Never start a call whose caller has already gone: on a loaded
+		// machine its reply could otherwise win the race against ctx.
+		return ctxError(l.pool.cfg.Addr, "libvirt call", err)
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, l.cfg.CallTimeout)

@@ -950,3 +950,23 @@ func TestHostKeyOfAnotherTypeIsMismatch(t *testing.T) {
 		t.Fatalf("pinned ECDSA on a host with ECDSA and ed25519: %v", err)
 	}
 }
+
+// A call whose ctx has already ended is not started: its fast reply must
+// not win against the caller's cancellation on a loaded machine.
+func TestLibvirtDoCancelledBeforeCall(t *testing.T) {
+	f := newFixture(t)
+	lvd := startLibvirtd(t, "h")
+	_, l := newLibvirt(t, f, lvd, nil)
+	if _, err := hostname(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 200 {
+		ran := false
+		err := l.Do(ctx, func(*libvirt.Libvirt) error { ran = true; return nil })
+		if !errors.Is(err, context.Canceled) || ran {
+			t.Fatalf("Do with a cancelled ctx: err %v, fn ran %v", err, ran)
+		}
+	}
+}
