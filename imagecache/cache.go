@@ -453,12 +453,15 @@ func (c *Cache) conflict(img Image, name string, d decision) error {
 func (c *Cache) removeDebris(ctx context.Context, name string, d decision) error {
 	for _, r := range d.Remove {
 		if r == name {
-			users, err := c.usersOf(ctx, []string{name})
+			u, err := c.usersOf(ctx, []string{name})
 			if err != nil {
 				return err
 			}
-			if u := users[name]; len(u) > 0 {
-				return provider.Errorf(provider.Permanent, "base %s has no valid digest marker (%s) but domains %s use it; refusing to replace it: delete those domains or restore the marker", name, d.Reason, strings.Join(u, ", "))
+			if ds := u.users[name]; len(ds) > 0 {
+				return provider.Errorf(provider.Permanent, "base %s has no valid digest marker (%s) but domains %s use it; refusing to replace it: delete those domains or restore the marker", name, d.Reason, strings.Join(ds, ", "))
+			}
+			if err := u.refuseIfUsed(name, "replace"); err != nil {
+				return err
 			}
 		}
 		c.log.Info("removing debris", "volume", r, "reason", d.Reason)

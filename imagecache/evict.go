@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/provider"
-	"libvirt.org/go/libvirtxml"
 )
 
 // maxChain bounds backing-chain walks (a loop in broken metadata must not
@@ -37,12 +35,12 @@ func (c *Cache) Evict(ctx context.Context, img Image) error {
 			if err != nil {
 				return Base{}, err
 			}
-			users, err := c.usersOf(ctx, []string{name})
+			u, err := c.usersOf(ctx, []string{name})
 			if err != nil {
 				return Base{}, err
 			}
-			if u := users[name]; len(u) > 0 {
-				return Base{}, provider.Errorf(provider.Permanent, "base %s is the backing store of domains %s; delete them before evicting it", name, strings.Join(u, ", "))
+			if err := u.refuseIfUsed(name, "evict"); err != nil {
+				return Base{}, err
 			}
 			// Markers first: a base without a marker is never used.
 			for _, n := range names {
@@ -127,7 +125,7 @@ func (c *Cache) List(ctx context.Context) ([]Entry, error) {
 	if len(bases) == 0 {
 		return nil, nil
 	}
-	users, err := c.usersOf(ctx, bases)
+	u, err := c.usersOf(ctx, bases)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +136,7 @@ func (c *Cache) List(ctx context.Context) ([]Entry, error) {
 	out := make([]Entry, 0, len(bases))
 	for _, b := range bases {
 		_, _, f, _ := ParseBaseName(b)
-		e := Entry{Base: Base{Volume: b, Path: paths[b], Format: f}, UsedBy: users[b]}
+		e := Entry{Base: Base{Volume: b, Path: paths[b], Format: f}, UsedBy: u.users[b]}
 		var valid []string
 		for _, n := range names {
 			if isMarkerOf(b, n) {
@@ -176,101 +174,3 @@ func (c *Cache) paths(ctx context.Context, vols []string) (map[string]string, er
 	return out, nil
 }
 
-// usersOf maps each of the given base volumes to the defined domains
-// (running or not) that use it: as a disk source, or anywhere in a disk's
-// backing chain. The chain is followed through the domain XML (live
-// domains list it) and through the backing store that libvirt reports for
-// every volume of the pool (inactive domains do not list it; their qcow2
-// overlays do).
-func (c *Cache) usersOf(ctx context.Context, bases []string) (map[string][]string, error) {
-	out := map[string][]string{}
-	err := c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
-		vols, _, err := l.StoragePoolListAllVolumes(p, 1, 0)
-		if err != nil {
-			return err
-		}
-		basePath := map[string]string{} // path -> base name
-		backing := map[string]string{}  // volume path -> backing path
-		byName := map[string]string{}   // volume name -> path
-		for _, v := range vols {
-			x, err := l.StorageVolGetXMLDesc(v, 0)
-			if err != nil {
-				continue // deleted meanwhile
-			}
-			var sv libvirtxml.StorageVolume
-			if err := sv.Unmarshal(x); err != nil || sv.Target == nil {
-				continue
-			}
-			byName[v.Name] = sv.Target.Path
-			if slices.Contains(bases, v.Name) {
-				basePath[sv.Target.Path] = v.Name
-			}
-			if sv.BackingStore != nil && sv.BackingStore.Path != "" {
-				backing[sv.Target.Path] = sv.BackingStore.Path
-			}
-		}
-		doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
-		if err != nil {
-			return err
-		}
-		for _, dom := range doms {
-			x, err := l.DomainGetXMLDesc(dom, 0)
-			if err != nil {
-				continue // undefined meanwhile
-			}
-			var dd libvirtxml.Domain
-			if err := dd.Unmarshal(x); err != nil || dd.Devices == nil {
-				continue
-			}
-			used := map[string]bool{}
-			for _, disk := range dd.Devices.Disks {
-				var chain []string
-				if src := diskPath(disk.Source, c.cfg.Pool, byName); src != "" {
-					chain = append(chain, src)
-				}
-				for bs, i := disk.BackingStore, 0; bs != nil && i < maxChain; bs, i = bs.BackingStore, i+1 {
-					if s := diskPath(bs.Source, c.cfg.Pool, byName); s != "" {
-						chain = append(chain, s)
-					}
-				}
-				for _, s := range slices.Clone(chain) {
-					for next, i := backing[s], 0; next != "" && i < maxChain; next, i = backing[next], i+1 {
-						chain = append(chain, next)
-					}
-				}
-				for _, s := range chain {
-					if b, ok := basePath[s]; ok {
-						used[b] = true
-					}
-				}
-			}
-			for b := range used {
-				out[b] = append(out[b], dd.Name)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, c.classify(ctx, fmt.Errorf("find domains using bases in pool %s: %w", c.cfg.Pool, err))
-	}
-	for b := range out {
-		slices.Sort(out[b])
-	}
-	return out, nil
-}
-
-// diskPath is the host path of a disk source: a file, a block device, or a
-// volume of our pool.
-func diskPath(s *libvirtxml.DomainDiskSource, pool string, byName map[string]string) string {
-	switch {
-	case s == nil:
-		return ""
-	case s.File != nil:
-		return s.File.File
-	case s.Block != nil:
-		return s.Block.Dev
-	case s.Volume != nil && s.Volume.Pool == pool:
-		return byName[s.Volume.Volume]
-	}
-	return ""
-}

@@ -986,6 +986,10 @@ func TestStackOneGiB(t *testing.T) {
 	var uploadHWM string
 	c := newTestCache(t, lv, entry, env.Pool, func(cfg *Config) {
 		cfg.Logger = testr.NewWithOptions(t, testr.Options{Verbosity: 0})
+		// 2 GiB through SSH (upload + read-back) took over a minute with
+		// both cores busy (make stress): this test is about correctness
+		// and memory, not speed.
+		cfg.TransferBudget, cfg.HTTPGrace = 10*time.Minute, time.Minute
 		cfg.Progress = func(p Progress) {
 			if p.Bytes == img.size {
 				uploadHWM = procStatus("VmHWM")
