@@ -39,6 +39,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -57,7 +58,9 @@ type Image struct {
 	// Key is the image key: same shape as provider.Spec.ImageKey (1–63 of
 	// a–z 0–9 . -, alphanumeric ends, no "--"). Required.
 	Key string
-	// URL is the http(s) URL of the image. Required.
+	// URL is the http(s) URL of the image. Required. It may carry
+	// credentials (userinfo, a signed query): they are sent, but never
+	// printed — errors, logs, spans and String show RedactURL(URL).
 	URL string
 	// SHA256 is the expected lowercase hex sha256 of the image file. Empty:
 	// any digest is accepted and recorded.
@@ -83,7 +86,11 @@ func (img Image) Validate() error {
 	if img.URL == "" {
 		errs = append(errs, &provider.FieldError{Field: "URL", Rule: "is required"})
 	} else if !strings.HasPrefix(img.URL, "http://") && !strings.HasPrefix(img.URL, "https://") {
-		errs = append(errs, &provider.FieldError{Field: "URL", Value: img.URL, Rule: "must be an http:// or https:// URL"})
+		errs = append(errs, &provider.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "must be an http:// or https:// URL"})
+	} else if u, err := url.Parse(img.URL); err != nil {
+		errs = append(errs, &provider.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "must parse as a URL: " + parseProblem(err)})
+	} else if u.Host == "" {
+		errs = append(errs, &provider.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "must name a host"})
 	}
 	if img.SHA256 != "" && !validDigest(img.SHA256) {
 		errs = append(errs, &provider.FieldError{Field: "SHA256", Value: img.SHA256, Rule: "must be 64 lowercase hex digits"})

@@ -25,8 +25,13 @@ import (
 // and has removed any previous base. On any failure the volume is deleted
 // (after the transfer connection is closed) and nothing is published.
 func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err error) {
-	ctx, span := c.tracer.Start(ctx, "imagecache.fetch", spanAttr(name))
-	defer func() { endSpan(span, err) }()
+	ctx, span := c.tracer.Start(ctx, "imagecache.fetch", spanAttr(name), trace.WithAttributes(attribute.String("url", RedactURL(img.URL))))
+	defer func() {
+		// fetchOnce builds its errors from redacted parts; this is the
+		// net for any text that embeds the URL nonetheless.
+		err = redactErr(err, img.URL)
+		endSpan(span, err)
+	}()
 	b, err := c.fetchOnce(ctx, img, name)
 	if errors.Is(err, errStalled) && ctx.Err() == nil {
 		// The stream hung (its connection is discarded and the staged
@@ -39,7 +44,8 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err 
 
 // fetchOnce is one attempt of fetch: GET, upload, verify, publish.
 func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, err error) {
-	log := c.log.WithValues("volume", name, "url", img.URL)
+	u := RedactURL(img.URL) // the only form of the URL ever printed
+	log := c.log.WithValues("volume", name, "url", u)
 
 	httpDeadline, err := c.httpDeadline(ctx)
 	if err != nil {
@@ -49,11 +55,13 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 	defer cancelHTTP()
 	req, err := http.NewRequestWithContext(httpCtx, http.MethodGet, img.URL, nil)
 	if err != nil {
-		return Base{}, provider.Errorf(provider.Permanent, "image %q: bad URL: %w", img.Key, err)
+		return Base{}, provider.Errorf(provider.Permanent, "image %q: bad URL %s: %s", img.Key, u, parseProblem(err))
 	}
 	resp, err := c.cfg.HTTPClient.Do(req)
 	if err != nil {
-		return Base{}, c.classify(ctx, fmt.Errorf("image %q: GET %s: %w", img.Key, img.URL, err))
+		// net/http's *url.Error names the URL (the last one, after
+		// redirects): redacted in place.
+		return Base{}, c.classify(ctx, fmt.Errorf("image %q: GET %s: %w", img.Key, u, redactErr(err, img.URL)))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -61,7 +69,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 		if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests {
 			code = provider.Permanent
 		}
-		return Base{}, provider.Errorf(code, "image %q: GET %s: %s", img.Key, img.URL, resp.Status)
+		return Base{}, provider.Errorf(code, "image %q: GET %s: %s", img.Key, u, serverText(resp.Status, img.URL))
 	}
 	total := resp.ContentLength
 	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("content_length", total))
@@ -105,13 +113,13 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 		return Base{}, err
 	}
 	if n == 0 {
-		return Base{}, provider.Errorf(provider.Transient, "image %q: %s served an empty body", img.Key, img.URL)
+		return Base{}, provider.Errorf(provider.Transient, "image %q: %s served an empty body", img.Key, u)
 	}
 	if total >= 0 && n != total {
 		return Base{}, provider.Errorf(provider.Transient, "image %q: the body ended after %d of the %d bytes announced", img.Key, n, total)
 	}
 	if img.SHA256 != "" && digest != img.SHA256 {
-		return Base{}, provider.Errorf(provider.Permanent, "image %q from %s has sha256 %s but sha256 %s is configured; fix the URL or the configured digest (a new digest needs a new key if a base with the old one is in use)", img.Key, img.URL, digest, img.SHA256)
+		return Base{}, provider.Errorf(provider.Permanent, "image %q from %s has sha256 %s but sha256 %s is configured; fix the URL or the configured digest (a new digest needs a new key if a base with the old one is in use)", img.Key, u, digest, img.SHA256)
 	}
 	uploaded := time.Since(start)
 	if err := c.verifyStored(ctx, name, n, digest); err != nil {
@@ -485,10 +493,17 @@ func (m *meter) report(final bool) {
 
 func endSpan(span trace.Span, err error) {
 	if err != nil {
+		err = redactErr(err, "")
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
+}
+
+// serverText is text a server chose (a status line), fit for an error:
+// redacted, without control characters, bounded.
+func serverText(s, rawURL string) string {
+	return clip(sanitize(redactText(s, rawURL)), 120)
 }
 
 func errString(err error) string {

@@ -3,19 +3,23 @@ package imagecache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/egressproxy/egressproxy/provider"
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
-
-// roundTripFunc is an http.RoundTripper made of a function.
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // deadlineRecorder is a transport that records the deadline of each
 // request's context and fails the request (so fetch stops before libvirt).
@@ -96,4 +100,122 @@ func TestHTTPDeadlineIsFlightDeadlineMinusGrace(t *testing.T) {
 			t.Fatalf("a GET was sent with deadlines %v although the budget cannot hold it", rec.deadlines)
 		}
 	})
+}
+
+// textSink collects every log line (all verbosities), every error text and
+// every recorded span's name, attributes, events and status, for a test to
+// grep for secrets.
+type textSink struct {
+	mu    sync.Mutex
+	lines []string
+	rec   *tracetest.SpanRecorder
+}
+
+func newTextSink(t *testing.T) (*textSink, logr.Logger, trace.TracerProvider) {
+	s := &textSink{rec: tracetest.NewSpanRecorder()}
+	log := funcr.New(func(prefix, args string) {
+		s.mu.Lock()
+		s.lines = append(s.lines, prefix+" "+args)
+		s.mu.Unlock()
+	}, funcr.Options{Verbosity: 99})
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(s.rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return s, log, tp
+}
+
+func (s *textSink) add(text string) {
+	s.mu.Lock()
+	s.lines = append(s.lines, text)
+	s.mu.Unlock()
+}
+
+// texts returns the log lines and errors added, then one text per span.
+func (s *textSink) texts() []string {
+	s.mu.Lock()
+	out := slices.Clone(s.lines)
+	s.mu.Unlock()
+	for _, sp := range s.rec.Ended() {
+		txt := "span " + sp.Name() + " status " + sp.Status().Description
+		for _, a := range sp.Attributes() {
+			txt += fmt.Sprintf(" %s=%s", a.Key, a.Value.String())
+		}
+		for _, ev := range sp.Events() {
+			txt += " event " + ev.Name
+			for _, a := range ev.Attributes {
+				txt += fmt.Sprintf(" %s=%s", a.Key, a.Value.String())
+			}
+		}
+		out = append(out, txt)
+	}
+	return out
+}
+
+// leaks returns the texts containing any of secrets.
+func (s *textSink) leaks(secrets ...string) []string {
+	var bad []string
+	for _, txt := range s.texts() {
+		for _, sec := range secrets {
+			if strings.Contains(txt, sec) {
+				bad = append(bad, txt)
+				break
+			}
+		}
+	}
+	return bad
+}
+
+// GET failures (before libvirt is touched) print no secret of the URL:
+// not the password, not a token in the query, not the signature of a
+// presigned URL the server redirected to, in no error, log line or span.
+func TestFetchGETFailuresHideSecrets(t *testing.T) {
+	const pass, tok, sig = "pAsSw0rd-Secret1", "t0ken-Secret2", "s1gnature-Secret3"
+	mux := http.NewServeMux()
+	mux.HandleFunc("/404", func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
+	mux.HandleFunc("/presign", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/signed?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature="+sig, http.StatusFound)
+	})
+	mux.HandleFunc("/signed", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusForbidden) })
+	mux.HandleFunc("/presign-loop", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/presign-loop?X-Amz-Signature="+sig, http.StatusFound)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	closed := httptest.NewServer(mux)
+	closed.Close() // connection refused: net/http's *url.Error carries the URL
+	withCreds := func(base, path string) string {
+		return strings.Replace(base, "http://", "http://op:"+pass+"@", 1) + path + "?v=1&token=" + tok
+	}
+	for _, tt := range []struct{ name, url string }{
+		{"404", withCreds(srv.URL, "/404")},
+		{"redirect to a presigned URL that is refused", withCreds(srv.URL, "/presign")},
+		{"redirect loop", withCreds(srv.URL, "/presign-loop")},
+		{"connection refused", withCreds(closed.URL, "/x")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sink, log, tp := newTextSink(t)
+			c, err := New(&fakeConn{}, Config{Entry: "e", Pool: "p", Logger: log, TracerProvider: tp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			img := Image{Key: "k", URL: tt.url}
+			_, err = c.fetch(context.Background(), img, c.BaseName(img))
+			if err == nil {
+				t.Fatal("fetch succeeded")
+			}
+			sink.add("error: " + err.Error())
+			sink.add(fmt.Sprintf("error %%+v: %+v", err))
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				sink.add("url.Error: " + ue.URL + " " + ue.Error())
+			}
+			if bad := sink.leaks(pass, tok, sig); len(bad) > 0 {
+				t.Errorf("the secret is printed in:\n%s", strings.Join(bad, "\n"))
+			}
+			if !strings.Contains(err.Error(), "127.0.0.1") {
+				t.Errorf("error %q does not name the host", err)
+			}
+			t.Logf("%v", err)
+		})
+	}
 }
