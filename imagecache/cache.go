@@ -37,7 +37,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"net/http"
 	"net/url"
 	"strings"
@@ -131,6 +130,13 @@ type Config struct {
 	Progress func(Progress)
 	// ProgressInterval is the progress callback and log interval. Zero: 5s.
 	ProgressInterval time.Duration
+	// ClaimTimeout: a claim (see the package doc) whose holder has not
+	// refreshed it for this long is stale and may be taken over; the
+	// holder refreshes it every ClaimTimeout/4 and gives its work up when
+	// it could not refresh for ClaimTimeout/2, so a claim is never taken
+	// over while its holder works. Every cache sharing a pool should use
+	// the same value. Zero: 2m.
+	ClaimTimeout time.Duration
 	// StreamStall is the no-progress timeout of every libvirt stream (the
 	// upload and the read-back): no byte moved for this long, from the
 	// start of the stream or since the last chunk, means the stream hangs.
@@ -179,10 +185,11 @@ type Entry struct {
 }
 
 const (
-	defaultBudget      = 20 * time.Minute
-	defaultGrace       = time.Minute
-	defaultInterval    = 5 * time.Second
-	defaultStreamStall = time.Minute
+	defaultBudget       = 20 * time.Minute
+	defaultGrace        = time.Minute
+	defaultInterval     = 5 * time.Second
+	defaultStreamStall  = time.Minute
+	defaultClaimTimeout = 2 * time.Minute
 	// cleanupTimeout bounds deleting a failed volume or releasing a claim
 	// after the operation's own context ended.
 	cleanupTimeout = 30 * time.Second
@@ -203,9 +210,14 @@ type Cache struct {
 	mu      sync.Mutex
 	closed  bool
 	flights map[string]*flight
-	wg      sync.WaitGroup
-	stop    context.Context // canceled by Close
-	cancel  context.CancelFunc
+	// instance prefixes the token of every claim this cache takes; live
+	// holds the tokens of the claims it holds now. A claim of ours that is
+	// not live is an orphan (its cleanup failed) and is reclaimed at once.
+	instance string
+	live     map[string]bool
+	wg       sync.WaitGroup
+	stop     context.Context // canceled by Close
+	cancel   context.CancelFunc
 }
 
 type flight struct {
@@ -232,8 +244,8 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 	if cfg.Pool == "" {
 		errs = append(errs, &provider.FieldError{Field: "Pool", Rule: "is required"})
 	}
-	if cfg.TransferBudget < 0 || cfg.HTTPGrace < 0 || cfg.ProgressInterval < 0 || cfg.StreamStall < 0 {
-		errs = append(errs, &provider.FieldError{Field: "TransferBudget/HTTPGrace/ProgressInterval/StreamStall", Rule: "must not be negative"})
+	if cfg.TransferBudget < 0 || cfg.HTTPGrace < 0 || cfg.ProgressInterval < 0 || cfg.StreamStall < 0 || cfg.ClaimTimeout < 0 {
+		errs = append(errs, &provider.FieldError{Field: "TransferBudget/HTTPGrace/ProgressInterval/StreamStall/ClaimTimeout", Rule: "must not be negative"})
 	}
 	if cfg.TransferBudget == 0 {
 		cfg.TransferBudget = defaultBudget
@@ -249,6 +261,9 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 	}
 	if cfg.StreamStall == 0 {
 		cfg.StreamStall = defaultStreamStall
+	}
+	if cfg.ClaimTimeout == 0 {
+		cfg.ClaimTimeout = defaultClaimTimeout
 	}
 	if cfg.ProgressInterval == 0 {
 		cfg.ProgressInterval = defaultInterval
@@ -266,13 +281,15 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 	}
 	stop, cancel := context.WithCancel(context.Background())
 	return &Cache{
-		conn:    conn,
-		cfg:     cfg,
-		log:     log.WithValues("entry", cfg.Entry, "pool", cfg.Pool),
-		tracer:  tp.Tracer("github.com/egressproxy/egressproxy/imagecache"),
-		flights: map[string]*flight{},
-		stop:    stop,
-		cancel:  cancel,
+		conn:     conn,
+		cfg:      cfg,
+		log:      log.WithValues("entry", cfg.Entry, "pool", cfg.Pool),
+		tracer:   tp.Tracer("github.com/egressproxy/egressproxy/imagecache"),
+		flights:  map[string]*flight{},
+		instance: randHex(instanceBytes),
+		live:     map[string]bool{},
+		stop:     stop,
+		cancel:   cancel,
 	}, nil
 }
 
@@ -378,7 +395,7 @@ func (c *Cache) ensure(ctx context.Context, img Image, name string) (Base, error
 			continue
 		}
 		// actAcquire: take a claim and decide again.
-		b, retry, err := c.underClaim(ctx, name, func(d decision, claim string) (Base, error) {
+		b, retry, err := c.underClaim(ctx, name, func(ctx context.Context, d decision) (Base, error) {
 			switch d.Action {
 			case actHit:
 				return c.published(ctx, img, name, d.Digest)
@@ -398,42 +415,14 @@ func (c *Cache) ensure(ctx context.Context, img Image, name string) (Base, error
 	}
 }
 
-// underClaim creates a claim for base name, decides again with it held and,
-// unless another writer also holds one, runs fn. retry is true when the
-// caller should look again (backed off). The claim is released afterwards.
-func (c *Cache) underClaim(ctx context.Context, name string, fn func(decision, string) (Base, error)) (b Base, retry bool, err error) {
-	claim := claimName(name, time.Now(), randHex(8))
-	if err := c.createEmpty(ctx, claim); err != nil {
-		return Base{}, false, c.classify(ctx, fmt.Errorf("create claim %s: %w", claim, err))
-	}
-	defer c.deleteQuiet(ctx, claim)
-	d, err := c.look(ctx, Image{}, name, claim)
-	if err != nil {
-		return Base{}, false, err
-	}
-	if d.Action == actBackOff {
-		c.log.V(1).Info("another writer claimed the base too; backing off", "volume", name, "claims", d.Others)
-		c.deleteQuiet(ctx, claim)
-		if err := sleep(ctx, pollInterval/2+time.Duration(mrand.Int64N(int64(pollInterval)))); err != nil {
-			return Base{}, false, provider.Errorf(provider.Transient, "base %s: contended by %s: %w", name, strings.Join(d.Others, ", "), err)
-		}
-		return Base{}, true, nil
-	}
-	if d.Action != actFetch && d.Action != actHit && d.Action != actMismatch && d.Action != actAmbiguous {
-		return Base{}, true, nil
-	}
-	b, err = fn(d, claim)
-	return b, false, err
-}
-
 // look lists the pool and decides. want comes from img (empty for a
-// zero Image).
-func (c *Cache) look(ctx context.Context, img Image, name, own string) (decision, error) {
+// zero Image); ownToken is the token of the claim we hold ("" for none).
+func (c *Cache) look(ctx context.Context, img Image, name, ownToken string) (decision, error) {
 	names, err := c.listNames(ctx)
 	if err != nil {
 		return decision{}, err
 	}
-	d := decide(snapshot{Names: names, Base: name, Want: img.SHA256, Own: own, Now: time.Now(), StaleAfter: c.staleAfter()})
+	d := decide(c.snapshot(names, name, img.SHA256, ownToken))
 	if d.Action != actFetch {
 		for _, r := range d.Remove {
 			c.log.V(1).Info("removing stale volume", "volume", r)

@@ -30,7 +30,7 @@ func (c *Cache) Evict(ctx context.Context, img Image) error {
 	}
 	name := c.BaseName(img)
 	for {
-		_, retry, err := c.underClaim(ctx, name, func(_ decision, claim string) (Base, error) {
+		_, retry, err := c.underClaim(ctx, name, func(ctx context.Context, _ decision) (Base, error) {
 			names, err := c.listNames(ctx)
 			if err != nil {
 				return Base{}, err

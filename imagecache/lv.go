@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/provider"
@@ -143,12 +144,30 @@ func (c *Cache) deleteVolume(ctx context.Context, name string) error {
 	return c.classify(ctx, fmt.Errorf("delete volume %s: %w", name, err))
 }
 
+// cleanupRetryFor bounds how long deleteQuiet retries (a libvirtd restart
+// takes well under a second); a claim still left after that is found by
+// this cache as its own orphan, or by others as stale after ClaimTimeout.
+var cleanupRetryFor = 5 * time.Second
+
 // deleteQuiet deletes a volume with a fresh bounded context (ctx may have
-// ended) and only logs a failure.
+// ended), retrying any failure with backoff for cleanupRetryFor (each retry
+// runs on a fresh session when the last one died, e.g. libvirtd restarted
+// or briefly gone), and only logs a failure.
 func (c *Cache) deleteQuiet(ctx context.Context, name string) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	if err := c.deleteVolume(cctx, name); err != nil {
-		c.log.Error(err, "could not delete volume; it will be found again as debris", "volume", name)
+	wait := 250 * time.Millisecond
+	until := time.Now().Add(cleanupRetryFor)
+	for {
+		err := c.deleteVolume(cctx, name)
+		if err == nil {
+			return
+		}
+		if time.Now().Add(wait).After(until) || sleep(cctx, wait) != nil {
+			c.log.Error(err, "could not delete volume; it will be found again as debris", "volume", name)
+			return
+		}
+		c.log.V(1).Info("deleting a volume failed; retrying", "volume", name, "err", err.Error())
+		wait = min(2*wait, 4*time.Second)
 	}
 }

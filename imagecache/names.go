@@ -143,32 +143,38 @@ func ParseMarkerName(name string) (base, digest string, ok bool) {
 }
 
 // parseClaimName returns the base name a claim belongs to and the time it
-// was taken.
+// was taken (or last refreshed).
 func parseClaimName(name string) (base string, at time.Time, ok bool) {
+	base, at, _, ok = parseClaim(name)
+	return base, at, ok
+}
+
+// parseClaim is parseClaimName with the claim's token.
+func parseClaim(name string) (base string, at time.Time, token string, ok bool) {
 	rest, found := strings.CutPrefix(name, claimPrefix)
 	if !found {
-		return "", time.Time{}, false
+		return "", time.Time{}, "", false
 	}
 	d2 := strings.LastIndexByte(rest, '.')
 	if d2 < 0 {
-		return "", time.Time{}, false
+		return "", time.Time{}, "", false
 	}
 	rnd := rest[d2+1:]
 	d1 := strings.LastIndexByte(rest[:d2], '.')
 	if d1 < 0 || rnd == "" || !isHex(rnd) {
-		return "", time.Time{}, false
+		return "", time.Time{}, "", false
 	}
 	digits := rest[d1+1 : d2]
 	ns, err := strconv.ParseInt(digits, 10, 64)
 	// Only the canonical form claimName writes: no sign, no leading zeros.
 	if err != nil || ns < 0 || strconv.FormatInt(ns, 10) != digits {
-		return "", time.Time{}, false
+		return "", time.Time{}, "", false
 	}
 	base = basePrefix + rest[:d1]
 	if _, _, _, ok := ParseBaseName(base); !ok {
-		return "", time.Time{}, false
+		return "", time.Time{}, "", false
 	}
-	return base, time.Unix(0, ns), true
+	return base, time.Unix(0, ns), rnd, true
 }
 
 func validDigest(d string) bool { return len(d) == digestHexLen && isHex(d) }

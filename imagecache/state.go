@@ -1,9 +1,17 @@
 package imagecache
 
 import (
+	"maps"
 	"slices"
+	"strings"
 	"time"
 )
+
+// claimAt is one claim volume and its time.
+type claimAt struct {
+	name string
+	at   time.Time
+}
 
 // action is what the cache does next for one base, decided from one
 // snapshot of the pool's volume names.
@@ -61,7 +69,13 @@ type snapshot struct {
 	Want       string        // configured sha256, "" when none
 	Own        string        // our claim volume name, "" when we hold none
 	Now        time.Time     // our clock
-	StaleAfter time.Duration // a claim older than this is debris
+	StaleAfter time.Duration // a claim that is not refreshed and older than this is debris
+
+	// Refreshed claims (a token of tokenLen hex digits, see claim.go).
+	OwnToken       string          // token of the claim we hold, "" for none: every claim with it is ours
+	HeartbeatStale time.Duration   // a refreshed claim whose newest volume is older than this is debris (0: StaleAfter)
+	Instance       string          // our cache instance: a claim with this prefix...
+	Live           map[string]bool // ...whose token is not live here is our own orphan: debris at once
 }
 
 // decide is the cache-state decision table. It is pure.
@@ -84,6 +98,7 @@ func decide(s snapshot) decision {
 		markers         []string // every marker volume of this base
 		invalidMarkers  []string
 		others, staleCl []string
+		refreshed       = map[string][]claimAt{} // token -> its volumes
 	)
 	for _, n := range s.Names {
 		switch {
@@ -99,8 +114,16 @@ func decide(s snapshot) decision {
 				invalidMarkers = append(invalidMarkers, n)
 			}
 		default:
-			b, at, ok := parseClaimName(n)
-			if !ok || b != s.Base || n == s.Own {
+			b, at, tok, ok := parseClaim(n)
+			if !ok || b != s.Base || n == s.Own || (s.OwnToken != "" && tok == s.OwnToken) {
+				continue
+			}
+			if heartbeatToken(tok) {
+				if s.Instance != "" && strings.HasPrefix(tok, s.Instance) && !s.Live[tok] {
+					staleCl = append(staleCl, n) // ours, and we no longer hold it
+					continue
+				}
+				refreshed[tok] = append(refreshed[tok], claimAt{n, at})
 				continue
 			}
 			if age := s.Now.Sub(at); age > s.StaleAfter || age < -s.StaleAfter {
@@ -110,6 +133,29 @@ func decide(s snapshot) decision {
 			}
 		}
 	}
+	// A refreshed claim is as fresh as its newest volume (its holder
+	// creates the next one before it deletes the last).
+	hbStale := s.HeartbeatStale
+	if hbStale <= 0 {
+		hbStale = s.StaleAfter
+	}
+	for _, tok := range slices.Sorted(maps.Keys(refreshed)) {
+		vols := refreshed[tok]
+		newest := vols[0]
+		for _, v := range vols[1:] {
+			if v.at.After(newest.at) {
+				newest = v
+			}
+		}
+		if age := s.Now.Sub(newest.at); age > hbStale || age < -hbStale {
+			for _, v := range vols {
+				staleCl = append(staleCl, v.name)
+			}
+		} else {
+			others = append(others, newest.name)
+		}
+	}
+	holding := s.Own != "" || s.OwnToken != ""
 	slices.Sort(valid)
 	d := decision{Remove: staleCl, Others: others}
 	var debris []string
@@ -143,9 +189,9 @@ func decide(s snapshot) decision {
 		debris = append(debris, markers...)
 	}
 	switch {
-	case s.Own == "" && len(others) > 0:
+	case !holding && len(others) > 0:
 		d.Action = actWait
-	case s.Own == "":
+	case !holding:
 		d.Action = actAcquire
 	case len(others) > 0:
 		d.Action = actBackOff

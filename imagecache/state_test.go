@@ -135,3 +135,59 @@ func TestPropertyDecide(t *testing.T) {
 		}
 	})
 }
+
+// Refreshed claims (tokens of tokenLen hex digits): fresh while their
+// newest volume is younger than HeartbeatStale, whatever the transfer
+// budget; our own instance's claims that are not live are orphans, debris
+// at once; claims of writers that do not refresh keep the budget rule.
+func TestDecideRefreshedClaims(t *testing.T) {
+	const hb = 2 * time.Minute
+	base := BaseName("e1", "deb", "qcow2")
+	me := strings.Repeat("a", 2*instanceBytes)
+	them := strings.Repeat("b", 2*instanceBytes)
+	tokMine := me + strings.Repeat("1", 2*claimBytes)
+	tokMyOther := me + strings.Repeat("2", 2*claimBytes)
+	tokTheirs := them + strings.Repeat("3", 2*claimBytes)
+	mine := claimName(base, t0, tokMine)
+	mineOlder := claimName(base, t0.Add(-time.Minute), tokMine)
+	theirsFresh := claimName(base, t0.Add(-time.Minute), tokTheirs)
+	theirsPrev := claimName(base, t0.Add(-hb-time.Minute), tokTheirs)
+	theirsDead := claimName(base, t0.Add(-hb-time.Second), tokTheirs)
+	theirsDead2 := claimName(base, t0.Add(-hb-time.Hour), tokTheirs)
+	myOrphan := claimName(base, t0, tokMyOther)
+	legacy := claimName(base, t0.Add(-hb-time.Minute), "0f0f")
+	for _, tt := range []struct {
+		name  string
+		names []string
+		own   string
+		live  []string
+		out   decision
+	}{
+		{"crashed writer's claim is taken over after HeartbeatStale", []string{theirsDead, theirsDead2}, "", nil,
+			decision{Action: actAcquire, Reason: "no base", Remove: []string{theirsDead, theirsDead2}}},
+		{"a refreshing writer is waited for (its newest volume counts, once)", []string{theirsPrev, theirsFresh}, "", nil,
+			decision{Action: actWait, Reason: "no base", Others: []string{theirsFresh}}},
+		{"a writer that does not refresh keeps the budget rule", []string{legacy}, "", nil,
+			decision{Action: actWait, Reason: "no base", Others: []string{legacy}}},
+		{"our own orphan is reclaimed at once", []string{myOrphan}, "", nil,
+			decision{Action: actAcquire, Reason: "no base", Remove: []string{myOrphan}}},
+		{"our own live claim (another call of this cache) is respected", []string{myOrphan}, "", []string{tokMyOther},
+			decision{Action: actWait, Reason: "no base", Others: []string{myOrphan}}},
+		{"every volume of our token is ours (refresh in progress)", []string{mine, mineOlder}, tokMine, []string{tokMine},
+			decision{Action: actFetch, Reason: "no base"}},
+		{"held, and a crashed writer's claim is debris", []string{mine, theirsDead}, tokMine, []string{tokMine},
+			decision{Action: actFetch, Reason: "no base", Remove: []string{theirsDead}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			live := map[string]bool{}
+			for _, l := range tt.live {
+				live[l] = true
+			}
+			got := decide(snapshot{Names: tt.names, Base: base, OwnToken: tt.own, Now: t0, StaleAfter: stale,
+				HeartbeatStale: hb, Instance: me, Live: live})
+			if diff := cmp.Diff(tt.out, got, cmpopts.EquateEmpty()); diff != "" {
+				t.Fatalf("decide mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
