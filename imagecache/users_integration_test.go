@@ -68,11 +68,7 @@ func TestStackEvictAcrossPoolsAndFiles(t *testing.T) {
 	srv := newImageServer(t, serveFile(img))
 	c := newTestCache(t, lv, entry, env.Pool, nil)
 	// A second pool in a directory of its own (transient: gone at cleanup).
-	otherDir, err := os.MkdirTemp("", "ic-pool-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(otherDir) })
+	otherDir := t.TempDir()
 	otherPool := "ic-other-" + entry
 	px, _ := (&libvirtxml.StoragePool{Type: "dir", Name: otherPool, Target: &libvirtxml.StoragePoolTarget{Path: otherDir}}).Marshal()
 	if err := lv.Do(ctxT(t, 30*time.Second), func(l *libvirt.Libvirt) error {
