@@ -152,13 +152,19 @@ stress-in-netns:
 	$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	exit $$rc
 
-# stress-run (internal) the stress step against the stack in the environment.
+# stress-run (internal) the stress step against the stack in the environment:
+# STRESS_COUNT runs, one go test process each (so every run is a fresh
+# process and a line per run says how it went), all under scripts/cpuburn.
 stress-run:
-	@echo "+ scripts/cpuburn -- $(GO) test -race -p 1 -tags integration -count=$(STRESS_COUNT) -timeout $(STRESS_TIMEOUT) $(STRESS_PKGS)"; \
-	t0=$$SECONDS; rc=0; \
-	scripts/cpuburn -- $(GO) test -race -p 1 -tags integration -count=$(STRESS_COUNT) -timeout $(STRESS_TIMEOUT) $(STRESS_PKGS) || rc=$$?; \
-	echo "stress: $(STRESS_COUNT) runs of $(STRESS_PKGS) under CPU load in $$((SECONDS - t0))s, exit $$rc"; \
-	exit $$rc
+	@echo "+ scripts/cpuburn -- $(STRESS_COUNT) x $(GO) test -race -p 1 -tags integration -count=1 -timeout $(STRESS_TIMEOUT) $(STRESS_PKGS)"; \
+	scripts/cpuburn -- bash -c 't0=$$SECONDS; failed=0; \
+		for i in $$(seq 1 $(STRESS_COUNT)); do \
+			t1=$$SECONDS; \
+			if $(GO) test -race -p 1 -tags integration -count=1 -timeout $(STRESS_TIMEOUT) $(STRESS_PKGS); then r=ok; else r=FAILED; failed=$$((failed + 1)); fi; \
+			echo "stress: run $$i/$(STRESS_COUNT) $$r in $$((SECONDS - t1))s"; \
+		done; \
+		echo "stress: $(STRESS_COUNT) runs of $(STRESS_PKGS) under CPU load in $$((SECONDS - t0))s, $$failed failed"; \
+		[ $$failed -eq 0 ]'
 
 fuzz-short:
 	@set -e; for t in $(FUZZ_TARGETS); do \
