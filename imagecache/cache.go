@@ -64,7 +64,10 @@ type Image struct {
 	// SHA256 is the expected lowercase hex sha256 of the image file. Empty:
 	// any digest is accepted and recorded.
 	SHA256 string
-	// Format is "qcow2" (zero value) or "raw".
+	// Format is "qcow2" (zero value) or "raw". A qcow2 image must start
+	// with the qcow2 magic ("QFI\xfb"): any other body (an error or
+	// sign-in page served with 200, say) is refused, Permanent, before
+	// anything is created in the pool. A raw image may hold any bytes.
 	Format string
 }
 

@@ -1,14 +1,20 @@
 package imagecache
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash"
 	"io"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,7 +67,11 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 	if err != nil {
 		// net/http's *url.Error names the URL (the last one, after
 		// redirects): redacted in place.
-		return Base{}, c.classify(ctx, fmt.Errorf("image %q: GET %s: %w", img.Key, u, redactErr(err, img.URL)))
+		err = fmt.Errorf("image %q: GET %s: %w", img.Key, u, redactErr(err, img.URL))
+		if why, ok := permanentGET(err); ok && ctx.Err() == nil {
+			return Base{}, provider.WithCode(provider.Permanent, fmt.Errorf("%w: %s", err, why))
+		}
+		return Base{}, c.classify(ctx, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -74,13 +84,25 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 	total := resp.ContentLength
 	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("content_length", total))
 
-	avail, err := c.poolAvailable(ctx)
+	// An announced size the pool cannot hold is refused before waiting for
+	// the body's first bytes; then the first bytes are checked, and only
+	// then is anything created in the pool.
+	var avail uint64
+	if total > 0 {
+		if avail, err = c.poolAvailable(ctx); err != nil {
+			return Base{}, err
+		}
+		if uint64(total) > avail {
+			return Base{}, provider.Errorf(provider.Transient, "image %q is %d bytes but pool %s has only %d bytes free; free space in the pool and retry", img.Key, total, c.cfg.Pool, avail)
+		}
+	}
+	body, err := c.sniff(ctx, img, resp, u)
 	if err != nil {
 		return Base{}, err
 	}
-	if total > 0 {
-		if uint64(total) > avail {
-			return Base{}, provider.Errorf(provider.Transient, "image %q is %d bytes but pool %s has only %d bytes free; free space in the pool and retry", img.Key, total, c.cfg.Pool, avail)
+	if total <= 0 {
+		if avail, err = c.poolAvailable(ctx); err != nil {
+			return Base{}, err
 		}
 	}
 
@@ -107,7 +129,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 
 	log.Info("fetching image", "bytes", total)
 	start := time.Now()
-	n, digest, err := c.upload(ctx, name, resp.Body, total, avail)
+	n, digest, err := c.upload(ctx, name, body, total, avail)
 	_ = resp.Body.Close()
 	if err != nil {
 		return Base{}, err
@@ -135,6 +157,86 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 		"uploadSeconds", uploaded.Seconds(), "uploadBytesPerSecond", int64(float64(n)/uploaded.Seconds()),
 		"verifySeconds", verified.Seconds(), "verifyBytesPerSecond", int64(float64(n)/verified.Seconds()))
 	return c.published(ctx, img, name, digest)
+}
+
+// permanentGET reports why a failed GET cannot succeed when retried: the
+// server's TLS certificate is not trusted (unknown authority, another host
+// name, expired or otherwise invalid), the redirects loop (net/http gives
+// up after 10), or a redirect leads to a scheme net/http does not speak.
+func permanentGET(err error) (string, bool) {
+	var cv *tls.CertificateVerificationError
+	var ua x509.UnknownAuthorityError
+	var hn x509.HostnameError
+	var ci x509.CertificateInvalidError
+	var ue *url.Error
+	switch {
+	case errors.As(err, &cv), errors.As(err, &ua), errors.As(err, &hn), errors.As(err, &ci):
+		return "the server's TLS certificate is not trusted; fix the server's certificate or give Config.HTTPClient a transport that trusts its CA", true
+	case errors.As(err, &ue) && ue.Err != nil:
+		msg := ue.Err.Error()
+		if strings.HasPrefix(msg, "stopped after ") && strings.HasSuffix(msg, " redirects") {
+			return "the server redirects in a loop; fix the URL or the server", true
+		}
+		if strings.HasPrefix(msg, "unsupported protocol scheme") {
+			return "a redirect leads to a URL that is not http(s); fix the URL or the server", true
+		}
+	}
+	return "", false
+}
+
+const (
+	// sniffLen is how many first bytes of the body are checked against
+	// the image's format before anything is created in the pool (and
+	// shown, escaped, when they do not match).
+	sniffLen = 32
+	// qcow2Magic starts every qcow2 image.
+	qcow2Magic = "QFI\xfb"
+)
+
+// sniff checks the first bytes of the body against img's format before
+// anything is created in the pool, so that an error or sign-in page served
+// with 200 is never uploaded, let alone published: a qcow2 must start with
+// the qcow2 magic; a raw image (declared Format "raw") may hold anything.
+// A mismatch is Permanent, naming the image, the format and what the body
+// starts with. It returns the body to upload, the bytes looked at
+// included; what is stored is still proven by the read-back digest.
+func (c *Cache) sniff(ctx context.Context, img Image, resp *http.Response, u string) (io.ReadCloser, error) {
+	br := bufio.NewReaderSize(resp.Body, 64<<10)
+	head, err := br.Peek(sniffLen)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, c.classify(ctx, fmt.Errorf("image %q: GET %s: reading the first bytes: %w", img.Key, u, redactErr(err, img.URL)))
+	}
+	if len(head) == 0 {
+		return nil, provider.Errorf(provider.Transient, "image %q: %s served an empty body", img.Key, u)
+	}
+	if img.format() == FormatQCOW2 && !bytes.HasPrefix(head, []byte(qcow2Magic)) {
+		ct := "none"
+		if v := resp.Header.Get("Content-Type"); v != "" {
+			ct = fmt.Sprintf("%q", serverText(v, img.URL))
+		}
+		return nil, provider.Errorf(provider.Permanent,
+			"image %q from %s is not a qcow2 image: the body starts with %s (Content-Type %s), a qcow2 image with %q; fix the URL (an error or sign-in page?) or, for a raw disk image, declare Format \"raw\"",
+			img.Key, u, showBytes(head, img.URL), ct, qcow2Magic)
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{br, resp.Body}, nil
+}
+
+// showBytes prints the first bytes of a body for an error: quoted (valid
+// UTF-8, every control or invalid byte escaped), the secrets of rawURL
+// removed, "…" after them when the body goes on.
+func showBytes(head []byte, rawURL string) string {
+	s := string(head)
+	for _, sec := range secretsOf(rawURL) {
+		s = strings.ReplaceAll(s, sec, redactedMark)
+	}
+	q := fmt.Sprintf("%q", s)
+	if len(head) >= sniffLen {
+		q += "…"
+	}
+	return q
 }
 
 // httpDeadline is the deadline of the HTTP download: the flight's own

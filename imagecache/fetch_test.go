@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log"
+	mrand "math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -12,6 +16,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/go-logr/logr"
@@ -217,5 +222,99 @@ func TestFetchGETFailuresHideSecrets(t *testing.T) {
 			}
 			t.Logf("%v", err)
 		})
+	}
+}
+
+// Failures a retry cannot mend are Permanent, and an image whose first
+// bytes are not of its format is refused before anything touches libvirt
+// (fakeConn counts the calls; the bodies have no Content-Length, so no
+// free-space query comes first): an untrusted certificate, a redirect
+// loop, an HTML page served with 200 for a qcow2, random bytes for a
+// qcow2, a body too short to be one. Raw accepts any bytes.
+func TestGETAndContentChecks(t *testing.T) {
+	mux := http.NewServeMux()
+	chunked := func(h http.HandlerFunc) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			h(w, r)
+		}
+	}
+	mux.HandleFunc("/loop", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/loop", http.StatusFound) })
+	mux.HandleFunc("/html", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		chunked(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, "<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body>\x00\xff"+strings.Repeat("x", 1<<20)+"</body></html>")
+		})(w, r)
+	})
+	mux.HandleFunc("/short", chunked(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "QF") }))
+	mux.HandleFunc("/random", chunked(func(w http.ResponseWriter, r *http.Request) { _, _ = io.CopyN(w, mrand.NewChaCha8([32]byte{9}), 1<<20) }))
+	mux.HandleFunc("/qcow2", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "QFI\xfb\x00\x00\x00\x03"+strings.Repeat("\x00", 1000)) })
+	plain := httptest.NewServer(mux)
+	t.Cleanup(plain.Close)
+	tlsSrv := httptest.NewUnstartedServer(mux)
+	tlsSrv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
+	tlsSrv.StartTLS()
+	t.Cleanup(tlsSrv.Close)
+	_, port, _ := net.SplitHostPort(tlsSrv.Listener.Addr().String())
+
+	for _, tt := range []struct {
+		name   string
+		url    string
+		format string
+		client *http.Client // nil: a default client
+		want   provider.ErrorCode
+		msg    []string
+		// libvirt: whether the fetch may get as far as libvirt
+		libvirt bool
+	}{
+		{name: "TLS certificate of an unknown authority", url: tlsSrv.URL + "/qcow2", want: provider.Permanent, msg: []string{"certificate"}},
+		{name: "TLS certificate for another host name", url: "https://localhost:" + port + "/qcow2", client: tlsSrv.Client(), want: provider.Permanent, msg: []string{"certificate"}},
+		{name: "redirect loop", url: plain.URL + "/loop", want: provider.Permanent, msg: []string{"redirect"}},
+		{name: "HTML page for a qcow2", url: plain.URL + "/html", want: provider.Permanent, msg: []string{`image "k"`, "qcow2", `<!DOCTYPE html>\n<html>`, "text/html"}},
+		{name: "random bytes for a qcow2", url: plain.URL + "/random", want: provider.Permanent, msg: []string{`image "k"`, "qcow2"}},
+		{name: "two bytes for a qcow2", url: plain.URL + "/short", want: provider.Permanent, msg: []string{`image "k"`, "qcow2", `"QF"`}},
+		{name: "qcow2 magic", url: plain.URL + "/qcow2", libvirt: true},
+		{name: "HTML page declared raw", url: plain.URL + "/html", format: "raw", libvirt: true},
+		{name: "random bytes declared raw", url: plain.URL + "/random", format: "raw", libvirt: true},
+		{name: "TLS trusted", url: tlsSrv.URL + "/qcow2", client: tlsSrv.Client(), libvirt: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &fakeConn{err: errors.New("libvirt reached")}
+			cfg := Config{Entry: "e", Pool: "p", HTTPClient: tt.client}
+			c, err := New(f, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			img := Image{Key: "k", URL: tt.url, Format: tt.format}
+			_, err = c.fetch(context.Background(), img, c.BaseName(img))
+			t.Logf("%v", err)
+			if tt.libvirt {
+				if f.calls.Load() == 0 || !strings.Contains(errString(err), "libvirt reached") {
+					t.Fatalf("fetch = %v after %d libvirt calls; want it to pass the checks and reach libvirt", err, f.calls.Load())
+				}
+				return
+			}
+			if f.calls.Load() != 0 {
+				t.Errorf("%d libvirt calls for a body that is refused", f.calls.Load())
+			}
+			wantCodeT(t, err, tt.want)
+			for _, m := range tt.msg {
+				if !strings.Contains(err.Error(), m) {
+					t.Errorf("error %q does not mention %q", err, m)
+				}
+			}
+			if !utf8.ValidString(err.Error()) || len(err.Error()) > 1000 {
+				t.Errorf("error is not valid UTF-8 or too long (%d bytes)", len(err.Error()))
+			}
+		})
+	}
+}
+
+func wantCodeT(t *testing.T, err error, code provider.ErrorCode) {
+	t.Helper()
+	if got := provider.Code(err); got != code {
+		t.Fatalf("error class = %v, want %v; err = %v", got, code, err)
 	}
 }
