@@ -46,6 +46,9 @@ type instanceMeta struct {
 	Entry   string
 	Owner   string
 	Port    int
+	// SpecDigest is provider.Spec.Digest of the spec the domain was
+	// created from; empty for domains created before it was recorded.
+	SpecDigest string
 }
 
 // metaXML is the decoded form of the metadata element.
@@ -56,6 +59,9 @@ type metaXML struct {
 	Entry   string   `xml:"https://egressproxy.dev/xmlns/instance/v1 entry"`
 	Owner   string   `xml:"https://egressproxy.dev/xmlns/instance/v1 owner"`
 	Port    string   `xml:"https://egressproxy.dev/xmlns/instance/v1 port"`
+	// SpecDigest is optional: domains created before it was recorded lack
+	// it, and older readers ignore it.
+	SpecDigest string `xml:"https://egressproxy.dev/xmlns/instance/v1 spec-digest"`
 }
 
 // checkXMLText returns an error naming field when s cannot be carried by XML
@@ -87,9 +93,15 @@ func isXMLChar(r rune) bool {
 //	  <egressproxy:uid>…</egressproxy:uid> <egressproxy:created>RFC 3339</egressproxy:created>
 //	  <egressproxy:entry>…</egressproxy:entry> <egressproxy:owner>…</egressproxy:owner>
 //	  <egressproxy:port>3128</egressproxy:port>
+//	  <egressproxy:spec-digest>sha256:…</egressproxy:spec-digest>
 //	</egressproxy:instance>
+//
+// spec-digest is written only when m.SpecDigest is set.
 func marshalMetadata(m instanceMeta) (string, error) {
 	if err := checkXMLText("UID", m.UID); err != nil {
+		return "", provider.WithCode(provider.Permanent, err)
+	}
+	if err := checkXMLText("SpecDigest", m.SpecDigest); err != nil {
 		return "", provider.WithCode(provider.Permanent, err)
 	}
 	var buf bytes.Buffer
@@ -100,13 +112,17 @@ func marshalMetadata(m instanceMeta) (string, error) {
 		Attr: []xml.Attr{{Name: xml.Name{Local: "xmlns:" + metadataPrefix}, Value: MetadataNamespace}},
 	}
 	toks := []xml.Token{root}
-	for _, kv := range [][2]string{
+	fields := [][2]string{
 		{"uid", m.UID},
 		{"created", m.Created.UTC().Format(time.RFC3339Nano)},
 		{"entry", m.Entry},
 		{"owner", m.Owner},
 		{"port", strconv.Itoa(m.Port)},
-	} {
+	}
+	if m.SpecDigest != "" {
+		fields = append(fields, [2]string{"spec-digest", m.SpecDigest})
+	}
+	for _, kv := range fields {
 		toks = append(toks, xml.StartElement{Name: el(kv[0])}, xml.CharData(kv[1]), xml.EndElement{Name: el(kv[0])})
 	}
 	toks = append(toks, root.End())
@@ -253,7 +269,7 @@ func decodeMetadata(dec *xml.Decoder, se *xml.StartElement) (instanceMeta, error
 	if err := dec.DecodeElement(&mx, se); err != nil {
 		return instanceMeta{}, fmt.Errorf("parse domain metadata: %w", err)
 	}
-	m := instanceMeta{UID: mx.UID, Entry: mx.Entry, Owner: mx.Owner}
+	m := instanceMeta{UID: mx.UID, Entry: mx.Entry, Owner: mx.Owner, SpecDigest: strings.TrimSpace(mx.SpecDigest)}
 	if m.UID == "" || m.Entry == "" || m.Owner == "" {
 		return instanceMeta{}, fmt.Errorf("parse domain metadata: uid, entry and owner are required")
 	}

@@ -23,11 +23,12 @@ func testParams() domainParams {
 		Seed:      seedVolume(domainName("lab-1", "proxy-a")),
 		Network:   "default",
 		Meta: instanceMeta{
-			UID:     "6f1c2a4e-uid",
-			Created: time.Date(2026, 11, 30, 11, 0, 0, 123456789, time.UTC),
-			Entry:   "lab-1",
-			Owner:   "operator-a",
-			Port:    3128,
+			UID:        "6f1c2a4e-uid",
+			Created:    time.Date(2026, 11, 30, 11, 0, 0, 123456789, time.UTC),
+			Entry:      "lab-1",
+			Owner:      "operator-a",
+			Port:       3128,
+			SpecDigest: provider.Spec{Name: "proxy-a", UID: "6f1c2a4e-uid"}.Digest(),
 		},
 	}
 }
@@ -167,6 +168,35 @@ func TestBuildDomainRejects(t *testing.T) {
 				t.Errorf("err %v does not name field %s", err, tt.field)
 			}
 		})
+	}
+}
+
+// TestMetadataSpecDigestOptional: the spec digest is written when set and
+// read back; metadata without it (domains made before it was recorded)
+// parses with an empty digest, and the element is not written when empty.
+func TestMetadataSpecDigestOptional(t *testing.T) {
+	m := testParams().Meta
+	x, err := marshalMetadata(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(x, "<egressproxy:spec-digest>"+m.SpecDigest+"</egressproxy:spec-digest>") {
+		t.Errorf("spec digest not written:\n%s", x)
+	}
+	legacy := m
+	legacy.SpecDigest = ""
+	lx, err := marshalMetadata(legacy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(lx, "spec-digest") {
+		t.Errorf("an empty spec digest was written:\n%s", lx)
+	}
+	for doc, want := range map[string]string{x: m.SpecDigest, lx: "", testMeta: ""} {
+		got, err := parseMetadata(doc)
+		if err != nil || got.SpecDigest != want {
+			t.Errorf("parseMetadata = %+v, %v; want SpecDigest %q\n%s", got, err, want, doc)
+		}
 	}
 }
 

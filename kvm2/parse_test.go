@@ -16,7 +16,8 @@ import (
 )
 
 // refParseMetadata is parseMetadata as it was before parseDomainXML (a
-// verbatim copy), the reference the single pass must agree with.
+// verbatim copy, plus the optional spec-digest element recorded since), the
+// reference the single pass must agree with.
 func refParseMetadata(doc string) (instanceMeta, error) {
 	dec := xml.NewDecoder(strings.NewReader(doc))
 	for {
@@ -35,7 +36,7 @@ func refParseMetadata(doc string) (instanceMeta, error) {
 		if err := dec.DecodeElement(&mx, &se); err != nil {
 			return instanceMeta{}, fmt.Errorf("parse domain metadata: %w", err)
 		}
-		m := instanceMeta{UID: mx.UID, Entry: mx.Entry, Owner: mx.Owner}
+		m := instanceMeta{UID: mx.UID, Entry: mx.Entry, Owner: mx.Owner, SpecDigest: strings.TrimSpace(mx.SpecDigest)}
 		if m.UID == "" || m.Entry == "" || m.Owner == "" {
 			return instanceMeta{}, fmt.Errorf("parse domain metadata: uid, entry and owner are required")
 		}
@@ -67,10 +68,10 @@ func refMAC(doc string) (mac string, uerr error) {
 // twoPassParse is the whole decoding readDomain did before: the metadata
 // token scan, then libvirtxml for the MAC (the "before" of
 // BenchmarkParseDomainXML).
-func twoPassParse(doc string) (instanceMeta, error, string) {
+func twoPassParse(doc string) (instanceMeta, string, error) {
 	m, err := refParseMetadata(doc)
 	mac, _ := refMAC(doc)
-	return m, err, mac
+	return m, mac, err
 }
 
 // libvirtDomainXML returns the XML libvirt 9.0 gave for a domain built by
@@ -225,7 +226,7 @@ func BenchmarkParseDomainXML(b *testing.B) {
 		b.Run("two-pass/"+state, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err, mac := twoPassParse(doc); err != nil || mac == "" {
+				if _, mac, err := twoPassParse(doc); err != nil || mac == "" {
 					b.Fatal(err, mac)
 				}
 			}

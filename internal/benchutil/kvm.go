@@ -254,6 +254,8 @@ type kvm2Meta struct {
 	Entry   string `xml:"https://egressproxy.dev/xmlns/instance/v1 entry"`
 	Owner   string `xml:"https://egressproxy.dev/xmlns/instance/v1 owner"`
 	Port    string `xml:"https://egressproxy.dev/xmlns/instance/v1 port"`
+	// SpecDigest is decoded (not checked) as kvm2 decodes it.
+	SpecDigest string `xml:"https://egressproxy.dev/xmlns/instance/v1 spec-digest"`
 }
 
 type oneConn struct{ c net.Conn }
