@@ -342,27 +342,61 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 		return err
 	}
 	err = c.runStream(ctx, dc, "upload "+name, m.stalled, func() error {
+		defer m.callDone.Store(true)
 		v, err := lookupVol(dc.L, c.cfg.Pool, name)
 		if err != nil {
 			return err
 		}
 		return dc.L.StorageVolUpload(v, m, 0, 0, 0)
 	})
+	m.callDone.Store(true) // also when runStream gave up on the call
 	stopDrain()
 	_ = body.Close() // unblocks a Read of an abandoned call
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.report(true)
-	if err != nil && errors.Is(m.err, errDrainStopped) {
-		m.err = nil // the drain was stopped because the call failed: report the call's error
-	}
-	if m.err != nil {
-		return m.n, "", c.classify(ctx, fmt.Errorf("upload %s: reading the image after %d bytes: %w", name, m.n, m.err))
-	}
-	if err != nil {
-		return m.n, "", c.classify(ctx, fmt.Errorf("upload %s after %d bytes: %w", name, m.n, err))
+	if err := uploadCause(name, m.n, m.fail, err); err != nil {
+		return m.n, "", c.classify(ctx, err)
 	}
 	return m.n, hex.EncodeToString(m.h.Sum(nil)), nil
+}
+
+// Where the meter's first error came from.
+const (
+	fromSource  = iota + 1 // reading the HTTP body
+	fromLibvirt            // the drain: asking libvirt what it has written
+	fromGuard              // our own refusal (more bytes than the pool has free)
+)
+
+// meterFailure is the meter's first error and where it came from.
+type meterFailure struct {
+	err  error
+	from int
+	// late: recorded after the upload call had returned, so it is a
+	// consequence of the call's end (upload closes the body to unblock
+	// the call's last Read), not its cause.
+	late bool
+}
+
+// uploadCause says why an upload failed, or nil when it did not: the
+// failure of the side that failed first. A libvirt failure (the call's
+// error, or the drain's question to libvirt failing) is never reported as
+// a failure reading the image: the call's error wins over a body error
+// that only followed it, and a drain that was stopped because the call
+// failed leaves the call's error.
+func uploadCause(name string, n int64, f meterFailure, callErr error) error {
+	switch {
+	case f.err == nil || (f.late && callErr != nil) || (callErr != nil && errors.Is(f.err, errDrainStopped)):
+		if callErr != nil {
+			return fmt.Errorf("upload %s after %d bytes: %w", name, n, callErr)
+		}
+		return nil
+	case f.from == fromLibvirt:
+		return fmt.Errorf("upload %s after %d bytes: libvirt failed: %w", name, n, f.err)
+	case f.from == fromGuard:
+		return fmt.Errorf("upload %s after %d bytes: %w", name, n, f.err)
+	}
+	return fmt.Errorf("upload %s: reading the image after %d bytes: %w", name, n, f.err)
 }
 
 // Stream guard timings; variables so tests can shorten them.
@@ -519,7 +553,7 @@ func (w *hashWriter) Write(p []byte) (int, error) {
 // meter is the upload's source: it counts, hashes and reports progress,
 // refuses bytes beyond the pool's free space, and before it returns io.EOF
 // waits (drain) until libvirt has written everything. Its first read error
-// other than io.EOF is kept in err.
+// other than io.EOF is kept in fail, with where it came from.
 type meter struct {
 	mu     sync.Mutex // the call may still read while runStream gives up
 	r      io.Reader
@@ -527,7 +561,7 @@ type meter struct {
 	n      int64
 	total  int64
 	free   uint64 // 0: no limit
-	err    error
+	fail   meterFailure
 	start  time.Time
 	last   time.Time
 	c      *Cache
@@ -535,6 +569,7 @@ type meter struct {
 	drain  func() error
 	stall  time.Duration
 
+	callDone atomic.Bool // the upload call has returned
 	inRead   atomic.Bool
 	lastRead atomic.Int64 // unix nanos of the last Read return
 }
@@ -552,10 +587,11 @@ func (m *meter) Read(p []byte) (int, error) {
 	defer func() { m.touch(); m.inRead.Store(false) }()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.err != nil {
-		return 0, m.err
+	if m.fail.err != nil {
+		return 0, m.fail.err
 	}
 	n, err := m.r.Read(p)
+	from := fromSource
 	if n > 0 {
 		m.h.Write(p[:n])
 		m.n += int64(n)
@@ -564,15 +600,15 @@ func (m *meter) Read(p []byte) (int, error) {
 		err = nil // send these bytes first; the next Read drains and ends
 	}
 	if m.free > 0 && uint64(m.n) > m.free {
-		err = fmt.Errorf("the image is larger than the %d bytes free in pool %s", m.free, m.c.cfg.Pool)
+		err, from = fmt.Errorf("the image is larger than the %d bytes free in pool %s", m.free, m.c.cfg.Pool), fromGuard
 	}
 	if errors.Is(err, io.EOF) && m.drain != nil {
 		if derr := m.drain(); derr != nil {
-			err = derr
+			err, from = derr, fromLibvirt
 		}
 	}
-	if err != nil && !errors.Is(err, io.EOF) && m.err == nil {
-		m.err = err
+	if err != nil && !errors.Is(err, io.EOF) && m.fail.err == nil {
+		m.fail = meterFailure{err: err, from: from, late: m.callDone.Load()}
 	}
 	if time.Since(m.last) >= m.c.cfg.ProgressInterval {
 		m.report(false)

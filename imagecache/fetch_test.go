@@ -18,7 +18,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/sshconn"
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -316,5 +318,82 @@ func wantCodeT(t *testing.T, err error, code provider.ErrorCode) {
 	t.Helper()
 	if got := provider.Code(err); got != code {
 		t.Fatalf("error class = %v, want %v; err = %v", got, code, err)
+	}
+}
+
+// The cause of a failed upload is the side that failed first; a libvirt
+// failure is never reported as a failure reading the image.
+func TestUploadCause(t *testing.T) {
+	body := errors.New("unexpected EOF")
+	closed := errors.New("http: read on closed response body")
+	lv := errors.New("procedure interrupted while awaiting response")
+	drain := fmt.Errorf("waiting for libvirt to write 9 bytes: %w", libvirt.Error{Code: uint32(libvirt.ErrNoStorageVol), Message: "Storage volume not found"})
+	for _, tt := range []struct {
+		name    string
+		f       meterFailure
+		call    error
+		want    string // "" : nil
+		wantErr error  // must be in the chain
+	}{
+		{"success", meterFailure{}, nil, "", nil},
+		{"body failed, the call returned its error", meterFailure{err: body, from: fromSource}, body, "reading the image after 9 bytes", body},
+		{"body failed, the call returned nil", meterFailure{err: body, from: fromSource}, nil, "reading the image after 9 bytes", body},
+		{"link killed, then the closed body failed a Read", meterFailure{err: closed, from: fromSource, late: true}, lv, "upload v after 9 bytes: procedure interrupted", lv},
+		{"the drain's libvirt call failed", meterFailure{err: drain, from: fromLibvirt}, drain, "libvirt failed: waiting for libvirt", drain},
+		{"the drain was stopped because the call failed", meterFailure{err: errDrainStopped, from: fromLibvirt, late: true}, lv, "upload v after 9 bytes: procedure interrupted", lv},
+		{"more than the pool holds", meterFailure{err: errors.New("the image is larger than the 5 bytes free in pool p"), from: fromGuard}, nil, "upload v after 9 bytes: the image is larger", nil},
+		{"call failed alone", meterFailure{}, lv, "upload v after 9 bytes: procedure interrupted", lv},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := uploadCause("v", 9, tt.f, tt.call)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("uploadCause = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("uploadCause = %v, want it to say %q", err, tt.want)
+			}
+			if tt.f.from != fromSource && strings.Contains(err.Error(), "reading the image") {
+				t.Fatalf("a libvirt failure reported as reading the image: %v", err)
+			}
+			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
+				t.Fatalf("%v does not wrap %v", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// classify: the pool's absence or a stopped pool needs a human
+// (Permanent); a lost session, a volume gone and libvirt's passing states
+// are Transient; an ended context gives its code.
+func TestClassifyLibvirtSide(t *testing.T) {
+	c := newFake(t, &fakeConn{})
+	lerr := func(code libvirt.ErrorNumber, msg string) error {
+		return fmt.Errorf("upload v after 9 bytes: libvirt failed: %w", libvirt.Error{Code: uint32(code), Message: msg})
+	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tt := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want provider.ErrorCode
+		msg  string
+	}{
+		{"pool not found", context.Background(), lerr(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching name 'p'"), provider.Permanent, "storage pool p"},
+		{"pool not active", context.Background(), lerr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' is not active"), provider.Permanent, "start it"},
+		{"pool busy", context.Background(), lerr(libvirt.ErrOperationInvalid, "internal error: pool 'p' has asynchronous jobs running."), provider.Transient, "asynchronous"},
+		{"volume gone", context.Background(), lerr(libvirt.ErrNoStorageVol, "Storage volume not found"), provider.Transient, "Storage volume"},
+		{"session lost", context.Background(), fmt.Errorf("upload v: %w", &sshconn.Error{Kind: sshconn.KindUnreachable, Err: errors.New("connection reset by peer")}), provider.Transient, "reset"},
+		{"ctx ended", ended, lerr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' is not active"), provider.Canceled, "not active"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := c.classify(tt.ctx, tt.err)
+			if provider.Code(err) != tt.want || !strings.Contains(err.Error(), tt.msg) {
+				t.Fatalf("classify = %v (%v), want %v naming %q", err, provider.Code(err), tt.want, tt.msg)
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
@@ -60,8 +61,10 @@ func lookupVol(l *libvirt.Libvirt, pool, name string) (libvirt.StorageVol, error
 }
 
 // classify gives an infrastructure error its class: the context's code when
-// ctx ended, NotFound for a missing pool, Transient otherwise. Errors that
-// already carry a class keep it.
+// ctx ended; Permanent for a missing pool or a pool that is not active (a
+// human must define or start it); Transient otherwise (a lost session, a
+// volume gone underneath, libvirt's own failures). Errors that already
+// carry a class keep it.
 func (c *Cache) classify(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
@@ -76,7 +79,20 @@ func (c *Cache) classify(ctx context.Context, err error) error {
 	if isLibvirtErr(err, libvirt.ErrNoStoragePool) {
 		return provider.WithCode(provider.Permanent, fmt.Errorf("storage pool %s: %w", c.cfg.Pool, err))
 	}
+	if poolInactive(err) {
+		return provider.WithCode(provider.Permanent, fmt.Errorf("storage pool %s is not active; start it (and mark it autostart) and retry: %w", c.cfg.Pool, err))
+	}
 	return provider.WithCode(provider.Transient, err)
+}
+
+// poolInactive: libvirt refused because a storage pool is stopped
+// (VIR_ERR_OPERATION_INVALID "storage pool '…' is not active"); the same
+// code also means passing states such as "has asynchronous jobs running",
+// which stay Transient.
+func poolInactive(err error) bool {
+	var le libvirt.Error
+	return errors.As(err, &le) && le.Code == uint32(libvirt.ErrOperationInvalid) &&
+		strings.Contains(le.Message, "storage pool") && strings.HasSuffix(strings.TrimSpace(le.Message), "is not active")
 }
 
 func isLibvirtErr(err error, code libvirt.ErrorNumber) bool {
