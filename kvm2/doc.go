@@ -18,9 +18,23 @@
 // seed "ep-<entry>--<name>-seed.iso" ("--" cannot occur in an entry or a
 // name, so the mapping is injective, and no name can collide with
 // imagecache's "base-" volumes). Ownership is decided by the metadata element
-// of namespace MetadataNamespace (UID, creation time, entry, owner, port),
-// never by the name: domains without it, with another entry or owner, or
-// with another namespace are never listed, read or deleted.
+// of namespace MetadataNamespace (UID, creation time, entry, owner, port, and
+// the digest of the spec it was created from), never by the name: domains
+// without it, with another entry or owner, or with another namespace are
+// never listed, read or deleted.
+//
+// Create converges instead of undoing on uncertainty: a Create interrupted at
+// any RPC (context ended, Close, link lost) removes nothing, and the next
+// Create of the same spec reuses what it finds — an overlay backed by the
+// same base, a seed volume (uploaded again), a domain of this UID (started if
+// it never ran, its missing volumes recreated). "Exists already" and
+// "already running" from another replica's concurrent Create are
+// convergence; a race it cannot resolve (a volume still being written, a
+// concurrent Delete) is Transient. Only what a Create made itself is removed
+// when a step fails for certain, and a volume never while a domain of its
+// name exists. An existing instance whose recorded spec digest differs is
+// provider.ErrSpecConflict; domains without one (made by earlier versions)
+// are not checked.
 //
 // Lifecycle: Open validates the Config and builds the provider without
 // touching the host (so Check can report an unreachable host); the first call

@@ -1,0 +1,677 @@
+package kvm2
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+	"go.opentelemetry.io/otel/attribute"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/sshconn"
+)
+
+// cleanupTimeout bounds removing what a failed Create made, after the
+// caller's context may have ended.
+const cleanupTimeout = 30 * time.Second
+
+// Create makes the instance: ensures the base image (imagecache), creates
+// the qcow2 overlay "<domain>.qcow2" backed by it and the NoCloud seed
+// "<domain>-seed.iso", defines the domain with our metadata (including the
+// spec's digest) and starts it.
+//
+// Create converges rather than undoing on uncertainty, so that calling it
+// again after any interruption (context ended, Close, link lost, process
+// killed) completes the same instance:
+//
+//   - an instance of this name and UID that exists and runs (or was
+//     stopped) is returned as it is; one that is shut off and never ran
+//     (libvirt's shut-off reason "unknown" or "failed to start": an earlier
+//     Create stopped after defining it) is completed: missing volumes are
+//     recreated and it is started;
+//   - an overlay left by an earlier attempt (or being made by another
+//     replica) is reused when its backing store is this spec's base; the
+//     seed is always uploaded again (recreated when its size differs);
+//   - "exists already" on a volume or the domain, and "already running" on
+//     start, mean another call got there first: Create reads the object
+//     back and carries on with it;
+//   - a race with another Create or a Delete of this name (in this or
+//     another process) that Create cannot resolve is Transient: a retry
+//     converges.
+//
+// It is idempotent on UID. An existing instance whose recorded spec digest
+// differs from spec's is provider.ErrSpecConflict (Permanent), and nothing
+// changes; instances without a recorded digest (made by earlier versions)
+// are not checked. A name held by anything else is Permanent.
+//
+// When a step fails for certain (libvirt answered with an error), what this
+// call made is removed, bounded by cleanupTimeout even when ctx ended — the
+// domain it defined, then the volumes it created, and never a volume while
+// a domain of that name exists. When the outcome is uncertain (ctx ended,
+// Close, link lost) nothing is removed: the retried Create completes it,
+// Delete removes it.
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+	if err := p.checkOpen(); err != nil {
+		return provider.Instance{}, err
+	}
+	if err := spec.Validate(); err != nil {
+		return provider.Instance{}, err
+	}
+	ref := spec.Ref()
+	imgKey := spec.ImageKey
+	if imgKey == "" {
+		imgKey = p.cfg.DefaultImage
+	}
+	img, ok := p.cfg.Images[imgKey]
+	if !ok {
+		if imgKey == "" {
+			return provider.Instance{}, provider.WithCode(provider.Permanent, fieldErr("ImageKey", "", "no image configured for this provider entry (Config.Images is empty)"))
+		}
+		return provider.Instance{}, provider.WithCode(provider.Permanent, fieldErr("ImageKey", imgKey, "is not a configured image of this provider entry"))
+	}
+	mtName := spec.MachineType
+	if mtName == "" {
+		mtName = p.cfg.DefaultMachineType
+	}
+	mt, ok := p.cfg.MachineTypes[mtName]
+	if !ok {
+		return provider.Instance{}, provider.WithCode(provider.Permanent, fieldErr("MachineType", mtName, "is not a configured machine type of this provider entry"))
+	}
+	name := domainName(p.cfg.Entry, spec.Name)
+	meta := instanceMeta{
+		UID: spec.UID, Created: time.Now().UTC().Truncate(time.Millisecond), Entry: p.cfg.Entry, Owner: p.cfg.Owner,
+		Port: spec.EffectivePort(), SpecDigest: spec.Digest(),
+	}
+	params := domainParams{
+		Name: name, Type: p.cfg.DomainType, VCPUs: mt.VCPUs, MemoryMiB: mt.MemoryMiB,
+		Pool: p.cfg.Pool, Overlay: overlayVolume(name), Seed: seedVolume(name),
+		Network: p.cfg.Network, Bridge: p.cfg.Bridge,
+		Kernel: p.cfg.Kernel, Initrd: p.cfg.Initrd, Cmdline: p.cfg.Cmdline,
+		Meta: meta,
+	}
+	if p.cfg.ConsoleLogDir != "" {
+		params.ConsoleLog = path.Join(p.cfg.ConsoleLogDir, name+".log")
+	}
+	// Everything that can be refused for bad input is built before the
+	// host is touched.
+	domXML, err := buildDomainXML(params)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	seed, err := buildSeed(seedData{InstanceID: spec.UID, Hostname: spec.Name, UserData: spec.UserData})
+	if err != nil {
+		return provider.Instance{}, err
+	}
+
+	unlock, err := p.locks.lock(ctx, name)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	defer unlock()
+
+	c := &creation{p: p, spec: spec, name: name, seed: seed, domXML: domXML, meta: meta}
+	info, err := p.lookup(ctx, "kvm2.Create.lookup", name)
+	switch {
+	case err == nil:
+		if err := c.checkOwned(info); err != nil {
+			return provider.Instance{}, err
+		}
+		if !neverRan(info.state, info.reason) {
+			p.log.V(1).Info("create: instance exists", "instance", spec.Name, "uid", spec.UID)
+			inst, err := p.instance(ctx, spec.Name, info, true)
+			if err != nil && !stopsCreate(err) {
+				// The address is best-effort here (the domain may even
+				// have been deleted since: it existed when read).
+				inst, err = p.instance(ctx, spec.Name, info, false)
+			}
+			return inst, p.wrap("create", ref, err)
+		}
+		// An earlier Create stopped after defining the domain: finish it.
+		c.adopt(info)
+		p.log.V(1).Info("create: completing an instance that was defined but never started", "instance", spec.Name, "uid", spec.UID)
+	case provider.Code(classify(err)) != provider.NotFound:
+		return provider.Instance{}, p.wrap("create", ref, err)
+	}
+
+	c.base, err = p.cache.Ensure(ctx, img)
+	if err != nil {
+		return provider.Instance{}, p.wrap("create", ref, fmt.Errorf("ensure base image %q: %w", img.Key, err))
+	}
+
+	// fn may outlive Do (a call abandoned by its context completes on
+	// libvirtd): it checks this context before every call it makes, so
+	// that it stops at the next boundary. Do adds its own budget when ctx
+	// has none; so does this.
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.CallTimeout)
+		defer cancel()
+	}
+	c.ctx = ctx
+	op, fn := "kvm2.Create", c.fresh
+	if c.adopted {
+		op, fn = "kvm2.Create.complete", c.complete
+	}
+	err = p.do(ctx, op, fn, attribute.String("domain", name), attribute.String("volume", overlayVolume(name)))
+	if err != nil {
+		if interrupted(ctx, p, err) {
+			p.log.V(1).Info("create interrupted; what it made stays for a retried Create to complete or Delete to remove",
+				"instance", spec.Name, "uid", spec.UID, "error", err.Error())
+		} else {
+			p.undo(ctx, c)
+		}
+		return provider.Instance{}, p.wrap("create", ref, err)
+	}
+	inst := c.instance()
+	if c.adopted {
+		p.log.V(1).Info("create: converged on the existing domain", "instance", spec.Name, "uid", spec.UID, "domain", name)
+	} else {
+		p.log.Info("created", "instance", spec.Name, "uid", spec.UID, "domain", name, "base", c.base.Volume)
+	}
+	return inst, nil
+}
+
+// stopsCreate reports whether err ends Create instead of being worked
+// around: the caller's context ended or the provider is closed.
+func stopsCreate(err error) bool {
+	c := provider.Code(err)
+	return c == provider.Canceled || c == provider.DeadlineExceeded || errors.Is(err, provider.ErrClosed)
+}
+
+// interrupted reports whether a failed Create may have had effects it does
+// not know of: its context ended, the provider was closed, or the link was
+// lost (an RPC whose answer never came may have been carried out).
+func interrupted(ctx context.Context, p *Provider, err error) bool {
+	if ctx.Err() != nil || p.closed.Load() {
+		return true
+	}
+	switch sshconn.KindOf(err) {
+	case sshconn.KindUnreachable, sshconn.KindClosed:
+		return true
+	}
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, provider.ErrClosed) || linkDead(err)
+}
+
+// neverRan reports whether a domain in state st (with reason) is shut off
+// and never ran since it was defined (or since libvirtd started): reason
+// "unknown" (defined, never started) or "failed" (its start failed).
+func neverRan(st libvirt.DomainState, reason int32) bool {
+	return st == libvirt.DomainShutoff &&
+		(reason == int32(libvirt.DomainShutoffUnknown) || reason == int32(libvirt.DomainShutoffFailed))
+}
+
+// raced classes err, from a step another Create or a Delete of the same
+// instance (in this or another process) can make fail, Transient when its
+// libvirt code says the object went away (no domain, no storage volume),
+// appeared (exists already) or is busy (operation invalid: a volume still
+// being allocated or in use by an upload, a domain being started): a retry
+// converges. Other errors are returned unchanged.
+func raced(err error) error {
+	if err == nil || linkDead(err) {
+		return err
+	}
+	if isLibvirtCode(err, libvirt.ErrNoDomain, libvirt.ErrNoStorageVol, libvirt.ErrStorageVolExist,
+		libvirt.ErrDomExist, libvirt.ErrOperationInvalid) {
+		return provider.WithCode(provider.Transient, fmt.Errorf("%w (raced with another Create or a Delete of this instance; a retry converges)", err))
+	}
+	return err
+}
+
+// creation is one Create on the host, from the base image on.
+type creation struct {
+	p      *Provider
+	ctx    context.Context // checked before every RPC (see Create)
+	spec   provider.Spec
+	name   string // domain name
+	base   imagecache.Base
+	seed   []byte
+	domXML string
+
+	mu      sync.Mutex // fn may still run when Create decides (see Create)
+	made    made
+	adopted bool           // the domain exists (found, not defined by this call)
+	dom     libvirt.Domain // the domain, once defined or found
+	meta    instanceMeta   // its metadata (ours until another's is adopted)
+	state   libvirt.DomainState
+	reason  int32
+}
+
+// made records what this call created itself, for undo.
+type made struct{ overlay, seed, domain bool }
+
+func (c *creation) set(f func(*made)) { c.mu.Lock(); f(&c.made); c.mu.Unlock() }
+
+// step returns an error when Create must stop before its next RPC.
+func (c *creation) step() error {
+	if err := c.ctx.Err(); err != nil {
+		return err
+	}
+	return c.p.checkOpen()
+}
+
+// checkOwned returns nil when info is this spec's instance: ours, with the
+// spec's UID, and with the spec's digest (or none recorded).
+func (c *creation) checkOwned(info domainInfo) error {
+	p := c.p
+	if !info.ours || info.meta.UID != c.spec.UID {
+		return provider.Errorf(provider.Permanent, "kvm2 %s: create %s: domain %q exists and is not this instance (UID %q): name taken",
+			p.cfg.Entry, c.spec.Name, c.name, c.spec.UID)
+	}
+	if d := info.meta.SpecDigest; d != "" && d != c.meta.SpecDigest {
+		port := ""
+		if info.meta.Port != c.meta.Port {
+			port = fmt.Sprintf(", port %d, now %d", info.meta.Port, c.meta.Port)
+		}
+		return provider.Errorf(provider.Permanent, "kvm2 %s: create %s: the instance (UID %q) was created from another spec (digest %s, now %s%s); Delete it to apply this spec: %w",
+			p.cfg.Entry, c.spec.Name, c.spec.UID, shortDigest(d), shortDigest(c.meta.SpecDigest), port, provider.ErrSpecConflict)
+	}
+	return nil
+}
+
+// shortDigest is the first 12 hex digits of a "sha256:" digest, enough for
+// a human to tell two apart.
+func shortDigest(d string) string {
+	d = strings.TrimPrefix(d, "sha256:")
+	if len(d) > 12 {
+		d = d[:12]
+	}
+	return d
+}
+
+// adopt makes the existing domain info the one this Create completes.
+func (c *creation) adopt(info domainInfo) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.adopted = true
+	c.dom, c.meta, c.state, c.reason = info.dom, info.meta, info.state, info.reason
+}
+
+// instance is what Create returns once the domain runs (or, adopted, was
+// left as it was).
+func (c *creation) instance() provider.Instance {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := libvirt.DomainRunning
+	if c.adopted && !domainActive(c.state) && !neverRan(c.state, c.reason) {
+		st = c.state
+	}
+	return provider.Instance{
+		Ref:        c.spec.Ref(),
+		CreatedAt:  c.meta.Created,
+		State:      mapState(st, false),
+		Port:       c.meta.Port,
+		SpecDigest: c.meta.SpecDigest,
+	}
+}
+
+// fresh makes the instance when no domain of its name was found: overlay,
+// seed, define, start (6 RPCs when nothing is in the way).
+func (c *creation) fresh(l *libvirt.Libvirt) error {
+	pool, err := c.pool(l)
+	if err != nil {
+		return err
+	}
+	if err := c.overlay(l, pool); err != nil {
+		return err
+	}
+	if err := c.seedVolume(l, pool, true); err != nil {
+		return err
+	}
+	if err := c.step(); err != nil {
+		return err
+	}
+	dom, err := l.DomainDefineXMLFlags(c.domXML, libvirt.DomainDefineValidate)
+	if err != nil {
+		if linkDead(err) {
+			return fmt.Errorf("define domain %q: %w", c.name, err)
+		}
+		// Another call may have defined it meanwhile (a replica, or an
+		// interrupted call of ours whose define landed late).
+		found, ferr := c.findDefined(l)
+		if ferr != nil {
+			return ferr
+		}
+		if !found {
+			return fmt.Errorf("define domain %q: %w", c.name, err)
+		}
+		return c.start(l)
+	}
+	c.mu.Lock()
+	c.dom, c.made.domain = dom, true
+	c.state, c.reason = libvirt.DomainShutoff, int32(libvirt.DomainShutoffUnknown)
+	c.mu.Unlock()
+	return c.start(l)
+}
+
+// complete finishes an adopted domain that never ran: recreates missing
+// volumes (a missing seed is uploaded), then starts it.
+func (c *creation) complete(l *libvirt.Libvirt) error {
+	pool, err := c.pool(l)
+	if err != nil {
+		return err
+	}
+	for _, v := range []string{overlayVolume(c.name), seedVolume(c.name)} {
+		if err := c.step(); err != nil {
+			return err
+		}
+		_, err := l.StorageVolLookupByName(pool, v)
+		switch {
+		case err == nil:
+			continue
+		case !isLibvirtCode(err, libvirt.ErrNoStorageVol):
+			return fmt.Errorf("look up volume %q: %w", v, err)
+		}
+		c.p.log.V(1).Info("create: recreating a missing volume of a defined domain", "domain", c.name, "volume", v)
+		if v == overlayVolume(c.name) {
+			err = c.overlay(l, pool)
+		} else {
+			err = c.seedVolume(l, pool, true)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return c.start(l)
+}
+
+func (c *creation) pool(l *libvirt.Libvirt) (libvirt.StoragePool, error) {
+	if err := c.step(); err != nil {
+		return libvirt.StoragePool{}, err
+	}
+	pool, err := l.StoragePoolLookupByName(c.p.cfg.Pool)
+	if err != nil {
+		return pool, fmt.Errorf("look up pool %q: %w", c.p.cfg.Pool, err)
+	}
+	return pool, nil
+}
+
+// overlay creates the overlay, or reuses an existing one whose backing store
+// is our base.
+func (c *creation) overlay(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
+	name := overlayVolume(c.name)
+	ov := libvirtxml.StorageVolume{
+		Name:     name,
+		Capacity: &libvirtxml.StorageVolumeSize{Value: 0}, // 0 with a backing store: the base's size
+		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}, Compat: "1.1"},
+		BackingStore: &libvirtxml.StorageVolumeBackingStore{
+			Path:   c.base.Path,
+			Format: &libvirtxml.StorageVolumeTargetFormat{Type: c.base.Format},
+		},
+	}
+	ox, err := ov.Marshal()
+	if err != nil {
+		return provider.WithCode(provider.Permanent, fmt.Errorf("marshal overlay volume: %w", err))
+	}
+	if err := c.step(); err != nil {
+		return err
+	}
+	_, err = l.StorageVolCreateXML(pool, ox, 0)
+	switch {
+	case err == nil:
+		c.set(func(m *made) { m.overlay = true })
+		return nil
+	case !isLibvirtCode(err, libvirt.ErrStorageVolExist):
+		return fmt.Errorf("create overlay %q backed by %q: %w", name, c.base.Volume, err)
+	}
+	// Left by an earlier Create of this name, or being made by another
+	// replica right now: reuse it if it is backed by our base.
+	if err := c.step(); err != nil {
+		return err
+	}
+	vol, err := l.StorageVolLookupByName(pool, name)
+	if err != nil {
+		return raced(fmt.Errorf("look up existing overlay %q: %w", name, err))
+	}
+	var x string
+	err = c.whileBusy(func() error {
+		var err error
+		x, err = l.StorageVolGetXMLDesc(vol, 0)
+		return err
+	})
+	if err != nil {
+		if linkDead(err) {
+			return fmt.Errorf("read existing overlay %q: %w", name, err)
+		}
+		// e.g. still being written by the call that creates it
+		return provider.WithCode(provider.Transient, fmt.Errorf("read existing overlay %q (another call may be creating it; a retry converges): %w", name, err))
+	}
+	var sv libvirtxml.StorageVolume
+	if err := sv.Unmarshal(x); err != nil {
+		return provider.WithCode(provider.Transient, fmt.Errorf("parse existing overlay %q: %w", name, err))
+	}
+	backing := ""
+	if sv.BackingStore != nil {
+		backing = sv.BackingStore.Path
+	}
+	if backing != c.base.Path {
+		return provider.Errorf(provider.Permanent, "overlay %q exists backed by %q, not by base %q (left by a Create with another image?): Delete the instance to remove it",
+			name, backing, c.base.Path)
+	}
+	c.p.log.V(1).Info("create: reusing the existing overlay", "domain", c.name, "volume", name)
+	return nil
+}
+
+// seedVolume creates the seed volume (or reuses an existing one of the same
+// size, recreating one of another size when no domain uses it) and, with
+// upload, uploads the seed into it.
+func (c *creation) seedVolume(l *libvirt.Libvirt, pool libvirt.StoragePool, upload bool) error {
+	name := seedVolume(c.name)
+	sv := libvirtxml.StorageVolume{
+		Name:     name,
+		Capacity: &libvirtxml.StorageVolumeSize{Value: uint64(len(c.seed))},
+		Target:   &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}},
+	}
+	sx, err := sv.Marshal()
+	if err != nil {
+		return provider.WithCode(provider.Permanent, fmt.Errorf("marshal seed volume: %w", err))
+	}
+	if err := c.step(); err != nil {
+		return err
+	}
+	vol, err := l.StorageVolCreateXML(pool, sx, 0)
+	switch {
+	case err == nil:
+		c.set(func(m *made) { m.seed = true })
+	case !isLibvirtCode(err, libvirt.ErrStorageVolExist):
+		return fmt.Errorf("create seed volume %q: %w", name, err)
+	default:
+		if vol, err = c.reuseSeed(l, pool, sx); err != nil {
+			return err
+		}
+	}
+	if !upload {
+		return nil
+	}
+	err = c.whileBusy(func() error {
+		return l.StorageVolUpload(vol, bytes.NewReader(c.seed), 0, uint64(len(c.seed)), 0)
+	})
+	if err != nil {
+		return raced(fmt.Errorf("upload seed %q: %w", name, err))
+	}
+	return nil
+}
+
+// busyWait bounds how long Create waits for a volume another call is still
+// writing (libvirt: "still being allocated", "in use", or a volume whose
+// file is not there yet) before it gives up with a Transient error.
+const (
+	busyWait  = 3 * time.Second
+	busyPause = 100 * time.Millisecond
+)
+
+// whileBusy runs call (one RPC on a volume another Create may be writing)
+// until it does not fail with a busy volume's codes, at most busyWait,
+// checking step before each try.
+func (c *creation) whileBusy(call func() error) error {
+	deadline := time.Now().Add(busyWait)
+	for {
+		if err := c.step(); err != nil {
+			return err
+		}
+		err := call()
+		if err == nil || linkDead(err) || !isLibvirtCode(err, libvirt.ErrOperationInvalid, libvirt.ErrNoStorageVol) ||
+			time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(busyPause)
+		select {
+		case <-c.ctx.Done():
+			t.Stop()
+			return c.ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// reuseSeed returns the existing seed volume if its capacity is the seed's;
+// otherwise (left by a Create with other user-data) it deletes and
+// recreates it, unless a domain of this name exists by now.
+func (c *creation) reuseSeed(l *libvirt.Libvirt, pool libvirt.StoragePool, sx string) (libvirt.StorageVol, error) {
+	name := seedVolume(c.name)
+	if err := c.step(); err != nil {
+		return libvirt.StorageVol{}, err
+	}
+	vol, err := l.StorageVolLookupByName(pool, name)
+	if err != nil {
+		return vol, raced(fmt.Errorf("look up existing seed %q: %w", name, err))
+	}
+	if err := c.step(); err != nil {
+		return vol, err
+	}
+	_, capacity, _, err := l.StorageVolGetInfo(vol)
+	if err != nil {
+		return vol, raced(fmt.Errorf("read existing seed %q: %w", name, err))
+	}
+	if capacity == uint64(len(c.seed)) {
+		c.p.log.V(1).Info("create: reusing the existing seed volume", "domain", c.name, "volume", name)
+		return vol, nil
+	}
+	if c.adopted {
+		// A defined domain uses it: never delete it.
+		return vol, provider.Errorf(provider.Transient, "seed %q of the defined domain has %d bytes, the seed %d: not replaced while the domain exists", name, capacity, len(c.seed))
+	}
+	if err := c.step(); err != nil {
+		return vol, err
+	}
+	if _, err := l.DomainLookupByName(c.name); err == nil {
+		return vol, provider.Errorf(provider.Transient, "domain %q was defined by another call meanwhile (a retry converges on it)", c.name)
+	} else if !isLibvirtCode(err, libvirt.ErrNoDomain) {
+		return vol, fmt.Errorf("look up domain %q: %w", c.name, err)
+	}
+	c.p.log.V(1).Info("create: replacing a leftover seed of another size", "domain", c.name, "volume", name)
+	if err := c.step(); err != nil {
+		return vol, err
+	}
+	if err := l.StorageVolDelete(vol, 0); err != nil && !isLibvirtCode(err, libvirt.ErrNoStorageVol) {
+		return vol, raced(fmt.Errorf("delete leftover seed %q: %w", name, err))
+	}
+	if err := c.step(); err != nil {
+		return vol, err
+	}
+	vol, err = l.StorageVolCreateXML(pool, sx, 0)
+	if err != nil {
+		return vol, raced(fmt.Errorf("create seed volume %q: %w", name, err))
+	}
+	c.set(func(m *made) { m.seed = true })
+	return vol, nil
+}
+
+// findDefined looks for a domain of this name that another call defined:
+// false when there is none; an error when it is not this spec's instance.
+func (c *creation) findDefined(l *libvirt.Libvirt) (bool, error) {
+	if err := c.step(); err != nil {
+		return false, err
+	}
+	dom, err := l.DomainLookupByName(c.name)
+	switch {
+	case isLibvirtCode(err, libvirt.ErrNoDomain):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("look up domain %q: %w", c.name, err)
+	}
+	if err := c.step(); err != nil {
+		return false, err
+	}
+	info, err := c.p.readDomain(l, dom, false)
+	if err != nil {
+		return false, raced(err)
+	}
+	if err := c.checkOwned(info); err != nil {
+		return false, err
+	}
+	c.p.log.V(1).Info("create: another call defined the domain meanwhile; converging on it", "domain", c.name)
+	c.adopt(info)
+	return true, nil
+}
+
+// start starts the domain if it never ran; "already running" (another call
+// started it) is success.
+func (c *creation) start(l *libvirt.Libvirt) error {
+	c.mu.Lock()
+	dom, st, reason := c.dom, c.state, c.reason
+	c.mu.Unlock()
+	if !neverRan(st, reason) {
+		return nil // running, or stopped on purpose: left as it is
+	}
+	if err := c.step(); err != nil {
+		return err
+	}
+	err := l.DomainCreate(dom)
+	if err == nil || linkDead(err) {
+		if err != nil {
+			return fmt.Errorf("start domain %q: %w", c.name, err)
+		}
+		return nil
+	}
+	if serr := c.step(); serr != nil {
+		return serr
+	}
+	if now, _, serr := l.DomainGetState(dom, 0); serr == nil && domainActive(libvirt.DomainState(now)) {
+		c.p.log.V(1).Info("create: the domain was started by another call", "domain", c.name)
+		return nil
+	}
+	return raced(fmt.Errorf("start domain %q: %w", c.name, err))
+}
+
+// undo removes what a Create that failed for certain made itself, on a
+// fresh bounded context when ctx already ended: the domain it defined (by
+// UUID), then the volumes it created, never a volume while a domain of that
+// name exists. What it cannot remove stays under the instance's names, where
+// a retried Create reuses it and Delete removes it.
+func (p *Provider) undo(ctx context.Context, c *creation) {
+	c.mu.Lock()
+	m, dom := c.made, c.dom
+	c.mu.Unlock()
+	if !m.overlay && !m.seed && !m.domain {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	err := p.do(cctx, "kvm2.Create.undo", func(l *libvirt.Libvirt) error {
+		if m.domain {
+			if err := p.removeDomain(l, dom, libvirt.DomainNostate); err != nil {
+				return err
+			}
+		}
+		var vols []string
+		if m.overlay {
+			vols = append(vols, overlayVolume(c.name))
+		}
+		if m.seed {
+			vols = append(vols, seedVolume(c.name))
+		}
+		return p.deleteUnusedVolumes(l, c.name, vols...)
+	}, attribute.String("domain", c.name))
+	if err != nil {
+		p.log.Error(err, "create failed and what it made could not all be removed; a retried Create reuses it, Delete removes it", "domain", c.name)
+	}
+}
