@@ -39,5 +39,9 @@ func TestIntegrationConformance(t *testing.T) {
 	}, &providertest.Options{
 		NamePrefix:   "pt",
 		NeverRunning: true, // the test guests have no OS, so never an address
+		// The template leaves ImageKey and MachineType empty (the entry's
+		// defaults); naming the default explicitly is another spec.
+		OtherImageKey:    "tiny",
+		OtherMachineType: "tiny",
 	})
 }

@@ -36,7 +36,14 @@ func (b *broken) Create(ctx context.Context, s provider.Spec) (provider.Instance
 	if b.variant == "ignores-context" {
 		ctx = context.Background()
 	}
-	return b.Provider.Create(ctx, s)
+	inst, err := b.Provider.Create(ctx, s)
+	switch {
+	case b.variant == "spec-drift-silent" && errors.Is(err, provider.ErrSpecConflict):
+		return b.Provider.Get(ctx, s.Ref()) // the old behaviour: the old instance, without a word
+	case b.variant == "no-spec-digest":
+		inst.SpecDigest = ""
+	}
+	return inst, err
 }
 
 func (b *broken) Get(ctx context.Context, r provider.Ref) (provider.Instance, error) {
@@ -128,6 +135,8 @@ func TestSuiteCatchesBrokenVariants(t *testing.T) {
 		{"get-ignores-uid", false, []string{"--- FAIL: TestBrokenVariant/Get/WrongUIDIsNotFound", "want NotFound"}},
 		{"delete-ignores-uid", false, []string{"--- FAIL: TestBrokenVariant/Delete/WrongUIDKeepsInstance"}},
 		{"list-duplicates", false, []string{"--- FAIL: TestBrokenVariant/List/Exact", "a duplicate"}},
+		{"spec-drift-silent", false, []string{"--- FAIL: TestBrokenVariant/Create/OtherSpecIsConflict", "want errors.Is ErrSpecConflict"}},
+		{"no-spec-digest", false, []string{"--- FAIL: TestBrokenVariant/Create/SpecDigestReadBack", "Create returned SpecDigest"}},
 		{"ignores-context", false, []string{"--- FAIL: TestBrokenVariant/Context/CanceledBeforeCall", "want Canceled"}},
 		{"slow", false, []string{"--- FAIL: TestBrokenVariant/Create/ConcurrentSameSpec", "exceeded its budget of 1s"}},
 		{"hangs", false, []string{"panic: providertest: TestBrokenVariant/Create/ConcurrentSameSpec is still blocked", "does not honour its context"}},

@@ -44,7 +44,8 @@ func maker(opts memprovider.Options) providertest.HarnessMaker {
 	}
 }
 
-var suiteOptions = &providertest.Options{RunningTimeout: 10 * time.Second, PollInterval: 10 * time.Millisecond, SubtestBudget: 30 * time.Second}
+var suiteOptions = &providertest.Options{RunningTimeout: 10 * time.Second, PollInterval: 10 * time.Millisecond, SubtestBudget: 30 * time.Second,
+	OtherImageKey: "other-image", OtherMachineType: "other-type"}
 
 func TestConformance(t *testing.T) {
 	for _, tt := range []struct {

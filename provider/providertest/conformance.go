@@ -28,6 +28,8 @@ var conformanceTests = []struct {
 	{"Create/NameTakenByOtherUID", testCreateNameTaken},
 	{"Create/InvalidSpecIsPermanentAndCreatesNothing", testCreateInvalidSpec},
 	{"Create/NameReusableAfterDelete", testCreateAfterDelete},
+	{"Create/SpecDigestReadBack", testCreateSpecDigest},
+	{"Create/OtherSpecIsConflict", testCreateSpecConflict},
 	{"Get/ReadsBackStableIdentity", testGetReadsBack},
 	{"Get/MissingIsNotFound", testGetMissing},
 	{"Get/WrongUIDIsNotFound", testGetWrongUID},
@@ -383,6 +385,91 @@ func testCreateAfterDelete(e *env) {
 	_, err := e.c.Get(e.ctx, s.Ref())
 	e.wantCode("Get of the deleted UID", err, provider.NotFound)
 	e.wantList(before, s2.Ref())
+}
+
+func testCreateSpecDigest(e *env) {
+	s := e.spec("a")
+	want := s.Digest()
+	inst := e.create(s)
+	if inst.SpecDigest != want {
+		e.t.Errorf("Create returned SpecDigest %q, want Spec.Digest() %q", inst.SpecDigest, want)
+	}
+	if got := e.get(s.Ref()); got.SpecDigest != want {
+		e.t.Errorf("Get returned SpecDigest %q, want %q", got.SpecDigest, want)
+	}
+	direct, err := e.p.Get(e.ctx, s.Ref())
+	if err != nil {
+		e.fatalf("Get (direct): %v", err)
+	}
+	if direct.SpecDigest != want {
+		e.t.Errorf("direct Get returned SpecDigest %q, want %q", direct.SpecDigest, want)
+	}
+	if li, ok := e.byName(e.list())[s.Name]; !ok || li.SpecDigest != want {
+		e.t.Errorf("List entry %+v: SpecDigest want %q", li, want)
+	}
+	again := e.create(s)
+	if again.SpecDigest != want {
+		e.t.Errorf("second Create returned SpecDigest %q, want %q", again.SpecDigest, want)
+	}
+}
+
+func testCreateSpecConflict(e *env) {
+	before := e.baseline()
+	s := e.spec("a")
+	orig := e.create(s)
+	secret := "providertest-secret-" + randomSuffix(12)
+	type mutation struct {
+		name   string
+		mutate func(*provider.Spec)
+	}
+	muts := []mutation{
+		{"Port", func(o *provider.Spec) { o.Port = s.EffectivePort()%65535 + 1 }},
+		{"UserData", func(o *provider.Spec) { o.UserData = "#cloud-config\n# " + secret + "\n" }},
+	}
+	if k := e.o.OtherImageKey; k != "" && k != s.ImageKey {
+		muts = append(muts, mutation{"ImageKey", func(o *provider.Spec) { o.ImageKey = k }})
+	} else {
+		e.t.Log("Options.OtherImageKey not set: a changed ImageKey is not checked")
+	}
+	if k := e.o.OtherMachineType; k != "" && k != s.MachineType {
+		muts = append(muts, mutation{"MachineType", func(o *provider.Spec) { o.MachineType = k }})
+	} else {
+		e.t.Log("Options.OtherMachineType not set: a changed MachineType is not checked")
+	}
+	for _, m := range muts {
+		other := s
+		m.mutate(&other)
+		for _, via := range []struct {
+			name   string
+			create func(context.Context, provider.Spec) (provider.Instance, error)
+		}{{"client", e.c.Create}, {"direct", e.p.Create}} {
+			what := "Create of an existing UID with another " + m.name + " (" + via.name + ")"
+			_, err := via.create(e.ctx, other)
+			e.wantCode(what, err, provider.Permanent)
+			if !errors.Is(err, provider.ErrSpecConflict) || !errors.Is(err, provider.ErrPermanent) {
+				e.t.Errorf("%s: %v; want errors.Is ErrSpecConflict and ErrPermanent", what, err)
+			}
+			if err != nil && strings.Contains(err.Error(), secret) {
+				e.t.Errorf("%s: the error shows the user-data: %v", what, err)
+			}
+		}
+	}
+	// Port 0 means DefaultPort: the same spec, not a conflict.
+	same := s
+	switch s.Port {
+	case 0:
+		same.Port = provider.DefaultPort
+	case provider.DefaultPort:
+		same.Port = 0
+	}
+	if again := e.create(same); !sameSecond(again.CreatedAt, orig.CreatedAt) {
+		e.t.Errorf("Create with Port %d for %d returned a new instance (created %v, was %v)", same.Port, s.Port, again.CreatedAt, orig.CreatedAt)
+	}
+	got := e.get(s.Ref())
+	if !sameSecond(got.CreatedAt, orig.CreatedAt) || got.SpecDigest != s.Digest() || got.Port != orig.Port {
+		e.t.Errorf("the conflicting Creates changed the instance: %+v, was %+v (digest %s)", got, orig, s.Digest())
+	}
+	e.wantList(before, s.Ref())
 }
 
 // ---- Get ----

@@ -99,6 +99,13 @@ type Options struct {
 	// Concurrency is the number of concurrent Creates of one spec in the
 	// concurrency subtest. Zero: 4.
 	Concurrency int
+	// OtherImageKey is an image key the provider accepts that differs from
+	// Spec.ImageKey: the spec-conflict subtest then also checks that
+	// Create of an existing UID with this image is ErrSpecConflict. Zero:
+	// a changed ImageKey is not checked (the subtest says so).
+	OtherImageKey string
+	// OtherMachineType is the same for Spec.MachineType.
+	OtherMachineType string
 }
 
 func (o *Options) withDefaults() Options {
