@@ -26,6 +26,17 @@
 // (a human or a new input must act), provider.ErrNotFound, and the caller's
 // context.Canceled / context.DeadlineExceeded. An explicit class set by the
 // library wins over anything inferred from a backend code inside it.
+// provider.ErrSpecConflict (classed Permanent) says that Create found the
+// instance's UID created from another spec; Instance.SpecDigest tells which
+// spec (Spec.Digest) an instance was created from.
+//
+// # Create converges
+//
+// After any interruption of a Create (context ended, Close, link lost,
+// process killed), calling Create again with the same spec completes the same
+// instance or returns a clear error; concurrent Creates of one spec, even from
+// two processes, return that one instance or a Transient error a retry
+// resolves.
 //
 // # Close rules
 //

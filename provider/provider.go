@@ -5,7 +5,9 @@
 // errors) with Code to read them.
 //
 // The package owns the contract and the input rules (Spec.Validate,
-// ValidateName). It does not own retries, reconcile loops or garbage
+// ValidateName), and the spec digest (Spec.Digest) with which providers record
+// the spec an instance was created from (Instance.SpecDigest) and report a
+// Create of an existing UID with another spec (ErrSpecConflict, Permanent). It does not own retries, reconcile loops or garbage
 // collection: those belong to the embedding program, which uses the error
 // classes and List to drive them. It imports only the standard library.
 package provider

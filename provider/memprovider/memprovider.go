@@ -16,6 +16,10 @@
 // It does not own persistence (everything is lost on Close), owners or
 // provider entries: one Provider is one entry.
 //
+// Create records every instance's Spec.Digest (Instance.SpecDigest) and
+// reports a Create of an existing UID with another spec as
+// provider.ErrSpecConflict, naming the fields that differ.
+//
 // memprovider passes the full providertest conformance suite.
 package memprovider
 
