@@ -24,12 +24,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // errors; memprovider is the full embedded provider, tested by the
 // conformance suite.
 type recorder struct {
-	mu      sync.Mutex
-	calls   []string
-	err     error
-	closed  bool
-	block   chan struct{} // when set, Get blocks until closed or ctx ends
-	closeFn func()
+	mu     sync.Mutex
+	calls  []string
+	err    error
+	closed bool
+	block  chan struct{} // when set, Get blocks until closed or ctx ends
 }
 
 func (r *recorder) note(op string) error {

@@ -149,7 +149,7 @@ func TestIntegrationSpans(t *testing.T) {
 	for _, s := range rec.Ended() {
 		m := map[string]string{}
 		for _, kv := range s.Attributes() {
-			m[string(kv.Key)] = kv.Value.Emit()
+			m[string(kv.Key)] = kv.Value.String()
 		}
 		attrs[s.Name()] = m
 	}

@@ -69,18 +69,6 @@ type classError struct {
 
 func (e *classError) Error() string { return e.msg }
 
-func sentinelOf(c ErrorCode) error {
-	switch c {
-	case Transient:
-		return ErrTransient
-	case Permanent:
-		return ErrPermanent
-	case NotFound:
-		return ErrNotFound
-	}
-	return nil
-}
-
 // Error is an error with an explicit class. Create one with WithCode or
 // Errorf. errors.Is(err, ErrTransient|ErrPermanent|ErrNotFound) reports the
 // class of the outermost *Error in the chain only: an explicit class wins over
