@@ -9,6 +9,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/sshconn"
 	"libvirt.org/go/libvirtxml"
 )
 
@@ -166,9 +167,9 @@ func (c *Cache) deleteVolume(ctx context.Context, name string) error {
 var cleanupRetryFor = 5 * time.Second
 
 // deleteQuiet deletes a volume with a fresh bounded context (ctx may have
-// ended), retrying any failure with backoff for cleanupRetryFor (each retry
-// runs on a fresh session when the last one died, e.g. libvirtd restarted
-// or briefly gone), and only logs a failure.
+// ended), retrying a failure to reach libvirtd with backoff for
+// cleanupRetryFor (each retry runs on a fresh session when the last one
+// died, e.g. libvirtd restarted or briefly gone), and only logs a failure.
 func (c *Cache) deleteQuiet(ctx context.Context, name string) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
@@ -179,7 +180,11 @@ func (c *Cache) deleteQuiet(ctx context.Context, name string) {
 		if err == nil {
 			return
 		}
-		if time.Now().Add(wait).After(until) || sleep(cctx, wait) != nil {
+		// Only a failure of the way to libvirtd (session lost, libvirtd
+		// briefly gone) is worth a retry; an answer from libvirtd (no such
+		// pool, pool stopped) will not change in seconds.
+		var transport *sshconn.Error
+		if !errors.As(err, &transport) || time.Now().Add(wait).After(until) || sleep(cctx, wait) != nil {
 			c.log.Error(err, "could not delete volume; it will be found again as debris", "volume", name)
 			return
 		}

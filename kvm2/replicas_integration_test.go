@@ -19,6 +19,14 @@ import (
 // start replica a first, odd rounds replica b.
 const replicaRounds = 8
 
+// rounds is replicaRounds, or 2 (one per order) in a -short run.
+func rounds() int {
+	if testing.Short() {
+		return 2
+	}
+	return replicaRounds
+}
+
 // twoReplicas opens two providers on one entry (two separate Opens: two
 // SSH connections, two name-lock tables, as an old and a new leader
 // during a handover have) and warms the entry's base.
@@ -92,7 +100,7 @@ func assertComplete(t *testing.T, cfg Config, spec provider.Spec, what string) {
 func TestIntegrationTwoReplicasOneSpec(t *testing.T) {
 	e, ps, ctx := twoReplicas(t)
 	transient := 0
-	for round := range replicaRounds {
+	for round := range rounds() {
 		spec := provider.Spec{Name: fmt.Sprintf("twin-%d", round), UID: fmt.Sprintf("uid-twin-%d", round),
 			UserData: fmt.Sprintf("#cloud-config\n# twin %d\n", round)}
 		order := [2]int{0, 1}
@@ -132,7 +140,7 @@ func TestIntegrationTwoReplicasOneSpec(t *testing.T) {
 		}
 		AssertInstanceGoneT(t, e.cfg, spec.Name, " after Delete in "+what)
 	}
-	t.Logf("%d rounds, %d Transient results (each resolved by a retry)", replicaRounds, transient)
+	t.Logf("%d rounds, %d Transient results (each resolved by a retry)", rounds(), transient)
 	assertOnlyBases(t, e.cfg, " after every round")
 }
 
@@ -145,7 +153,7 @@ func TestIntegrationTwoReplicasOneSpec(t *testing.T) {
 func TestIntegrationCreateRacesDelete(t *testing.T) {
 	e, ps, ctx := twoReplicas(t)
 	var outcomes []string
-	for round := range 2 * replicaRounds {
+	for round := range 2 * rounds() {
 		spec := provider.Spec{Name: fmt.Sprintf("cd-%d", round), UID: fmt.Sprintf("uid-cd-%d", round),
 			UserData: fmt.Sprintf("#cloud-config\n# create-delete %d\n", round)}
 		exists := round%2 == 0

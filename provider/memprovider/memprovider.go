@@ -88,6 +88,10 @@ type Fault struct {
 	// Delay is waited before the call runs (or fails). It honours the
 	// call's context and Close.
 	Delay time.Duration
+	// Waiting, when set, is called as a delayed call starts its Delay: a
+	// test can then act (cancel, Close) while the call is surely in
+	// flight, without sleeping. It must not block.
+	Waiting func()
 	// Times is how many calls the fault applies to; 0 means every call
 	// until ClearFaults.
 	Times int
@@ -242,6 +246,9 @@ func (p *Provider) enter(ctx context.Context, op Op) (*Fault, error) {
 	if f.Delay > 0 {
 		t := time.NewTimer(f.Delay)
 		defer t.Stop()
+		if f.Waiting != nil {
+			f.Waiting()
+		}
 		select {
 		case <-ctx.Done():
 			return nil, provider.FromContext(ctx.Err())

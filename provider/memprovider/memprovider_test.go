@@ -171,9 +171,12 @@ func TestFaultDelayHonoursContextAndClose(t *testing.T) {
 	if time.Since(start) > 10*time.Second {
 		t.Fatalf("List did not return promptly")
 	}
+	waiting := make(chan struct{}, 1)
+	p.ClearFaults()
+	p.InjectFault(memprovider.OpList, memprovider.Fault{Delay: time.Hour, Waiting: func() { waiting <- struct{}{} }})
 	done := make(chan error, 1)
 	go func() { _, err := p.List(context.Background()); done <- err }()
-	time.Sleep(10 * time.Millisecond)
+	<-waiting // the List is in its delay now
 	p.Close()
 	select {
 	case err := <-done:
