@@ -23,10 +23,16 @@
 // uniquely named 0-byte claim volume "claim-<entry>--<key>.<format>.<ns>.<hex>",
 // then lists the pool; if any other fresh claim exists it drops its own and
 // retries after a random pause (create-then-look, so two writers can never
-// both proceed). A claim older than twice the transfer budget is stale: its
-// writer is gone, and anyone may delete it. Every cache that shares a pool
-// must use the same budget (order of magnitude) and roughly synchronised
-// clocks. Readers use only base + marker; a base without a marker is debris
+// both proceed). The claim's name carries a token (this cache's instance and
+// the claim's own) and the time it was last refreshed: its holder refreshes
+// it every ClaimTimeout/4 (a new claim volume with the same token, then the
+// old one deleted) and gives its work up when it could not refresh for
+// ClaimTimeout/2. A claim whose newest volume is older than ClaimTimeout is
+// stale: its writer is gone, and anyone may delete it. A claim of this
+// cache's instance that it no longer holds (its cleanup failed) is reclaimed
+// at once. Claims of writers that do not refresh them are stale after twice
+// the transfer budget. Every cache that shares a pool must use the same
+// ClaimTimeout (order of magnitude) and roughly synchronised clocks. Readers use only base + marker; a base without a marker is debris
 // only when nobody holds a fresh claim, so a volume another live writer is
 // still filling is never deleted.
 package imagecache
