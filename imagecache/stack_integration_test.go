@@ -905,36 +905,7 @@ func TestStackEvictRefusedWhileUsed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = delVol(lv, env.Pool, overlay) })
-	dx, _ := (&libvirtxml.Domain{
-		Type: "qemu", Name: dom,
-		Memory: &libvirtxml.DomainMemory{Value: 64, Unit: "MiB"},
-		OS:     &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Type: "hvm"}},
-		Devices: &libvirtxml.DomainDeviceList{Disks: []libvirtxml.DomainDisk{{
-			Device: "disk",
-			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "qcow2"},
-			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: ovPath}},
-			Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
-		}}},
-	}).Marshal()
-	undefine := func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		return lv.Do(ctx, func(l *libvirt.Libvirt) error {
-			d, err := l.DomainLookupByName(dom)
-			if err != nil {
-				return err
-			}
-			return l.DomainUndefine(d)
-		})
-	}
-	err = lv.Do(ctxT(t, 30*time.Second), func(l *libvirt.Libvirt) error {
-		_, err := l.DomainDefineXML(dx)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = undefine() })
+	undefine := defineWithDisk(t, lv, dom, ovPath, "qcow2")
 
 	err = c.Evict(ctxT(t, time.Minute), im)
 	wantCode(t, err, provider.Permanent)

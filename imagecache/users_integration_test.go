@@ -19,8 +19,9 @@ import (
 )
 
 // defineWithDisk defines (does not start) a domain whose only disk is the
-// file path with the given driver format; undefined at cleanup.
-func defineWithDisk(t *testing.T, lv *sshconn.Libvirt, name, file, format string) {
+// file path with the given driver format. It returns a func that undefines
+// it, which also runs at cleanup (an already undefined domain is fine).
+func defineWithDisk(t *testing.T, lv *sshconn.Libvirt, name, file, format string) (undefine func() error) {
 	t.Helper()
 	dx, err := (&libvirtxml.Domain{
 		Type: "qemu", Name: name,
@@ -42,17 +43,19 @@ func defineWithDisk(t *testing.T, lv *sshconn.Libvirt, name, file, format string
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
+	undefine = func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_ = lv.Do(ctx, func(l *libvirt.Libvirt) error {
+		return lv.Do(ctx, func(l *libvirt.Libvirt) error {
 			d, err := l.DomainLookupByName(name)
 			if err != nil {
 				return err
 			}
 			return l.DomainUndefine(d)
 		})
-	})
+	}
+	t.Cleanup(func() { _ = undefine() })
+	return undefine
 }
 
 // A base is never evicted while any defined domain may use it, wherever the
