@@ -12,7 +12,7 @@
 #               nothing the tests start — libvirtd, sshd, squid, the guest and
 #               its NAT network — reaches outside the namespace.
 #   make test-in-netns   (internal; refuses to run outside scripts/netns)
-#               start the stack, run go vet and every test including the
+#               start the stack, run go vet, staticcheck and every test including the
 #               integration- and e2e-tagged ones against it (the e2e package
 #               as a step of its own, verbose, so every run logs its boot,
 #               address source and timings), bench-short,
@@ -69,6 +69,10 @@ FUZZ_TARGETS := ./provider:FuzzSpecValidate ./kvm2:FuzzDomainXML ./kvm2:FuzzSeed
 	./health:FuzzReadResponseHead ./sshconn:FuzzValidate ./imagecache:FuzzParseNames
 FUZZTIME ?= 20000x
 
+# Static analysis, pinned; installed by make test before it enters the
+# namespace (which has no network), run after go vet.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 test:
 	@rc=0; t0=$$SECONDS; \
 	echo "+ $(TESTSTACK) deps"; \
@@ -81,6 +85,10 @@ test:
 	if [ $$rc -eq 0 ]; then \
 		echo "+ $(GO) mod download"; \
 		$(GO) mod download || rc=$$?; \
+	fi; \
+	if [ $$rc -eq 0 ]; then \
+		echo "+ $(GO) install $(STATICCHECK)"; \
+		GOBIN=$$($(GO) env GOPATH)/bin $(GO) install $(STATICCHECK) || rc=$$?; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
 		stackdir=$$(mktemp -d /tmp/egp-test-stack.XXXXXX) || rc=$$?; \
@@ -110,6 +118,9 @@ test-in-netns:
 	if [ $$rc -eq 0 ]; then \
 		echo "+ $(GO) vet ./..."; \
 		$(GO) vet ./... && $(GO) vet -tags integration,e2e ./... || rc=$$?; \
+		echo "+ staticcheck ./... && staticcheck -tags integration,e2e ./..."; \
+		sc=$$($(GO) env GOPATH)/bin/staticcheck; \
+		$$sc ./... && $$sc -tags integration,e2e ./... || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		pkgs=$$($(GO) list ./... | grep -v '/e2e$$' | grep -v -x -F -f <($(GO) list $(STRESS_PKGS))) || rc=$$?; \
 		echo "+ $(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) <every package but ./e2e and $(STRESS_PKGS)>"; \
 		$(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) $$pkgs || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \

@@ -77,7 +77,7 @@ func runControl(ctx context.Context, env teststack.Env, o options) (*controlResu
 		specs = append(specs, s)
 		op, err := k.Measure(func(p *kvm2.Provider) error { _, err := p.Create(ctx, s); return err })
 		if err != nil {
-			return nil, fmt.Errorf("Create %s: %w", s.Name, err)
+			return nil, fmt.Errorf("create %s: %w", s.Name, err)
 		}
 		res.create.add(op)
 	}
@@ -85,17 +85,17 @@ func runControl(ctx context.Context, env teststack.Env, o options) (*controlResu
 		var inst provider.Instance
 		op, err := k.Measure(func(p *kvm2.Provider) error { var err error; inst, err = p.Get(ctx, s.Ref()); return err })
 		if err != nil {
-			return nil, fmt.Errorf("Get %s: %w", s.Name, err)
+			return nil, fmt.Errorf("get %s: %w", s.Name, err)
 		}
 		if inst.State != provider.StateProvisioning {
-			return nil, fmt.Errorf("Get %s: state %v, want Provisioning (running, no address)", s.Name, inst.State)
+			return nil, fmt.Errorf("get %s: state %v, want Provisioning (running, no address)", s.Name, inst.State)
 		}
 		res.getRunning.add(op)
 	}
 	for _, s := range specs {
 		op, err := k.Measure(func(p *kvm2.Provider) error { return p.Delete(ctx, s.Ref()) })
 		if err != nil {
-			return nil, fmt.Errorf("Delete %s: %w", s.Name, err)
+			return nil, fmt.Errorf("delete %s: %w", s.Name, err)
 		}
 		res.del.add(op)
 	}
@@ -165,7 +165,7 @@ func runScale(ctx context.Context, env teststack.Env, o options) (*scaleResult, 
 			s := k.Spec(fmt.Sprintf("x%d-", n), i)
 			op, err := k.Measure(func(p *kvm2.Provider) error { _, err := p.Create(ctx, s); return err })
 			if err != nil {
-				return nil, fmt.Errorf("Create %s: %w", s.Name, err)
+				return nil, fmt.Errorf("create %s: %w", s.Name, err)
 			}
 			row.create.add(op)
 			if err := k.Stop(ctx, s.Name); err != nil {
@@ -173,7 +173,7 @@ func runScale(ctx context.Context, env teststack.Env, o options) (*scaleResult, 
 			}
 			op, err = k.Measure(func(p *kvm2.Provider) error { return p.Delete(ctx, s.Ref()) })
 			if err != nil {
-				return nil, fmt.Errorf("Delete %s: %w", s.Name, err)
+				return nil, fmt.Errorf("delete %s: %w", s.Name, err)
 			}
 			row.del.add(op)
 		}
@@ -181,7 +181,7 @@ func runScale(ctx context.Context, env teststack.Env, o options) (*scaleResult, 
 			s := specs[rand.IntN(len(specs))]
 			op, err := k.Measure(func(p *kvm2.Provider) error { _, err := p.Get(ctx, s.Ref()); return err })
 			if err != nil {
-				return nil, fmt.Errorf("Get %s: %w", s.Name, err)
+				return nil, fmt.Errorf("get %s: %w", s.Name, err)
 			}
 			row.get.add(op)
 		}
@@ -189,10 +189,10 @@ func runScale(ctx context.Context, env teststack.Env, o options) (*scaleResult, 
 			var got []provider.Instance
 			op, err := k.Measure(func(p *kvm2.Provider) error { var err error; got, err = p.List(ctx); return err })
 			if err != nil {
-				return nil, fmt.Errorf("List: %w", err)
+				return nil, fmt.Errorf("list: %w", err)
 			}
 			if len(got) != n {
-				return nil, fmt.Errorf("List returned %d instances, want %d", len(got), n)
+				return nil, fmt.Errorf("list returned %d instances, want %d", len(got), n)
 			}
 			row.list.add(op)
 		}

@@ -103,11 +103,10 @@ type backend struct {
 }
 
 type member struct {
-	b     *backend
-	spec  provider.Spec
-	inst  provider.Instance
-	res   health.Result
-	probe bool
+	b    *backend
+	spec provider.Spec
+	inst provider.Instance
+	res  health.Result
 }
 
 // failure is an error with the exit code it ends the program with.
