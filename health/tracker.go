@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -290,6 +291,10 @@ func (t *Tracker) forget(forgotten []Status, why string) {
 // Update (members without an address, and tracked proxies not in members,
 // are handled as Update describes) and returns the probe results. One span
 // ("health.Round") covers the round.
+//
+// opts.TargetAddr is required: with nil opts or an empty TargetAddr every
+// result is KindBadInput, no connection is made, the round is not recorded
+// (no proxy's state changes) and the mistake is logged as an error.
 func (t *Tracker) Round(ctx context.Context, members []Member, opts *ProbeAllOptions) []Result {
 	ctx, span := t.tracer.Start(ctx, "health.Round", trace.WithAttributes(
 		attribute.Int("health.members", len(members))))
@@ -309,6 +314,16 @@ func (t *Tracker) Round(ctx context.Context, members []Member, opts *ProbeAllOpt
 		}
 	}
 	results := ProbeAll(ctx, targets, &o)
+	if o.TargetAddr == "" {
+		// Every probe failed as KindBadInput without a connection: the
+		// caller forgot the target, the proxies are not at fault. Never
+		// mark a fleet down for it.
+		err := errors.New("health: Tracker.Round needs ProbeAllOptions.TargetAddr (the CONNECT target every probe tunnels to); the round was not recorded and no proxy's state changed")
+		t.log.Error(err, "round not recorded", "members", len(members))
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		return results
+	}
 	obs := make([]Observation, 0, len(members))
 	j := 0
 	for _, m := range members {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -459,5 +460,34 @@ func TestTrackerLogsThroughLogr(t *testing.T) {
 		if !strings.Contains(joined, want) {
 			t.Errorf("logs lack %s:\n%s", want, joined)
 		}
+	}
+}
+
+// Round without a CONNECT target (nil options, or no TargetAddr) is the
+// caller's mistake, not the proxies': every result is KindBadInput, no
+// connection is made and no proxy's state changes — never a fleet marked
+// down. Before, two such rounds marked every member Unhealthy.
+func TestRoundWithoutTargetMarksNothingDown(t *testing.T) {
+	var conns atomic.Int64
+	good := startFake(t, func(c net.Conn) { conns.Add(1); reply("HTTP/1.1 200 OK\r\n\r\n")(c) }).addr
+	tr, err := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := []Member{{ID: "good", Addr: good}}
+	tr.Round(context.Background(), members, &ProbeAllOptions{TargetAddr: "example.test:443"})
+	for _, opts := range []*ProbeAllOptions{nil, {Workers: 2}} {
+		for range 3 {
+			res := tr.Round(context.Background(), members, opts)
+			if len(res) != 1 || res[0].Kind != KindBadInput {
+				t.Fatalf("results %+v, want one KindBadInput", res)
+			}
+		}
+	}
+	if s := tr.Snapshot(); len(s) != 1 || s[0].State != StateHealthy {
+		t.Fatalf("states after rounds without a target: %+v, want good still Healthy", s)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("%d connections to the proxy, want 1 (rounds without a target connect nowhere)", n)
 	}
 }
