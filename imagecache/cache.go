@@ -292,7 +292,7 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 	return &Cache{
 		conn:     conn,
 		cfg:      cfg,
-		log:      log.WithValues("entry", cfg.Entry, "pool", cfg.Pool),
+		log:      log.WithName("imagecache").WithValues("entry", cfg.Entry, "pool", cfg.Pool),
 		tracer:   tp.Tracer("github.com/egressproxy/egressproxy/imagecache"),
 		flights:  map[string]*flight{},
 		instance: randHex(instanceBytes),

@@ -56,11 +56,13 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	log := opts.Logger
-	if log.GetSink() == nil {
-		log = logr.Discard()
+	base := opts.Logger
+	if base.GetSink() == nil {
+		base = logr.Discard()
 	}
-	log = log.WithValues("entry", cfg.Entry)
+	// Each package names its own logger and adds its own keys once:
+	// imagecache adds entry and pool itself, sshconn only its address.
+	log := base.WithValues("entry", cfg.Entry)
 	tp := opts.TracerProvider
 	if tp == nil {
 		tp = noop.NewTracerProvider()
@@ -73,7 +75,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		DialTimeout:       cfg.DialTimeout,
 		KeepaliveInterval: cfg.KeepaliveInterval,
 		KeepaliveCount:    cfg.KeepaliveCount,
-		Logger:            log.WithName("sshconn"),
+		Logger:            log,
 	})
 	if err != nil {
 		return nil, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
@@ -82,14 +84,14 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		Socket:      cfg.LibvirtSocket,
 		URI:         cfg.LibvirtURI,
 		CallTimeout: cfg.CallTimeout,
-		Logger:      log.WithName("libvirt"),
+		Logger:      log,
 	})
 	cache, err := imagecache.New(lv, imagecache.Config{
 		Entry:          cfg.Entry,
 		Pool:           cfg.Pool,
 		TransferBudget: cfg.TransferBudget,
 		HTTPClient:     opts.HTTPClient,
-		Logger:         log.WithName("imagecache"),
+		Logger:         base,
 		TracerProvider: tp,
 	})
 	if err != nil {
@@ -99,7 +101,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 	}
 	return &Provider{
 		cfg:    cfg,
-		log:    log,
+		log:    log.WithName("kvm2"),
 		tracer: tp.Tracer(TracerName),
 		pool:   pool,
 		lv:     lv,
