@@ -129,11 +129,30 @@ func (c *Client) run(ctx context.Context, op, instance string, fn func(ctx conte
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 		span.SetAttributes(attribute.String("egressproxy.error_code", provider.Code(err).String()))
-		c.log.Error(err, "operation failed", "op", op, "instance", instance, "code", provider.Code(err).String(), "elapsed", elapsed)
+		if expected(ctx, err) {
+			c.log.V(1).Info("operation failed as expected", "op", op, "instance", instance, "code", provider.Code(err).String(), "elapsed", elapsed, "err", err)
+		} else {
+			c.log.Error(err, "operation failed", "op", op, "instance", instance, "code", provider.Code(err).String(), "elapsed", elapsed)
+		}
 	} else {
 		c.log.V(1).Info("operation done", "op", op, "instance", instance, "elapsed", elapsed)
 	}
 	return err
+}
+
+// expected reports whether err is an outcome a reconcile loop expects
+// rather than a failure someone must act on: a missing instance, input that
+// failed validation, the caller's own context ending, or a closed client.
+// Those are logged at V(1), everything else at Error.
+func expected(ctx context.Context, err error) bool {
+	var fe *provider.FieldError
+	switch {
+	case provider.Code(err) == provider.NotFound, errors.As(err, &fe), errors.Is(err, provider.ErrClosed):
+		return true
+	case ctx.Err() != nil && (provider.Code(err) == provider.Canceled || provider.Code(err) == provider.DeadlineExceeded):
+		return true
+	}
+	return false
 }
 
 // Create validates spec, then creates the instance (idempotent on UID).

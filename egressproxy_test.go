@@ -282,3 +282,58 @@ func TestOneSpanAndOneLogLinePerOperation(t *testing.T) {
 		t.Fatalf("failure line = %s", lines[2])
 	}
 }
+
+// Expected outcomes of a reconcile loop — a missing instance, input that
+// fails validation, the caller's own cancellation, a closed client — log at
+// V(1); failures someone must act on log at Error.
+func TestLogLevelsOfOutcomes(t *testing.T) {
+	var mu sync.Mutex
+	var lines []string
+	log := funcr.New(func(_, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, args)
+	}, funcr.Options{Verbosity: 1})
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	bad := goodSpec()
+	bad.Name = "Not A Name"
+	for _, tc := range []struct {
+		name  string
+		err   error
+		call  func(c *Client) error
+		error bool // logged at Error
+	}{
+		{"not found", provider.Errorf(provider.NotFound, "no such instance"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, false},
+		{"validation", nil, func(c *Client) error { _, err := c.Create(context.Background(), bad); return err }, false},
+		{"caller cancelled", nil, func(c *Client) error { _, err := c.Get(cancelled, goodSpec().Ref()); return err }, false},
+		{"closed", nil, func(c *Client) error { c.Close(); _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, false},
+		{"transient", provider.Errorf(provider.Transient, "host unreachable"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, true},
+		{"permanent", provider.Errorf(provider.Permanent, "name taken"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mu.Lock()
+			lines = nil
+			mu.Unlock()
+			c := New(&recorder{err: tc.err}, &Options{Logger: log})
+			defer c.Close()
+			if err := tc.call(c); err == nil {
+				t.Fatal("the call succeeded")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			var failed []string
+			for _, l := range lines {
+				if strings.Contains(l, `"error"=`) {
+					failed = append(failed, l)
+				}
+			}
+			if tc.error && len(failed) != 1 {
+				t.Fatalf("want one Error line, got %d: %v", len(failed), lines)
+			}
+			if !tc.error && len(failed) != 0 {
+				t.Fatalf("an expected outcome was logged at Error: %v", failed)
+			}
+		})
+	}
+}
