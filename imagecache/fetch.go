@@ -660,5 +660,8 @@ func (c *Cache) physical(ctx context.Context, name string) (uint64, error) {
 		_, _, phys, err = l.StorageVolGetInfoFlags(v, uint32(libvirt.StorageVolGetPhysical))
 		return err
 	})
-	return phys, err
+	if err != nil {
+		return 0, err // fn may still be running: never read what it writes
+	}
+	return phys, nil
 }

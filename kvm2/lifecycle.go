@@ -109,7 +109,10 @@ func (p *Provider) lookup(ctx context.Context, op, name string) (domainInfo, err
 		info, err = p.readDomain(l, dom, true)
 		return err
 	}, attribute.String("domain", name))
-	return info, err
+	if err != nil {
+		return domainInfo{}, err // fn may still be running: never read what it writes
+	}
+	return info, nil
 }
 
 // instance builds the Instance of a domain we own, with the address when it
@@ -145,7 +148,10 @@ func (d *domainAddrs) InterfaceAddresses(ctx context.Context, src libvirt.Domain
 		out, err = l.DomainInterfaceAddresses(d.dom, uint32(src), 0)
 		return err
 	}, attribute.String("domain", d.dom.Name), attribute.Int("source", int(src)))
-	return out, err
+	if err != nil {
+		return nil, err // fn may still be running: never read what it writes
+	}
+	return out, nil
 }
 
 func (p *Provider) wrap(op string, ref provider.Ref, err error) error {

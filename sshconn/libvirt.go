@@ -206,6 +206,11 @@ func (l *Libvirt) closedError(op string) error {
 // If fn fails and the libvirt connection was lost, the session is marked
 // dead and the error is returned as *Error{Kind: KindUnreachable}; any other
 // error of fn (e.g. a libvirt.Error) is returned unchanged.
+//
+// Because an abandoned fn goes on running after Do returned, the caller
+// must not touch what fn writes unless Do returned nil (then fn has
+// finished, and everything it wrote happened before Do returned). Write
+// results into variables fn owns and read them only on success.
 func (l *Libvirt) Do(ctx context.Context, fn func(*libvirt.Libvirt) error) error {
 	if err := ctx.Err(); err != nil {
 		// Never start a call whose caller has already gone: on a loaded

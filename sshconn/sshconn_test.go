@@ -470,7 +470,10 @@ func hostname(ctx context.Context, l *Libvirt) (string, error) {
 		h, err = v.ConnectGetHostname()
 		return err
 	})
-	return h, err
+	if err != nil {
+		return "", err // an abandoned fn may still write h
+	}
+	return h, nil
 }
 
 func TestLibvirtDo(t *testing.T) {
