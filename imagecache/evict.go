@@ -173,4 +173,3 @@ func (c *Cache) paths(ctx context.Context, vols []string) (map[string]string, er
 	}
 	return out, nil
 }
-

@@ -251,7 +251,9 @@ func TestGETAndContentChecks(t *testing.T) {
 	})
 	mux.HandleFunc("/short", chunked(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "QF") }))
 	mux.HandleFunc("/random", chunked(func(w http.ResponseWriter, r *http.Request) { _, _ = io.CopyN(w, mrand.NewChaCha8([32]byte{9}), 1<<20) }))
-	mux.HandleFunc("/qcow2", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "QFI\xfb\x00\x00\x00\x03"+strings.Repeat("\x00", 1000)) })
+	mux.HandleFunc("/qcow2", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "QFI\xfb\x00\x00\x00\x03"+strings.Repeat("\x00", 1000))
+	})
 	plain := httptest.NewServer(mux)
 	t.Cleanup(plain.Close)
 	tlsSrv := httptest.NewUnstartedServer(mux)

@@ -381,7 +381,6 @@ func (f *fakeLibvirtd) serve() {
 	}
 }
 
-
 // fakePacket is one packet a fake libvirtd sends for a call.
 type fakePacket struct {
 	typ, status uint32 // socket.Reply/Stream, socket.StatusOK/Error/Continue
