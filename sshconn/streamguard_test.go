@@ -108,9 +108,6 @@ func TestUpstreamStreamDeadlockReproducer(t *testing.T) {
 		unguardedChild(t, shape)
 		return
 	}
-	if testing.Short() {
-		t.Skip("spawns a child per shape")
-	}
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
