@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/libvirterr"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"libvirt.org/go/libvirtxml"
@@ -61,11 +61,15 @@ func lookupVol(l *libvirt.Libvirt, pool, name string) (libvirt.StorageVol, error
 	return l.StorageVolLookupByName(p, name)
 }
 
-// classify gives an infrastructure error its class: the context's code when
-// ctx ended; Permanent for a missing pool or a pool that is not active (a
-// human must define or start it); Transient otherwise (a lost session, a
-// volume gone underneath, libvirt's own failures). Errors that already
-// carry a class keep it.
+// classify gives an infrastructure error its class from the table kvm2
+// shares (internal/libvirterr): the context's code when ctx ended; an
+// explicit class kept; Permanent for a missing pool or a pool that is not
+// active (a human must define or start it; the message says so), for
+// credentials and host keys the link refuses and for requests libvirt
+// refuses as made; Transient for a lost session and libvirt's own
+// failures. A libvirt object missing underneath the cache (a volume deleted
+// meanwhile) is Transient, not NotFound: the cache's calls are about an
+// image, which a retry fetches again.
 func (c *Cache) classify(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
@@ -77,29 +81,22 @@ func (c *Cache) classify(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return provider.FromContext(fmt.Errorf("%w (%w)", err, ctx.Err()))
 	}
-	if isLibvirtErr(err, libvirt.ErrNoStoragePool) {
+	v := libvirterr.Of(err)
+	switch {
+	case v.Missing:
+		return provider.WithCode(provider.Transient, err)
+	case v.Reason == provider.ReasonPoolNotFound:
 		return provider.WithCode(provider.Permanent, fmt.Errorf("storage pool %s: %w", c.cfg.Pool, err))
-	}
-	if poolInactive(err) {
+	case v.Reason == provider.ReasonPoolNotActive:
 		return provider.WithCode(provider.Permanent, fmt.Errorf("storage pool %s is not active; start it (and mark it autostart) and retry: %w", c.cfg.Pool, err))
 	}
-	return provider.WithCode(provider.Transient, err)
+	return libvirterr.Classify(err)
 }
 
-// poolInactive: libvirt refused because a storage pool is stopped
-// (VIR_ERR_OPERATION_INVALID "storage pool '…' is not active"); the same
-// code also means passing states such as "has asynchronous jobs running",
-// which stay Transient.
-func poolInactive(err error) bool {
-	var le libvirt.Error
-	return errors.As(err, &le) && le.Code == uint32(libvirt.ErrOperationInvalid) &&
-		strings.Contains(le.Message, "storage pool") && strings.HasSuffix(strings.TrimSpace(le.Message), "is not active")
-}
+// poolInactive: libvirt refused because a storage pool is stopped.
+func poolInactive(err error) bool { return libvirterr.PoolInactive(err) }
 
-func isLibvirtErr(err error, code libvirt.ErrorNumber) bool {
-	var le libvirt.Error
-	return errors.As(err, &le) && le.Code == uint32(code)
-}
+func isLibvirtErr(err error, code libvirt.ErrorNumber) bool { return libvirterr.Is(err, code) }
 
 // listNames returns the names of every volume in the pool.
 func (c *Cache) listNames(ctx context.Context) ([]string, error) {

@@ -1,164 +1,49 @@
 package kvm2
 
 import (
-	"context"
-	"errors"
-	"io"
-	"net"
-	"syscall"
-
 	libvirt "github.com/digitalocean/go-libvirt"
 
+	"github.com/egressproxy/egressproxy/internal/libvirterr"
 	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/sshconn"
 )
 
+// The classification of libvirt and link errors is one table shared with
+// imagecache (internal/libvirterr); these names keep kvm2's call sites short.
+
 // libvirtCode returns the libvirt error number inside err, if any.
-func libvirtCode(err error) (libvirt.ErrorNumber, bool) {
-	var v libvirt.Error
-	if errors.As(err, &v) {
-		return libvirt.ErrorNumber(v.Code), true
-	}
-	var p *libvirt.Error
-	if errors.As(err, &p) && p != nil {
-		return libvirt.ErrorNumber(p.Code), true
-	}
-	return 0, false
-}
+func libvirtCode(err error) (libvirt.ErrorNumber, bool) { return libvirterr.Number(err) }
 
 // isLibvirtCode reports whether err carries one of the libvirt codes.
 func isLibvirtCode(err error, codes ...libvirt.ErrorNumber) bool {
-	c, ok := libvirtCode(err)
-	if !ok {
-		return false
-	}
-	for _, want := range codes {
-		if c == want {
-			return true
-		}
-	}
-	return false
+	return libvirterr.Is(err, codes...)
 }
 
 // linkDead reports whether err says the connection to libvirtd (or the SSH
 // link under it) is gone. Such an error is Transient whatever libvirt code
 // may also appear in it.
-func linkDead(err error) bool {
-	if sshconn.KindOf(err) == sshconn.KindUnreachable {
-		return true
-	}
-	switch {
-	case errors.Is(err, libvirt.ErrInterrupted),
-		errors.Is(err, syscall.EINVAL), // go-libvirt after the socket closed
-		errors.Is(err, syscall.EPIPE),
-		errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.ECONNREFUSED),
-		errors.Is(err, io.EOF),
-		errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, io.ErrClosedPipe),
-		errors.Is(err, net.ErrClosed):
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne)
-}
+func linkDead(err error) bool { return libvirterr.LinkDead(err) }
 
-// classify gives err one class (provider.Code), in this order:
-//
-//  1. nil stays nil; an error that already carries a provider class keeps it
-//     (an explicit class wins over anything inferred);
-//  2. context errors are Canceled / DeadlineExceeded;
-//  3. sshconn kinds: unreachable (link dead) is Transient, whatever libvirt
-//     code it wraps; closed and config are Permanent; key unreadable, auth
-//     refused, host key unknown or mismatch are Permanent (a human must fix
-//     credentials or known_hosts); forbidden is Transient (OpenSSH gives the
-//     same answer when libvirtd's socket is absent, e.g. while it restarts);
-//  4. a dead link seen without sshconn's help (go-libvirt's interrupted or
-//     EINVAL after disconnect, EOF, closed pipe, network errors) is
-//     Transient, whatever libvirt code also appears;
-//  5. libvirt codes: no domain / no storage volume / no storage pool / no
-//     domain metadata are NotFound; invalid argument, access denied, no
-//     support, operation invalid/unsupported/denied, XML and config errors,
-//     already exists are Permanent; everything else (RPC, no connect,
-//     internal, system error, timeouts, busy, agent) is Transient;
-//  6. anything else is Transient (a retry is the safe default).
+// classify gives err one class (provider.Code) from the shared table (see
+// internal/libvirterr for the rules): an explicit class wins; context errors
+// are Canceled / DeadlineExceeded; sshconn's kinds, a dead link, a stopped or
+// missing pool and libvirt's error numbers map as the table says; anything
+// else is Transient. A libvirt "no such object" is NotFound: kvm2's calls
+// name the object (the instance's domain or volumes), and the calls for
+// which a missing object is success (Delete) check for it before.
 //
 // Reads that must not latch a healthy instance as failed use classifyRead.
-func classify(err error) error {
-	if err == nil {
-		return nil
-	}
-	var pe *provider.Error
-	if errors.As(err, &pe) {
-		return err
-	}
-	switch {
-	case errors.Is(err, context.Canceled):
-		return provider.WithCode(provider.Canceled, err)
-	case errors.Is(err, context.DeadlineExceeded):
-		return provider.WithCode(provider.DeadlineExceeded, err)
-	}
-	switch sshconn.KindOf(err) {
-	case sshconn.KindUnreachable:
-		return provider.WithCode(provider.Transient, err)
-	case sshconn.KindClosed:
-		return provider.WithCode(provider.Permanent, closedError{err})
-	case sshconn.KindConfig, sshconn.KindKeyUnreadable, sshconn.KindAuthRefused,
-		sshconn.KindHostUnknown, sshconn.KindHostKeyMismatch:
-		return provider.WithCode(provider.Permanent, err)
-	case sshconn.KindForbidden:
-		return provider.WithCode(provider.Transient, err)
-	}
-	if linkDead(err) {
-		return provider.WithCode(provider.Transient, err)
-	}
-	if code, ok := libvirtCode(err); ok {
-		switch code {
-		case libvirt.ErrNoDomain, libvirt.ErrNoStorageVol, libvirt.ErrNoStoragePool, libvirt.ErrNoDomainMetadata:
-			return provider.WithCode(provider.NotFound, err)
-		case libvirt.ErrInvalidArg, libvirt.ErrAccessDenied, libvirt.ErrNoSupport,
-			libvirt.ErrOperationInvalid, libvirt.ErrOperationUnsupported, libvirt.ErrOperationDenied,
-			libvirt.ErrArgumentUnsupported, libvirt.ErrConfigUnsupported, libvirt.ErrXMLError,
-			libvirt.ErrXMLDetail, libvirt.ErrXMLInvalidSchema, libvirt.ErrDomExist,
-			libvirt.ErrStorageVolExist, libvirt.ErrAuthFailed, libvirt.ErrInvalidStoragePool,
-			libvirt.ErrInvalidStorageVol, libvirt.ErrInvalidDomain, libvirt.ErrNoNetwork,
-			libvirt.ErrInvalidMac, libvirt.ErrCPUIncompatible, libvirt.ErrNoKernel:
-			return provider.WithCode(provider.Permanent, err)
-		}
-		return provider.WithCode(provider.Transient, err)
-	}
-	if errors.Is(err, libvirt.ErrUnsupported) {
-		return provider.WithCode(provider.Permanent, err)
-	}
-	return provider.WithCode(provider.Transient, err)
-}
+func classify(err error) error { return libvirterr.Classify(err) }
 
 // classifyRead classifies an error of a read (state, address, metadata) of
 // an instance that exists: like classify, but a Permanent class inferred
 // from a libvirt code becomes Transient, so a read that fails (for example
 // because the link died half-way and libvirt answered "invalid argument")
-// never latches a healthy instance as failed. Explicit classes, NotFound and
-// context codes are kept.
-func classifyRead(err error) error {
-	if err == nil {
-		return nil
-	}
-	var pe *provider.Error
-	if errors.As(err, &pe) {
-		return err
-	}
-	c := classify(err)
-	if provider.Code(c) == provider.Permanent && sshconn.KindOf(err) != sshconn.KindClosed {
-		return provider.WithCode(provider.Transient, err)
-	}
-	return c
-}
+// never latches a healthy instance as failed. Explicit classes, NotFound,
+// context codes and a closed link are kept.
+func classifyRead(err error) error { return libvirterr.ClassifyRead(err) }
+
+// healthReason maps a failed check to its reason (the shared table's).
+func healthReason(err error) provider.HealthReason { return libvirterr.Reason(err) }
 
 // closedError makes an sshconn "closed" error match provider.ErrClosed.
-type closedError struct{ err error }
-
-func (e closedError) Error() string { return e.err.Error() }
-func (e closedError) Unwrap() error { return e.err }
-func (e closedError) Is(target error) bool {
-	return target == provider.ErrClosed
-}
+type closedError = libvirterr.ClosedError

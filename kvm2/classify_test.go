@@ -39,7 +39,7 @@ func TestClassify(t *testing.T) {
 		{"sshconn unreachable around ctx deadline", sshErr(sshconn.KindUnreachable, context.DeadlineExceeded), provider.DeadlineExceeded, 0},
 		{"no domain", lvErr(libvirt.ErrNoDomain), provider.NotFound, 0},
 		{"no storage vol", fmt.Errorf("lookup: %w", lvErr(libvirt.ErrNoStorageVol)), provider.NotFound, 0},
-		{"no storage pool", lvErr(libvirt.ErrNoStoragePool), provider.NotFound, 0},
+		{"no storage pool", lvErr(libvirt.ErrNoStoragePool), provider.Permanent, provider.Transient},
 		{"no domain metadata", lvErr(libvirt.ErrNoDomainMetadata), provider.NotFound, 0},
 		{"invalid arg", lvErr(libvirt.ErrInvalidArg), provider.Permanent, provider.Transient},
 		{"access denied", lvErr(libvirt.ErrAccessDenied), provider.Permanent, provider.Transient},

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/libvirterr"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -133,7 +134,7 @@ func (p *Provider) do(ctx context.Context, op string, fn func(*libvirt.Libvirt) 
 }
 
 // errPoolNotActive marks a pool that exists but does not run.
-var errPoolNotActive = errors.New("storage pool is not active")
+var errPoolNotActive = libvirterr.ErrPoolInactive
 
 var poolStateNames = map[uint8]string{
 	uint8(libvirt.StoragePoolInactive):     "inactive",
@@ -226,44 +227,12 @@ func (p *Provider) Check(ctx context.Context) (provider.Health, error) {
 		return provider.Health{}, provider.FromContext(fmt.Errorf("kvm2 %s: check: %w", p.cfg.Entry, err))
 	}
 	if sshconn.KindOf(err) == sshconn.KindClosed || p.closed.Load() {
-		return provider.Health{}, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2 %s: check: %w", p.cfg.Entry, closedError{err}))
+		return provider.Health{}, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2 %s: check: %w", p.cfg.Entry, closedError{Err: err}))
 	}
 	h.Reason = healthReason(err)
 	h.Message = err.Error()
 	p.log.Info("check: unhealthy", "reason", string(h.Reason), "error", h.Message)
 	return h, nil
-}
-
-// healthReason maps a failed check to its reason.
-func healthReason(err error) provider.HealthReason {
-	switch sshconn.KindOf(err) {
-	case sshconn.KindKeyUnreadable:
-		return provider.ReasonCredentialsUnavailable
-	case sshconn.KindAuthRefused:
-		return provider.ReasonUnauthorized
-	case sshconn.KindHostUnknown:
-		return provider.ReasonHostKeyUnknown
-	case sshconn.KindHostKeyMismatch:
-		return provider.ReasonHostKeyMismatch
-	case sshconn.KindForbidden:
-		return provider.ReasonForbidden
-	case sshconn.KindUnreachable:
-		return provider.ReasonUnreachable
-	}
-	switch {
-	case errors.Is(err, errPoolNotActive):
-		return provider.ReasonPoolNotActive
-	case isLibvirtCode(err, libvirt.ErrNoStoragePool):
-		return provider.ReasonPoolNotFound
-	case isLibvirtCode(err, libvirt.ErrAccessDenied, libvirt.ErrAuthFailed, libvirt.ErrAuthUnavailable,
-		libvirt.ErrOperationDenied, libvirt.ErrAuthCancelled):
-		return provider.ReasonForbidden
-	case linkDead(err):
-		return provider.ReasonUnreachable
-	case isLibvirtCode(err, libvirt.ErrNoConnect, libvirt.ErrInvalidConn, libvirt.ErrRPC):
-		return provider.ReasonUnreachable
-	}
-	return provider.ReasonUnknown
 }
 
 // Close releases the libvirt connection, the SSH connection and every

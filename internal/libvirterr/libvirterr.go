@@ -1,0 +1,297 @@
+// Package libvirterr is the one table that gives an error from libvirt, or
+// from the SSH link under it, its provider class and, for Check, its health
+// reason. kvm2 and imagecache both classify through it, so the same libvirt
+// failure has the same class wherever it surfaces.
+//
+// The rules, in order (Of):
+//
+//  1. nil is OK; an error that already carries a provider class keeps it
+//     (an explicit class wins over anything inferred);
+//  2. context errors are Canceled / DeadlineExceeded;
+//  3. sshconn kinds: unreachable is Transient (whatever libvirt code it
+//     wraps); closed and config are Permanent; key unreadable, auth refused,
+//     host key unknown or mismatch are Permanent (a human must fix
+//     credentials or known_hosts), each with its health reason; forbidden is
+//     Transient (OpenSSH gives the same answer while libvirtd's socket is
+//     absent, e.g. during a restart);
+//  4. a dead link seen without sshconn's help (go-libvirt's interrupted, or
+//     EINVAL after its socket closed, EOF, closed pipe, network errors) is
+//     Transient, whatever libvirt code also appears;
+//  5. the pool-not-active marker (ErrPoolInactive, or libvirt's "storage
+//     pool '…' is not active") is Permanent: a human must start the pool;
+//  6. libvirt error numbers: the table below (Table); a number it does not
+//     list is Transient;
+//  7. anything else is Transient (a retry is the safe default).
+//
+// A libvirt "no such object" (no domain, no storage volume, no domain
+// metadata) is NotFound in the table, and Verdict.Missing says so. Only a
+// call whose subject is that object may return NotFound (kvm2's Get of an
+// instance); a call for which the missing object is a step, not the subject
+// (a volume gone underneath an image fetch, a Delete that finds nothing),
+// handles Missing itself. A missing storage pool is never NotFound: it is
+// the entry's configuration that is wrong (Permanent, ReasonPoolNotFound).
+package libvirterr
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+
+	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/sshconn"
+)
+
+// Verdict is what the table says of one error.
+type Verdict struct {
+	// Code is the error's class.
+	Code provider.ErrorCode
+	// Reason is the health reason Check reports for a failure of this kind
+	// (ReasonUnknown when the failure says nothing specific).
+	Reason provider.HealthReason
+	// Missing: libvirt said the object does not exist (Code NotFound).
+	Missing bool
+	// Closed: the link was closed by its owner (Code Permanent); the error
+	// is made to match provider.ErrClosed by Classify.
+	Closed bool
+}
+
+// Entry is one row of the libvirt-number table.
+type Entry struct {
+	Code   provider.ErrorCode
+	Reason provider.HealthReason
+}
+
+// Table maps the libvirt error numbers that are not Transient (and the
+// Transient ones that name a health reason) to their class. Every other
+// number is Transient with ReasonUnknown: internal and system errors, RPC
+// failures, timeouts, busy resources, agent failures.
+var Table = map[libvirt.ErrorNumber]Entry{
+	// The object the call names does not exist.
+	libvirt.ErrNoDomain:         {provider.NotFound, provider.ReasonUnknown},
+	libvirt.ErrNoStorageVol:     {provider.NotFound, provider.ReasonUnknown},
+	libvirt.ErrNoDomainMetadata: {provider.NotFound, provider.ReasonUnknown},
+
+	// The entry's configuration is wrong: a human must act.
+	libvirt.ErrNoStoragePool: {provider.Permanent, provider.ReasonPoolNotFound},
+	libvirt.ErrNoNetwork:     {provider.Permanent, provider.ReasonUnknown},
+
+	// Refused for lack of rights.
+	libvirt.ErrAccessDenied:    {provider.Permanent, provider.ReasonForbidden},
+	libvirt.ErrAuthFailed:      {provider.Permanent, provider.ReasonForbidden},
+	libvirt.ErrAuthUnavailable: {provider.Permanent, provider.ReasonForbidden},
+	libvirt.ErrAuthCancelled:   {provider.Permanent, provider.ReasonForbidden},
+	libvirt.ErrOperationDenied: {provider.Permanent, provider.ReasonForbidden},
+
+	// The request itself cannot succeed as made.
+	libvirt.ErrInvalidArg:           {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrNoSupport:            {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrOperationInvalid:     {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrOperationUnsupported: {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrArgumentUnsupported:  {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrConfigUnsupported:    {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrXMLError:             {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrXMLDetail:            {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrXMLInvalidSchema:     {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrDomExist:             {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrStorageVolExist:      {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrInvalidStoragePool:   {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrInvalidStorageVol:    {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrInvalidDomain:        {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrInvalidMac:           {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrCPUIncompatible:      {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrNoKernel:             {provider.Permanent, provider.ReasonUnknown},
+
+	// Transient, but the link to libvirtd is what failed.
+	libvirt.ErrNoConnect:   {provider.Transient, provider.ReasonUnreachable},
+	libvirt.ErrInvalidConn: {provider.Transient, provider.ReasonUnreachable},
+	libvirt.ErrRPC:         {provider.Transient, provider.ReasonUnreachable},
+}
+
+// ErrPoolInactive marks a storage pool that exists but does not run (wrap
+// it with %w); Of classes it Permanent with ReasonPoolNotActive.
+var ErrPoolInactive = errors.New("storage pool is not active")
+
+// Number returns the libvirt error number inside err, if any.
+func Number(err error) (libvirt.ErrorNumber, bool) {
+	var v libvirt.Error
+	if errors.As(err, &v) {
+		return libvirt.ErrorNumber(v.Code), true
+	}
+	var p *libvirt.Error
+	if errors.As(err, &p) && p != nil {
+		return libvirt.ErrorNumber(p.Code), true
+	}
+	return 0, false
+}
+
+// Is reports whether err carries one of the libvirt numbers.
+func Is(err error, numbers ...libvirt.ErrorNumber) bool {
+	n, ok := Number(err)
+	if !ok {
+		return false
+	}
+	for _, want := range numbers {
+		if n == want {
+			return true
+		}
+	}
+	return false
+}
+
+// LinkDead reports whether err says the connection to libvirtd (or the SSH
+// link under it) is gone.
+func LinkDead(err error) bool {
+	if sshconn.KindOf(err) == sshconn.KindUnreachable {
+		return true
+	}
+	switch {
+	case errors.Is(err, libvirt.ErrInterrupted),
+		errors.Is(err, syscall.EINVAL), // go-libvirt after the socket closed
+		errors.Is(err, syscall.EPIPE),
+		errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNREFUSED),
+		errors.Is(err, io.EOF),
+		errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, io.ErrClosedPipe),
+		errors.Is(err, net.ErrClosed):
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne)
+}
+
+// PoolInactive reports whether err says a storage pool is stopped: the
+// ErrPoolInactive marker, or libvirt's VIR_ERR_OPERATION_INVALID "storage
+// pool '…' is not active" (the same number also means passing states such
+// as "has asynchronous jobs running", which PoolBusy reports).
+func PoolInactive(err error) bool {
+	if errors.Is(err, ErrPoolInactive) {
+		return true
+	}
+	var le libvirt.Error
+	return errors.As(err, &le) && le.Code == uint32(libvirt.ErrOperationInvalid) &&
+		strings.Contains(le.Message, "storage pool") && strings.HasSuffix(strings.TrimSpace(le.Message), "is not active")
+}
+
+// busy reports libvirt's VIR_ERR_OPERATION_INVALID for a passing state of
+// an object ("has asynchronous jobs running"): Transient, not Permanent.
+func busy(err error) bool {
+	var le libvirt.Error
+	return errors.As(err, &le) && le.Code == uint32(libvirt.ErrOperationInvalid) &&
+		strings.Contains(le.Message, "asynchronous jobs running")
+}
+
+var sshKinds = map[sshconn.Kind]Verdict{
+	sshconn.KindUnreachable:     {Code: provider.Transient, Reason: provider.ReasonUnreachable},
+	sshconn.KindClosed:          {Code: provider.Permanent, Reason: provider.ReasonUnknown, Closed: true},
+	sshconn.KindConfig:          {Code: provider.Permanent, Reason: provider.ReasonUnknown},
+	sshconn.KindKeyUnreadable:   {Code: provider.Permanent, Reason: provider.ReasonCredentialsUnavailable},
+	sshconn.KindAuthRefused:     {Code: provider.Permanent, Reason: provider.ReasonUnauthorized},
+	sshconn.KindHostUnknown:     {Code: provider.Permanent, Reason: provider.ReasonHostKeyUnknown},
+	sshconn.KindHostKeyMismatch: {Code: provider.Permanent, Reason: provider.ReasonHostKeyMismatch},
+	sshconn.KindForbidden:       {Code: provider.Transient, Reason: provider.ReasonForbidden},
+}
+
+// Of returns the verdict of err (see the package doc for the order).
+func Of(err error) Verdict {
+	if err == nil {
+		return Verdict{Code: provider.OK, Reason: provider.ReasonNone}
+	}
+	v := inferred(err)
+	var pe *provider.Error
+	if errors.As(err, &pe) {
+		v.Code, v.Missing = pe.Code, pe.Code == provider.NotFound
+	}
+	return v
+}
+
+// inferred is the verdict from what err says, ignoring explicit classes
+// (the reason of an explicitly classed error is still read from its cause).
+func inferred(err error) Verdict {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return Verdict{Code: provider.Canceled, Reason: provider.ReasonUnknown}
+	case errors.Is(err, context.DeadlineExceeded):
+		return Verdict{Code: provider.DeadlineExceeded, Reason: provider.ReasonUnknown}
+	}
+	if v, ok := sshKinds[sshconn.KindOf(err)]; ok {
+		return v
+	}
+	if LinkDead(err) {
+		return Verdict{Code: provider.Transient, Reason: provider.ReasonUnreachable}
+	}
+	if PoolInactive(err) {
+		return Verdict{Code: provider.Permanent, Reason: provider.ReasonPoolNotActive}
+	}
+	if n, ok := Number(err); ok {
+		if busy(err) {
+			return Verdict{Code: provider.Transient, Reason: provider.ReasonUnknown}
+		}
+		if e, ok := Table[n]; ok {
+			return Verdict{Code: e.Code, Reason: e.Reason, Missing: e.Code == provider.NotFound}
+		}
+		return Verdict{Code: provider.Transient, Reason: provider.ReasonUnknown}
+	}
+	if errors.Is(err, libvirt.ErrUnsupported) {
+		return Verdict{Code: provider.Permanent, Reason: provider.ReasonUnknown}
+	}
+	return Verdict{Code: provider.Transient, Reason: provider.ReasonUnknown}
+}
+
+// Classify returns err with its class (Of(err).Code); an error that already
+// carries a class is returned unchanged, nil stays nil. A closed link also
+// matches provider.ErrClosed.
+func Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pe *provider.Error
+	if errors.As(err, &pe) {
+		return err
+	}
+	v := Of(err)
+	if v.Closed {
+		err = ClosedError{Err: err}
+	}
+	return provider.WithCode(v.Code, err)
+}
+
+// ClassifyRead classifies an error of a read (state, address, metadata) of
+// an object that exists: like Classify, but a Permanent class inferred from
+// a libvirt number becomes Transient, so a read that fails (for example
+// because the link died half-way and libvirt answered "invalid argument")
+// never latches a healthy instance as failed. Explicit classes, NotFound,
+// context codes and a closed link are kept.
+func ClassifyRead(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pe *provider.Error
+	if errors.As(err, &pe) {
+		return err
+	}
+	if v := Of(err); v.Code == provider.Permanent && !v.Closed {
+		return provider.WithCode(provider.Transient, err)
+	}
+	return Classify(err)
+}
+
+// Reason is the health reason of a failed check (Of(err).Reason; nil is
+// ReasonNone).
+func Reason(err error) provider.HealthReason { return Of(err).Reason }
+
+// ClosedError makes an sshconn "closed" error match provider.ErrClosed.
+type ClosedError struct{ Err error }
+
+func (e ClosedError) Error() string { return e.Err.Error() }
+func (e ClosedError) Unwrap() error { return e.Err }
+
+// Is matches provider.ErrClosed.
+func (e ClosedError) Is(target error) bool {
+	return target == provider.ErrClosed
+}
