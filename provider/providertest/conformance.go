@@ -37,6 +37,7 @@ var conformanceTests = []struct {
 	{"Delete/Removes", testDeleteRemoves},
 	{"Delete/MissingSucceeds", testDeleteMissing},
 	{"Delete/WrongUIDKeepsInstance", testDeleteWrongUID},
+	{"Delete/StorageGoneIsNeverNotFound", testDeleteStorageGone},
 	{"List/Exact", testListExact},
 	{"List/OtherEntryInvisible", testOtherEntryInvisible},
 	{"State/ReachesRunning", testReachesRunning},
@@ -558,6 +559,58 @@ func testDeleteMissing(e *env) {
 		if err := e.c.Delete(e.ctx, d.Ref()); err != nil {
 			e.t.Errorf("Delete #%d of one instance = %v, want nil", i, err)
 		}
+	}
+}
+
+// testDeleteStorageGone: with the entry's storage taken away (for kvm2: its
+// pool destroyed and undefined), Delete can neither succeed for an existing
+// instance (its volumes cannot be reached) nor say NotFound (the contract
+// forbids NotFound for Delete); it fails with a class a caller can act on.
+// Once the storage is back, Delete completes and the instance is gone.
+func testDeleteStorageGone(e *env) {
+	sh, ok := e.h.(StorageHarness)
+	if !ok {
+		e.t.Skip("the harness does not implement providertest.StorageHarness: Delete without storage is not checked")
+	}
+	s := e.spec("storage-gone")
+	e.create(s)
+	never := e.spec("storage-gone-never-created")
+	if err := sh.RemoveStorage(e.ctx); err != nil {
+		e.fatalf("RemoveStorage: %v", err)
+	}
+	restored := false
+	defer func() {
+		if !restored {
+			ctx, cancel := context.WithTimeout(context.Background(), e.o.Grace+time.Minute)
+			defer cancel()
+			if err := sh.RestoreStorage(ctx); err != nil {
+				e.t.Errorf("RestoreStorage: %v", err)
+			}
+		}
+	}()
+	err := e.c.Delete(e.ctx, s.Ref())
+	switch c := provider.Code(err); {
+	case err == nil:
+		e.t.Errorf("Delete of an instance whose storage is gone = nil, want an error (its volumes cannot have been deleted)")
+	case c != provider.Permanent && c != provider.Transient:
+		e.t.Errorf("Delete of an instance whose storage is gone = %v (%v), want Permanent or Transient", err, c)
+	}
+	if err := e.c.Delete(e.ctx, never.Ref()); err != nil {
+		if c := provider.Code(err); c != provider.Permanent && c != provider.Transient {
+			e.t.Errorf("Delete of a missing instance while the storage is gone = %v (%v), want nil, Permanent or Transient", err, c)
+		}
+	}
+	if err := sh.RestoreStorage(e.ctx); err != nil {
+		e.fatalf("RestoreStorage: %v", err)
+	}
+	restored = true
+	if err := e.c.Delete(e.ctx, s.Ref()); err != nil {
+		e.t.Errorf("Delete once the storage is back = %v, want nil", err)
+	}
+	_, err = e.c.Get(e.ctx, s.Ref())
+	e.wantCode("Get after Delete once the storage is back", err, provider.NotFound)
+	if err := e.c.Delete(e.ctx, never.Ref()); err != nil {
+		e.t.Errorf("Delete of a missing instance once the storage is back = %v, want nil", err)
 	}
 }
 

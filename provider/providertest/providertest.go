@@ -61,6 +61,21 @@ type OtherEntryHarness interface {
 	MakeOtherEntryProvider(ctx context.Context) (provider.Provider, error)
 }
 
+// StorageHarness is implemented by harnesses that can take the storage of
+// the harness's entry away and bring it back (for kvm2: destroy and undefine
+// the entry's pool, keeping its files, then define and start it again). The
+// suite then checks Delete without storage: never NotFound, never nil for an
+// instance that exists, complete once the storage is back. Harnesses without
+// it skip that subtest, saying so.
+type StorageHarness interface {
+	Harness
+	// RemoveStorage takes the entry's storage away; what it held stays
+	// for RestoreStorage.
+	RemoveStorage(ctx context.Context) error
+	// RestoreStorage brings the storage back as RemoveStorage found it.
+	RestoreStorage(ctx context.Context) error
+}
+
 // HarnessMaker makes a Harness for one subtest. It may call t.Skip (for
 // example when a real stack is absent) and t.Cleanup.
 type HarnessMaker func(ctx context.Context, t *testing.T) (Harness, error)
