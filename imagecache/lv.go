@@ -93,9 +93,6 @@ func (c *Cache) classify(ctx context.Context, err error) error {
 	return libvirterr.Classify(err)
 }
 
-// poolInactive: libvirt refused because a storage pool is stopped.
-func poolInactive(err error) bool { return libvirterr.PoolInactive(err) }
-
 func isLibvirtErr(err error, code libvirt.ErrorNumber) bool { return libvirterr.Is(err, code) }
 
 // listNames returns the names of every volume in the pool.

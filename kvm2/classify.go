@@ -10,9 +10,6 @@ import (
 // The classification of libvirt and link errors is one table shared with
 // imagecache (internal/libvirterr); these names keep kvm2's call sites short.
 
-// libvirtCode returns the libvirt error number inside err, if any.
-func libvirtCode(err error) (libvirt.ErrorNumber, bool) { return libvirterr.Number(err) }
-
 // isLibvirtCode reports whether err carries one of the libvirt codes.
 func isLibvirtCode(err error, codes ...libvirt.ErrorNumber) bool {
 	return libvirterr.Is(err, codes...)
