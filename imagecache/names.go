@@ -1,7 +1,6 @@
 package imagecache
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -41,31 +40,9 @@ const (
 
 func validFormat(f string) bool { return f == FormatQCOW2 || f == FormatRaw }
 
-// validKey applies the provider.Spec.ImageKey rule: 1–63 of a–z, 0–9, '.',
-// '-', starting and ending with a letter or digit, no "--".
-func validKey(k string) error {
-	if k == "" {
-		return &provider.FieldError{Field: "Key", Rule: "is required"}
-	}
-	if len(k) > provider.MaxImageKeyLen {
-		return &provider.FieldError{Field: "Key", Value: k, Rule: fmt.Sprintf("is %d characters, at most %d allowed", len(k), provider.MaxImageKeyLen)}
-	}
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
-			return &provider.FieldError{Field: "Key", Value: k, Rule: "may contain only lowercase letters, digits, '.' and '-'"}
-		}
-	}
-	if !isAlnum(k[0]) || !isAlnum(k[len(k)-1]) {
-		return &provider.FieldError{Field: "Key", Value: k, Rule: "must start and end with a lowercase letter or digit"}
-	}
-	if strings.Contains(k, "--") {
-		return &provider.FieldError{Field: "Key", Value: k, Rule: `must not contain "--"`}
-	}
-	return nil
-}
+// validKey applies the one key rule (provider.ValidateKey).
+func validKey(k string) error { return provider.ValidateKey("Key", k) }
 
-func isAlnum(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }
 
 // BaseName returns the base volume name "base-<entry>--<key>.<format>". It
 // does not validate; callers pass validated parts (New and Ensure do).
