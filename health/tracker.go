@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +14,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/egressproxy/egressproxy/provider"
 )
 
 // Defaults of TrackerOptions.
@@ -144,8 +147,9 @@ type Tracker struct {
 	entries map[string]*Status
 }
 
-// NewTracker returns a Tracker. Invalid options give an error naming the
-// field.
+// NewTracker returns a Tracker. A nil opts is valid (every default).
+// Invalid options give a Permanent error joining one *provider.FieldError per
+// field and rule, the validation error type of every package of this module.
 func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 	var o TrackerOptions
 	if opts != nil {
@@ -153,16 +157,16 @@ func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 	}
 	var errs []error
 	if o.Rise < 0 {
-		errs = append(errs, errors.New("TrackerOptions.Rise: must not be negative"))
+		errs = append(errs, &provider.FieldError{Field: "TrackerOptions.Rise", Value: strconv.Itoa(o.Rise), Rule: "must not be negative (zero means DefaultRise)"})
 	}
 	if o.Fall < 0 {
-		errs = append(errs, errors.New("TrackerOptions.Fall: must not be negative"))
+		errs = append(errs, &provider.FieldError{Field: "TrackerOptions.Fall", Value: strconv.Itoa(o.Fall), Rule: "must not be negative (zero means DefaultFall)"})
 	}
 	if o.Grace < 0 {
-		errs = append(errs, errors.New("TrackerOptions.Grace: must not be negative"))
+		errs = append(errs, &provider.FieldError{Field: "TrackerOptions.Grace", Value: o.Grace.String(), Rule: "must not be negative (zero means DefaultGrace)"})
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return nil, provider.WithCode(provider.Permanent, err)
 	}
 	t := &Tracker{
 		rise:     o.Rise,

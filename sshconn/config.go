@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/egressproxy/egressproxy/provider"
 )
 
 // Config describes how to reach one hypervisor's sshd. Every field documents
@@ -50,11 +52,13 @@ const (
 )
 
 // Validate checks the config without touching the network or the files.
-// The error is a *Error of KindConfig naming the field and the rule.
+// The error is a *Error of KindConfig wrapping one *provider.FieldError per
+// violation (all of them at once, joined), the validation error type of
+// every package of this module.
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(field, rule string) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, rule))
+		errs = append(errs, &provider.FieldError{Field: field, Rule: rule})
 	}
 	if c.Addr == "" {
 		bad("Addr", "is required (host:port)")
