@@ -76,16 +76,16 @@ func LibraryFetch(ctx context.Context, env teststack.Env, entry, key, imageURL, 
 	for _, s := range rec.Ended() {
 		d := s.EndTime().Sub(s.StartTime())
 		switch s.Name() {
-		case "imagecache.fetch":
+		case "imagecache.Fetch":
 			res.Fetch = d
-		case "imagecache.upload":
+		case "imagecache.Upload":
 			res.Upload = d
 			for _, a := range s.Attributes() {
-				if a.Key == "bytes" {
+				if a.Key == "imagecache.upload.bytes" {
 					res.Bytes = a.Value.AsInt64()
 				}
 			}
-		case "imagecache.verify":
+		case "imagecache.Verify":
 			res.Verify = d
 		}
 	}
