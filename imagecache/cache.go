@@ -12,6 +12,9 @@
 // overlays and domains that use a base (kvm2 does), or retries: every error
 // is classed with the provider error codes and the caller decides.
 //
+// Spans (imagecache.Ensure, Fetch, Upload, Verify, Evict, List) and their
+// attributes are listed in docs/observability.md.
+//
 // # Publish protocol
 //
 // A base "base-<entry>--<key>.<format>" is usable only together with exactly

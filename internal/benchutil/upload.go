@@ -20,9 +20,9 @@ import (
 )
 
 // FetchResult is one cold fetch by the library: the whole Ensure and the
-// phases imagecache reports as spans (imagecache.fetch spans HTTP GET +
-// volume creation + upload + verify + publish; imagecache.upload is the
-// stream into the volume until libvirt wrote every byte; imagecache.verify
+// phases imagecache reports as spans (imagecache.Fetch spans HTTP GET +
+// volume creation + upload + verify + publish; imagecache.Upload is the
+// stream into the volume until libvirt wrote every byte; imagecache.Verify
 // is the physical size check plus the read-back and hash on the host).
 type FetchResult struct {
 	Bytes  int64
