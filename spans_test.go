@@ -32,7 +32,7 @@ func spansOf(rec *tracetest.SpanRecorder) []spanOf {
 	for _, s := range rec.Ended() {
 		so := spanOf{name: s.Name(), attrs: map[attribute.Key]string{}, status: s.Status().Code, desc: s.Status().Description, parent: s.Parent().IsValid()}
 		for _, kv := range s.Attributes() {
-			so.attrs[kv.Key] = kv.Value.Emit()
+			so.attrs[kv.Key] = kv.Value.String()
 		}
 		for _, ev := range s.Events() {
 			so.events = append(so.events, ev.Name)

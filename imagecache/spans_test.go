@@ -124,10 +124,10 @@ func TestSpansOfPublicOperations(t *testing.T) {
 			s := spans[0]
 			attrs := map[attribute.Key]string{}
 			for _, kv := range s.Attributes() {
-				if kv.Value.Emit() == "" {
+				if kv.Value.String() == "" {
 					t.Errorf("empty attribute %s", kv.Key)
 				}
-				attrs[kv.Key] = kv.Value.Emit()
+				attrs[kv.Key] = kv.Value.String()
 			}
 			if attrs["egressproxy.entry"] != "e" {
 				t.Errorf("egressproxy.entry = %q", attrs["egressproxy.entry"])
@@ -169,7 +169,7 @@ func TestFetchSpanOnHTTPFailure(t *testing.T) {
 	s := spans[0]
 	attrs := map[attribute.Key]string{}
 	for _, kv := range s.Attributes() {
-		attrs[kv.Key] = kv.Value.Emit()
+		attrs[kv.Key] = kv.Value.String()
 	}
 	if attrs["egressproxy.volume"] != "base-e--deb.12.qcow2" || attrs["egressproxy.entry"] != "e" || attrs["error.type"] != "Permanent" {
 		t.Errorf("attributes %v", attrs)
@@ -180,7 +180,7 @@ func TestFetchSpanOnHTTPFailure(t *testing.T) {
 	texts := []string{s.Status().Description}
 	for _, ev := range s.Events() {
 		for _, kv := range ev.Attributes {
-			texts = append(texts, kv.Value.Emit())
+			texts = append(texts, kv.Value.String())
 		}
 	}
 	for _, txt := range texts {

@@ -35,7 +35,7 @@ func recorded(rec *tracetest.SpanRecorder) []recordedSpan {
 			r.parent = byID[s.Parent().SpanID().String()]
 		}
 		for _, kv := range s.Attributes() {
-			r.attrs[kv.Key] = kv.Value.Emit()
+			r.attrs[kv.Key] = kv.Value.String()
 		}
 		out = append(out, r)
 	}

@@ -28,7 +28,7 @@ func record(t *testing.T, fn func(ctx context.Context, tr *sdktrace.TracerProvid
 func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]string {
 	m := map[attribute.Key]string{}
 	for _, kv := range s.Attributes() {
-		m[kv.Key] = kv.Value.Emit()
+		m[kv.Key] = kv.Value.String()
 	}
 	return m
 }
