@@ -8,7 +8,8 @@
 // instances in memory (the embedded default for examples and tests). The
 // portable *Client wraps any Provider: it validates input once, wraps every
 // error once with the operation and the instance, emits one span and one log
-// line per operation, and refuses calls after Close.
+// line per operation, and refuses calls after Close. The span names and
+// attributes of every package are listed in docs/observability.md.
 //
 // # Lifecycle
 //

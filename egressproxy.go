@@ -8,11 +8,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/egressproxy/egressproxy/internal/obs"
 	"github.com/egressproxy/egressproxy/provider"
 )
 
@@ -110,9 +109,16 @@ func wrap(op, instance string, err error) error {
 	return &OpError{Op: op, Instance: instance, Err: err}
 }
 
-func (c *Client) run(ctx context.Context, op, instance string, fn func(ctx context.Context) error) error {
-	ctx, span := c.tracer.Start(ctx, "egressproxy."+op, trace.WithAttributes(attribute.String("egressproxy.instance", instance)))
-	defer span.End()
+// spanNames are the stable span names of the operations (see
+// docs/observability.md).
+var spanNames = map[string]string{
+	"create": "egressproxy.Create", "get": "egressproxy.Get", "delete": "egressproxy.Delete",
+	"list": "egressproxy.List", "check": "egressproxy.Check", "close": "egressproxy.Close",
+}
+
+func (c *Client) run(ctx context.Context, op, instance string, fn func(ctx context.Context) error) (opErr error) {
+	ctx, span := obs.Start(ctx, c.tracer, spanNames[op], obs.Attrs{Instance: instance})
+	defer func() { obs.End(span, opErr) }()
 	start := time.Now()
 	err := c.begin()
 	if err == nil {
@@ -126,9 +132,6 @@ func (c *Client) run(ctx context.Context, op, instance string, fn func(ctx conte
 	err = wrap(op, instance, err)
 	elapsed := time.Since(start)
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-		span.SetAttributes(attribute.String("egressproxy.error_code", provider.Code(err).String()))
 		if expected(ctx, err) {
 			c.log.V(1).Info("operation failed as expected", "op", op, "instance", instance, "code", provider.Code(err).String(), "elapsed", elapsed, "err", err)
 		} else {
@@ -234,6 +237,8 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
+	_, span := obs.Start(context.Background(), c.tracer, spanNames["close"], obs.Attrs{})
+	defer func() { obs.End(span, c.closeErr) }()
 	// Close the provider first: it is what unblocks calls still in
 	// flight; then wait for them to return.
 	if err := c.p.Close(); err != nil {

@@ -265,7 +265,7 @@ func TestOneSpanAndOneLogLinePerOperation(t *testing.T) {
 	for _, s := range spans {
 		names = append(names, s.Name())
 	}
-	want := []string{"egressproxy.create", "egressproxy.get", "egressproxy.delete"}
+	want := []string{"egressproxy.Create", "egressproxy.Get", "egressproxy.Delete", "egressproxy.Close"}
 	if strings.Join(names, ",") != strings.Join(want, ",") {
 		t.Fatalf("spans = %v, want %v", names, want)
 	}

@@ -23,7 +23,7 @@ type uploadResult struct {
 	uri                   string
 	libUpload, libVerify  []float64 // MB/s of the phases
 	libWhole              []float64 // MB/s of the whole Ensure
-	libFetchSpan          []float64 // seconds of imagecache.fetch
+	libFetchSpan          []float64 // seconds of imagecache.Fetch
 	virsh, ssh            []float64 // MB/s
 	rssKiB                []float64
 	upVsVirsh, wholeVsSSH []float64 // per-round ratios

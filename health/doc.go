@@ -25,7 +25,7 @@
 //
 // Logs go only to the logr.Logger the embedder passes; spans (one per
 // ProbeAll and per Tracker.Round) only to the trace.TracerProvider it
-// passes (no-op by default).
+// passes (no-op by default); docs/observability.md lists them.
 //
 // # What it does not own
 //

@@ -8,9 +8,10 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/egressproxy/egressproxy/internal/obs"
 )
 
 // DefaultWorkers is the number of concurrent probes ProbeAll runs when
@@ -133,7 +134,7 @@ func ProbeAll(ctx context.Context, targets []Target, opts *ProbeAllOptions) []Re
 		attribute.Int("health.failed", nFailed),
 	)
 	if err := ctx.Err(); err != nil {
-		span.SetStatus(codes.Error, err.Error())
+		obs.Fail(span, err) // error.type Canceled or DeadlineExceeded
 	}
 	log.V(1).Info("probe round", "targets", len(targets), "workers", workers,
 		"ok", len(targets)-nFailed, "failed", nFailed, "duration", time.Since(start))

@@ -11,10 +11,10 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/egressproxy/egressproxy/internal/obs"
 	"github.com/egressproxy/egressproxy/provider"
 )
 
@@ -324,8 +324,7 @@ func (t *Tracker) Round(ctx context.Context, members []Member, opts *ProbeAllOpt
 		// mark a fleet down for it.
 		err := errors.New("health: Tracker.Round needs ProbeAllOptions.TargetAddr (the CONNECT target every probe tunnels to); the round was not recorded and no proxy's state changed")
 		t.log.Error(err, "round not recorded", "members", len(members))
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		obs.Fail(span, provider.WithCode(provider.Permanent, err)) // a caller's mistake: error.type Permanent
 		return results
 	}
 	obs := make([]Observation, 0, len(members))

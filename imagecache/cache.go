@@ -12,6 +12,9 @@
 // overlays and domains that use a base (kvm2 does), or retries: every error
 // is classed with the provider error codes and the caller decides.
 //
+// Spans (imagecache.Ensure, Fetch, Upload, Verify, Evict, List) and their
+// attributes are listed in docs/observability.md.
+//
 // # Publish protocol
 //
 // A base "base-<entry>--<key>.<format>" is usable only together with exactly
@@ -50,6 +53,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/obs"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"github.com/go-logr/logr"
@@ -318,11 +322,14 @@ var errClosed = provider.WithCode(provider.Permanent, fmt.Errorf("imagecache: %w
 // the configured one (naming both and the remedy); Transient for network,
 // libvirt, short or corrupt transfers and a pool without room; the
 // caller's context codes when ctx ends first.
-func (c *Cache) Ensure(ctx context.Context, img Image) (Base, error) {
+func (c *Cache) Ensure(ctx context.Context, img Image) (_ Base, opErr error) {
+	ctx, span := c.start(ctx, "imagecache.Ensure", "")
+	defer func() { endOp(span, opErr, img.URL) }()
 	if err := img.Validate(); err != nil {
 		return Base{}, err
 	}
 	name := c.BaseName(img)
+	setVolume(span, name)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -538,6 +545,26 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func spanAttr(name string) trace.SpanStartOption {
-	return trace.WithAttributes(attribute.String("volume", name))
+// start starts the span name of this cache with the entry and, when not
+// empty, the volume (see docs/observability.md).
+func (c *Cache) start(ctx context.Context, name, volume string, extra ...attribute.KeyValue) (context.Context, trace.Span) {
+	return obs.Start(ctx, c.tracer, name, obs.Attrs{Entry: c.cfg.Entry, Volume: volume}, extra...)
+}
+
+// endOp ends the span of a public operation with err's text redacted
+// (rawURL's secrets and any URL's userinfo removed), without changing err:
+// every caller waiting for one fetch returns the same error.
+func endOp(span trace.Span, err error, rawURL string) {
+	if err != nil {
+		msg := err.Error()
+		if safe := clip(redactText(msg, rawURL), maxErrText); safe != msg {
+			err = &redactedError{msg: safe, err: err}
+		}
+	}
+	obs.End(span, err)
+}
+
+// setVolume adds the volume attribute once an operation knows it.
+func setVolume(span trace.Span, volume string) {
+	span.SetAttributes(obs.Attrs{Volume: volume}.KeyValues()...)
 }

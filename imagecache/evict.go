@@ -18,7 +18,9 @@ const maxChain = 32
 // (running or not) uses the base as a backing store: then it returns a
 // Permanent error naming the domains and touches nothing. Evicting a base
 // that does not exist is not an error.
-func (c *Cache) Evict(ctx context.Context, img Image) error {
+func (c *Cache) Evict(ctx context.Context, img Image) (opErr error) {
+	ctx, span := c.start(ctx, "imagecache.Evict", "")
+	defer func() { endOp(span, opErr, img.URL) }()
 	if err := c.checkOpen(); err != nil {
 		return err
 	}
@@ -29,6 +31,7 @@ func (c *Cache) Evict(ctx context.Context, img Image) error {
 		return provider.Errorf(provider.Permanent, "invalid Format %q", img.Format)
 	}
 	name := c.BaseName(img)
+	setVolume(span, name)
 	for {
 		_, retry, err := c.underClaim(ctx, name, func(ctx context.Context, _ decision) (Base, error) {
 			names, err := c.listNames(ctx)
@@ -67,7 +70,9 @@ func (c *Cache) Evict(ctx context.Context, img Image) error {
 // no usable base; Permanent for a marker that differs from the configured
 // digest or stored bytes that differ from the marker (nothing is deleted:
 // running VMs may use the base).
-func (c *Cache) Verify(ctx context.Context, img Image) (Base, error) {
+func (c *Cache) Verify(ctx context.Context, img Image) (_ Base, opErr error) {
+	ctx, span := c.start(ctx, "imagecache.Verify", "")
+	defer func() { endOp(span, opErr, img.URL) }()
 	if err := c.checkOpen(); err != nil {
 		return Base{}, err
 	}
@@ -75,6 +80,7 @@ func (c *Cache) Verify(ctx context.Context, img Image) (Base, error) {
 		return Base{}, err
 	}
 	name := c.BaseName(img)
+	setVolume(span, name)
 	names, err := c.listNames(ctx)
 	if err != nil {
 		return Base{}, err
@@ -87,27 +93,24 @@ func (c *Cache) Verify(ctx context.Context, img Image) (Base, error) {
 	default:
 		return Base{}, provider.Errorf(provider.NotFound, "base %s: no published base in pool %s (%s)", name, c.cfg.Pool, d.Reason)
 	}
-	ctx, span := c.tracer.Start(ctx, "imagecache.verify", spanAttr(name))
-	defer span.End()
 	n, digest, err := c.readBack(ctx, name)
 	if errors.Is(err, errStalled) && ctx.Err() == nil {
 		n, digest, err = c.readBack(ctx, name) // once more on a fresh connection
 	}
 	if err != nil {
-		endSpan(span, err)
 		return Base{}, err
 	}
 	if digest != d.Digest {
-		err := provider.Errorf(provider.Permanent, "base %s: the host stores %d bytes with sha256 %s but its marker says %s; it is left untouched because running VMs may use it: delete the proxies using it and evict the base", name, n, digest, d.Digest)
-		endSpan(span, err)
-		return Base{}, err
+		return Base{}, provider.Errorf(provider.Permanent, "base %s: the host stores %d bytes with sha256 %s but its marker says %s; it is left untouched because running VMs may use it: delete the proxies using it and evict the base", name, n, digest, d.Digest)
 	}
 	return c.published(ctx, img, name, digest)
 }
 
 // List returns this entry's bases in the pool with their digests and the
 // domains that use them.
-func (c *Cache) List(ctx context.Context) ([]Entry, error) {
+func (c *Cache) List(ctx context.Context) (_ []Entry, opErr error) {
+	ctx, span := c.start(ctx, "imagecache.List", "")
+	defer func() { endOp(span, opErr, "") }()
 	if err := c.checkOpen(); err != nil {
 		return nil, err
 	}

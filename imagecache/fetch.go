@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/obs"
 	"github.com/egressproxy/egressproxy/provider"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -31,7 +31,7 @@ import (
 // and has removed any previous base. On any failure the volume is deleted
 // (after the transfer connection is closed) and nothing is published.
 func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err error) {
-	ctx, span := c.tracer.Start(ctx, "imagecache.fetch", spanAttr(name), trace.WithAttributes(attribute.String("url", RedactURL(img.URL))))
+	ctx, span := c.start(ctx, "imagecache.Fetch", name, attribute.String("url.full", RedactURL(img.URL)))
 	defer func() {
 		// fetchOnce builds its errors from redacted parts; this is the
 		// net for any text that embeds the URL nonetheless.
@@ -82,7 +82,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 		return Base{}, provider.Errorf(code, "image %q: GET %s: %s", img.Key, u, serverText(resp.Status, img.URL))
 	}
 	total := resp.ContentLength
-	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("content_length", total))
+	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("imagecache.content_length", total))
 
 	// An announced size the pool cannot hold is refused before waiting for
 	// the body's first bytes; then the first bytes are checked, and only
@@ -262,7 +262,7 @@ func (c *Cache) httpDeadline(ctx context.Context) (time.Time, error) {
 // verifyStored checks that the volume's physical size is n and that the
 // bytes libvirt reads back from the host hash to digest.
 func (c *Cache) verifyStored(ctx context.Context, name string, n int64, digest string) (err error) {
-	ctx, span := c.tracer.Start(ctx, "imagecache.verify", spanAttr(name))
+	ctx, span := c.start(ctx, "imagecache.Verify", name)
 	defer func() { endSpan(span, err) }()
 	phys, err := c.physical(ctx, name)
 	if err != nil {
@@ -316,9 +316,9 @@ func (c *Cache) poolAvailable(ctx context.Context) (uint64, error) {
 // makes no progress for Config.StreamStall, its connection is killed and
 // the error wraps errStalled (fetch then tries once more); see runStream.
 func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, total int64, free uint64) (n int64, digest string, err error) {
-	ctx, span := c.tracer.Start(ctx, "imagecache.upload", spanAttr(name))
+	ctx, span := c.start(ctx, "imagecache.Upload", name)
 	defer func() {
-		span.SetAttributes(attribute.Int64("bytes", n))
+		span.SetAttributes(attribute.Int64("imagecache.upload.bytes", n))
 		endSpan(span, err)
 	}()
 	dc, err := c.conn.Dedicated(ctx)
@@ -629,13 +629,9 @@ func (m *meter) report(final bool) {
 	}
 }
 
+// endSpan ends span (see internal/obs), with err redacted.
 func endSpan(span trace.Span, err error) {
-	if err != nil {
-		err = redactErr(err, "")
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	}
-	span.End()
+	obs.End(span, redactErr(err, ""))
 }
 
 // serverText is text a server chose (a status line), fit for an error:

@@ -346,12 +346,12 @@ func TestStackColdFetchHitVerifyListEvict(t *testing.T) {
 	spans := map[string]bool{}
 	for _, s := range rec.Ended() {
 		for _, a := range s.Attributes() {
-			if a.Key == "volume" && a.Value.AsString() == b.Volume {
+			if a.Key == "egressproxy.volume" && a.Value.AsString() == b.Volume {
 				spans[s.Name()] = true
 			}
 		}
 	}
-	for _, want := range []string{"imagecache.fetch", "imagecache.upload", "imagecache.verify"} {
+	for _, want := range []string{"imagecache.Ensure", "imagecache.Fetch", "imagecache.Upload", "imagecache.Verify"} {
 		if !spans[want] {
 			t.Errorf("no span %s with the volume attribute; got %v", want, spans)
 		}

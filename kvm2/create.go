@@ -58,7 +58,9 @@ const cleanupTimeout = 30 * time.Second
 // a domain of that name exists. When the outcome is uncertain (ctx ended,
 // Close, link lost) nothing is removed: the retried Create completes it,
 // Delete removes it.
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, opErr error) {
+	ctx, end := p.start(ctx, "kvm2.Create", spec.Name, true)
+	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
 		return provider.Instance{}, err
 	}

@@ -44,5 +44,7 @@
 // Permanent.
 //
 // The library writes nothing to stdout or stderr: logging goes only to the
-// logr.Logger in Options, tracing to its trace.TracerProvider.
+// logr.Logger in Options, tracing to its trace.TracerProvider: one span per
+// public operation (kvm2.Create, kvm2.Get, …) over kvm2.libvirt.* spans,
+// listed in docs/observability.md.
 package kvm2

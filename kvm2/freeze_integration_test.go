@@ -122,8 +122,8 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 	}
 }
 
-// TestIntegrationSpans: every backend call makes a span named after it, with
-// the domain and, for Create, the overlay volume as attributes.
+// TestIntegrationSpans: every libvirt batch makes a kvm2.libvirt.* span with
+// the domain, and Create's span names the overlay volume.
 func TestIntegrationSpans(t *testing.T) {
 	e := newLifecycleEnv(t)
 	rec := tracetest.NewSpanRecorder()
@@ -155,11 +155,11 @@ func TestIntegrationSpans(t *testing.T) {
 	}
 	dn := domainName(e.cfg.Entry, "traced")
 	for _, want := range []struct{ span, key, val string }{
-		{"kvm2.Create", "volume", overlayVolume(dn)},
-		{"kvm2.Create", "domain", dn},
-		{"kvm2.Get", "domain", dn},
-		{"kvm2.InterfaceAddresses", "domain", dn},
-		{"kvm2.Delete", "domain", dn},
+		{"kvm2.Create", "egressproxy.volume", overlayVolume(dn)},
+		{"kvm2.libvirt.Create", "kvm2.domain", dn},
+		{"kvm2.libvirt.Get", "kvm2.domain", dn},
+		{"kvm2.libvirt.InterfaceAddresses", "kvm2.domain", dn},
+		{"kvm2.libvirt.Delete", "kvm2.domain", dn},
 	} {
 		if got := attrs[want.span][want.key]; got != want.val {
 			t.Errorf("span %s attribute %s = %q, want %q (spans: %v)", want.span, want.key, got, want.val, attrs)

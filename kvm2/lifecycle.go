@@ -166,7 +166,9 @@ func (p *Provider) wrap(op string, ref provider.Ref, err error) error {
 // DHCP lease or ARP. A missing domain, or one that is not ours (no metadata,
 // another entry or owner, another UID), is NotFound. An address that cannot
 // be read is Transient (never Failed).
-func (p *Provider) Get(ctx context.Context, ref provider.Ref) (provider.Instance, error) {
+func (p *Provider) Get(ctx context.Context, ref provider.Ref) (_ provider.Instance, opErr error) {
+	ctx, end := p.start(ctx, "kvm2.Get", ref.Name, false)
+	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
 		return provider.Instance{}, err
 	}
@@ -191,7 +193,9 @@ func (p *Provider) Get(ctx context.Context, ref provider.Ref) (provider.Instance
 // metadata namespace with this Entry and Owner), sorted by name. Addresses
 // are looked up best-effort: an instance whose address cannot be read is
 // listed without one (Provisioning when active).
-func (p *Provider) List(ctx context.Context) ([]provider.Instance, error) {
+func (p *Provider) List(ctx context.Context) (_ []provider.Instance, opErr error) {
+	ctx, end := p.start(ctx, "kvm2.List", "", false)
+	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -247,7 +251,9 @@ func (p *Provider) List(ctx context.Context) ([]provider.Instance, error) {
 // meanwhile by a Create in another process keeps it). A race with a Create
 // of this instance (a volume still being written, a domain being started)
 // is Transient.
-func (p *Provider) Delete(ctx context.Context, ref provider.Ref) error {
+func (p *Provider) Delete(ctx context.Context, ref provider.Ref) (opErr error) {
+	ctx, end := p.start(ctx, "kvm2.Delete", ref.Name, true)
+	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
 		return err
 	}

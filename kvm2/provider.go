@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,12 +13,12 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/libvirterr"
+	"github.com/egressproxy/egressproxy/internal/obs"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -120,17 +121,42 @@ func (p *Provider) checkOpen() error {
 	return nil
 }
 
-// do runs fn on the shared libvirt connection inside a span named op and
-// returns fn's error unclassified (the caller classifies).
+// do runs fn on the shared libvirt connection inside a child span of the
+// public operation's, named "kvm2.libvirt." + op without its "kvm2." prefix
+// (a fixed set: see docs/observability.md), and returns fn's error
+// unclassified (the caller classifies; the span gets classify's class).
 func (p *Provider) do(ctx context.Context, op string, fn func(*libvirt.Libvirt) error, attrs ...attribute.KeyValue) error {
-	ctx, span := p.tracer.Start(ctx, op, trace.WithAttributes(attrs...))
-	defer span.End()
+	ctx, span := obs.Start(ctx, p.tracer, "kvm2.libvirt."+strings.TrimPrefix(op, "kvm2."), obs.Attrs{}, libvirtAttrs(attrs)...)
 	err := p.lv.Do(ctx, fn)
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	}
+	obs.End(span, classify(err))
 	return err
+}
+
+// libvirtAttrs puts the attributes of a libvirt span in the convention's
+// namespaces: "volume" is egressproxy.volume, the others get "kvm2.".
+func libvirtAttrs(attrs []attribute.KeyValue) []attribute.KeyValue {
+	out := make([]attribute.KeyValue, len(attrs))
+	for i, kv := range attrs {
+		if kv.Key == "volume" {
+			kv.Key = obs.KeyVolume
+		} else {
+			kv.Key = "kvm2." + kv.Key
+		}
+		out[i] = kv
+	}
+	return out
+}
+
+// start starts the span of a public operation (entry, the instance when
+// there is one, its overlay volume when withVolume) and returns the
+// function that ends it with the operation's error.
+func (p *Provider) start(ctx context.Context, name, instance string, withVolume bool) (context.Context, func(error)) {
+	a := obs.Attrs{Entry: p.cfg.Entry, Instance: instance}
+	if withVolume && instance != "" {
+		a.Volume = overlayVolume(domainName(p.cfg.Entry, instance))
+	}
+	ctx, span := obs.Start(ctx, p.tracer, name, a)
+	return ctx, func(err error) { obs.End(span, err) }
 }
 
 // errPoolNotActive marks a pool that exists but does not run.
@@ -169,7 +195,9 @@ func formatGiB(b uint64) string {
 // Unreachable, Unknown) and a Message. Details learnt before the failure are
 // kept. The error is only for the call itself: the context ended (Canceled /
 // DeadlineExceeded) or the provider is closed (ErrClosed, Permanent).
-func (p *Provider) Check(ctx context.Context) (provider.Health, error) {
+func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
+	ctx, end := p.start(ctx, "kvm2.Check", "", false)
+	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
 		return provider.Health{}, err
 	}

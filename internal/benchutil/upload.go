@@ -20,9 +20,9 @@ import (
 )
 
 // FetchResult is one cold fetch by the library: the whole Ensure and the
-// phases imagecache reports as spans (imagecache.fetch spans HTTP GET +
-// volume creation + upload + verify + publish; imagecache.upload is the
-// stream into the volume until libvirt wrote every byte; imagecache.verify
+// phases imagecache reports as spans (imagecache.Fetch spans HTTP GET +
+// volume creation + upload + verify + publish; imagecache.Upload is the
+// stream into the volume until libvirt wrote every byte; imagecache.Verify
 // is the physical size check plus the read-back and hash on the host).
 type FetchResult struct {
 	Bytes  int64
@@ -76,16 +76,16 @@ func LibraryFetch(ctx context.Context, env teststack.Env, entry, key, imageURL, 
 	for _, s := range rec.Ended() {
 		d := s.EndTime().Sub(s.StartTime())
 		switch s.Name() {
-		case "imagecache.fetch":
+		case "imagecache.Fetch":
 			res.Fetch = d
-		case "imagecache.upload":
+		case "imagecache.Upload":
 			res.Upload = d
 			for _, a := range s.Attributes() {
-				if a.Key == "bytes" {
+				if a.Key == "imagecache.upload.bytes" {
 					res.Bytes = a.Value.AsInt64()
 				}
 			}
-		case "imagecache.verify":
+		case "imagecache.Verify":
 			res.Verify = d
 		}
 	}
