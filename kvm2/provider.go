@@ -31,9 +31,8 @@ type Provider struct {
 	log    logr.Logger
 	tracer trace.Tracer
 
-	pool  *sshconn.Pool
-	lv    *sshconn.Libvirt
-	cache *imagecache.Cache
+	lv    lvSession  // the shared libvirt connection (sshSession)
+	cache imageCache // the entry's base images (*imagecache.Cache)
 	locks nameLocks
 
 	closed    atomic.Bool
@@ -99,14 +98,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		_ = pool.Close()
 		return nil, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
 	}
-	return &Provider{
-		cfg:    cfg,
-		log:    log.WithName("kvm2"),
-		tracer: tp.Tracer(TracerName),
-		pool:   pool,
-		lv:     lv,
-		cache:  cache,
-	}, nil
+	return newProvider(cfg, log, tp.Tracer(TracerName), &sshSession{lv: lv, pool: pool}, cache), nil
 }
 
 // Config returns the validated configuration with defaults applied.
@@ -121,7 +113,7 @@ func (p *Provider) checkOpen() error {
 
 // do runs fn on the shared libvirt connection inside a span named op and
 // returns fn's error unclassified (the caller classifies).
-func (p *Provider) do(ctx context.Context, op string, fn func(*libvirt.Libvirt) error, attrs ...attribute.KeyValue) error {
+func (p *Provider) do(ctx context.Context, op string, fn func(lvAPI) error, attrs ...attribute.KeyValue) error {
 	ctx, span := p.tracer.Start(ctx, op, trace.WithAttributes(attrs...))
 	defer span.End()
 	err := p.lv.Do(ctx, fn)
@@ -181,7 +173,7 @@ func (p *Provider) Check(ctx context.Context) (provider.Health, error) {
 		details[k] = v
 		mu.Unlock()
 	}
-	err := p.do(ctx, "kvm2.Check", func(l *libvirt.Libvirt) error {
+	err := p.do(ctx, "kvm2.Check", func(l lvAPI) error {
 		host, err := l.ConnectGetHostname()
 		if err != nil {
 			return fmt.Errorf("get hostname: %w", err)
@@ -273,9 +265,8 @@ func (p *Provider) Close() error {
 	p.closeOnce.Do(func() {
 		p.closed.Store(true)
 		cerr := p.cache.Close()
-		lerr := p.lv.Close()
-		perr := p.pool.Close()
-		p.closeErr = errors.Join(cerr, lerr, perr)
+		lerr := p.lv.Close() // the libvirt session, then the SSH pool
+		p.closeErr = errors.Join(cerr, lerr)
 		p.log.V(1).Info("closed")
 	})
 	return p.closeErr
