@@ -318,6 +318,12 @@ func (p *Provider) deleteUnusedVolumes(l lvAPI, name string, vols ...string) err
 		return nil
 	}
 	pool, err := l.StoragePoolLookupByName(p.cfg.Pool)
+	if isLibvirtCode(err, libvirt.ErrNoStoragePool) {
+		// No pool, so none of these volumes is left: an instance whose
+		// pool is gone is deleted (Delete of a missing instance succeeds).
+		p.log.V(1).Info("volumes gone with their pool", "domain", name, "pool", p.cfg.Pool)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("look up pool %q: %w", p.cfg.Pool, err)
 	}
