@@ -622,7 +622,7 @@ func TestFakeCreateContext(t *testing.T) {
 			func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }, provider.Canceled},
 		{"deadline during define", nil,
 			func() (context.Context, context.CancelFunc) {
-				return context.WithTimeout(context.Background(), 200*time.Millisecond)
+				return context.WithTimeout(context.Background(), 500*time.Millisecond)
 			}, provider.DeadlineExceeded},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -632,9 +632,12 @@ func TestFakeCreateContext(t *testing.T) {
 			ctx, cancel := tc.ctx()
 			defer cancel()
 			go func() {
-				<-entered
-				if tc.end != nil {
-					tc.end(cancel, e)
+				select {
+				case <-entered:
+					if tc.end != nil {
+						tc.end(cancel, e)
+					}
+				case <-ctx.Done():
 				}
 			}()
 			_, err := e.p.Create(ctx, spec)
@@ -688,7 +691,11 @@ func TestFakeCreateContext(t *testing.T) {
 		e.lv.setFault(hook)
 		done := make(chan error, 1)
 		go func() { _, err := e.p.Create(context.Background(), spec); done <- err }()
-		<-entered
+		select {
+		case <-entered:
+		case err := <-done:
+			t.Fatalf("the first Create never reached its start: %v", err)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		// The name is held by the first Create: the second waits for it

@@ -572,3 +572,17 @@ func TestFakeSessionClosedUnderneath(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenCheckKeyUnreadable: a provider built by Open runs its calls on
+// the real session; a key file that cannot be read is reported by Check as
+// CredentialsUnavailable before any network use.
+func TestOpenCheckKeyUnreadable(t *testing.T) {
+	p := openOffline(t)
+	if p.Config().Entry != "lab-1" || p.Config().Pool != "default" {
+		t.Errorf("Config() = %+v", p.Config())
+	}
+	h, err := p.Check(context.Background())
+	if err != nil || h.Reachable || h.Reason != provider.ReasonCredentialsUnavailable {
+		t.Errorf("Check = %+v, %v; want CredentialsUnavailable", h, err)
+	}
+}
