@@ -3,6 +3,7 @@ package kvm2
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -717,4 +718,206 @@ func TestFakeCreateContext(t *testing.T) {
 		wantCode(t, "image wait", err, provider.Canceled)
 		e.onlyBases("image wait")
 	})
+}
+
+// createScenarios set up a fake host on which Create of fakeSpec("a") (or
+// bigSpec, with a seed of another size) takes one of its paths.
+var createScenarios = []struct {
+	name  string
+	big   bool
+	setup func(t *testing.T, e *fakeEnv)
+}{
+	{"fresh", false, func(t *testing.T, e *fakeEnv) {}},
+	{"leftovers reused", false, leaveVolumes},
+	{"leftover seed replaced", true, leaveVolumes},
+	{"defined, seed missing", false, func(t *testing.T, e *fakeEnv) {
+		e.lv.setFault(failOn("DomainCreate", "", false, libvirt.ErrInterrupted))
+		if _, err := e.p.Create(context.Background(), fakeSpec("a")); err == nil {
+			t.Fatal("want the interrupted start's error")
+		}
+		e.lv.setFault(nil)
+		e.lv.removeVol(e.cfg.Pool, seedVolume(e.dom("a")))
+	}},
+}
+
+// leaveVolumes leaves the overlay and seed of an interrupted Create.
+func leaveVolumes(t *testing.T, e *fakeEnv) {
+	e.lv.setFault(failOn("DomainDefineXMLFlags", "", false, libvirt.ErrInterrupted))
+	if _, err := e.p.Create(context.Background(), fakeSpec("a")); err == nil {
+		t.Fatal("want the interrupted define's error")
+	}
+	e.lv.setFault(nil)
+}
+
+func bigSpec() provider.Spec {
+	s := fakeSpec("a")
+	s.UserData = "#cloud-config\n# " + strings.Repeat("x", 40000) + "\n"
+	return s
+}
+
+// TestFakeCreateCancelledBetweenCalls cancels the context during each RPC
+// of each Create path in turn: Create returns Canceled (or, during the last
+// RPC, may have finished), the abandoned call makes no further RPC, nothing
+// is removed, and a retry converges.
+func TestFakeCreateCancelledBetweenCalls(t *testing.T) {
+	for _, sc := range createScenarios {
+		spec := fakeSpec("a")
+		if sc.big {
+			spec = bigSpec()
+		}
+		// The RPCs of this path.
+		probe := newFakeEnv(t)
+		sc.setup(t, probe)
+		mark := probe.lv.callCount("")
+		if _, err := probe.p.Create(context.Background(), spec); err != nil {
+			t.Fatalf("%s: %v", sc.name, err)
+		}
+		calls := probe.lv.callsSince(mark)
+		skip := 1 // the lookup: one call when there is no domain, three when there is
+		if len(calls) > 1 && calls[1].Op == "DomainGetXMLDesc" {
+			skip = 3
+		}
+		for j := skip; j < len(calls); j++ {
+			t.Run(fmt.Sprintf("%s/during %d %s %s", sc.name, j, calls[j].Op, calls[j].Name), func(t *testing.T) {
+				e := newFakeEnv(t)
+				sc.setup(t, e)
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				var mu sync.Mutex
+				var seen []fakeCall
+				e.lv.setFault(func(c fakeCall) error {
+					if c.After {
+						return nil
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					seen = append(seen, c)
+					if len(seen) == j+1 {
+						cancel()
+					}
+					return nil
+				})
+				_, err := e.p.Create(ctx, spec)
+				e.sess.wait()
+				if err != nil || j < len(calls)-1 {
+					wantCode(t, "cancelled", err, provider.Canceled)
+				}
+				mu.Lock()
+				if len(seen) > j+1 {
+					t.Errorf("RPCs after the context ended: %v", seen[j+1:])
+				}
+				if len(seen) != j+1 || seen[j] != calls[j] {
+					t.Errorf("calls %v, want the path's first %d: %v", seen, j+1, calls[:j+1])
+				}
+				mu.Unlock()
+				if !sc.big && e.lv.callCount("StorageVolDelete") != 0 {
+					t.Errorf("an interrupted Create removed volumes")
+				}
+				e.lv.setFault(nil)
+				if _, err := e.p.Create(context.Background(), spec); err != nil {
+					t.Fatalf("retry: %v", err)
+				}
+				e.hasInstance("a", libvirt.DomainRunning)
+			})
+		}
+	}
+}
+
+// TestFakeCreateRareFailures: failures on the less travelled paths
+// (completing a defined domain, converging on a replica's define, replacing
+// a leftover seed) are classed and leave what the retry needs.
+func TestFakeCreateRareFailures(t *testing.T) {
+	ctx := context.Background()
+	internal := lvErrorf(libvirt.ErrInternalError, "internal error: something broke")
+	dn := domainName("lab-1", "a")
+	scenario := func(name string) func(*testing.T, *fakeEnv) {
+		for _, sc := range createScenarios {
+			if sc.name == name {
+				return sc.setup
+			}
+		}
+		panic(name)
+	}
+	for _, tc := range []struct {
+		name     string
+		setup    func(*testing.T, *fakeEnv)
+		big      bool
+		fault    func(*testing.T, *fakeEnv) func(fakeCall) error
+		want     provider.ErrorCode
+		contains string
+	}{
+		{"complete: volume lookup fails", scenario("defined, seed missing"), false,
+			func(*testing.T, *fakeEnv) func(fakeCall) error {
+				return failOn("StorageVolLookupByName", overlayVolume(dn), false, internal)
+			}, provider.Transient, "look up volume"},
+		{"complete: seed exists after all, of another size", func(t *testing.T, e *fakeEnv) {
+			scenario("defined, seed missing")(t, e)
+			e.lv.putVol(e.cfg.Pool, fakeVol{name: seedVolume(dn), capacity: 7})
+		}, false, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			// The first look finds no seed; the create then finds one.
+			var once sync.Once
+			return func(c fakeCall) error {
+				var err error
+				if c.Op == "StorageVolLookupByName" && c.Name == seedVolume(dn) && !c.After {
+					once.Do(func() { err = lvErrorf(libvirt.ErrNoStorageVol, "Storage volume not found") })
+				}
+				return err
+			}
+		}, provider.Transient, "not replaced while the domain exists"},
+		{"define fails, domain lookup fails", scenario("fresh"), false, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return faults(failOn("DomainDefineXMLFlags", "", false, lvErrorf(libvirt.ErrXMLError, "XML error")),
+				failNth("DomainLookupByName", 2, internal))
+		}, provider.Transient, "look up domain"},
+		{"replica's domain unreadable", scenario("fresh"), false, func(t *testing.T, e *fakeEnv) func(fakeCall) error {
+			var once sync.Once
+			return faults(func(c fakeCall) error {
+				if c.Op == "DomainDefineXMLFlags" && !c.After {
+					once.Do(func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", fakeSpec("a").UID)) })
+				}
+				return nil
+			}, failOn("DomainGetXMLDesc", "", false, internal))
+		}, provider.Transient, "get XML of domain"},
+		{"leftover seed lookup fails", leaveVolumes, false, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return failOn("StorageVolLookupByName", seedVolume(dn), false, internal)
+		}, provider.Transient, "look up existing seed"},
+		{"leftover seed unreadable", leaveVolumes, false, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return failOn("StorageVolGetInfo", "", false, internal)
+		}, provider.Transient, "read existing seed"},
+		{"replacing the seed: domain lookup fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return failNth("DomainLookupByName", 2, internal)
+		}, provider.Transient, "look up domain"},
+		{"replacing the seed: delete fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return failOn("StorageVolDelete", "", false, internal)
+		}, provider.Transient, "delete leftover seed"},
+		{"replacing the seed: create fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return failNth("StorageVolCreateXML", 3, internal)
+		}, provider.Transient, "create seed volume"},
+		{"start fails, state unreadable", scenario("fresh"), false, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return faults(failOn("DomainCreate", "", false, lvErrorf(libvirt.ErrOperationFailed, "operation failed")),
+				failOn("DomainGetState", "", false, internal))
+		}, provider.Transient, "start domain"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEnv(t)
+			tc.setup(t, e)
+			spec := fakeSpec("a")
+			if tc.big {
+				spec = bigSpec()
+			}
+			e.lv.setFault(tc.fault(t, e))
+			_, err := e.p.Create(ctx, spec)
+			wantCode(t, tc.name, err, tc.want)
+			if !strings.Contains(err.Error(), tc.contains) {
+				t.Errorf("err %q: want %q", err, tc.contains)
+			}
+			e.lv.setFault(nil)
+			if tc.name == "complete: seed exists after all, of another size" {
+				e.lv.removeVol(e.cfg.Pool, seedVolume(dn)) // what an operator would do
+			}
+			if _, err := e.p.Create(ctx, spec); err != nil {
+				t.Fatalf("retry: %v", err)
+			}
+			e.hasInstance("a", libvirt.DomainRunning)
+		})
+	}
 }

@@ -1008,3 +1008,41 @@ func newFakeEnv(t *testing.T, mod ...func(*Config)) *fakeEnv {
 }
 
 func (e *fakeEnv) dom(name string) string { return domainName(e.cfg.Entry, name) }
+
+// failNth returns a hook failing the n-th call (from 1) of op, before it
+// takes effect, with err.
+func failNth(op string, n int, err error) func(fakeCall) error {
+	var mu sync.Mutex
+	seen := 0
+	return func(c fakeCall) error {
+		if c.Op != op || c.After {
+			return nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		seen++
+		if seen == n {
+			return err
+		}
+		return nil
+	}
+}
+
+// faults runs hooks in order; the first error wins.
+func faults(hooks ...func(fakeCall) error) func(fakeCall) error {
+	return func(c fakeCall) error {
+		for _, h := range hooks {
+			if err := h(c); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// callsSince returns the calls after the first n.
+func (f *fakeLibvirt) callsSince(n int) []fakeCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]fakeCall(nil), f.calls[n:]...)
+}

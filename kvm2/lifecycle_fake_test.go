@@ -586,3 +586,35 @@ func TestOpenCheckKeyUnreadable(t *testing.T) {
 		t.Errorf("Check = %+v, %v; want CredentialsUnavailable", h, err)
 	}
 }
+
+func TestFakeDeleteVolumeSteps(t *testing.T) {
+	ctx := context.Background()
+	internal := lvErrorf(libvirt.ErrInternalError, "internal error")
+	for _, tc := range []struct {
+		name     string
+		fault    func(fakeCall) error
+		contains string
+	}{
+		{"pool lookup fails", failOn("StoragePoolLookupByName", "", false, internal), "look up pool"},
+		{"domain lookup before a volume fails", failNth("DomainLookupByName", 2, internal), "look up domain"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEnv(t)
+			e.mustCreate("a")
+			e.lv.setFault(tc.fault)
+			err := e.p.Delete(ctx, fakeSpec("a").Ref())
+			wantCode(t, tc.name, err, provider.Transient)
+			if !strings.Contains(err.Error(), tc.contains) {
+				t.Errorf("err %q: want %q", err, tc.contains)
+			}
+			if len(e.lv.volNames(e.cfg.Pool)) != 3 {
+				t.Errorf("volumes %v: want them kept", e.lv.volNames(e.cfg.Pool))
+			}
+			e.lv.setFault(nil)
+			if err := e.p.Delete(ctx, fakeSpec("a").Ref()); err != nil {
+				t.Fatal(err)
+			}
+			e.onlyBases("after the retried Delete")
+		})
+	}
+}
