@@ -44,7 +44,7 @@ func foreignXML(t *testing.T, dn, entry, owner string, malformed bool) string {
 func TestFakeGet(t *testing.T) {
 	e := newFakeEnv(t)
 	ctx := context.Background()
-	d := e.mustCreate("a")
+	e.mustCreate("a")
 	ref := fakeSpec("a").Ref()
 
 	for _, tc := range []struct {
@@ -145,7 +145,6 @@ func TestFakeGet(t *testing.T) {
 	if inst, err = e.p.Get(ctx, ref); err != nil || inst.State != provider.StateFailed {
 		t.Errorf("crashed: %+v, %v", inst, err)
 	}
-	_ = d
 
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
