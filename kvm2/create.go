@@ -317,7 +317,7 @@ func (c *creation) instance() provider.Instance {
 
 // fresh makes the instance when no domain of its name was found: overlay,
 // seed, define, start (6 RPCs when nothing is in the way).
-func (c *creation) fresh(l *libvirt.Libvirt) error {
+func (c *creation) fresh(l lvAPI) error {
 	pool, err := c.pool(l)
 	if err != nil {
 		return err
@@ -356,7 +356,7 @@ func (c *creation) fresh(l *libvirt.Libvirt) error {
 
 // complete finishes an adopted domain that never ran: recreates missing
 // volumes (a missing seed is uploaded), then starts it.
-func (c *creation) complete(l *libvirt.Libvirt) error {
+func (c *creation) complete(l lvAPI) error {
 	pool, err := c.pool(l)
 	if err != nil {
 		return err
@@ -385,7 +385,7 @@ func (c *creation) complete(l *libvirt.Libvirt) error {
 	return c.start(l)
 }
 
-func (c *creation) pool(l *libvirt.Libvirt) (libvirt.StoragePool, error) {
+func (c *creation) pool(l lvAPI) (libvirt.StoragePool, error) {
 	if err := c.step(); err != nil {
 		return libvirt.StoragePool{}, err
 	}
@@ -398,7 +398,7 @@ func (c *creation) pool(l *libvirt.Libvirt) (libvirt.StoragePool, error) {
 
 // overlay creates the overlay, or reuses an existing one whose backing store
 // is our base.
-func (c *creation) overlay(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
+func (c *creation) overlay(l lvAPI, pool libvirt.StoragePool) error {
 	name := overlayVolume(c.name)
 	ov := libvirtxml.StorageVolume{
 		Name:     name,
@@ -465,7 +465,7 @@ func (c *creation) overlay(l *libvirt.Libvirt, pool libvirt.StoragePool) error {
 // seedVolume creates the seed volume (or reuses an existing one of the same
 // size, recreating one of another size when no domain uses it) and, with
 // upload, uploads the seed into it.
-func (c *creation) seedVolume(l *libvirt.Libvirt, pool libvirt.StoragePool, upload bool) error {
+func (c *creation) seedVolume(l lvAPI, pool libvirt.StoragePool, upload bool) error {
 	name := seedVolume(c.name)
 	sv := libvirtxml.StorageVolume{
 		Name:     name,
@@ -537,7 +537,7 @@ func (c *creation) whileBusy(call func() error) error {
 // reuseSeed returns the existing seed volume if its capacity is the seed's;
 // otherwise (left by a Create with other user-data) it deletes and
 // recreates it, unless a domain of this name exists by now.
-func (c *creation) reuseSeed(l *libvirt.Libvirt, pool libvirt.StoragePool, sx string) (libvirt.StorageVol, error) {
+func (c *creation) reuseSeed(l lvAPI, pool libvirt.StoragePool, sx string) (libvirt.StorageVol, error) {
 	name := seedVolume(c.name)
 	if err := c.step(); err != nil {
 		return libvirt.StorageVol{}, err
@@ -589,7 +589,7 @@ func (c *creation) reuseSeed(l *libvirt.Libvirt, pool libvirt.StoragePool, sx st
 
 // findDefined looks for a domain of this name that another call defined:
 // false when there is none; an error when it is not this spec's instance.
-func (c *creation) findDefined(l *libvirt.Libvirt) (bool, error) {
+func (c *creation) findDefined(l lvAPI) (bool, error) {
 	if err := c.step(); err != nil {
 		return false, err
 	}
@@ -617,7 +617,7 @@ func (c *creation) findDefined(l *libvirt.Libvirt) (bool, error) {
 
 // start starts the domain if it never ran; "already running" (another call
 // started it) is success.
-func (c *creation) start(l *libvirt.Libvirt) error {
+func (c *creation) start(l lvAPI) error {
 	c.mu.Lock()
 	dom, st, reason := c.dom, c.state, c.reason
 	c.mu.Unlock()
@@ -658,7 +658,7 @@ func (p *Provider) undo(ctx context.Context, c *creation) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	err := p.do(cctx, "kvm2.Create.undo", func(l *libvirt.Libvirt) error {
+	err := p.do(cctx, "kvm2.Create.undo", func(l lvAPI) error {
 		if m.domain {
 			if err := p.removeDomain(l, dom, libvirt.DomainNostate); err != nil {
 				return err

@@ -73,7 +73,7 @@ type domainInfo struct {
 // look for the address of an active domain, so it is read only when the
 // caller will look (withMAC) and the domain is active; otherwise decoding
 // stops at our metadata element.
-func (p *Provider) readDomain(l *libvirt.Libvirt, dom libvirt.Domain, withMAC bool) (domainInfo, error) {
+func (p *Provider) readDomain(l lvAPI, dom libvirt.Domain, withMAC bool) (domainInfo, error) {
 	info := domainInfo{dom: dom}
 	x, err := l.DomainGetXMLDesc(dom, 0)
 	if err != nil {
@@ -101,7 +101,7 @@ func (p *Provider) readDomain(l *libvirt.Libvirt, dom libvirt.Domain, withMAC bo
 // NotFound.
 func (p *Provider) lookup(ctx context.Context, op, name string) (domainInfo, error) {
 	var info domainInfo
-	err := p.do(ctx, op, func(l *libvirt.Libvirt) error {
+	err := p.do(ctx, op, func(l lvAPI) error {
 		dom, err := l.DomainLookupByName(name)
 		if err != nil {
 			return fmt.Errorf("look up domain %q: %w", name, err)
@@ -143,7 +143,7 @@ type domainAddrs struct {
 
 func (d *domainAddrs) InterfaceAddresses(ctx context.Context, src libvirt.DomainInterfaceAddressesSource) ([]libvirt.DomainInterface, error) {
 	var out []libvirt.DomainInterface
-	err := d.p.do(ctx, "kvm2.InterfaceAddresses", func(l *libvirt.Libvirt) error {
+	err := d.p.do(ctx, "kvm2.InterfaceAddresses", func(l lvAPI) error {
 		var err error
 		out, err = l.DomainInterfaceAddresses(d.dom, uint32(src), 0)
 		return err
@@ -201,7 +201,7 @@ func (p *Provider) List(ctx context.Context) (_ []provider.Instance, opErr error
 	}
 	prefix := domainPrefix + p.cfg.Entry + "--"
 	var found []domainInfo
-	err := p.do(ctx, "kvm2.List", func(l *libvirt.Libvirt) error {
+	err := p.do(ctx, "kvm2.List", func(l lvAPI) error {
 		doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
 		if err != nil {
 			return fmt.Errorf("list domains: %w", err)
@@ -267,7 +267,7 @@ func (p *Provider) Delete(ctx context.Context, ref provider.Ref) (opErr error) {
 	}
 	defer unlock()
 	vols := []string{overlayVolume(name), seedVolume(name)}
-	err = p.do(ctx, "kvm2.Delete", func(l *libvirt.Libvirt) error {
+	err = p.do(ctx, "kvm2.Delete", func(l lvAPI) error {
 		dom, err := l.DomainLookupByName(name)
 		switch {
 		case isLibvirtCode(err, libvirt.ErrNoDomain):
@@ -301,7 +301,7 @@ func (p *Provider) Delete(ctx context.Context, ref provider.Ref) (opErr error) {
 
 // removeDomain destroys (if active) and undefines dom; a domain that is
 // already gone is fine.
-func (p *Provider) removeDomain(l *libvirt.Libvirt, dom libvirt.Domain, st libvirt.DomainState) error {
+func (p *Provider) removeDomain(l lvAPI, dom libvirt.Domain, st libvirt.DomainState) error {
 	if st != libvirt.DomainShutoff {
 		if err := l.DomainDestroy(dom); err != nil && !isLibvirtCode(err, libvirt.ErrOperationInvalid, libvirt.ErrNoDomain) {
 			return fmt.Errorf("destroy domain %q: %w", dom.Name, err)
@@ -319,12 +319,16 @@ func (p *Provider) removeDomain(l *libvirt.Libvirt, dom libvirt.Domain, st libvi
 // after checking that no domain of that name exists (a Create elsewhere may
 // have defined one meanwhile: its volumes are left to it); missing volumes
 // are fine.
-func (p *Provider) deleteUnusedVolumes(l *libvirt.Libvirt, name string, vols ...string) error {
+func (p *Provider) deleteUnusedVolumes(l lvAPI, name string, vols ...string) error {
 	if len(vols) == 0 {
 		return nil
 	}
 	pool, err := l.StoragePoolLookupByName(p.cfg.Pool)
 	if err != nil {
+		// A missing pool is Permanent (the shared table), never NotFound:
+		// its volumes may still be on disk (a dir pool destroyed or
+		// undefined keeps its files), so Delete cannot claim success; it
+		// completes once the pool is back.
 		return fmt.Errorf("look up pool %q: %w", p.cfg.Pool, err)
 	}
 	for _, v := range vols {

@@ -33,9 +33,8 @@ type Provider struct {
 	log    logr.Logger
 	tracer trace.Tracer
 
-	pool  *sshconn.Pool
-	lv    *sshconn.Libvirt
-	cache *imagecache.Cache
+	lv    lvSession  // the shared libvirt connection (sshSession)
+	cache imageCache // the entry's base images (*imagecache.Cache)
 	locks nameLocks
 
 	closed    atomic.Bool
@@ -101,14 +100,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		_ = pool.Close()
 		return nil, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
 	}
-	return &Provider{
-		cfg:    cfg,
-		log:    log.WithName("kvm2"),
-		tracer: tp.Tracer(TracerName),
-		pool:   pool,
-		lv:     lv,
-		cache:  cache,
-	}, nil
+	return newProvider(cfg, log, tp.Tracer(TracerName), &sshSession{lv: lv, pool: pool}, cache), nil
 }
 
 // Config returns the validated configuration with defaults applied.
@@ -125,7 +117,7 @@ func (p *Provider) checkOpen() error {
 // public operation's, named "kvm2.libvirt." + op without its "kvm2." prefix
 // (a fixed set: see docs/observability.md), and returns fn's error
 // unclassified (the caller classifies; the span gets classify's class).
-func (p *Provider) do(ctx context.Context, op string, fn func(*libvirt.Libvirt) error, attrs ...attribute.KeyValue) error {
+func (p *Provider) do(ctx context.Context, op string, fn func(lvAPI) error, attrs ...attribute.KeyValue) error {
 	ctx, span := obs.Start(ctx, p.tracer, "kvm2.libvirt."+strings.TrimPrefix(op, "kvm2."), obs.Attrs{}, libvirtAttrs(attrs)...)
 	err := p.lv.Do(ctx, fn)
 	obs.End(span, classify(err))
@@ -210,7 +202,7 @@ func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 		details[k] = v
 		mu.Unlock()
 	}
-	err := p.do(ctx, "kvm2.Check", func(l *libvirt.Libvirt) error {
+	err := p.do(ctx, "kvm2.Check", func(l lvAPI) error {
 		host, err := l.ConnectGetHostname()
 		if err != nil {
 			return fmt.Errorf("get hostname: %w", err)
@@ -270,9 +262,8 @@ func (p *Provider) Close() error {
 	p.closeOnce.Do(func() {
 		p.closed.Store(true)
 		cerr := p.cache.Close()
-		lerr := p.lv.Close()
-		perr := p.pool.Close()
-		p.closeErr = errors.Join(cerr, lerr, perr)
+		lerr := p.lv.Close() // the libvirt session, then the SSH pool
+		p.closeErr = errors.Join(cerr, lerr)
 		p.log.V(1).Info("closed")
 	})
 	return p.closeErr

@@ -1,0 +1,923 @@
+package kvm2
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+
+	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// Create, Get, List, Delete and Check on the in-memory libvirt of
+// fake_test.go: what the calls leave on the "host" and how their errors are
+// classed.
+
+func fakeSpec(name string) provider.Spec {
+	return provider.Spec{Name: name, UID: "uid-" + name, UserData: "#cloud-config\nhostname: " + name + "\n"}
+}
+
+func wantCode(t *testing.T, what string, err error, want provider.ErrorCode) {
+	t.Helper()
+	if got := provider.Code(err); got != want {
+		t.Fatalf("%s: code %v, want %v (err: %v)", what, got, want, err)
+	}
+}
+
+// onlyBases fails t unless the fake holds no domain and only base volumes.
+func (e *fakeEnv) onlyBases(when string) {
+	e.t.Helper()
+	if d := e.lv.domainNames(); len(d) != 0 {
+		e.t.Errorf("%s: domains left: %v", when, d)
+	}
+	for _, v := range e.lv.volNames(e.cfg.Pool) {
+		if !strings.HasPrefix(v, "base-") {
+			e.t.Errorf("%s: volume left: %s (all: %v)", when, v, e.lv.volNames(e.cfg.Pool))
+		}
+	}
+}
+
+// hasInstance fails t unless the fake holds name's domain in state st with
+// its overlay (backed by the base) and its seed.
+func (e *fakeEnv) hasInstance(name string, st libvirt.DomainState) fakeDomain {
+	e.t.Helper()
+	dn := e.dom(name)
+	d, ok := e.lv.domain(dn)
+	if !ok {
+		e.t.Fatalf("domain %s missing (domains %v)", dn, e.lv.domainNames())
+	}
+	if d.state != st {
+		e.t.Errorf("domain %s state %v, want %v", dn, d.state, st)
+	}
+	ov, ok := e.lv.vol(e.cfg.Pool, overlayVolume(dn))
+	if !ok {
+		e.t.Fatalf("overlay of %s missing (volumes %v)", dn, e.lv.volNames(e.cfg.Pool))
+	}
+	base, _ := e.lv.vol(e.cfg.Pool, imagecache.BaseName(e.cfg.Entry, "tiny", "qcow2"))
+	if base.path == "" || ov.backing != base.path || ov.format != "qcow2" {
+		e.t.Errorf("overlay %+v: want qcow2 backed by the base", ov)
+	}
+	if _, ok := e.lv.vol(e.cfg.Pool, seedVolume(dn)); !ok {
+		e.t.Fatalf("seed of %s missing", dn)
+	}
+	return d
+}
+
+func TestFakeCreateFresh(t *testing.T) {
+	e := newFakeEnv(t)
+	ctx := context.Background()
+	spec := fakeSpec("a")
+	inst, err := e.p.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst.Ref != spec.Ref() || inst.State != provider.StateProvisioning || inst.Port != provider.DefaultPort ||
+		inst.SpecDigest != spec.Digest() || inst.CreatedAt.IsZero() || inst.IP != "" {
+		t.Errorf("instance %+v", inst)
+	}
+	d := e.hasInstance("a", libvirt.DomainRunning)
+	meta, err := parseMetadata(d.xml)
+	if err != nil || meta.UID != spec.UID || meta.Entry != e.cfg.Entry || meta.Owner != e.cfg.Owner ||
+		meta.SpecDigest != spec.Digest() || !meta.Created.Equal(inst.CreatedAt) {
+		t.Errorf("metadata %+v (%v)", meta, err)
+	}
+	seed, _ := e.lv.vol(e.cfg.Pool, seedVolume(e.dom("a")))
+	if uint64(len(seed.data)) != seed.capacity {
+		t.Errorf("seed holds %d bytes, capacity %d", len(seed.data), seed.capacity)
+	}
+	label, files := readSeed(t, seed.data)
+	if label != seedLabel || files["user-data"] != spec.UserData || !strings.Contains(files["meta-data"], spec.UID) {
+		t.Errorf("seed %q %v", label, files)
+	}
+	if got := e.images.ensured; len(got) != 1 || got[0] != "tiny" {
+		t.Errorf("images ensured: %v", got)
+	}
+	for op, n := range map[string]int{"StorageVolCreateXML": 2, "StorageVolUpload": 1, "DomainDefineXMLFlags": 1, "DomainCreate": 1, "StorageVolDelete": 0} {
+		if got := e.lv.callCount(op); got != n {
+			t.Errorf("%s called %d times, want %d", op, got, n)
+		}
+	}
+
+	// Read back: no address yet, then the DHCP lease's.
+	got, err := e.p.Get(ctx, spec.Ref())
+	if err != nil || got.State != provider.StateProvisioning || got.IP != "" || !got.CreatedAt.Equal(inst.CreatedAt) {
+		t.Errorf("Get before lease: %+v, %v", got, err)
+	}
+	e.lv.setLease(d.mac, "192.0.2.10")
+	got, err = e.p.Get(ctx, spec.Ref())
+	if err != nil || got.State != provider.StateRunning || got.IP != "192.0.2.10" || got.AddressSource != SourceLease {
+		t.Errorf("Get with lease: %+v, %v", got, err)
+	}
+}
+
+// TestFakeCreateAgain: Create of an existing instance returns it as it is:
+// nothing is made, the base is not ensured again, a stopped instance stays
+// stopped.
+func TestFakeCreateAgain(t *testing.T) {
+	e := newFakeEnv(t)
+	ctx := context.Background()
+	spec := fakeSpec("a")
+	first, err := e.p.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.lv.setDomain(e.dom("a"), func(d *fakeDomain) { d.agentIP = "192.0.2.20" })
+	e.lv.resetCalls()
+	again, err := e.p.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.CreatedAt.Equal(first.CreatedAt) || again.State != provider.StateRunning || again.IP != "192.0.2.20" || again.AddressSource != SourceAgent {
+		t.Errorf("again: %+v, first %+v", again, first)
+	}
+	for _, op := range []string{"StorageVolCreateXML", "DomainDefineXMLFlags", "DomainCreate", "StorageVolUpload"} {
+		if n := e.lv.callCount(op); n != 0 {
+			t.Errorf("%s called %d times by a Create of an existing instance", op, n)
+		}
+	}
+	if len(e.images.ensured) != 1 {
+		t.Errorf("base ensured again: %v", e.images.ensured)
+	}
+
+	// The address is best-effort for an existing instance: every source
+	// failing still returns it (without an address).
+	e.lv.setFault(failOn("DomainInterfaceAddresses", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")))
+	again, err = e.p.Create(ctx, spec)
+	if err != nil || again.IP != "" || again.State != provider.StateProvisioning {
+		t.Errorf("address failing: %+v, %v", again, err)
+	}
+	e.lv.setFault(nil)
+
+	// Stopped on purpose (shut down): left as it is.
+	e.lv.setDomain(e.dom("a"), func(d *fakeDomain) {
+		d.state, d.reason = libvirt.DomainShutoff, int32(libvirt.DomainShutoffShutdown)
+	})
+	again, err = e.p.Create(ctx, spec)
+	if err != nil || again.State != provider.StateStopped {
+		t.Errorf("stopped: %+v, %v", again, err)
+	}
+	if n := e.lv.callCount("DomainCreate"); n != 0 {
+		t.Errorf("a stopped instance was started")
+	}
+}
+
+// TestFakeCreateCompletesDefined: a Create interrupted after the define
+// (the start's reply lost) leaves everything in place; the next Create
+// recreates a volume that went missing meanwhile and starts the domain,
+// keeping the first call's metadata.
+func TestFakeCreateCompletesDefined(t *testing.T) {
+	e := newFakeEnv(t)
+	ctx := context.Background()
+	spec := fakeSpec("a")
+	e.lv.setFault(failOn("DomainCreate", "", false, libvirt.ErrInterrupted))
+	_, err := e.p.Create(ctx, spec)
+	wantCode(t, "start interrupted", err, provider.Transient)
+	d := e.hasInstance("a", libvirt.DomainShutoff)
+	if !neverRan(d.state, d.reason) {
+		t.Fatalf("state %v reason %v", d.state, d.reason)
+	}
+	meta, _ := parseMetadata(d.xml)
+
+	e.lv.setFault(nil)
+	e.lv.removeVol(e.cfg.Pool, seedVolume(e.dom("a")))
+	e.lv.resetCalls()
+	inst, err := e.p.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.hasInstance("a", libvirt.DomainRunning)
+	if !inst.CreatedAt.Equal(meta.Created) || inst.State != provider.StateProvisioning {
+		t.Errorf("instance %+v, want the defined domain's creation time %v", inst, meta.Created)
+	}
+	if n := e.lv.callCount("StorageVolCreateXML"); n != 1 {
+		t.Errorf("%d volumes created, want the missing seed only", n)
+	}
+	if n := e.lv.callCount("DomainDefineXMLFlags"); n != 0 {
+		t.Errorf("domain defined again")
+	}
+	seed, _ := e.lv.vol(e.cfg.Pool, seedVolume(e.dom("a")))
+	if _, files := readSeed(t, seed.data); files["user-data"] != spec.UserData {
+		t.Errorf("recreated seed: %v", files)
+	}
+
+	// The overlay missing instead: recreated too.
+	e2 := newFakeEnv(t)
+	e2.lv.setFault(failOn("DomainCreate", "", false, libvirt.ErrInterrupted))
+	if _, err := e2.p.Create(ctx, spec); err == nil {
+		t.Fatal("want the interrupted start's error")
+	}
+	e2.lv.setFault(nil)
+	e2.lv.removeVol(e2.cfg.Pool, overlayVolume(e2.dom("a")))
+	if _, err := e2.p.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	e2.hasInstance("a", libvirt.DomainRunning)
+}
+
+// TestFakeCreateDefineReplyLost: the define took effect but its reply was
+// lost: nothing is removed, and the retry converges on the domain.
+func TestFakeCreateDefineReplyLost(t *testing.T) {
+	e := newFakeEnv(t)
+	ctx := context.Background()
+	spec := fakeSpec("a")
+	e.lv.setFault(failOn("DomainDefineXMLFlags", "", true, libvirt.ErrInterrupted))
+	_, err := e.p.Create(ctx, spec)
+	wantCode(t, "define reply lost", err, provider.Transient)
+	e.hasInstance("a", libvirt.DomainShutoff)
+	e.lv.setFault(nil)
+	if _, err := e.p.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	e.hasInstance("a", libvirt.DomainRunning)
+	if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+		t.Errorf("%d volumes deleted", n)
+	}
+}
+
+// TestFakeCreateReusesLeftovers: volumes left by an interrupted Create are
+// reused (the overlay when backed by the base, the seed when of the same
+// size) or replaced (a seed of another size); an overlay backed by anything
+// else is refused and left alone.
+func TestFakeCreateReusesLeftovers(t *testing.T) {
+	ctx := context.Background()
+	spec := fakeSpec("a")
+	leftovers := func(t *testing.T) *fakeEnv {
+		e := newFakeEnv(t)
+		e.lv.setFault(failOn("DomainDefineXMLFlags", "", false, libvirt.ErrInterrupted))
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "define interrupted", err, provider.Transient)
+		if len(e.lv.domainNames()) != 0 || len(e.lv.volNames(e.cfg.Pool)) != 3 {
+			t.Fatalf("want overlay and seed left, no domain: %v %v", e.lv.domainNames(), e.lv.volNames(e.cfg.Pool))
+		}
+		e.lv.setFault(nil)
+		e.lv.resetCalls()
+		return e
+	}
+
+	t.Run("same spec", func(t *testing.T) {
+		e := leftovers(t)
+		if _, err := e.p.Create(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		e.hasInstance("a", libvirt.DomainRunning)
+		if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+			t.Errorf("%d volumes deleted", n)
+		}
+		if n := e.lv.callCount("StorageVolUpload"); n != 1 {
+			t.Errorf("seed uploaded %d times, want again once", n)
+		}
+	})
+
+	t.Run("seed of another size", func(t *testing.T) {
+		e := leftovers(t)
+		big := spec
+		big.UserData = "#cloud-config\n# " + strings.Repeat("x", 40000) + "\n"
+		if _, err := e.p.Create(ctx, big); err != nil {
+			t.Fatal(err)
+		}
+		e.hasInstance("a", libvirt.DomainRunning)
+		seed, _ := e.lv.vol(e.cfg.Pool, seedVolume(e.dom("a")))
+		if _, files := readSeed(t, seed.data); files["user-data"] != big.UserData {
+			t.Error("seed not replaced")
+		}
+		if n := e.lv.callCount("StorageVolDelete"); n != 1 {
+			t.Errorf("%d volumes deleted, want the old seed", n)
+		}
+	})
+
+	t.Run("seed of another size, domain defined meanwhile", func(t *testing.T) {
+		e := leftovers(t)
+		big := spec
+		big.UserData = "#cloud-config\n# " + strings.Repeat("x", 40000) + "\n"
+		// Another call defines the domain right after our overlay step.
+		var once sync.Once
+		e.lv.setFault(func(c fakeCall) error {
+			if c.Op == "StorageVolGetInfo" && !c.After {
+				once.Do(func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", spec.UID)) })
+			}
+			return nil
+		})
+		_, err := e.p.Create(ctx, big)
+		wantCode(t, "domain appeared", err, provider.Transient)
+		if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+			t.Errorf("%d volumes deleted while a domain of their name exists", n)
+		}
+	})
+
+	t.Run("overlay backed by another base", func(t *testing.T) {
+		e := leftovers(t)
+		e.lv.putVol(e.cfg.Pool, fakeVol{name: "other-base.qcow2", capacity: 1 << 20})
+		other, _ := e.lv.vol(e.cfg.Pool, "other-base.qcow2")
+		e.lv.putVol(e.cfg.Pool, fakeVol{name: overlayVolume(e.dom("a")), format: "qcow2", backing: other.path})
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "foreign overlay", err, provider.Permanent)
+		if !strings.Contains(err.Error(), "Delete the instance") {
+			t.Errorf("err %v: want the remedy", err)
+		}
+		if _, ok := e.lv.vol(e.cfg.Pool, overlayVolume(e.dom("a"))); !ok || e.lv.callCount("StorageVolDelete") != 0 {
+			t.Error("the overlay this call did not make was removed")
+		}
+	})
+
+	t.Run("overlay unreadable", func(t *testing.T) {
+		e := leftovers(t)
+		e.lv.setFault(failOn("StorageVolGetXMLDesc", "", false, lvErrorf(libvirt.ErrInternalError, "internal error: cannot read")))
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "overlay unreadable", err, provider.Transient)
+	})
+
+	t.Run("overlay vanished", func(t *testing.T) {
+		e := leftovers(t)
+		e.lv.setFault(failOn("StorageVolLookupByName", overlayVolume(e.dom("a")), false,
+			lvErrorf(libvirt.ErrNoStorageVol, "Storage volume not found: no storage vol with matching name")))
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "overlay vanished", err, provider.Transient) // raced: a retry converges
+	})
+
+	t.Run("seed busy, then free", func(t *testing.T) {
+		e := leftovers(t)
+		var mu sync.Mutex
+		busy := 2
+		e.lv.setFault(func(c fakeCall) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if c.Op == "StorageVolUpload" && !c.After && busy > 0 {
+				busy--
+				return lvErrorf(libvirt.ErrOperationInvalid, "Requested operation is not valid: volume '%s' is still being allocated.", c.Name)
+			}
+			return nil
+		})
+		if _, err := e.p.Create(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		if n := e.lv.callCount("StorageVolUpload"); n != 3 {
+			t.Errorf("%d uploads, want 3 (two busy)", n)
+		}
+	})
+}
+
+// otherDomainXML is the domain XML another Create of name (with uid) would
+// define.
+func otherDomainXML(t *testing.T, e *fakeEnv, name, uid string) string {
+	t.Helper()
+	spec := fakeSpec(name)
+	spec.UID = uid
+	x, err := buildDomainXML(domainParams{
+		Name: e.dom(name), VCPUs: 1, MemoryMiB: 512, Pool: e.cfg.Pool,
+		Overlay: overlayVolume(e.dom(name)), Seed: seedVolume(e.dom(name)), Network: e.cfg.Network,
+		Meta: instanceMeta{UID: uid, Created: time.Now().UTC().Truncate(time.Millisecond), Entry: e.cfg.Entry, Owner: e.cfg.Owner, Port: spec.EffectivePort(), SpecDigest: spec.Digest()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// TestFakeCreateRaces: a define or start by another call in the middle of
+// this Create is converged on; a domain of another UID defined meanwhile is
+// Permanent and keeps the volumes (a domain of their name exists).
+func TestFakeCreateRaces(t *testing.T) {
+	ctx := context.Background()
+	spec := fakeSpec("a")
+	onceBefore := func(e *fakeEnv, op string, f func()) {
+		var once sync.Once
+		e.lv.setFault(func(c fakeCall) error {
+			if c.Op == op && !c.After {
+				once.Do(f)
+			}
+			return nil
+		})
+	}
+
+	t.Run("defined by a replica", func(t *testing.T) {
+		e := newFakeEnv(t)
+		onceBefore(e, "DomainDefineXMLFlags", func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", spec.UID)) })
+		if _, err := e.p.Create(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		e.hasInstance("a", libvirt.DomainRunning)
+	})
+
+	t.Run("defined by another UID", func(t *testing.T) {
+		e := newFakeEnv(t)
+		onceBefore(e, "DomainDefineXMLFlags", func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", "someone-else")) })
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "name taken meanwhile", err, provider.Permanent)
+		d := e.hasInstance("a", libvirt.DomainShutoff) // its volumes stay: a domain of their name exists
+		if m, _ := parseMetadata(d.xml); m.UID != "someone-else" {
+			t.Errorf("the other domain changed: %+v", m)
+		}
+	})
+
+	t.Run("started by a replica", func(t *testing.T) {
+		e := newFakeEnv(t)
+		onceBefore(e, "DomainCreate", func() {
+			d, _ := e.lv.domain(e.dom("a"))
+			if err := e.lv.start(d.dom); err != nil {
+				t.Error(err)
+			}
+		})
+		if _, err := e.p.Create(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		e.hasInstance("a", libvirt.DomainRunning)
+	})
+}
+
+// TestFakeCreateStepFailures: a step libvirt refuses fails the Create with
+// the class of libvirt's answer, and what the call made is removed.
+func TestFakeCreateStepFailures(t *testing.T) {
+	ctx := context.Background()
+	spec := fakeSpec("a")
+	dn := domainName("lab-1", "a")
+	internal := lvErrorf(libvirt.ErrInternalError, "internal error: something broke")
+	for _, tc := range []struct {
+		name     string
+		op, on   string
+		err      error
+		want     provider.ErrorCode
+		contains string
+	}{
+		{"pool lookup", "StoragePoolLookupByName", "", internal, provider.Transient, "look up pool"},
+		{"pool missing", "StoragePoolLookupByName", "",
+			lvErrorf(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching name 'default'"),
+			provider.Code(classify(lverr(libvirt.ErrNoStoragePool))), "look up pool"},
+		{"overlay", "StorageVolCreateXML", overlayVolume(dn), internal, provider.Transient, "create overlay"},
+		{"seed", "StorageVolCreateXML", seedVolume(dn), internal, provider.Transient, "create seed volume"},
+		{"upload", "StorageVolUpload", "", internal, provider.Transient, "upload seed"},
+		{"define refused", "DomainDefineXMLFlags", "", lvErrorf(libvirt.ErrXMLError, "XML error: bad"), provider.Permanent, "define domain"},
+		{"start: no network", "DomainCreate", "", lvErrorf(libvirt.ErrNoNetwork, "Network not found: no network with matching name 'default'"), provider.Permanent, "start domain"},
+		{"start failed", "DomainCreate", "", lvErrorf(libvirt.ErrOperationFailed, "operation failed: qemu exited"), provider.Transient, "start domain"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEnv(t)
+			e.lv.setFault(failOn(tc.op, tc.on, false, tc.err))
+			_, err := e.p.Create(ctx, spec)
+			wantCode(t, tc.name, err, tc.want)
+			if !strings.Contains(err.Error(), tc.contains) || !strings.Contains(err.Error(), "create a") {
+				t.Errorf("err %q: want %q and the instance", err, tc.contains)
+			}
+			if strings.Contains(err.Error(), "hostname: a") {
+				t.Errorf("err %q shows user-data", err)
+			}
+			e.onlyBases("after " + tc.name)
+			// A retry converges once the cause is gone.
+			e.lv.setFault(nil)
+			if _, err := e.p.Create(ctx, spec); err != nil {
+				t.Fatalf("retry: %v", err)
+			}
+			e.hasInstance("a", libvirt.DomainRunning)
+		})
+	}
+}
+
+// TestFakeCreateUndoFails: what the failed undo could not remove stays under
+// the instance's names (never a volume while its domain stays); Delete
+// removes it.
+func TestFakeCreateUndoFails(t *testing.T) {
+	e := newFakeEnv(t)
+	ctx := context.Background()
+	spec := fakeSpec("a")
+	start := failOn("DomainCreate", "", false, lvErrorf(libvirt.ErrNoNetwork, "Network not found"))
+	undefine := failOn("DomainUndefineFlags", "", false, lvErrorf(libvirt.ErrInternalError, "internal error: undefine"))
+	e.lv.setFault(func(c fakeCall) error {
+		if err := start(c); err != nil {
+			return err
+		}
+		return undefine(c)
+	})
+	_, err := e.p.Create(ctx, spec)
+	wantCode(t, "start", err, provider.Permanent)
+	e.hasInstance("a", libvirt.DomainShutoff)
+	e.lv.setFault(nil)
+	if err := e.p.Delete(ctx, spec.Ref()); err != nil {
+		t.Fatal(err)
+	}
+	e.onlyBases("after Delete")
+}
+
+func TestFakeCreateRefusals(t *testing.T) {
+	ctx := context.Background()
+	spec := fakeSpec("a")
+
+	t.Run("spec conflict", func(t *testing.T) {
+		e := newFakeEnv(t)
+		if _, err := e.p.Create(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		before, _ := e.lv.domain(e.dom("a"))
+		e.lv.resetCalls()
+		other := spec
+		other.UserData = "#cloud-config\nsecret: s3cr3t\n"
+		_, err := e.p.Create(ctx, other)
+		wantCode(t, "spec conflict", err, provider.Permanent)
+		if !errors.Is(err, provider.ErrSpecConflict) || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("err %v: want ErrSpecConflict without user-data", err)
+		}
+		after, _ := e.lv.domain(e.dom("a"))
+		if after.xml != before.xml || e.lv.callCount("StorageVolCreateXML")+e.lv.callCount("DomainDefineXMLFlags")+e.lv.callCount("StorageVolDelete") != 0 {
+			t.Error("a spec conflict changed the host")
+		}
+	})
+
+	t.Run("name taken by a domain without our metadata", func(t *testing.T) {
+		e := newFakeEnv(t)
+		e.lv.defineXML(t, "<domain type='kvm'><name>"+e.dom("a")+"</name><memory>1024</memory></domain>")
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "name taken", err, provider.Permanent)
+		if errors.Is(err, provider.ErrSpecConflict) || !strings.Contains(err.Error(), "name taken") {
+			t.Errorf("err %v", err)
+		}
+		if n := e.lv.callCount("StorageVolCreateXML"); n != 0 {
+			t.Errorf("%d volumes created", n)
+		}
+	})
+
+	t.Run("image key unknown", func(t *testing.T) {
+		e := newFakeEnv(t)
+		s := spec
+		s.ImageKey = "nope"
+		_, err := e.p.Create(ctx, s)
+		wantCode(t, "unknown image", err, provider.Permanent)
+		var fe *provider.FieldError
+		if !errors.As(err, &fe) || fe.Field != "ImageKey" {
+			t.Errorf("err %v: want a FieldError on ImageKey", err)
+		}
+		if n := e.lv.callCount(""); n != 0 || len(e.images.ensured) != 0 {
+			t.Errorf("bad input touched the host: %d calls, ensured %v", n, e.images.ensured)
+		}
+	})
+
+	t.Run("no image configured", func(t *testing.T) {
+		e := newFakeEnv(t, func(c *Config) { c.Images = nil })
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "no images", err, provider.Permanent)
+		if !strings.Contains(err.Error(), "Config.Images is empty") || e.lv.callCount("") != 0 {
+			t.Errorf("err %v", err)
+		}
+	})
+
+	for _, tc := range []struct {
+		name string
+		err  error
+		want provider.ErrorCode
+	}{
+		{"image fetch failed", provider.Errorf(provider.Transient, "imagecache: mirror answered 503"), provider.Transient},
+		{"image digest differs", provider.Errorf(provider.Permanent, "imagecache: digest differs"), provider.Permanent},
+		{"image unclassed error", errors.New("imagecache: surprise"), provider.Transient},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEnv(t)
+			e.images.setErr(tc.err)
+			_, err := e.p.Create(ctx, spec)
+			wantCode(t, tc.name, err, tc.want)
+			if !strings.Contains(err.Error(), `ensure base image "tiny"`) {
+				t.Errorf("err %v", err)
+			}
+			e.onlyBases(tc.name)
+		})
+	}
+
+	t.Run("lookup fails", func(t *testing.T) {
+		e := newFakeEnv(t)
+		e.lv.setFault(failOn("DomainLookupByName", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")))
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "lookup", err, provider.Transient)
+		if len(e.images.ensured) != 0 {
+			t.Error("went on after the lookup failed")
+		}
+	})
+}
+
+// TestFakeCreateContext: a Create whose context ends, or whose provider is
+// closed, while a call is in flight returns at once with that class and
+// removes nothing; the abandoned call stops before its next RPC; the retry
+// converges.
+func TestFakeCreateContext(t *testing.T) {
+	spec := fakeSpec("a")
+
+	t.Run("cancelled before", func(t *testing.T) {
+		e := newFakeEnv(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "cancelled", err, provider.Canceled)
+		if n := e.lv.callCount(""); n != 0 {
+			t.Errorf("%d calls with a cancelled context", n)
+		}
+	})
+
+	for _, tc := range []struct {
+		name string
+		end  func(cancel context.CancelFunc, e *fakeEnv)
+		ctx  func() (context.Context, context.CancelFunc)
+		want provider.ErrorCode
+	}{
+		{"cancelled during define", func(cancel context.CancelFunc, e *fakeEnv) { cancel() },
+			func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }, provider.Canceled},
+		{"deadline during define", nil,
+			func() (context.Context, context.CancelFunc) {
+				return context.WithTimeout(context.Background(), 500*time.Millisecond)
+			}, provider.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEnv(t)
+			hook, entered, release := e.lv.block("DomainDefineXMLFlags", "")
+			e.lv.setFault(hook)
+			ctx, cancel := tc.ctx()
+			defer cancel()
+			go func() {
+				select {
+				case <-entered:
+					if tc.end != nil {
+						tc.end(cancel, e)
+					}
+				case <-ctx.Done():
+				}
+			}()
+			_, err := e.p.Create(ctx, spec)
+			wantCode(t, tc.name, err, tc.want)
+			release()
+			e.sess.wait() // the abandoned call completes its define and stops
+			if n := e.lv.callCount("DomainCreate"); n != 0 {
+				t.Errorf("the abandoned call went on to start the domain")
+			}
+			if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+				t.Errorf("an interrupted Create removed %d volumes", n)
+			}
+			e.hasInstance("a", libvirt.DomainShutoff)
+			if _, err := e.p.Create(context.Background(), spec); err != nil {
+				t.Fatal(err)
+			}
+			e.hasInstance("a", libvirt.DomainRunning)
+		})
+	}
+
+	t.Run("closed during upload", func(t *testing.T) {
+		e := newFakeEnv(t)
+		hook, entered, _ := e.lv.block("StorageVolUpload", "")
+		e.lv.setFault(hook)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-entered
+			if err := e.p.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		}()
+		_, err := e.p.Create(context.Background(), spec)
+		wg.Wait()
+		wantCode(t, "closed", err, provider.Permanent)
+		if !errors.Is(err, provider.ErrClosed) {
+			t.Errorf("err %v: want ErrClosed", err)
+		}
+		if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+			t.Errorf("a Create interrupted by Close removed %d volumes", n)
+		}
+		if e.images.closed != 1 || e.sess.closes != 1 {
+			t.Errorf("Close closed images %d, session %d times", e.images.closed, e.sess.closes)
+		}
+	})
+
+	t.Run("cancelled while waiting for the name", func(t *testing.T) {
+		e := newFakeEnv(t)
+		hook, entered, release := e.lv.block("DomainCreate", "")
+		e.lv.setFault(hook)
+		done := make(chan error, 1)
+		go func() { _, err := e.p.Create(context.Background(), spec); done <- err }()
+		select {
+		case <-entered:
+		case err := <-done:
+			t.Fatalf("the first Create never reached its start: %v", err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		// The name is held by the first Create: the second waits for it
+		// and gives up with its context.
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "second", err, provider.Canceled)
+		release()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("image wait cancelled", func(t *testing.T) {
+		e := newFakeEnv(t)
+		e.images.block, e.images.entered = make(chan struct{}), make(chan struct{})
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { <-e.images.entered; cancel() }()
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "image wait", err, provider.Canceled)
+		e.onlyBases("image wait")
+	})
+}
+
+// createScenarios set up a fake host on which Create of fakeSpec("a") (or
+// bigSpec, with a seed of another size) takes one of its paths.
+var createScenarios = []struct {
+	name  string
+	big   bool
+	setup func(t *testing.T, e *fakeEnv)
+}{
+	{"fresh", false, func(t *testing.T, e *fakeEnv) {}},
+	{"leftovers reused", false, leaveVolumes},
+	{"leftover seed replaced", true, leaveVolumes},
+	{"defined, seed missing", false, func(t *testing.T, e *fakeEnv) {
+		e.lv.setFault(failOn("DomainCreate", "", false, libvirt.ErrInterrupted))
+		if _, err := e.p.Create(context.Background(), fakeSpec("a")); err == nil {
+			t.Fatal("want the interrupted start's error")
+		}
+		e.lv.setFault(nil)
+		e.lv.removeVol(e.cfg.Pool, seedVolume(e.dom("a")))
+	}},
+}
+
+// leaveVolumes leaves the overlay and seed of an interrupted Create.
+func leaveVolumes(t *testing.T, e *fakeEnv) {
+	e.lv.setFault(failOn("DomainDefineXMLFlags", "", false, libvirt.ErrInterrupted))
+	if _, err := e.p.Create(context.Background(), fakeSpec("a")); err == nil {
+		t.Fatal("want the interrupted define's error")
+	}
+	e.lv.setFault(nil)
+}
+
+func bigSpec() provider.Spec {
+	s := fakeSpec("a")
+	s.UserData = "#cloud-config\n# " + strings.Repeat("x", 40000) + "\n"
+	return s
+}
+
+// TestFakeCreateCancelledBetweenCalls cancels the context during each RPC
+// of each Create path in turn: Create returns Canceled (or, during the last
+// RPC, may have finished), the abandoned call makes no further RPC, nothing
+// is removed, and a retry converges.
+func TestFakeCreateCancelledBetweenCalls(t *testing.T) {
+	for _, sc := range createScenarios {
+		spec := fakeSpec("a")
+		if sc.big {
+			spec = bigSpec()
+		}
+		// The RPCs of this path.
+		probe := newFakeEnv(t)
+		sc.setup(t, probe)
+		mark := probe.lv.callCount("")
+		if _, err := probe.p.Create(context.Background(), spec); err != nil {
+			t.Fatalf("%s: %v", sc.name, err)
+		}
+		calls := probe.lv.callsSince(mark)
+		skip := 1 // the lookup: one call when there is no domain, three when there is
+		if len(calls) > 1 && calls[1].Op == "DomainGetXMLDesc" {
+			skip = 3
+		}
+		for j := skip; j < len(calls); j++ {
+			t.Run(fmt.Sprintf("%s/during %d %s %s", sc.name, j, calls[j].Op, calls[j].Name), func(t *testing.T) {
+				e := newFakeEnv(t)
+				sc.setup(t, e)
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				var mu sync.Mutex
+				var seen []fakeCall
+				e.lv.setFault(func(c fakeCall) error {
+					if c.After {
+						return nil
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					seen = append(seen, c)
+					if len(seen) == j+1 {
+						cancel()
+					}
+					return nil
+				})
+				_, err := e.p.Create(ctx, spec)
+				e.sess.wait()
+				if err != nil || j < len(calls)-1 {
+					wantCode(t, "cancelled", err, provider.Canceled)
+				}
+				mu.Lock()
+				if len(seen) > j+1 {
+					t.Errorf("RPCs after the context ended: %v", seen[j+1:])
+				}
+				if len(seen) != j+1 || seen[j] != calls[j] {
+					t.Errorf("calls %v, want the path's first %d: %v", seen, j+1, calls[:j+1])
+				}
+				mu.Unlock()
+				if !sc.big && e.lv.callCount("StorageVolDelete") != 0 {
+					t.Errorf("an interrupted Create removed volumes")
+				}
+				e.lv.setFault(nil)
+				if _, err := e.p.Create(context.Background(), spec); err != nil {
+					t.Fatalf("retry: %v", err)
+				}
+				e.hasInstance("a", libvirt.DomainRunning)
+			})
+		}
+	}
+}
+
+// TestFakeCreateRareFailures: failures on the less travelled paths
+// (completing a defined domain, converging on a replica's define, replacing
+// a leftover seed) are classed and leave what the retry needs.
+func TestFakeCreateRareFailures(t *testing.T) {
+	ctx := context.Background()
+	internal := lvErrorf(libvirt.ErrInternalError, "internal error: something broke")
+	dn := domainName("lab-1", "a")
+	scenario := func(name string) func(*testing.T, *fakeEnv) {
+		for _, sc := range createScenarios {
+			if sc.name == name {
+				return sc.setup
+			}
+		}
+		panic(name)
+	}
+	for _, tc := range []struct {
+		name     string
+		setup    func(*testing.T, *fakeEnv)
+		big      bool
+		fault    func(*testing.T, *fakeEnv) func(fakeCall) error
+		want     provider.ErrorCode
+		contains string
+	}{
+		{"complete: volume lookup fails", scenario("defined, seed missing"), false,
+			func(*testing.T, *fakeEnv) func(fakeCall) error {
+				return failOn("StorageVolLookupByName", overlayVolume(dn), false, internal)
+			}, provider.Transient, "look up volume"},
+		{"complete: seed exists after all, of another size", func(t *testing.T, e *fakeEnv) {
+			scenario("defined, seed missing")(t, e)
+			e.lv.putVol(e.cfg.Pool, fakeVol{name: seedVolume(dn), capacity: 7})
+		}, false, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			// The first look finds no seed; the create then finds one.
+			var once sync.Once
+			return func(c fakeCall) error {
+				var err error
+				if c.Op == "StorageVolLookupByName" && c.Name == seedVolume(dn) && !c.After {
+					once.Do(func() { err = lvErrorf(libvirt.ErrNoStorageVol, "Storage volume not found") })
+				}
+				return err
+			}
+		}, provider.Transient, "not replaced while the domain exists"},
+		{"define fails, domain lookup fails", scenario("fresh"), false, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return faults(failOn("DomainDefineXMLFlags", "", false, lvErrorf(libvirt.ErrXMLError, "XML error")),
+				failNth("DomainLookupByName", 2, internal))
+		}, provider.Transient, "look up domain"},
+		{"replica's domain unreadable", scenario("fresh"), false, func(t *testing.T, e *fakeEnv) func(fakeCall) error {
+			var once sync.Once
+			return faults(func(c fakeCall) error {
+				if c.Op == "DomainDefineXMLFlags" && !c.After {
+					once.Do(func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", fakeSpec("a").UID)) })
+				}
+				return nil
+			}, failOn("DomainGetXMLDesc", "", false, internal))
+		}, provider.Transient, "get XML of domain"},
+		{"leftover seed lookup fails", leaveVolumes, false, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return failOn("StorageVolLookupByName", seedVolume(dn), false, internal)
+		}, provider.Transient, "look up existing seed"},
+		{"leftover seed unreadable", leaveVolumes, false, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return failOn("StorageVolGetInfo", "", false, internal)
+		}, provider.Transient, "read existing seed"},
+		{"replacing the seed: domain lookup fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return failNth("DomainLookupByName", 2, internal)
+		}, provider.Transient, "look up domain"},
+		{"replacing the seed: delete fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return failOn("StorageVolDelete", "", false, internal)
+		}, provider.Transient, "delete leftover seed"},
+		{"replacing the seed: create fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return failNth("StorageVolCreateXML", 3, internal)
+		}, provider.Transient, "create seed volume"},
+		{"start fails, state unreadable", scenario("fresh"), false, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			return faults(failOn("DomainCreate", "", false, lvErrorf(libvirt.ErrOperationFailed, "operation failed")),
+				failOn("DomainGetState", "", false, internal))
+		}, provider.Transient, "start domain"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEnv(t)
+			tc.setup(t, e)
+			spec := fakeSpec("a")
+			if tc.big {
+				spec = bigSpec()
+			}
+			e.lv.setFault(tc.fault(t, e))
+			_, err := e.p.Create(ctx, spec)
+			wantCode(t, tc.name, err, tc.want)
+			if !strings.Contains(err.Error(), tc.contains) {
+				t.Errorf("err %q: want %q", err, tc.contains)
+			}
+			e.lv.setFault(nil)
+			if tc.name == "complete: seed exists after all, of another size" {
+				e.lv.removeVol(e.cfg.Pool, seedVolume(dn)) // what an operator would do
+			}
+			if _, err := e.p.Create(ctx, spec); err != nil {
+				t.Fatalf("retry: %v", err)
+			}
+			e.hasInstance("a", libvirt.DomainRunning)
+		})
+	}
+}
