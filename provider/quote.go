@@ -57,23 +57,48 @@ func Quote(s string) string {
 
 // ClipMessage returns s as valid UTF-8 (each invalid byte sequence replaced
 // by U+FFFD) of at most MaxErrorText bytes: a longer text is cut on a rune
-// boundary and ends with "… (N bytes)", N being the length of the whole
-// text. Error implementations at a package's outer layer (*Error,
-// egressproxy.OpError, FieldError) pass their text through it, so no input
+// boundary and ends with "… (N bytes cut)". Clipping composes: a text that
+// already ends with such a mark (an inner layer clipped it, and an outer one
+// added a prefix) is cut before the mark, and the new mark counts every byte
+// cut by either. Error implementations at a package's outer layer (*Error,
+// FieldError, egressproxy.OpError) pass their text through it, so no input
 // can make an error text unbounded or invalid.
 func ClipMessage(s string) string {
 	if len(s) <= MaxErrorText && utf8.ValidString(s) {
 		return s
 	}
-	n := len(s)
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	if len(s) <= MaxErrorText {
 		return s
 	}
-	mark := "… (" + strconv.Itoa(n) + " bytes)"
-	cut := MaxErrorText - len(mark)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
+	body, cut := s, 0
+	if b, n, ok := cutMark(s); ok {
+		body, cut = b, n
 	}
-	return s[:cut] + mark
+	// The mark of the largest count possible bounds the real one.
+	keep := MaxErrorText - len(clipMark(cut+len(body)))
+	for keep > 0 && !utf8.RuneStart(body[keep]) {
+		keep--
+	}
+	return body[:keep] + clipMark(cut+len(body)-keep)
+}
+
+func clipMark(n int) string { return "… (" + strconv.Itoa(n) + " bytes cut)" }
+
+// cutMark splits a text that ends with a clipMark into the text before it
+// and the count it gives.
+func cutMark(s string) (string, int, bool) {
+	const tail = " bytes cut)"
+	if !strings.HasSuffix(s, tail) {
+		return s, 0, false
+	}
+	i := strings.LastIndex(s, "… (")
+	if i < 0 {
+		return s, 0, false
+	}
+	n, err := strconv.Atoi(s[i+len("… (") : len(s)-len(tail)])
+	if err != nil || n < 0 {
+		return s, 0, false
+	}
+	return s[:i], n, true
 }

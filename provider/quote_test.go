@@ -51,8 +51,15 @@ func TestClipMessage(t *testing.T) {
 	}
 	long := strings.Repeat("ü", 1000) // 2000 bytes
 	got := ClipMessage(long)
-	if !utf8.ValidString(got) || len(got) > MaxErrorText || !strings.HasSuffix(got, "… (2000 bytes)") || !strings.HasPrefix(got, "üü") {
-		t.Fatalf("ClipMessage(2000 bytes) = %d bytes %q…", len(got), got[len(got)-30:])
+	want := strings.Repeat("ü", 502) + "… (996 bytes cut)" // 1004+19 bytes
+	if got != want {
+		t.Fatalf("ClipMessage(2000 bytes) = %d bytes …%q", len(got), got[len(got)-30:])
+	}
+	// Clipping composes: a prefix added to a clipped text is cut again and
+	// the mark counts every byte cut.
+	again := ClipMessage("outer: " + got)
+	if !strings.HasSuffix(again, "… (1004 bytes cut)") || !strings.HasPrefix(again, "outer: üü") || len(again) > MaxErrorText {
+		t.Fatalf("ClipMessage(prefix + clipped) = %d bytes …%q", len(again), again[len(again)-30:])
 	}
 	rapid.Check(t, func(t *rapid.T) {
 		s := string(rapid.SliceOfN(rapid.Byte(), 0, 3000).Draw(t, "s"))
@@ -62,6 +69,19 @@ func TestClipMessage(t *testing.T) {
 		}
 		if utf8.ValidString(s) && len(s) <= MaxErrorText && got != s {
 			t.Fatalf("ClipMessage changed a valid short text")
+		}
+		// Composed with a prefix, the cut count is what the prefixed,
+		// repaired text lost.
+		prefix := rapid.StringN(0, 100, -1).Draw(t, "prefix")
+		full := prefix + strings.ToValidUTF8(s, "\uFFFD")
+		twice := ClipMessage(prefix + got)
+		if len(twice) > MaxErrorText || !utf8.ValidString(twice) {
+			t.Fatalf("ClipMessage twice: %d bytes", len(twice))
+		}
+		if body, n, ok := cutMark(twice); ok && len(full) > MaxErrorText {
+			if len(body)+n != len(full) || !strings.HasPrefix(full, body) {
+				t.Fatalf("composed clip kept %d bytes and counts %d cut; the text had %d", len(body), n, len(full))
+			}
 		}
 	})
 }
