@@ -144,7 +144,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 
 	c.base, err = p.cache.Ensure(ctx, img)
 	if err != nil {
-		return provider.Instance{}, p.wrap(fmt.Errorf("ensure base image %q: %w", img.Key, err))
+		return provider.Instance{}, p.wrap(fmt.Errorf("base image: %w", err)) // imagecache names the image (key or base volume)
 	}
 
 	// fn may outlive Do (a call abandoned by its context completes on
