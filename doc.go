@@ -31,6 +31,11 @@
 // instance's UID created from another spec; Instance.SpecDigest tells which
 // spec (Spec.Digest) an instance was created from.
 //
+// Error texts are bounded: valid UTF-8 of at most provider.MaxErrorText bytes,
+// caller input quoted with provider.Quote, each layer adding only what the one
+// above does not say ("egressproxy get proxy-1: kvm2 hv1: …"); see the
+// provider package doc, "Error text".
+//
 // # Create converges
 //
 // After any interruption of a Create (context ended, Close, link lost,

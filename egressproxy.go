@@ -3,7 +3,7 @@ package egressproxy
 import (
 	"context"
 	"errors"
-	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,6 +63,13 @@ func New(p provider.Provider, opts *Options) *Client {
 // OpError is the error every Client method returns: the operation, the
 // instance it concerned (empty for List and Check) and the provider's error.
 // errors.Is / errors.As / provider.Code see through it to the class.
+//
+// Its text is "egressproxy <op> <instance>: <provider's error>": the client
+// says the operation and the instance, so the layers below say only what
+// failed (see the provider package doc, "Error text"). An instance name that
+// is not a valid name (provider.ValidateName) is left out: the validation
+// error that comes with it quotes it, escaped and bounded. The whole text is
+// valid UTF-8 of at most provider.MaxErrorText bytes (provider.ClipMessage).
 type OpError struct {
 	Op       string // "create", "get", "delete", "list", "check", "close"
 	Instance string // instance name, "" when not about one instance
@@ -70,15 +77,24 @@ type OpError struct {
 }
 
 func (e *OpError) Error() string {
-	if e.Instance == "" {
-		return fmt.Sprintf("egressproxy %s: %v", e.Op, e.Err)
+	var b strings.Builder
+	b.WriteString("egressproxy ")
+	b.WriteString(e.Op)
+	if e.Instance != "" && provider.ValidateName("Name", e.Instance) == nil {
+		b.WriteByte(' ')
+		b.WriteString(e.Instance)
 	}
-	return fmt.Sprintf("egressproxy %s %s: %v", e.Op, e.Instance, e.Err)
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	return provider.ClipMessage(b.String())
 }
 
 func (e *OpError) Unwrap() error { return e.Err }
 
-// ErrClosed is returned (wrapped, classed Permanent) by calls after Close.
+// ErrClosed is returned (wrapped in an *OpError) by calls after Close. It is
+// provider.ErrClosed, classed Permanent.
 var ErrClosed = provider.ErrClosed
 
 // begin registers an operation; it fails once the client is closed.
@@ -86,15 +102,18 @@ func (c *Client) begin() error {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.closed {
-		return provider.WithCode(provider.Permanent, fmt.Errorf("client is closed: %w", ErrClosed))
+		return ErrClosed // Permanent: it carries its class
 	}
 	c.inflight.Add(1)
 	return nil
 }
 
-// wrap classes and wraps err once. Errors the provider returned unclassed
-// are classed Transient (the conservative choice: a retry decides), except
-// context errors, which keep their own class.
+// wrap classes and wraps err once. Errors the provider returned without a
+// class (provider.Code is Unknown) are classed Transient (the conservative
+// choice: a retry decides); WithCode then hides whatever class-less
+// wrapping was inside, so the result has one class. Errors that carry a class
+// (an *provider.Error, a classed sentinel such as provider.ErrNotFound, even
+// bare) keep it, and context errors keep theirs.
 func wrap(op, instance string, err error) error {
 	if err == nil {
 		return nil

@@ -103,7 +103,7 @@ func Example_errorClasses() {
 		fmt.Println(op.Op, op.Instance)
 	}
 	// Output:
-	// report, do not retry | egressproxy create Proxy_1: invalid Name "Proxy_1": may contain only lowercase letters, digits and '-'
+	// report, do not retry | egressproxy create: invalid Name "Proxy_1": may contain only lowercase letters, digits and '-'
 	// requeue with backoff | egressproxy create proxy-1: hypervisor busy
 	// done
 	// report, do not retry | true
@@ -135,7 +135,7 @@ func Example_specConflict() {
 	// Output:
 	// true
 	// true Permanent
-	// egressproxy create proxy-1: memprovider: instance "proxy-1" (UID "u1") was created with another spec: Port (3128, now 8080): instance exists with another spec
+	// egressproxy create proxy-1: memprovider: instance exists with another spec (Port 3128, now 8080)
 	// <nil> 8080 true
 }
 

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
@@ -147,17 +146,15 @@ type Options struct {
 	HTTPClient *http.Client
 }
 
-// fieldErr returns a *provider.FieldError.
+// fieldErr returns a *provider.FieldError. The value is given as is: the
+// error's text quotes it escaped and bounded (provider.Quote).
 func fieldErr(field, value, rule string) error {
-	if len(value) > 40 {
-		n := 40
-		for n > 0 && !utf8.RuneStart(value[n]) {
-			n--
-		}
-		value = value[:n] + "…"
-	}
 	return &provider.FieldError{Field: field, Value: value, Rule: rule}
 }
+
+// keyField names the entry of a map field, e.g. MachineTypes["small"], with
+// the key quoted escaped and bounded (provider.Quote): a key is caller input.
+func keyField(field, key string) string { return field + "[" + provider.Quote(key) + "]" }
 
 // validate checks c and returns it with defaults applied. The error is classed
 // Permanent and joins one *provider.FieldError per violation.
@@ -210,7 +207,7 @@ func (c Config) validate() (Config, error) {
 		mts := make(map[string]MachineType, len(c.MachineTypes))
 		for _, name := range sortedKeys(c.MachineTypes) {
 			mt := c.MachineTypes[name]
-			field := fmt.Sprintf("MachineTypes[%q]", name)
+			field := keyField("MachineTypes", name)
 			if err := validateKey(field, name); err != nil {
 				add(err)
 				continue
@@ -325,8 +322,10 @@ func validateObjectName(field, name string, required bool) error {
 	return nil
 }
 
-// validateKey checks an image key or machine type name with the Spec rule
-// (lowercase letters, digits, '.', '-', alphanumeric at both ends, no "--").
+// validateKey checks an image key or machine type name, a map key, with the
+// Spec rule (lowercase letters, digits, '.', '-', alphanumeric at both ends,
+// no "--"). field already quotes the key (keyField), so the error does not
+// repeat it as its value.
 func validateKey(field, key string) error {
 	err := provider.Spec{Name: "x", UID: "x", ImageKey: key}.Validate()
 	if key == "" {
@@ -337,9 +336,9 @@ func validateKey(field, key string) error {
 	}
 	var fe *provider.FieldError
 	if errors.As(err, &fe) {
-		return fieldErr(field, key, fe.Rule)
+		return fieldErr(field, "", fe.Rule)
 	}
-	return fieldErr(field, key, err.Error())
+	return fieldErr(field, "", err.Error())
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -67,7 +67,6 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if err := spec.Validate(); err != nil {
 		return provider.Instance{}, err
 	}
-	ref := spec.Ref()
 	imgKey := spec.ImageKey
 	if imgKey == "" {
 		imgKey = p.cfg.DefaultImage
@@ -134,18 +133,18 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 				// have been deleted since: it existed when read).
 				inst, err = p.instance(ctx, spec.Name, info, false)
 			}
-			return inst, p.wrap("create", ref, err)
+			return inst, p.wrap(err)
 		}
 		// An earlier Create stopped after defining the domain: finish it.
 		c.adopt(info)
 		p.log.V(1).Info("create: completing an instance that was defined but never started", "instance", spec.Name, "uid", spec.UID)
 	case provider.Code(classify(err)) != provider.NotFound:
-		return provider.Instance{}, p.wrap("create", ref, err)
+		return provider.Instance{}, p.wrap(err)
 	}
 
 	c.base, err = p.cache.Ensure(ctx, img)
 	if err != nil {
-		return provider.Instance{}, p.wrap("create", ref, fmt.Errorf("ensure base image %q: %w", img.Key, err))
+		return provider.Instance{}, p.wrap(fmt.Errorf("base image: %w", err)) // imagecache names the image (key or base volume)
 	}
 
 	// fn may outlive Do (a call abandoned by its context completes on
@@ -170,7 +169,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		} else {
 			p.undo(ctx, c)
 		}
-		return provider.Instance{}, p.wrap("create", ref, err)
+		return provider.Instance{}, p.wrap(err)
 	}
 	inst := c.instance()
 	if c.adopted {
@@ -265,16 +264,16 @@ func (c *creation) step() error {
 func (c *creation) checkOwned(info domainInfo) error {
 	p := c.p
 	if !info.ours || info.meta.UID != c.spec.UID {
-		return provider.Errorf(provider.Permanent, "kvm2 %s: create %s: domain %q exists and is not this instance (UID %q): name taken",
-			p.cfg.Entry, c.spec.Name, c.name, c.spec.UID)
+		return provider.Errorf(provider.Permanent, "kvm2 %s: the name is taken: domain %q exists and is not the instance with UID %s",
+			p.cfg.Entry, c.name, provider.Quote(c.spec.UID))
 	}
 	if d := info.meta.SpecDigest; d != "" && d != c.meta.SpecDigest {
 		port := ""
 		if info.meta.Port != c.meta.Port {
 			port = fmt.Sprintf(", port %d, now %d", info.meta.Port, c.meta.Port)
 		}
-		return provider.Errorf(provider.Permanent, "kvm2 %s: create %s: the instance (UID %q) was created from another spec (digest %s, now %s%s); Delete it to apply this spec: %w",
-			p.cfg.Entry, c.spec.Name, c.spec.UID, shortDigest(d), shortDigest(c.meta.SpecDigest), port, provider.ErrSpecConflict)
+		return provider.Errorf(provider.Permanent, "kvm2 %s: %w (digest %s, now %s%s); Delete it to apply this spec",
+			p.cfg.Entry, provider.ErrSpecConflict, shortDigest(d), shortDigest(c.meta.SpecDigest), port)
 	}
 	return nil
 }

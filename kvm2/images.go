@@ -2,7 +2,6 @@ package kvm2
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/provider"
@@ -14,7 +13,7 @@ func (c Config) validateImages(errs []error) (Config, []error) {
 	imgs := make(map[string]imagecache.Image, len(c.Images))
 	for _, key := range sortedKeys(c.Images) {
 		img := c.Images[key]
-		field := fmt.Sprintf("Images[%q]", key)
+		field := keyField("Images", key)
 		if err := validateKey(field, key); err != nil {
 			add(err)
 			continue

@@ -154,11 +154,15 @@ func (d *domainAddrs) InterfaceAddresses(ctx context.Context, src libvirt.Domain
 	return out, nil
 }
 
-func (p *Provider) wrap(op string, ref provider.Ref, err error) error {
+// wrap prefixes err with the entry and classifies it. It says only what the
+// caller does not: egressproxy.Client already says the operation and the
+// instance ("egressproxy get proxy-1: kvm2 hv1: look up domain …"), so
+// neither is repeated here (see the provider package doc, "Error text").
+func (p *Provider) wrap(err error) error {
 	if err == nil {
 		return nil
 	}
-	return classify(fmt.Errorf("kvm2 %s: %s %s: %w", p.cfg.Entry, op, ref.Name, err))
+	return classify(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
 }
 
 // Get reads the instance back from the host: UID, creation time and port
@@ -177,14 +181,14 @@ func (p *Provider) Get(ctx context.Context, ref provider.Ref) (_ provider.Instan
 	}
 	info, err := p.lookup(ctx, "kvm2.Get", domainName(p.cfg.Entry, ref.Name))
 	if err != nil {
-		return provider.Instance{}, classifyRead(fmt.Errorf("kvm2 %s: get %s: %w", p.cfg.Entry, ref.Name, err))
+		return provider.Instance{}, classifyRead(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
 	}
 	if !info.ours || info.meta.UID != ref.UID {
-		return provider.Instance{}, provider.Errorf(provider.NotFound, "kvm2 %s: get %s: no instance with UID %q", p.cfg.Entry, ref.Name, ref.UID)
+		return provider.Instance{}, provider.Errorf(provider.NotFound, "kvm2 %s: no instance with UID %s", p.cfg.Entry, provider.Quote(ref.UID))
 	}
 	inst, err := p.instance(ctx, ref.Name, info, true)
 	if err != nil {
-		return provider.Instance{}, classifyRead(fmt.Errorf("kvm2 %s: get %s: %w", p.cfg.Entry, ref.Name, err))
+		return provider.Instance{}, classifyRead(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
 	}
 	return inst, nil
 }
@@ -224,7 +228,7 @@ func (p *Provider) List(ctx context.Context) (_ []provider.Instance, opErr error
 		return nil
 	})
 	if err != nil {
-		return nil, classifyRead(fmt.Errorf("kvm2 %s: list: %w", p.cfg.Entry, err))
+		return nil, classifyRead(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
 	}
 	out := make([]provider.Instance, 0, len(found))
 	for _, info := range found {
@@ -293,7 +297,7 @@ func (p *Provider) Delete(ctx context.Context, ref provider.Ref) (opErr error) {
 		return p.deleteUnusedVolumes(l, name, vols...)
 	}, attribute.String("domain", name))
 	if err != nil {
-		return p.wrap("delete", ref, raced(err))
+		return p.wrap(raced(err))
 	}
 	p.log.V(1).Info("deleted", "instance", ref.Name, "uid", ref.UID)
 	return nil

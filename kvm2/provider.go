@@ -244,13 +244,13 @@ func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 	}
 	// The call itself failed: the caller's context ended or we are closed.
 	if cerr := ctx.Err(); cerr != nil {
-		return provider.Health{}, provider.FromContext(fmt.Errorf("kvm2 %s: check: %w", p.cfg.Entry, err))
+		return provider.Health{}, provider.FromContext(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
 	}
 	if sshconn.KindOf(err) == sshconn.KindClosed || p.closed.Load() {
-		return provider.Health{}, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2 %s: check: %w", p.cfg.Entry, closedError{Err: err}))
+		return provider.Health{}, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, closedError{Err: err}))
 	}
 	h.Reason = healthReason(err)
-	h.Message = err.Error()
+	h.Message = provider.ClipMessage(err.Error())
 	p.log.Info("check: unhealthy", "reason", string(h.Reason), "error", h.Message)
 	return h, nil
 }

@@ -34,6 +34,17 @@ func TestCode(t *testing.T) {
 		{"explicit class wins over context", WithCode(Transient, context.DeadlineExceeded), Transient, []error{ErrTransient, context.DeadlineExceeded}, nil},
 		{"spec conflict", Errorf(Permanent, "create x: %w", ErrSpecConflict), Permanent, []error{ErrPermanent, ErrSpecConflict}, []error{ErrTransient, ErrNotFound}},
 		{"joined", errors.Join(io.EOF, WithCode(Permanent, io.ErrUnexpectedEOF)), Permanent, []error{ErrPermanent, io.ErrUnexpectedEOF}, nil},
+		// The sentinels are classed themselves, bare or wrapped.
+		{"bare not found", ErrNotFound, NotFound, []error{ErrNotFound}, []error{ErrTransient, ErrPermanent}},
+		{"fmt wraps bare sentinel", fmt.Errorf("x: %w", ErrNotFound), NotFound, []error{ErrNotFound}, []error{ErrTransient, ErrPermanent}},
+		{"bare closed is permanent", ErrClosed, Permanent, []error{ErrClosed, ErrPermanent}, []error{ErrTransient, ErrNotFound, ErrSpecConflict}},
+		{"bare spec conflict is permanent", fmt.Errorf("x: %w", ErrSpecConflict), Permanent, []error{ErrSpecConflict, ErrPermanent}, []error{ErrClosed, ErrTransient}},
+		// WithCode hides bare sentinels too, not only *Error.
+		{"WithCode hides bare sentinel", WithCode(Transient, fmt.Errorf("x: %w", ErrNotFound)), Transient, []error{ErrTransient}, []error{ErrPermanent, ErrNotFound}},
+		{"WithCode hides ErrClosed's class, keeps its identity", WithCode(Transient, ErrClosed), Transient, []error{ErrTransient, ErrClosed}, []error{ErrPermanent}},
+		{"join: first class in traversal order", errors.Join(io.EOF, ErrNotFound, WithCode(Permanent, io.EOF)), NotFound, []error{ErrNotFound, ErrPermanent}, []error{ErrTransient}},
+		{"WithCode(OK) is Unknown", WithCode(OK, ErrNotFound), Unknown, nil, []error{ErrTransient, ErrPermanent, ErrNotFound}},
+		{"WithCode(Canceled) matches context.Canceled", WithCode(Canceled, io.EOF), Canceled, []error{context.Canceled}, []error{ErrTransient, ErrPermanent, ErrNotFound}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

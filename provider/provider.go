@@ -10,6 +10,43 @@
 // Create of an existing UID with another spec (ErrSpecConflict, Permanent). It does not own retries, reconcile loops or garbage
 // collection: those belong to the embedding program, which uses the error
 // classes and List to drive them. It imports only the standard library.
+//
+// # Error classes
+//
+// Every error carries exactly one class, and Code and errors.Is agree on it:
+// Code(err) is Transient, Permanent or NotFound exactly when errors.Is(err,
+// ErrTransient / ErrPermanent / ErrNotFound) holds, and no other class
+// sentinel matches. The sentinels are classed themselves (Code(ErrNotFound) is
+// NotFound; ErrClosed and ErrSpecConflict are Permanent), so wrapping one with
+// fmt.Errorf keeps its class. WithCode and Errorf give an error one class and
+// hide every class inside it. An error without a class is Unknown (Canceled
+// or DeadlineExceeded when it wraps a context error); providers do not return
+// such errors, and egressproxy.Client classes them Transient. Code's doc says
+// which class wins when an errors.Join holds several.
+//
+// # Error text
+//
+// Errors wrap once per layer, and each layer says only what the layer above
+// does not already say. egressproxy.Client says the operation and the
+// instance ("egressproxy get proxy-1: "); a backend says its name and entry
+// and what failed, never the operation or the instance name again ("kvm2
+// hv1: look up domain …", "memprovider: no instance with UID …"); a
+// validation error says the field, the offending value and the rule
+// ("invalid Name "Proxy_1": may contain only …"). So a Get of a missing kvm2
+// instance reads
+//
+//	egressproxy get proxy-1: kvm2 hv1: look up domain "ep-hv1--proxy-1": <libvirt's text>
+//
+// Caller input that enters an error is quoted with Quote: escaped as
+// strconv.Quote does and cut to MaxQuoted bytes followed by its length, so a
+// huge or non-UTF-8 name prints as a short, valid, one-line value. The text
+// of every error egressproxy.Client returns, and of every *Error and
+// FieldError (so of every error a Provider returns, since each is classed
+// with WithCode or Errorf), is valid UTF-8 of at most MaxErrorText (1 KiB)
+// bytes, whatever the input: those types pass their text through
+// ClipMessage, which repairs invalid UTF-8 and cuts a longer text, marking the
+// cut with the full length. Kubernetes events and conditions, which cap their
+// size, can take such a text as it is.
 package provider
 
 import (

@@ -53,30 +53,24 @@ type Spec struct {
 }
 
 // FieldError is a bad-input error naming the field and the rule it broke.
-// It is always classed Permanent by Validate.
+// It is always classed Permanent by Validate. Its text is
+//
+//	invalid <Field> <Quote(Value)>: <Rule>
+//
+// (without the value when Value is empty), clipped to MaxErrorText bytes:
+// Value is printed escaped and bounded by Quote, so any input is safe to
+// put in it as given.
 type FieldError struct {
 	Field string
-	Value string // the offending value, shortened
+	Value string // the offending value as given; Error quotes and bounds it
 	Rule  string
 }
 
 func (e *FieldError) Error() string {
 	if e.Value == "" {
-		return fmt.Sprintf("invalid %s: %s", e.Field, e.Rule)
+		return ClipMessage("invalid " + e.Field + ": " + e.Rule)
 	}
-	return fmt.Sprintf("invalid %s %q: %s", e.Field, e.Value, e.Rule)
-}
-
-func short(s string) string {
-	if len(s) > 40 {
-		// cut on a rune boundary
-		n := 40
-		for n > 0 && !utf8.RuneStart(s[n]) {
-			n--
-		}
-		return s[:n] + "…"
-	}
-	return s
+	return ClipMessage("invalid " + e.Field + " " + Quote(e.Value) + ": " + e.Rule)
 }
 
 // Validate checks every field and returns all violations joined (each a
@@ -162,14 +156,14 @@ func ValidateName(field, name string) error {
 		return &FieldError{Field: field, Rule: "is required"}
 	}
 	if len(name) > MaxNameLen {
-		return &FieldError{Field: field, Value: short(name), Rule: fmt.Sprintf("is %d characters, at most %d allowed", len(name), MaxNameLen)}
+		return &FieldError{Field: field, Value: name, Rule: fmt.Sprintf("must be at most %d characters", MaxNameLen)}
 	}
 	return checkShape(field, name, false)
 }
 
 func validateKey(field, key string) error {
 	if len(key) > MaxImageKeyLen {
-		return &FieldError{Field: field, Value: short(key), Rule: fmt.Sprintf("is %d characters, at most %d allowed", len(key), MaxImageKeyLen)}
+		return &FieldError{Field: field, Value: key, Rule: fmt.Sprintf("must be at most %d characters", MaxImageKeyLen)}
 	}
 	return checkShape(field, key, true)
 }
@@ -183,14 +177,14 @@ func checkShape(field, s string, dots bool) error {
 		c := s[i]
 		ok := (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || (dots && c == '.')
 		if !ok {
-			return &FieldError{Field: field, Value: short(s), Rule: "may contain only " + allowed}
+			return &FieldError{Field: field, Value: s, Rule: "may contain only " + allowed}
 		}
 	}
 	if !isAlnum(s[0]) || !isAlnum(s[len(s)-1]) {
-		return &FieldError{Field: field, Value: short(s), Rule: "must start and end with a lowercase letter or digit"}
+		return &FieldError{Field: field, Value: s, Rule: "must start and end with a lowercase letter or digit"}
 	}
 	if strings.Contains(s, "--") {
-		return &FieldError{Field: field, Value: short(s), Rule: `must not contain "--"`}
+		return &FieldError{Field: field, Value: s, Rule: `must not contain "--"`}
 	}
 	return nil
 }
@@ -202,14 +196,14 @@ func validateUID(uid string) error {
 		return &FieldError{Field: "UID", Rule: "is required"}
 	}
 	if len(uid) > MaxUIDLen {
-		return &FieldError{Field: "UID", Value: short(uid), Rule: fmt.Sprintf("is %d bytes, at most %d allowed", len(uid), MaxUIDLen)}
+		return &FieldError{Field: "UID", Value: uid, Rule: fmt.Sprintf("must be at most %d bytes", MaxUIDLen)}
 	}
 	if !utf8.ValidString(uid) {
-		return &FieldError{Field: "UID", Rule: "must be valid UTF-8"}
+		return &FieldError{Field: "UID", Value: uid, Rule: "must be valid UTF-8"}
 	}
 	for _, r := range uid {
 		if unicode.IsControl(r) {
-			return &FieldError{Field: "UID", Value: short(uid), Rule: "must not contain control characters"}
+			return &FieldError{Field: "UID", Value: uid, Rule: "must not contain control characters"}
 		}
 	}
 	return nil

@@ -213,7 +213,7 @@ func errClosed() error {
 }
 
 func notFound(ref provider.Ref) error {
-	return provider.Errorf(provider.NotFound, "memprovider: instance %q with UID %q does not exist", ref.Name, ref.UID)
+	return provider.Errorf(provider.NotFound, "memprovider: no instance with UID %s", provider.Quote(ref.UID))
 }
 
 // enter checks ctx and closed, then applies an injected fault. A non-nil
@@ -265,7 +265,7 @@ func (p *Provider) enter(ctx context.Context, op Op) (*Fault, error) {
 	}
 	err := f.Err
 	if err == nil {
-		err = fmt.Errorf("memprovider: injected %s fault in %s", f.Code, op)
+		err = fmt.Errorf("memprovider: injected %s fault", f.Code)
 	}
 	if f.Code == provider.OK {
 		return nil, err
@@ -292,12 +292,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if it, ok := p.items[spec.Name]; ok {
 		if it.inst.UID != spec.UID {
 			return provider.Instance{}, provider.Errorf(provider.Permanent,
-				"memprovider: name %q is taken by an instance with another UID", spec.Name)
+				"memprovider: the name is taken by an instance with another UID")
 		}
 		if d := spec.Digest(); d != it.inst.SpecDigest {
 			return provider.Instance{}, provider.Errorf(provider.Permanent,
-				"memprovider: instance %q (UID %q) was created with another %s: %w",
-				spec.Name, spec.UID, specDiff(it.spec, spec), provider.ErrSpecConflict)
+				"memprovider: %w (%s)", provider.ErrSpecConflict, specDiff(it.spec, spec))
 		}
 		return p.readLocked(it)
 	}
@@ -326,21 +325,21 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 func specDiff(a, b provider.Spec) string {
 	var out []string
 	if a.EffectivePort() != b.EffectivePort() {
-		out = append(out, fmt.Sprintf("Port (%d, now %d)", a.EffectivePort(), b.EffectivePort()))
+		out = append(out, fmt.Sprintf("Port %d, now %d", a.EffectivePort(), b.EffectivePort()))
 	}
 	if a.ImageKey != b.ImageKey {
-		out = append(out, fmt.Sprintf("ImageKey (%q, now %q)", a.ImageKey, b.ImageKey))
+		out = append(out, fmt.Sprintf("ImageKey %s, now %s", provider.Quote(a.ImageKey), provider.Quote(b.ImageKey)))
 	}
 	if a.MachineType != b.MachineType {
-		out = append(out, fmt.Sprintf("MachineType (%q, now %q)", a.MachineType, b.MachineType))
+		out = append(out, fmt.Sprintf("MachineType %s, now %s", provider.Quote(a.MachineType), provider.Quote(b.MachineType)))
 	}
 	if a.UserData != b.UserData {
-		out = append(out, "UserData")
+		out = append(out, "UserData differs")
 	}
 	if len(out) == 0 {
-		return "spec"
+		return "the digest differs"
 	}
-	return "spec: " + strings.Join(out, ", ")
+	return strings.Join(out, "; ")
 }
 
 func (p *Provider) allocHostLocked() int {
@@ -381,7 +380,7 @@ func (p *Provider) readLocked(it *item) (provider.Instance, error) {
 		ps, err := p.startProxy(it.inst.Name)
 		if err != nil {
 			return provider.Instance{}, provider.Errorf(provider.Transient,
-				"memprovider: serving proxy for %q: %w", it.inst.Name, err)
+				"memprovider: serving the proxy: %w", err)
 		}
 		it.proxy = ps
 	}
