@@ -460,8 +460,10 @@ func TestFakeCreateStepFailures(t *testing.T) {
 			e.lv.setFault(failOn(tc.op, tc.on, false, tc.err))
 			_, err := e.p.Create(ctx, spec)
 			wantCode(t, tc.name, err, tc.want)
-			if !strings.Contains(err.Error(), tc.contains) || !strings.Contains(err.Error(), "create a") {
-				t.Errorf("err %q: want %q and the instance", err, tc.contains)
+			// The backend names its entry and the failed step; the client
+			// adds the operation and instance (errors wrap once).
+			if !strings.Contains(err.Error(), tc.contains) || !strings.HasPrefix(err.Error(), "kvm2 "+e.cfg.Entry+": ") {
+				t.Errorf("err %q: want the entry and %q", err, tc.contains)
 			}
 			if strings.Contains(err.Error(), "hostname: a") {
 				t.Errorf("err %q shows user-data", err)
@@ -531,7 +533,7 @@ func TestFakeCreateRefusals(t *testing.T) {
 		e.lv.defineXML(t, "<domain type='kvm'><name>"+e.dom("a")+"</name><memory>1024</memory></domain>")
 		_, err := e.p.Create(ctx, spec)
 		wantCode(t, "name taken", err, provider.Permanent)
-		if errors.Is(err, provider.ErrSpecConflict) || !strings.Contains(err.Error(), "name taken") {
+		if errors.Is(err, provider.ErrSpecConflict) || !strings.Contains(err.Error(), "the name is taken") {
 			t.Errorf("err %v", err)
 		}
 		if n := e.lv.callCount("StorageVolCreateXML"); n != 0 {
@@ -577,7 +579,7 @@ func TestFakeCreateRefusals(t *testing.T) {
 			e.images.setErr(tc.err)
 			_, err := e.p.Create(ctx, spec)
 			wantCode(t, tc.name, err, tc.want)
-			if !strings.Contains(err.Error(), `ensure base image "tiny"`) {
+			if !strings.HasPrefix(err.Error(), "kvm2 "+e.cfg.Entry+": base image: ") {
 				t.Errorf("err %v", err)
 			}
 			e.onlyBases(tc.name)

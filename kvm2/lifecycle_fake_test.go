@@ -126,8 +126,8 @@ func TestFakeGet(t *testing.T) {
 			if tc.is != nil && !tc.is(err) {
 				t.Errorf("err %v", err)
 			}
-			if !strings.Contains(err.Error(), "get a") {
-				t.Errorf("err %q does not name the instance", err)
+			if !strings.HasPrefix(err.Error(), "kvm2 "+e.cfg.Entry+": ") {
+				t.Errorf("err %q does not name the entry", err)
 			}
 		})
 	}
@@ -387,8 +387,8 @@ func TestFakeDelete(t *testing.T) {
 				}
 			} else {
 				wantCode(t, tc.name, err, tc.want)
-				if !strings.Contains(err.Error(), "delete a") {
-					t.Errorf("err %q does not name the instance", err)
+				if !strings.HasPrefix(err.Error(), "kvm2 "+e.cfg.Entry+": ") {
+					t.Errorf("err %q does not name the entry", err)
 				}
 			}
 			if _, ok := e.lv.domain(e.dom("a")); ok != tc.left {
