@@ -841,3 +841,32 @@ func TestSSHNil(t *testing.T) {
 		t.Fatalf("New(SSH(nil)) = %v, want Permanent naming conn", err)
 	}
 }
+
+// A cleanup that fails for good (libvirtd answers with an error) leaves the
+// unverified volume as debris; the next Ensure removes it and publishes.
+func TestFakeFailedCleanupLeavesDebrisForNextEnsure(t *testing.T) {
+	body, sum := testImage(40 << 10)
+	srv := serve(t, body, nil)
+	c, h := newFakeCache(t, nil)
+	img := Image{Key: "k", URL: srv.url}
+	name := c.BaseName(img)
+	h.SetStreamHook("StorageVolUpload", libvirtfake.CutAfter(1, errBoom))
+	h.SetHook("StorageVolDelete", func(call libvirtfake.Call) error {
+		if call.Volume == name {
+			return errBoom
+		}
+		return nil
+	})
+	_, err := c.Ensure(testCtx(t, 30*time.Second), img)
+	wantClass(t, err, provider.Transient, "boom")
+	wantVolumes(t, h, name)
+	if list, err := c.List(testCtx(t, 30*time.Second)); err != nil || len(list) != 1 || list[0].Marker != "" {
+		t.Fatalf("List = %+v, %v; want the debris without a marker", list, err)
+	}
+	h.SetStreamHook("StorageVolUpload", nil)
+	h.SetHook("StorageVolDelete", nil)
+	if _, err := c.Ensure(testCtx(t, 30*time.Second), img); err != nil {
+		t.Fatal(err)
+	}
+	wantVolumes(t, h, name, MarkerName(name, sum))
+}
