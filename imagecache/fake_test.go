@@ -46,6 +46,9 @@ func (d fakeDedicated) Libvirt() Libvirt { return d.s }
 func (d fakeDedicated) Close() error     { return d.s.Close() }
 func (d fakeDedicated) Kill()            { d.s.Kill() }
 
+// stallFast is the StreamStall of tests that stall a stream on purpose.
+func stallFast(cfg *Config) { cfg.StreamStall = 300 * time.Millisecond }
+
 const (
 	fakePool  = "p"
 	fakeEntry = "e"
@@ -99,7 +102,9 @@ func newFakeCache(t *testing.T, mod func(*Config)) (*Cache, *libvirtfake.Host) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.Close() })
-	cfg := Config{Entry: fakeEntry, Pool: fakePool, StreamStall: 300 * time.Millisecond}
+	// StreamStall: long enough that a loaded machine never stalls a stream
+	// by accident; tests of stalls set stallFast.
+	cfg := Config{Entry: fakeEntry, Pool: fakePool, StreamStall: 5 * time.Second}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -550,7 +555,7 @@ func TestFakeCacheStates(t *testing.T) {
 func TestFakeVerifyCatchesChangedBytes(t *testing.T) {
 	body, sum := testImage(40 << 10)
 	srv := serve(t, body, nil)
-	c, h := newFakeCache(t, nil)
+	c, h := newFakeCache(t, stallFast)
 	img := Image{Key: "k", URL: srv.url}
 	ctx := testCtx(t, 30*time.Second)
 	b, err := c.Ensure(ctx, img)
@@ -635,7 +640,7 @@ func TestFakeFailureShapes(t *testing.T) {
 		{name: "upload fails mid-stream", setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetStreamHook("StorageVolUpload", libvirtfake.CutAfter(2*fakeChunk, errBoom))
 		}, code: provider.Transient, text: "bytes: internal error: boom"},
-		{name: "upload stalls twice", setup: func(t *testing.T, h *libvirtfake.Host) {
+		{name: "upload stalls twice", cfg: stallFast, setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetStreamHook("StorageVolUpload", libvirtfake.StallAfter(fakeChunk, nil))
 		}, code: provider.Transient, text: "made no progress", gets: 2},
 		{name: "staged volume deleted mid-upload", setup: func(t *testing.T, h *libvirtfake.Host) {
@@ -715,7 +720,7 @@ func TestFakeStallRetriedOnce(t *testing.T) {
 	for _, method := range []string{"StorageVolUpload", "StorageVolDownload"} {
 		t.Run(method, func(t *testing.T) {
 			srv := serve(t, body, nil)
-			c, h := newFakeCache(t, nil)
+			c, h := newFakeCache(t, stallFast)
 			var first atomic.Bool
 			h.SetStreamHook(method, func(call libvirtfake.Call) error {
 				if call.Done >= fakeChunk && first.CompareAndSwap(false, true) {
@@ -833,12 +838,33 @@ func TestFakeBudgetExhausted(t *testing.T) {
 	wantVolumes(t, h)
 }
 
-func TestSSHNil(t *testing.T) {
+// SSH(nil) is refused by New; SSH passes sshconn's errors through
+// unchanged (here: the key file is missing, so nothing is dialled).
+func TestSSHAdapter(t *testing.T) {
 	if c := SSH(nil); c != nil {
 		t.Fatalf("SSH(nil) = %v, want nil", c)
 	}
 	if _, err := New(SSH(nil), Config{Entry: "e", Pool: "p"}); provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), "conn") {
 		t.Fatalf("New(SSH(nil)) = %v, want Permanent naming conn", err)
+	}
+	dir := t.TempDir()
+	pool, err := sshconn.New(sshconn.Config{Addr: "127.0.0.1:1", User: "u", KeyFile: dir + "/missing", KnownHostsFile: dir + "/known_hosts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{})
+	defer lv.Close()
+	conn := SSH(lv)
+	ran := false
+	err = conn.Do(testCtx(t, 10*time.Second), func(Libvirt) error { ran = true; return nil })
+	var se *sshconn.Error
+	if !errors.As(err, &se) || ran {
+		t.Fatalf("Do = %v (fn ran: %v), want the *sshconn.Error and fn not run", err, ran)
+	}
+	d, err := conn.Dedicated(testCtx(t, 10*time.Second))
+	if !errors.As(err, &se) || d != nil {
+		t.Fatalf("Dedicated = %v, %v; want nil and the *sshconn.Error", d, err)
 	}
 }
 
@@ -869,4 +895,126 @@ func TestFakeFailedCleanupLeavesDebrisForNextEnsure(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantVolumes(t, h, name, MarkerName(name, sum))
+}
+
+// libvirt writing fewer bytes than it was sent (a disk filling, say): the
+// upload's source waits for the volume to hold every byte before it ends
+// the stream; a size that stops short is a stall, retried once, then
+// Transient. A volume that shrinks after the upload is caught by the size
+// check before the read-back.
+func TestFakeLibvirtLosesBytes(t *testing.T) {
+	body, _ := testImage(100 << 10)
+	short := func(h *libvirtfake.Host) libvirtfake.Hook {
+		return func(call libvirtfake.Call) error {
+			if call.Done == int64(len(body)) { // before the Read that ends the source
+				data, _ := h.VolumeData(call.Pool, call.Volume)
+				return h.SetVolumeData(call.Pool, call.Volume, data[:len(data)-10])
+			}
+			return nil
+		}
+	}
+	t.Run("during the upload", func(t *testing.T) {
+		defer func(d time.Duration) { drainStall = d }(drainStall)
+		drainStall = 100 * time.Millisecond
+		srv := serve(t, body, nil)
+		c, h := newFakeCache(t, nil)
+		h.SetStreamHook("StorageVolUpload", short(h))
+		_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
+		wantClass(t, err, provider.Transient, fmt.Sprintf("libvirt wrote only %d of %d bytes", len(body)-10, len(body)))
+		if srv.gets.Load() != 2 {
+			t.Fatalf("%d GETs, want 2 (one retry)", srv.gets.Load())
+		}
+		wantVolumes(t, h)
+	})
+	t.Run("after the upload", func(t *testing.T) {
+		srv := serve(t, body, nil)
+		c, h := newFakeCache(t, nil)
+		var uploaded atomic.Bool
+		h.SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
+			if call.Done == int64(len(body)) {
+				uploaded.Store(true)
+			}
+			return nil
+		})
+		var infos atomic.Int64
+		h.SetHook("StorageVolGetInfoFlags", func(call libvirtfake.Call) error {
+			// The first size query after the upload is the source's
+			// drain; the second is the check before the read-back.
+			if uploaded.Load() && infos.Add(1) == 2 {
+				return h.SetVolumeData(call.Pool, call.Volume, body[:1000])
+			}
+			return nil
+		})
+		_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
+		wantClass(t, err, provider.Transient, fmt.Sprintf("holds 1000 bytes on the host but %d were sent", len(body)))
+		wantVolumes(t, h)
+	})
+	t.Run("size query fails", func(t *testing.T) {
+		srv := serve(t, body, nil)
+		c, h := newFakeCache(t, nil)
+		h.SetHook("StorageVolGetInfoFlags", libvirtfake.Fail(errBoom))
+		_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
+		wantClass(t, err, provider.Transient, "libvirt failed: waiting for libvirt to write")
+		wantVolumes(t, h)
+	})
+}
+
+// Live domains list their backing chains in the XML; block and network
+// disks have no file of a pool.
+func TestFakeUsersFromLiveChains(t *testing.T) {
+	body, _ := testImage(40 << 10)
+	srv := serve(t, body, nil)
+	c, h := newFakeCache(t, nil)
+	ctx := testCtx(t, 30*time.Second)
+	img := Image{Key: "k", URL: srv.url}
+	b, err := c.Ensure(ctx, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := libvirtxml.DomainDisk{Device: "disk", Driver: &libvirtxml.DomainDiskDriver{Type: "qcow2"},
+		Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: "/run/overlay.qcow2"}},
+		BackingStore: &libvirtxml.DomainDiskBackingStore{
+			Source:       &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: b.Path}},
+			BackingStore: &libvirtxml.DomainDiskBackingStore{},
+		},
+		Target: &libvirtxml.DomainDiskTarget{Dev: "vda"}}
+	block := libvirtxml.DomainDisk{Device: "disk", Driver: &libvirtxml.DomainDiskDriver{Type: "raw"},
+		Source: &libvirtxml.DomainDiskSource{Block: &libvirtxml.DomainDiskSourceBlock{Dev: "/dev/sdb"}}, Target: &libvirtxml.DomainDiskTarget{Dev: "vdb"}}
+	network := libvirtxml.DomainDisk{Device: "disk",
+		Source: &libvirtxml.DomainDiskSource{Network: &libvirtxml.DomainDiskSourceNetwork{Protocol: "nbd", Name: "x"}}, Target: &libvirtxml.DomainDiskTarget{Dev: "vdc"}}
+	if _, err := h.Shared().DomainDefineXML(domainXML("live", live, block, network)); err != nil {
+		t.Fatal(err)
+	}
+	list, err := c.List(ctx)
+	if err != nil || len(list) != 1 || !slices.Equal(list[0].UsedBy, []string{"live"}) {
+		t.Fatalf("List = %+v, %v; want the base used by live", list, err)
+	}
+	wantClass(t, c.Evict(ctx, img), provider.Permanent, "backing store of domains live")
+}
+
+// Evict validates its image; List and Evict pass libvirt's failures on,
+// classed.
+func TestFakeEvictAndListFailures(t *testing.T) {
+	c, h := newFakeCache(t, nil)
+	ctx := testCtx(t, 30*time.Second)
+	wantClass(t, c.Evict(ctx, Image{Key: "a--b"}), provider.Permanent, "Key")
+	wantClass(t, c.Evict(ctx, Image{Key: "k", Format: "vmdk"}), provider.Permanent, "vmdk")
+	if err := h.PutVolume(fakePool, BaseName(fakeEntry, "k", FormatQCOW2), nil); err != nil {
+		t.Fatal(err)
+	}
+	h.SetHook("ConnectListAllDomains", libvirtfake.Fail(errBoom))
+	wantClass(t, c.Evict(ctx, Image{Key: "k"}), provider.Transient, "find domains using bases")
+	_, err := c.List(ctx)
+	wantClass(t, err, provider.Transient, "find domains using bases")
+	h.SetHook("ConnectListAllDomains", nil)
+	h.SetHook("StorageVolGetPath", libvirtfake.Fail(errBoom))
+	_, err = c.List(ctx)
+	wantClass(t, err, provider.Transient, "volume paths in pool p")
+	h.SetHook("StorageVolGetPath", nil)
+	h.SetHook("StorageVolDelete", libvirtfake.Fail(errBoom))
+	wantClass(t, c.Evict(ctx, Image{Key: "k"}), provider.Transient, "delete volume")
+	h.SetHook("StorageVolDelete", nil)
+	h.SetHook("ConnectListAllStoragePools", libvirtfake.Fail(errBoom))
+	_, err = c.List(ctx)
+	wantClass(t, err, provider.Transient, "list storage pools")
 }
