@@ -43,7 +43,6 @@ func validFormat(f string) bool { return f == FormatQCOW2 || f == FormatRaw }
 // validKey applies the one key rule (provider.ValidateKey).
 func validKey(k string) error { return provider.ValidateKey("Key", k) }
 
-
 // BaseName returns the base volume name "base-<entry>--<key>.<format>". It
 // does not validate; callers pass validated parts (New and Ensure do).
 func BaseName(entry, key, format string) string {
