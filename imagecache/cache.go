@@ -8,9 +8,10 @@
 // base at once, single-flight inside one process, eviction that refuses while
 // a domain uses the base, List and Verify.
 //
-// It does not own the libvirt connection (Conn, e.g. *sshconn.Libvirt), the
-// overlays and domains that use a base (kvm2 does), or retries: every error
-// is classed with the provider error codes and the caller decides.
+// It does not own the libvirt connection (Conn; SSH adapts
+// *sshconn.Libvirt), the overlays and domains that use a base (kvm2 does),
+// or retries: every error is classed with the provider error codes and the
+// caller decides.
 //
 // Spans (imagecache.Ensure, Fetch, Upload, Verify, Evict, List) and their
 // attributes are listed in docs/observability.md.
@@ -55,7 +56,6 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/internal/obs"
 	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/sshconn"
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -169,13 +169,6 @@ type Progress struct {
 	Bytes  int64   // bytes sent so far
 	Total  int64   // Content-Length, -1 when unknown
 	Rate   float64 // bytes/s since the transfer started
-}
-
-// Conn is what the cache needs from a libvirt link; *sshconn.Libvirt
-// satisfies it.
-type Conn interface {
-	Do(ctx context.Context, fn func(*libvirt.Libvirt) error) error
-	Dedicated(ctx context.Context) (*sshconn.DedicatedConn, error)
 }
 
 // Base is a published, verified base image.
@@ -487,7 +480,7 @@ func (c *Cache) removeDebris(ctx context.Context, name string, d decision) error
 // published returns the Base of a hit.
 func (c *Cache) published(ctx context.Context, img Image, name, digest string) (Base, error) {
 	var path string
-	err := c.doVol(ctx, name, func(l *libvirt.Libvirt, v libvirt.StorageVol) error {
+	err := c.doVol(ctx, name, func(l Libvirt, v libvirt.StorageVol) error {
 		var err error
 		path, err = l.StorageVolGetPath(v)
 		return err

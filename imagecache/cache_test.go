@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -22,7 +21,7 @@ type fakeConn struct {
 	err   error
 }
 
-func (f *fakeConn) Do(ctx context.Context, _ func(*libvirt.Libvirt) error) error {
+func (f *fakeConn) Do(ctx context.Context, _ func(Libvirt) error) error {
 	f.calls.Add(1)
 	if f.gate != nil {
 		select {
@@ -34,7 +33,7 @@ func (f *fakeConn) Do(ctx context.Context, _ func(*libvirt.Libvirt) error) error
 	return f.err
 }
 
-func (f *fakeConn) Dedicated(context.Context) (*sshconn.DedicatedConn, error) {
+func (f *fakeConn) Dedicated(context.Context) (Dedicated, error) {
 	return nil, errors.New("no dedicated connections here")
 }
 

@@ -77,7 +77,7 @@ func TestStackRestartDuringFetchDoesNotBlock(t *testing.T) {
 		}
 	}))
 	good := newImageServer(t, serveFile(img))
-	c := newTestCache(t, lv, entry, env.Pool, nil)
+	c := newTestCache(t, SSH(lv), entry, env.Pool, nil)
 	im := Image{Key: "r", URL: stuck.URL + "/r"}
 	t0 := time.Now()
 	errc := make(chan error, 1)
@@ -136,7 +136,7 @@ func TestStackOwnOrphanClaimReclaimed(t *testing.T) {
 	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 2)
 	srv := newImageServer(t, serveFile(img))
-	c := newTestCache(t, lv, entry, env.Pool, nil)
+	c := newTestCache(t, SSH(lv), entry, env.Pool, nil)
 	im := Image{Key: "o", URL: srv.URL + "/o"}
 	orphan := claimName(c.BaseName(im), time.Now(), c.instance+randHex(claimBytes))
 	putVol(t, lv, env.Pool, orphan, nil)
@@ -164,7 +164,7 @@ func TestStackClaimTakeover(t *testing.T) {
 		taken bool
 	}{{"crashed writer (3m without refresh)", 3 * time.Minute, true}, {"live writer (refreshed now)", 0, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newTestCache(t, lv, entry, env.Pool, func(cfg *Config) { cfg.TransferBudget = 30 * time.Minute })
+			c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) { cfg.TransferBudget = 30 * time.Minute })
 			im := Image{Key: "k" + randHex(2), URL: srv.URL + "/k"}
 			claim := claimName(c.BaseName(im), time.Now().Add(-tc.age), tok)
 			putVol(t, lv, env.Pool, claim, nil)
@@ -201,8 +201,8 @@ func TestStackHeartbeatKeepsSlowFetch(t *testing.T) {
 	img := makeQcow2(t, t.TempDir(), 4)
 	srv := newImageServer(t, serveSlowly(img, 8*time.Second))
 	short := func(cfg *Config) { cfg.ClaimTimeout = 2 * time.Second }
-	a := newTestCache(t, lv, entry, env.Pool, short)
-	b := newTestCache(t, link(t, env), entry, env.Pool, short)
+	a := newTestCache(t, SSH(lv), entry, env.Pool, short)
+	b := newTestCache(t, SSH(link(t, env)), entry, env.Pool, short)
 	im := Image{Key: "h", URL: srv.URL + "/h"}
 	errA := make(chan error, 1)
 	go func() {

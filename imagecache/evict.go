@@ -159,7 +159,7 @@ func (c *Cache) List(ctx context.Context) (_ []Entry, opErr error) {
 
 func (c *Cache) paths(ctx context.Context, vols []string) (map[string]string, error) {
 	out := map[string]string{}
-	err := c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
+	err := c.doPool(ctx, func(l Libvirt, p libvirt.StoragePool) error {
 		for _, n := range vols {
 			v, err := l.StorageVolLookupByName(p, n)
 			if err != nil {

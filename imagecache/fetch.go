@@ -110,7 +110,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 	if err != nil {
 		return Base{}, provider.WithCode(provider.Permanent, err)
 	}
-	err = c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
+	err = c.doPool(ctx, func(l Libvirt, p libvirt.StoragePool) error {
 		_, err := l.StorageVolCreateXML(p, x, 0)
 		return err
 	})
@@ -288,7 +288,7 @@ func (c *Cache) verifyStored(ctx context.Context, name string, n int64, digest s
 // poolAvailable refreshes the pool (best effort) and returns its free bytes.
 func (c *Cache) poolAvailable(ctx context.Context) (uint64, error) {
 	var avail uint64
-	err := c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
+	err := c.doPool(ctx, func(l Libvirt, p libvirt.StoragePool) error {
 		if err := l.StoragePoolRefresh(p, 0); err != nil {
 			c.log.V(1).Info("pool refresh failed; using the last known free space", "err", err.Error())
 		}
@@ -343,11 +343,11 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 	}
 	err = c.runStream(ctx, dc, "upload "+name, m.stalled, func() error {
 		defer m.callDone.Store(true)
-		v, err := lookupVol(dc.L, c.cfg.Pool, name)
+		v, err := lookupVol(dc.Libvirt(), c.cfg.Pool, name)
 		if err != nil {
 			return err
 		}
-		return dc.L.StorageVolUpload(v, m, 0, 0, 0)
+		return dc.Libvirt().StorageVolUpload(v, m, 0, 0, 0)
 	})
 	m.callDone.Store(true) // also when runStream gave up on the call
 	stopDrain()
@@ -430,7 +430,7 @@ var (
 // which ends the call, and runStream waits for it to return (bounded by
 // streamWait; Close waits for it in any case). A stall is returned
 // wrapping errStalled so the caller can retry once on a fresh connection.
-func (c *Cache) runStream(ctx context.Context, dc dedicated, op string, stalled func() bool, call func() error) error {
+func (c *Cache) runStream(ctx context.Context, dc Dedicated, op string, stalled func() bool, call func() error) error {
 	done := make(chan error, 1)
 	c.wg.Add(1)
 	go func() {
@@ -469,9 +469,6 @@ loop:
 		return fmt.Errorf("%s: did not return after its link was killed: %w", op, cause)
 	}
 }
-
-// dedicated is what runStream needs of *sshconn.DedicatedConn.
-type dedicated interface{ Kill() }
 
 // drained waits until the volume's size on the host reaches n, i.e.
 // libvirt has written everything sent so far. A size that stops growing for
@@ -512,11 +509,11 @@ func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error
 	w := &hashWriter{h: sha256.New(), stall: c.cfg.StreamStall}
 	w.touch()
 	err = c.runStream(ctx, dc, "read back "+name, w.stalled, func() error {
-		v, err := lookupVol(dc.L, c.cfg.Pool, name)
+		v, err := lookupVol(dc.Libvirt(), c.cfg.Pool, name)
 		if err != nil {
 			return err
 		}
-		return dc.L.StorageVolDownload(v, w, 0, 0, 0)
+		return dc.Libvirt().StorageVolDownload(v, w, 0, 0, 0)
 	})
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -651,7 +648,7 @@ func errString(err error) string {
 // pool) as libvirt reports it now.
 func (c *Cache) physical(ctx context.Context, name string) (uint64, error) {
 	var phys uint64
-	err := c.doVol(ctx, name, func(l *libvirt.Libvirt, v libvirt.StorageVol) error {
+	err := c.doVol(ctx, name, func(l Libvirt, v libvirt.StorageVol) error {
 		var err error
 		_, _, phys, err = l.StorageVolGetInfoFlags(v, uint32(libvirt.StorageVolGetPhysical))
 		return err

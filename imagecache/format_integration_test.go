@@ -56,7 +56,7 @@ func TestStackContentChecked(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			entry := testEntry()
 			cleanupEntry(t, lv, env.Pool, entry)
-			c := newTestCache(t, lv, entry, env.Pool, nil)
+			c := newTestCache(t, SSH(lv), entry, env.Pool, nil)
 			start := time.Now()
 			b, err := c.Ensure(ctxT(t, time.Minute), tt.img)
 			t.Logf("after %s: %v", time.Since(start).Round(time.Millisecond), err)

@@ -14,24 +14,25 @@ import (
 )
 
 // do runs fn on the shared connection.
-func (c *Cache) do(ctx context.Context, fn func(*libvirt.Libvirt) error) error {
+func (c *Cache) do(ctx context.Context, fn func(Libvirt) error) error {
 	return c.conn.Do(ctx, fn)
 }
 
 // doPool runs fn on the shared connection with the cache's pool.
-func (c *Cache) doPool(ctx context.Context, fn func(*libvirt.Libvirt, libvirt.StoragePool) error) error {
+func (c *Cache) doPool(ctx context.Context, fn func(Libvirt, libvirt.StoragePool) error) error {
 	return c.do(ctx, onPool(c.cfg.Pool, fn))
 }
 
 // doVol runs fn on the shared connection with volume name of the pool.
-func (c *Cache) doVol(ctx context.Context, name string, fn func(*libvirt.Libvirt, libvirt.StorageVol) error) error {
+func (c *Cache) doVol(ctx context.Context, name string, fn func(Libvirt, libvirt.StorageVol) error) error {
 	return c.do(ctx, onVol(c.cfg.Pool, name, fn))
 }
 
 // onPool turns fn into a function of the connection that first looks up
-// pool.
-func onPool(pool string, fn func(*libvirt.Libvirt, libvirt.StoragePool) error) func(*libvirt.Libvirt) error {
-	return func(l *libvirt.Libvirt) error {
+// pool. L is Libvirt, or *libvirt.Libvirt where a test calls sshconn
+// directly.
+func onPool[L Libvirt](pool string, fn func(L, libvirt.StoragePool) error) func(L) error {
+	return func(l L) error {
 		p, err := l.StoragePoolLookupByName(pool)
 		if err != nil {
 			return err
@@ -42,8 +43,8 @@ func onPool(pool string, fn func(*libvirt.Libvirt, libvirt.StoragePool) error) f
 
 // onVol turns fn into a function of the connection that first looks up
 // volume name of pool.
-func onVol(pool, name string, fn func(*libvirt.Libvirt, libvirt.StorageVol) error) func(*libvirt.Libvirt) error {
-	return func(l *libvirt.Libvirt) error {
+func onVol[L Libvirt](pool, name string, fn func(L, libvirt.StorageVol) error) func(L) error {
+	return func(l L) error {
 		v, err := lookupVol(l, pool, name)
 		if err != nil {
 			return err
@@ -53,7 +54,7 @@ func onVol(pool, name string, fn func(*libvirt.Libvirt, libvirt.StorageVol) erro
 }
 
 // lookupVol looks up volume name of pool on l.
-func lookupVol(l *libvirt.Libvirt, pool, name string) (libvirt.StorageVol, error) {
+func lookupVol(l Libvirt, pool, name string) (libvirt.StorageVol, error) {
 	p, err := l.StoragePoolLookupByName(pool)
 	if err != nil {
 		return libvirt.StorageVol{}, err
@@ -98,7 +99,7 @@ func isLibvirtErr(err error, code libvirt.ErrorNumber) bool { return libvirterr.
 // listNames returns the names of every volume in the pool.
 func (c *Cache) listNames(ctx context.Context) ([]string, error) {
 	var names []string
-	err := c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
+	err := c.doPool(ctx, func(l Libvirt, p libvirt.StoragePool) error {
 		vols, _, err := l.StoragePoolListAllVolumes(p, 1, 0)
 		if err != nil {
 			return err
@@ -138,7 +139,7 @@ func (c *Cache) createEmpty(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	return c.doPool(ctx, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
+	return c.doPool(ctx, func(l Libvirt, p libvirt.StoragePool) error {
 		_, err := l.StorageVolCreateXML(p, x, 0)
 		return err
 	})
@@ -146,7 +147,7 @@ func (c *Cache) createEmpty(ctx context.Context, name string) error {
 
 // deleteVolume deletes a volume; a volume already gone is fine.
 func (c *Cache) deleteVolume(ctx context.Context, name string) error {
-	err := c.doVol(ctx, name, func(l *libvirt.Libvirt, v libvirt.StorageVol) error {
+	err := c.doVol(ctx, name, func(l Libvirt, v libvirt.StorageVol) error {
 		return l.StorageVolDelete(v, libvirt.StorageVolDeleteNormal)
 	})
 	if err == nil || isLibvirtErr(err, libvirt.ErrNoStorageVol) {

@@ -43,7 +43,7 @@ func TestStackReadBacksComplete(t *testing.T) {
 	cleanupEntry(t, lv, env.Pool, entry)
 	img := makeQcow2(t, t.TempDir(), 1)
 	srv := newImageServer(t, serveFile(img))
-	c := newTestCache(t, lv, entry, env.Pool, func(cfg *Config) { cfg.Logger = logr.Discard() })
+	c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) { cfg.Logger = logr.Discard() })
 	b, err := c.Ensure(ctxT(t, time.Minute), Image{Key: "g", URL: srv.URL + "/g"})
 	if err != nil {
 		t.Fatal(err)

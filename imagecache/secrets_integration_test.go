@@ -70,7 +70,7 @@ func TestStackSecretsNeverPrinted(t *testing.T) {
 	}
 
 	sink, log, tp := newTextSink(t)
-	c := newTestCache(t, lv, entry, env.Pool, func(cfg *Config) {
+	c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) {
 		cfg.Logger, cfg.TracerProvider = log, tp
 		cfg.ProgressInterval = time.Millisecond // every progress line too
 	})

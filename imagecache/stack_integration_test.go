@@ -304,12 +304,19 @@ type recordingConn struct {
 	last *sshconn.DedicatedConn
 }
 
-func (r *recordingConn) Dedicated(ctx context.Context) (*sshconn.DedicatedConn, error) {
+func (r *recordingConn) Do(ctx context.Context, fn func(Libvirt) error) error {
+	return SSH(r.Libvirt).Do(ctx, fn)
+}
+
+func (r *recordingConn) Dedicated(ctx context.Context) (Dedicated, error) {
 	d, err := r.Libvirt.Dedicated(ctx)
 	r.mu.Lock()
 	r.last = d
 	r.mu.Unlock()
-	return d, err
+	if err != nil {
+		return nil, err
+	}
+	return sshDedicated{d}, nil
 }
 
 // ---------- tests ----------
@@ -323,7 +330,7 @@ func TestStackColdFetchHitVerifyListEvict(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	c := newTestCache(t, lv, entry, env.Pool, func(cfg *Config) {
+	c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) {
 		cfg.ProgressInterval = time.Millisecond
 		cfg.Progress = func(p Progress) { progress.Store(p.Bytes); rate.Store(uint64(p.Rate)) }
 		cfg.TracerProvider = tp
@@ -404,7 +411,7 @@ func TestStackSingleFlight(t *testing.T) {
 	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 16)
 	srv := newImageServer(t, serveFile(img))
-	c := newTestCache(t, lv, entry, env.Pool, nil)
+	c := newTestCache(t, SSH(lv), entry, env.Pool, nil)
 	im := Image{Key: "k", URL: srv.URL + "/x", SHA256: img.sha256}
 	const n = 8
 	var wg sync.WaitGroup
@@ -465,7 +472,7 @@ func TestStackFailureShapes(t *testing.T) {
 			entry := testEntry()
 			cleanupEntry(t, lv, env.Pool, entry)
 			srv := newImageServer(t, tt.handler)
-			c := newTestCache(t, lv, entry, env.Pool, tt.mod)
+			c := newTestCache(t, SSH(lv), entry, env.Pool, tt.mod)
 			im := Image{Key: "img", URL: srv.URL + "/i"}
 			if tt.sha {
 				im.SHA256 = img.sha256
@@ -665,7 +672,7 @@ func TestStackDiskFills(t *testing.T) {
 			filler := filepath.Join(dir, "filler-"+entry)
 			t.Cleanup(func() { os.Remove(filler) })
 			var once sync.Once
-			c := newTestCache(t, lv, entry, pool, func(cfg *Config) {
+			c := newTestCache(t, SSH(lv), entry, pool, func(cfg *Config) {
 				if tt.overrun == 0 {
 					return
 				}
@@ -740,7 +747,7 @@ func TestStackCacheStates(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			entry := testEntry()
 			cleanupEntry(t, lv, env.Pool, entry)
-			c := newTestCache(t, lv, entry, env.Pool, nil)
+			c := newTestCache(t, SSH(lv), entry, env.Pool, nil)
 			im := Image{Key: "s", URL: srv.URL + "/s", SHA256: img.sha256}
 			base := c.BaseName(im)
 			tt.place(t, base)
@@ -793,8 +800,8 @@ func TestStackEntriesDoNotShare(t *testing.T) {
 	cleanupEntry(t, lv, env.Pool, e1)
 	cleanupEntry(t, lv, env.Pool, e2)
 	im := Image{Key: key, URL: srv.URL + "/x"}
-	c1 := newTestCache(t, lv, e1, env.Pool, nil)
-	c2 := newTestCache(t, lv, e2, env.Pool, nil)
+	c1 := newTestCache(t, SSH(lv), e1, env.Pool, nil)
+	c2 := newTestCache(t, SSH(lv), e2, env.Pool, nil)
 	b1, err := c1.Ensure(ctxT(t, time.Minute), im)
 	if err != nil {
 		t.Fatal(err)
@@ -844,8 +851,8 @@ func TestStackTwoProcessesRace(t *testing.T) {
 					serveFile(a)(w, r, n)
 				}
 			})
-			c1 := newTestCache(t, lv1, entry, env.Pool, nil)
-			c2 := newTestCache(t, lv2, entry, env.Pool, nil)
+			c1 := newTestCache(t, SSH(lv1), entry, env.Pool, nil)
+			c2 := newTestCache(t, SSH(lv2), entry, env.Pool, nil)
 			im := Image{Key: "race", URL: srv.URL + "/r"}
 			var wg sync.WaitGroup
 			var r1, r2 Base
@@ -878,7 +885,7 @@ func TestStackEvictRefusedWhileUsed(t *testing.T) {
 	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 2)
 	srv := newImageServer(t, serveFile(img))
-	c := newTestCache(t, lv, entry, env.Pool, nil)
+	c := newTestCache(t, SSH(lv), entry, env.Pool, nil)
 	im := Image{Key: "ev", URL: srv.URL + "/e"}
 	base, err := c.Ensure(ctxT(t, time.Minute), im)
 	if err != nil {
@@ -955,7 +962,7 @@ func TestStackOneGiB(t *testing.T) {
 	}
 	srv := newImageServer(t, serveFile(img))
 	var uploadHWM string
-	c := newTestCache(t, lv, entry, env.Pool, func(cfg *Config) {
+	c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) {
 		cfg.Logger = testr.NewWithOptions(t, testr.Options{Verbosity: 0})
 		// 2 GiB through SSH (upload + read-back) took over a minute with
 		// both cores busy (make stress): this test is about correctness
@@ -1001,7 +1008,7 @@ var _ = errors.Is
 // from the streamed one, are both refused.
 func TestStackVerifyStoredCatchesShortAndWrongBytes(t *testing.T) {
 	env, lv, entry := stackEntry(t)
-	c := newTestCache(t, lv, entry, env.Pool, nil)
+	c := newTestCache(t, SSH(lv), entry, env.Pool, nil)
 	name := BaseName(entry, "v", "raw")
 	data := randBytes(1 << 20)
 	putVol(t, lv, env.Pool, name, data)
@@ -1104,7 +1111,7 @@ func TestStackCloseDuringFetch(t *testing.T) {
 	srv := newImageServer(t, serveHalfThen(img, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
 	uploading := make(chan struct{})
 	var once sync.Once
-	c, err := New(lv, Config{Entry: entry, Pool: env.Pool, Logger: testr.New(t), ProgressInterval: time.Millisecond,
+	c, err := New(SSH(lv), Config{Entry: entry, Pool: env.Pool, Logger: testr.New(t), ProgressInterval: time.Millisecond,
 		Progress: func(p Progress) {
 			if p.Bytes > 0 {
 				once.Do(func() { close(uploading) })
@@ -1178,7 +1185,7 @@ func BenchmarkStackTransfer(b *testing.B) {
 	defer p.Close()
 	defer lv.Close()
 	entry := testEntry()
-	c, err := New(lv, Config{Entry: entry, Pool: env.Pool})
+	c, err := New(SSH(lv), Config{Entry: entry, Pool: env.Pool})
 	if err != nil {
 		b.Fatal(err)
 	}

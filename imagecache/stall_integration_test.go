@@ -148,7 +148,7 @@ func TestStackStreamStallRetriedOnce(t *testing.T) {
 			entry := testEntry()
 			cleanupEntry(t, check, env.Pool, entry)
 			srv := newImageServer(t, serveFile(img))
-			c, err := New(lv, Config{Entry: entry, Pool: env.Pool, TransferBudget: 2 * time.Minute, HTTPGrace: 30 * time.Second,
+			c, err := New(SSH(lv), Config{Entry: entry, Pool: env.Pool, TransferBudget: 2 * time.Minute, HTTPGrace: 30 * time.Second,
 				StreamStall: 2 * time.Second, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})})
 			if err != nil {
 				t.Fatal(err)
@@ -211,7 +211,7 @@ func TestStackCallersIsolatedFromFailingUploads(t *testing.T) {
 	cleanupEntry(t, lv, env.Pool, entry)
 	img := makeQcow2(t, t.TempDir(), 8)
 	failing := newImageServer(t, serveHalfThen(img, func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }))
-	c := newTestCache(t, lv, entry, env.Pool, nil)
+	c := newTestCache(t, SSH(lv), entry, env.Pool, nil)
 
 	stop := make(chan struct{})
 	var ok, failed atomic.Int64

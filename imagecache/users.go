@@ -36,7 +36,7 @@ type hostVolumes struct {
 	inactive map[string]string            // inactive pool name -> target path
 }
 
-func (c *Cache) hostVolumes(l *libvirt.Libvirt) (hostVolumes, error) {
+func (c *Cache) hostVolumes(l Libvirt) (hostVolumes, error) {
 	hv := hostVolumes{byPath: map[string]volInfo{}, byName: map[string]map[string]string{}, inactive: map[string]string{}}
 	pools, _, err := l.ConnectListAllStoragePools(1, 0)
 	if err != nil {
@@ -107,7 +107,7 @@ func (hv hostVolumes) inactivePool(p string) string {
 // followed to its end is named in unresolved.
 func (c *Cache) usersOf(ctx context.Context, bases []string) (usage, error) {
 	u := usage{users: map[string][]string{}}
-	err := c.do(ctx, func(l *libvirt.Libvirt) error {
+	err := c.do(ctx, func(l Libvirt) error {
 		hv, err := c.hostVolumes(l)
 		if err != nil {
 			return err

@@ -69,7 +69,7 @@ func TestStackEvictAcrossPoolsAndFiles(t *testing.T) {
 	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 1)
 	srv := newImageServer(t, serveFile(img))
-	c := newTestCache(t, lv, entry, env.Pool, nil)
+	c := newTestCache(t, SSH(lv), entry, env.Pool, nil)
 	// A second pool in a directory of its own (transient: gone at cleanup).
 	otherDir := t.TempDir()
 	otherPool := "ic-other-" + entry

@@ -87,7 +87,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		CallTimeout: cfg.CallTimeout,
 		Logger:      log,
 	})
-	cache, err := imagecache.New(lv, imagecache.Config{
+	cache, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{
 		Entry:          cfg.Entry,
 		Pool:           cfg.Pool,
 		TransferBudget: cfg.TransferBudget,
