@@ -34,6 +34,7 @@ func testParams() domainParams {
 }
 
 func TestNames(t *testing.T) {
+	t.Parallel()
 	d := domainName("lab-1", "proxy-a")
 	if d != "ep-lab-1--proxy-a" || overlayVolume(d) != "ep-lab-1--proxy-a.qcow2" || seedVolume(d) != "ep-lab-1--proxy-a-seed.iso" {
 		t.Errorf("names: %s %s %s", d, overlayVolume(d), seedVolume(d))
@@ -45,6 +46,7 @@ func TestNames(t *testing.T) {
 }
 
 func TestBuildDomain(t *testing.T) {
+	t.Parallel()
 	p := testParams()
 	s, err := buildDomainXML(p)
 	if err != nil {
@@ -98,6 +100,7 @@ func TestBuildDomain(t *testing.T) {
 }
 
 func TestBuildDomainVariants(t *testing.T) {
+	t.Parallel()
 	p := testParams()
 	p.Network, p.Bridge = "", "br0"
 	p.Type = "kvm"
@@ -123,6 +126,7 @@ func TestBuildDomainVariants(t *testing.T) {
 }
 
 func TestMetadataEscaping(t *testing.T) {
+	t.Parallel()
 	p := testParams()
 	p.Meta.UID = `</egressproxy:uid><evil a="b">&amp;'"` + "ünï©ødé ✓ " + strings.Repeat("x", 60)
 	s, err := buildDomainXML(p)
@@ -142,6 +146,7 @@ func TestMetadataEscaping(t *testing.T) {
 }
 
 func TestBuildDomainRejects(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		mutate func(*domainParams)
@@ -175,6 +180,7 @@ func TestBuildDomainRejects(t *testing.T) {
 // read back; metadata without it (domains made before it was recorded)
 // parses with an empty digest, and the element is not written when empty.
 func TestMetadataSpecDigestOptional(t *testing.T) {
+	t.Parallel()
 	m := testParams().Meta
 	x, err := marshalMetadata(m)
 	if err != nil {
@@ -201,6 +207,7 @@ func TestMetadataSpecDigestOptional(t *testing.T) {
 }
 
 func TestParseMetadata(t *testing.T) {
+	t.Parallel()
 	good, err := marshalMetadata(testParams().Meta)
 	if err != nil {
 		t.Fatal(err)

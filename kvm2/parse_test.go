@@ -126,6 +126,7 @@ const testMeta = `<metadata><ep:instance xmlns:ep="https://egressproxy.dev/xmlns
 	`<ep:created>2026-11-30T11:00:00Z</ep:created><ep:entry>lab-1</ep:entry><ep:owner>o</ep:owner><ep:port>3128</ep:port></ep:instance></metadata>`
 
 func TestParseDomainXML(t *testing.T) {
+	t.Parallel()
 	running, shutoff := libvirtDomainXML(t, "running"), libvirtDomainXML(t, "shutoff")
 	built, err := buildDomainXML(testParams())
 	if err != nil {
