@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/egressproxy/egressproxy/internal/domainmeta"
 	"github.com/egressproxy/egressproxy/provider"
 )
 
@@ -247,5 +248,22 @@ func TestParseMetadata(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The element kvm2 writes is the one internal/domainmeta decodes (its
+// struct tags cannot name MetadataNamespace).
+func TestMetadataNamespaceIsDomainmetas(t *testing.T) {
+	t.Parallel()
+	if MetadataNamespace != domainmeta.Namespace {
+		t.Fatalf("MetadataNamespace %q, domainmeta.Namespace %q", MetadataNamespace, domainmeta.Namespace)
+	}
+	s, err := marshalMetadata(testParams().Meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := domainmeta.Parse(s)
+	if err != nil || m != testParams().Meta {
+		t.Fatalf("domainmeta.Parse(marshalMetadata(m)) = %+v, %v; want %+v", m, err, testParams().Meta)
 	}
 }
