@@ -72,15 +72,7 @@ func ExampleOpen() {
 	client := egressproxy.New(p, nil) // the portable client; Close closes p too
 	defer client.Close()
 
-	got := p.Config()
-	fmt.Println("entry:", got.Entry, "pool:", got.Pool)
-	fmt.Println("default image:", got.DefaultImage, got.Images["debian-12"].Key)
-	fmt.Println("machine type:", got.DefaultMachineType, got.MachineTypes[got.DefaultMachineType])
-	fmt.Println("libvirt:", got.LibvirtURI, got.LibvirtSocket)
-	fmt.Println("network:", got.Network, "domain type:", got.DomainType)
-	fmt.Println("call timeout:", got.CallTimeout)
-
-	// What an embedder does next (the first call dials the host):
+	// What an embedder does next with the client (its first call dials the host):
 	//
 	//	inst, err := client.Create(ctx, provider.Spec{Name: "proxy-1", UID: string(obj.UID)})
 	//	switch {
@@ -88,6 +80,14 @@ func ExampleOpen() {
 	//	case provider.Retryable(err): // requeue with backoff
 	//	default: // report it; a human or a changed spec must act
 	//	}
+
+	got := p.Config()
+	fmt.Println("entry:", got.Entry, "pool:", got.Pool)
+	fmt.Println("default image:", got.DefaultImage, got.Images["debian-12"].Key)
+	fmt.Println("machine type:", got.DefaultMachineType, got.MachineTypes[got.DefaultMachineType])
+	fmt.Println("libvirt:", got.LibvirtURI, got.LibvirtSocket)
+	fmt.Println("network:", got.Network, "domain type:", got.DomainType)
+	fmt.Println("call timeout:", got.CallTimeout)
 	// Output:
 	// entry: lab-1 pool: default
 	// default image: debian-12 debian-12
