@@ -89,6 +89,7 @@ func goodSpec() provider.Spec {
 }
 
 func TestBadSpecNeverReachesProvider(t *testing.T) {
+	t.Parallel()
 	r := &recorder{}
 	c := New(r, nil)
 	defer c.Close()
@@ -128,6 +129,7 @@ func TestBadSpecNeverReachesProvider(t *testing.T) {
 }
 
 func TestErrorsWrappedOnceWithOpAndInstance(t *testing.T) {
+	t.Parallel()
 	cause := provider.Errorf(provider.NotFound, "domain missing")
 	r := &recorder{err: cause}
 	c := New(r, nil)
@@ -153,6 +155,7 @@ func TestErrorsWrappedOnceWithOpAndInstance(t *testing.T) {
 // SpecDigest back unchanged and keeps ErrSpecConflict (and its Permanent
 // class) visible through its wrapping.
 func TestSpecDigestAndConflictPassThrough(t *testing.T) {
+	t.Parallel()
 	r := &recorder{}
 	c := New(r, nil)
 	defer c.Close()
@@ -170,6 +173,7 @@ func TestSpecDigestAndConflictPassThrough(t *testing.T) {
 }
 
 func TestUnclassedErrorBecomesTransient(t *testing.T) {
+	t.Parallel()
 	r := &recorder{err: io.ErrUnexpectedEOF}
 	c := New(r, nil)
 	defer c.Close()
@@ -180,6 +184,7 @@ func TestUnclassedErrorBecomesTransient(t *testing.T) {
 }
 
 func TestContextEndedBeforeCall(t *testing.T) {
+	t.Parallel()
 	r := &recorder{}
 	c := New(r, nil)
 	defer c.Close()
@@ -195,6 +200,7 @@ func TestContextEndedBeforeCall(t *testing.T) {
 }
 
 func TestCallsAfterCloseRefused(t *testing.T) {
+	t.Parallel()
 	r := &recorder{}
 	c := New(r, nil)
 	if err := c.Close(); err != nil {
@@ -216,6 +222,7 @@ func TestCallsAfterCloseRefused(t *testing.T) {
 }
 
 func TestCloseEndsCallsInFlight(t *testing.T) {
+	t.Parallel()
 	r := &recorder{block: make(chan struct{})}
 	c := New(r, nil)
 	done := make(chan error, 1)
@@ -240,6 +247,7 @@ func TestCloseEndsCallsInFlight(t *testing.T) {
 }
 
 func TestOneSpanAndOneLogLinePerOperation(t *testing.T) {
+	t.Parallel()
 	rec := tracetest.NewSpanRecorder()
 	tp := trace.NewTracerProvider(trace.WithSpanProcessor(rec))
 	var buf bytes.Buffer
@@ -287,6 +295,7 @@ func TestOneSpanAndOneLogLinePerOperation(t *testing.T) {
 // fails validation, the caller's own cancellation, a closed client — log at
 // V(1); failures someone must act on log at Error.
 func TestLogLevelsOfOutcomes(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var lines []string
 	log := funcr.New(func(_, args string) {

@@ -10,6 +10,7 @@ import (
 )
 
 func TestHTTPGet(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name   string
 		answer string

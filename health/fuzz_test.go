@@ -93,6 +93,7 @@ func FuzzReadResponseHead(f *testing.F) {
 }
 
 func TestParseStatusLine(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		line string
 		code int // 0: must fail

@@ -36,6 +36,7 @@ func lineExchange(ctx context.Context, c net.Conn) error {
 }
 
 func TestProbeClassifies(t *testing.T) {
+	t.Parallel()
 	const target = "example.test:443"
 	short := 300 * time.Millisecond
 	tests := []struct {
@@ -89,6 +90,7 @@ func TestProbeClassifies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			proxy := tt.proxy(t)
 			tgt := tt.target
 			if tgt == "" {
@@ -140,6 +142,7 @@ func fake(handle func(net.Conn)) func(t *testing.T) string {
 }
 
 func TestProbeTunnelProofThroughRealTunnel(t *testing.T) {
+	t.Parallel()
 	proxy := startFake(t, tunnel("", "")).addr
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	t.Cleanup(srv.Close)
@@ -186,6 +189,7 @@ func TestProbeTunnelProofThroughRealTunnel(t *testing.T) {
 }
 
 func TestProbeCredentials(t *testing.T) {
+	t.Parallel()
 	proxy := startFake(t, tunnel("alice", "s3cret:with colon")).addr
 	target := echoServer(t)
 	tests := []struct {
@@ -209,6 +213,7 @@ func TestProbeCredentials(t *testing.T) {
 }
 
 func TestProbeHonoursContext(t *testing.T) {
+	t.Parallel()
 	silent := startFake(t, nil).addr
 	silentTunnel := startFake(t, reply("HTTP/1.1 200 OK\r\n\r\n")).addr
 	blockExchange := func(ctx context.Context, c net.Conn) error {
@@ -244,6 +249,7 @@ func TestProbeHonoursContext(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			ctx, cancel := tt.ctx()
 			defer cancel()
 			if tt.cancel > 0 {
@@ -263,6 +269,7 @@ func TestProbeHonoursContext(t *testing.T) {
 }
 
 func TestKindStrings(t *testing.T) {
+	t.Parallel()
 	seen := map[string]Kind{}
 	for k := KindNone; k < kindCount; k++ {
 		s := k.String()

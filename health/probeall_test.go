@@ -16,6 +16,7 @@ import (
 )
 
 func TestProbeAllResultsInOrder(t *testing.T) {
+	t.Parallel()
 	good := startFake(t, reply("HTTP/1.1 200 OK\r\n\r\n")).addr
 	denied := startFake(t, reply("HTTP/1.1 403 Forbidden\r\n\r\n")).addr
 	refused := closedAddr(t)
@@ -156,6 +157,7 @@ func (c *countedConn) Close() error {
 }
 
 func TestProbeAllPeakConnections(t *testing.T) {
+	t.Parallel()
 	slow := startFake(t, func(c net.Conn) {
 		time.Sleep(5 * time.Millisecond)
 		reply("HTTP/1.1 200 OK\r\n\r\n")(c)
@@ -180,6 +182,7 @@ func TestProbeAllPeakConnections(t *testing.T) {
 }
 
 func TestProbeAllCanceled(t *testing.T) {
+	t.Parallel()
 	silent := startFake(t, nil)
 	targets := make([]Target, 20)
 	for i := range targets {

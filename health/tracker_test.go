@@ -38,6 +38,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 }
 
 func TestNewTrackerRejectsBadOptions(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		opts TrackerOptions
@@ -68,6 +69,7 @@ func TestNewTrackerRejectsBadOptions(t *testing.T) {
 }
 
 func TestTrackerSequences(t *testing.T) {
+	t.Parallel()
 	const addr = "10.0.0.7:3128"
 	type step struct {
 		advance time.Duration
@@ -179,6 +181,7 @@ func sortStrings(in []string) []string {
 }
 
 func TestTrackerSnapshotFields(t *testing.T) {
+	t.Parallel()
 	clock := &fakeClock{now: time.Unix(5000, 0)}
 	var last Status
 	tr, _ := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Now: clock.Now, OnForget: func(s Status) { last = s }})
@@ -208,6 +211,7 @@ func TestTrackerSnapshotFields(t *testing.T) {
 // TestTrackerProperties drives a Tracker with random rounds, clock steps and
 // removals, and checks it against a model kept as plain history.
 func TestTrackerProperties(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(rt *rapid.T) {
 		rise := rapid.IntRange(1, 4).Draw(rt, "rise")
 		fall := rapid.IntRange(1, 4).Draw(rt, "fall")
@@ -358,6 +362,7 @@ func TestTrackerProperties(t *testing.T) {
 }
 
 func TestTrackerConcurrentForgetOnce(t *testing.T) {
+	t.Parallel()
 	var calls sync.Map // id -> *atomic.Int64
 	tr, _ := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: time.Nanosecond, OnForget: func(s Status) {
 		v, _ := calls.LoadOrStore(s.ID, new(atomic.Int64))
@@ -392,6 +397,7 @@ func TestTrackerConcurrentForgetOnce(t *testing.T) {
 }
 
 func TestTrackerRound(t *testing.T) {
+	t.Parallel()
 	good := startFake(t, reply("HTTP/1.1 200 OK\r\n\r\n")).addr
 	denied := startFake(t, reply("HTTP/1.1 403 Forbidden\r\n\r\n")).addr
 	rec := tracetest.NewSpanRecorder()
@@ -443,6 +449,7 @@ func TestTrackerRound(t *testing.T) {
 }
 
 func TestTrackerLogsThroughLogr(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var lines []string
 	log := funcr.New(func(prefix, args string) {
@@ -468,6 +475,7 @@ func TestTrackerLogsThroughLogr(t *testing.T) {
 // connection is made and no proxy's state changes — never a fleet marked
 // down. Before, two such rounds marked every member Unhealthy.
 func TestRoundWithoutTargetMarksNothingDown(t *testing.T) {
+	t.Parallel()
 	var conns atomic.Int64
 	good := startFake(t, func(c net.Conn) { conns.Add(1); reply("HTTP/1.1 200 OK\r\n\r\n")(c) }).addr
 	tr, err := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: time.Minute})

@@ -41,6 +41,7 @@ func genFormat(t *rapid.T, l string) string {
 }
 
 func TestBaseNameTable(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct{ entry, key, format, want string }{
 		{"host1", "ubuntu", "qcow2", "base-host1--ubuntu.qcow2"},
 		{"a-b", "c", "raw", "base-a-b--c.raw"},
@@ -61,6 +62,7 @@ func TestBaseNameTable(t *testing.T) {
 }
 
 func TestParseRejects(t *testing.T) {
+	t.Parallel()
 	for _, n := range []string{
 		"base-ubuntu.qcow2", "base-a-b-c.raw", "base--x.raw", "base-a--b.img", "base-a--b", "base-a---b.raw",
 		"base-A--b.raw", "other", "", "base-a--b.raw.sha256", "base-a--.raw",
@@ -76,6 +78,7 @@ func TestParseRejects(t *testing.T) {
 // Injective over (entry, key, format), and the base, marker and claim names
 // parse back to their parts.
 func TestPropertyNamesInjective(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		e1, k1, f1 := genEntry(t, "e1"), genKey(t, "k1"), genFormat(t, "f1")
 		e2, k2, f2 := genEntry(t, "e2"), genKey(t, "k2"), genFormat(t, "f2")
@@ -111,6 +114,7 @@ func TestPropertyNamesInjective(t *testing.T) {
 // is exactly "base-" + key + "." + format with a key under the ImageKey rule
 // and a format without '-' (qcow2, raw, ...).
 func TestPropertyNoCollisionWithOldNaming(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		e, k, f := genEntry(t, "e"), genKey(t, "k"), genFormat(t, "f")
 		ok, of := genKey(t, "oldKey"), rapid.SampledFrom([]string{"qcow2", "raw", "img", "iso"}).Draw(t, "oldFormat")

@@ -14,6 +14,7 @@ import (
 )
 
 func TestRedactURL(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name, in, want string
 		secret         string // must not survive
@@ -51,6 +52,7 @@ func TestRedactURL(t *testing.T) {
 }
 
 func TestRedactURLBoundedAndValidUTF8(t *testing.T) {
+	t.Parallel()
 	long := "https://h/" + strings.Repeat("é", 10000) + "?token=" + strings.Repeat("s", 10000)
 	for _, in := range []string{long, "http://h/\xff\xfe?x=\xc3", "\x00\x01http://u:p@h"} {
 		got := RedactURL(in)
@@ -87,6 +89,7 @@ var credentialNames = []string{"token", "sig", "signature", "access_token", "pas
 // url.URL writes it), the secret never survives RedactURL in any form, and
 // the host and path stay readable.
 func TestPropertyRedactURLHidesSecrets(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		secret := genSecret(t)
 		u := url.URL{
@@ -136,6 +139,7 @@ func TestPropertyRedactURLHidesSecrets(t *testing.T) {
 // Arbitrary input: the output is bounded, valid UTF-8 and has no control
 // characters (no log injection).
 func TestPropertyRedactURLAnyInput(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		in := rapid.String().Draw(t, "in")
 		got := RedactURL(in)
@@ -153,6 +157,7 @@ func TestPropertyRedactURLAnyInput(t *testing.T) {
 // An Image never prints its URL's secrets: not through fmt (any verb), not
 // through logr, not in Validate's errors.
 func TestImageTextHidesSecrets(t *testing.T) {
+	t.Parallel()
 	const secret = "SeCrEt-0xC0FFEE"
 	for _, img := range []Image{
 		{Key: "k", URL: "https://op:" + secret + "@mirror.example/i.qcow2"},
@@ -199,6 +204,7 @@ func collect(err error, out *[]error) {
 }
 
 func TestRedactText(t *testing.T) {
+	t.Parallel()
 	const raw = "https://op:longpassword1@h.example/i.qcow2?token=longtoken22"
 	for _, tt := range []struct{ in, want string }{
 		{"GET https://op:longpassword1@h.example/i: 404", "GET https://REDACTED@h.example/i: 404"},
@@ -217,6 +223,7 @@ func TestRedactText(t *testing.T) {
 // redactErr keeps what callers test errors by: the class, errors.Is and
 // errors.As (which then finds the redacted *url.Error).
 func TestRedactErrKeepsClassAndChain(t *testing.T) {
+	t.Parallel()
 	const secret = "hunter2hunter2"
 	raw := "http://op:" + secret + "@h.example/i"
 	ue := &url.Error{Op: "Get", URL: "http://op:***@h.example/i?X-Amz-Signature=" + secret, Err: context.DeadlineExceeded}

@@ -19,6 +19,7 @@ var (
 )
 
 func TestDecideTable(t *testing.T) {
+	t.Parallel()
 	base := BaseName("e1", "deb", "qcow2")
 	other := BaseName("e2", "deb", "qcow2")
 	own := claimName(base, t0, "01")
@@ -60,6 +61,7 @@ func TestDecideTable(t *testing.T) {
 
 // Invariants of decide over random pool contents.
 func TestPropertyDecide(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		entry, key, format := genEntry(t, "entry"), genKey(t, "key"), genFormat(t, "format")
 		base := BaseName(entry, key, format)
@@ -141,6 +143,7 @@ func TestPropertyDecide(t *testing.T) {
 // budget; our own instance's claims that are not live are orphans, debris
 // at once; claims of writers that do not refresh keep the budget rule.
 func TestDecideRefreshedClaims(t *testing.T) {
+	t.Parallel()
 	const hb = 2 * time.Minute
 	base := BaseName("e1", "deb", "qcow2")
 	me := strings.Repeat("a", 2*instanceBytes)

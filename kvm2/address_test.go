@@ -82,6 +82,7 @@ const (
 )
 
 func TestDiscoverAddress(t *testing.T) {
+	t.Parallel()
 	const mac = "52:54:00:aa:bb:cc"
 	tests := []struct {
 		name      string
@@ -247,6 +248,7 @@ func TestDiscoverAddress(t *testing.T) {
 }
 
 func TestAddressErrorUnwrap(t *testing.T) {
+	t.Parallel()
 	b := &fakeAddrBackend{answers: map[libvirt.DomainInterfaceAddressesSource]fakeAnswer{
 		agentSrc: {err: errAgentDown}, leaseSrc: {err: errNoLease}, arpSrc: {err: errNoARP},
 	}}

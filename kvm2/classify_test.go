@@ -24,6 +24,7 @@ func sshErr(k sshconn.Kind, inner error) error {
 }
 
 func TestClassify(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		err  error
@@ -94,6 +95,7 @@ func TestClassify(t *testing.T) {
 }
 
 func TestClassifyClosedIsErrClosed(t *testing.T) {
+	t.Parallel()
 	err := classify(sshErr(sshconn.KindClosed, nil))
 	if !errors.Is(err, provider.ErrClosed) {
 		t.Errorf("%v does not match provider.ErrClosed", err)
@@ -101,6 +103,7 @@ func TestClassifyClosedIsErrClosed(t *testing.T) {
 }
 
 func TestHealthReason(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		err  error
@@ -131,6 +134,7 @@ func TestHealthReason(t *testing.T) {
 }
 
 func TestFormatting(t *testing.T) {
+	t.Parallel()
 	if got := formatLibVersion(9000000); got != "9.0.0" {
 		t.Errorf("formatLibVersion(9000000) = %q", got)
 	}

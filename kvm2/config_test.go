@@ -23,6 +23,7 @@ func validConfig() Config {
 }
 
 func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
 	c, err := validConfig().validate()
 	if err != nil {
 		t.Fatalf("validate: %v", err)
@@ -48,6 +49,7 @@ func TestConfigDefaults(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		mutate func(*Config)
@@ -137,6 +139,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestConfigValidOptions(t *testing.T) {
+	t.Parallel()
 	c := validConfig()
 	c.MachineTypes = map[string]MachineType{"a": {1, 512}, "b": {2, 1024}}
 	c.DefaultMachineType = "b"

@@ -3,7 +3,6 @@ package kvm2
 import (
 	"bytes"
 	"encoding/xml"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/egressproxy/egressproxy/internal/domainmeta"
 	"github.com/egressproxy/egressproxy/provider"
 )
 
@@ -39,30 +39,9 @@ func overlayVolume(domain string) string { return domain + ".qcow2" }
 // seedVolume is the name of the instance's cloud-init seed ISO.
 func seedVolume(domain string) string { return domain + "-seed.iso" }
 
-// instanceMeta is what the library records in a domain's metadata.
-type instanceMeta struct {
-	UID     string
-	Created time.Time // UTC
-	Entry   string
-	Owner   string
-	Port    int
-	// SpecDigest is provider.Spec.Digest of the spec the domain was
-	// created from; empty for domains created before it was recorded.
-	SpecDigest string
-}
-
-// metaXML is the decoded form of the metadata element.
-type metaXML struct {
-	XMLName xml.Name `xml:"https://egressproxy.dev/xmlns/instance/v1 instance"`
-	UID     string   `xml:"https://egressproxy.dev/xmlns/instance/v1 uid"`
-	Created string   `xml:"https://egressproxy.dev/xmlns/instance/v1 created"`
-	Entry   string   `xml:"https://egressproxy.dev/xmlns/instance/v1 entry"`
-	Owner   string   `xml:"https://egressproxy.dev/xmlns/instance/v1 owner"`
-	Port    string   `xml:"https://egressproxy.dev/xmlns/instance/v1 port"`
-	// SpecDigest is optional: domains created before it was recorded lack
-	// it, and older readers ignore it.
-	SpecDigest string `xml:"https://egressproxy.dev/xmlns/instance/v1 spec-digest"`
-}
+// instanceMeta is what the library records in a domain's metadata; its
+// decoding and checks are internal/domainmeta's (shared with benchutil).
+type instanceMeta = domainmeta.Meta
 
 // checkXMLText returns an error naming field when s cannot be carried by XML
 // 1.0 character data unchanged (invalid UTF-8, or a character outside the
@@ -138,7 +117,7 @@ func marshalMetadata(m instanceMeta) (string, error) {
 }
 
 // errNoMetadata: the XML has no element of MetadataNamespace.
-var errNoMetadata = errors.New("no " + MetadataNamespace + " metadata")
+var errNoMetadata = domainmeta.ErrNoMetadata
 
 // parseMetadata finds our metadata element anywhere in doc (a whole domain
 // XML, the inner XML of <metadata>, or the element itself), resolving
@@ -207,7 +186,7 @@ func parseDomainXML(doc string, wantMAC bool) domainXMLInfo {
 				metaDone = true
 				// A syntax error inside it sticks to dec: the next
 				// Token ends the loop.
-				out.meta, out.metaErr = decodeMetadata(dec, &t)
+				out.meta, out.metaErr = domainmeta.Decode(dec, &t)
 				continue // the element, consumed, was none of the NIC's
 			}
 			depth++
@@ -260,28 +239,6 @@ func hasAttr(attrs []xml.Attr, local string) bool {
 		}
 	}
 	return false
-}
-
-// decodeMetadata decodes our metadata element se (its start just read
-// from dec) and checks it.
-func decodeMetadata(dec *xml.Decoder, se *xml.StartElement) (instanceMeta, error) {
-	var mx metaXML
-	if err := dec.DecodeElement(&mx, se); err != nil {
-		return instanceMeta{}, fmt.Errorf("parse domain metadata: %w", err)
-	}
-	m := instanceMeta{UID: mx.UID, Entry: mx.Entry, Owner: mx.Owner, SpecDigest: strings.TrimSpace(mx.SpecDigest)}
-	if m.UID == "" || m.Entry == "" || m.Owner == "" {
-		return instanceMeta{}, fmt.Errorf("parse domain metadata: uid, entry and owner are required")
-	}
-	var err error
-	if m.Created, err = time.Parse(time.RFC3339Nano, strings.TrimSpace(mx.Created)); err != nil {
-		return instanceMeta{}, fmt.Errorf("parse domain metadata: created: %w", err)
-	}
-	m.Created = m.Created.UTC()
-	if m.Port, err = strconv.Atoi(strings.TrimSpace(mx.Port)); err != nil || m.Port < 1 || m.Port > 65535 {
-		return instanceMeta{}, fmt.Errorf("parse domain metadata: port %q is not 1-65535", mx.Port)
-	}
-	return m, nil
 }
 
 // domainParams is everything the domain definition is built from.

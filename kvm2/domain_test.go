@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/egressproxy/egressproxy/internal/domainmeta"
 	"github.com/egressproxy/egressproxy/provider"
 )
 
@@ -34,6 +35,7 @@ func testParams() domainParams {
 }
 
 func TestNames(t *testing.T) {
+	t.Parallel()
 	d := domainName("lab-1", "proxy-a")
 	if d != "ep-lab-1--proxy-a" || overlayVolume(d) != "ep-lab-1--proxy-a.qcow2" || seedVolume(d) != "ep-lab-1--proxy-a-seed.iso" {
 		t.Errorf("names: %s %s %s", d, overlayVolume(d), seedVolume(d))
@@ -45,6 +47,7 @@ func TestNames(t *testing.T) {
 }
 
 func TestBuildDomain(t *testing.T) {
+	t.Parallel()
 	p := testParams()
 	s, err := buildDomainXML(p)
 	if err != nil {
@@ -98,6 +101,7 @@ func TestBuildDomain(t *testing.T) {
 }
 
 func TestBuildDomainVariants(t *testing.T) {
+	t.Parallel()
 	p := testParams()
 	p.Network, p.Bridge = "", "br0"
 	p.Type = "kvm"
@@ -123,6 +127,7 @@ func TestBuildDomainVariants(t *testing.T) {
 }
 
 func TestMetadataEscaping(t *testing.T) {
+	t.Parallel()
 	p := testParams()
 	p.Meta.UID = `</egressproxy:uid><evil a="b">&amp;'"` + "ünï©ødé ✓ " + strings.Repeat("x", 60)
 	s, err := buildDomainXML(p)
@@ -142,6 +147,7 @@ func TestMetadataEscaping(t *testing.T) {
 }
 
 func TestBuildDomainRejects(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		mutate func(*domainParams)
@@ -175,6 +181,7 @@ func TestBuildDomainRejects(t *testing.T) {
 // read back; metadata without it (domains made before it was recorded)
 // parses with an empty digest, and the element is not written when empty.
 func TestMetadataSpecDigestOptional(t *testing.T) {
+	t.Parallel()
 	m := testParams().Meta
 	x, err := marshalMetadata(m)
 	if err != nil {
@@ -201,6 +208,7 @@ func TestMetadataSpecDigestOptional(t *testing.T) {
 }
 
 func TestParseMetadata(t *testing.T) {
+	t.Parallel()
 	good, err := marshalMetadata(testParams().Meta)
 	if err != nil {
 		t.Fatal(err)
@@ -240,5 +248,22 @@ func TestParseMetadata(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The element kvm2 writes is the one internal/domainmeta decodes (its
+// struct tags cannot name MetadataNamespace).
+func TestMetadataNamespaceIsDomainmetas(t *testing.T) {
+	t.Parallel()
+	if MetadataNamespace != domainmeta.Namespace {
+		t.Fatalf("MetadataNamespace %q, domainmeta.Namespace %q", MetadataNamespace, domainmeta.Namespace)
+	}
+	s, err := marshalMetadata(testParams().Meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := domainmeta.Parse(s)
+	if err != nil || m != testParams().Meta {
+		t.Fatalf("domainmeta.Parse(marshalMetadata(m)) = %+v, %v; want %+v", m, err, testParams().Meta)
 	}
 }

@@ -16,6 +16,7 @@ var labelGen = rapid.StringMatching(`[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?`).Filter
 // Property: the names of two different (entry, name) pairs never collide,
 // are valid volume names, and never look like imagecache's volumes.
 func TestNamesProperty(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		e1, n1 := labelGen.Draw(t, "entry1"), labelGen.Draw(t, "name1")
 		e2, n2 := labelGen.Draw(t, "entry2"), labelGen.Draw(t, "name2")

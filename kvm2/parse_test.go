@@ -3,53 +3,21 @@ package kvm2
 import (
 	"encoding/xml"
 	"errors"
-	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"libvirt.org/go/libvirtxml"
+
+	"github.com/egressproxy/egressproxy/internal/domainmeta"
 )
 
-// refParseMetadata is parseMetadata as it was before parseDomainXML (a
-// verbatim copy, plus the optional spec-digest element recorded since), the
+// refParseMetadata is how parseMetadata read the metadata before
+// parseDomainXML: a token scan up to the element, then its decoding
+// (internal/domainmeta.Parse, which benchutil decodes with too), the
 // reference the single pass must agree with.
-func refParseMetadata(doc string) (instanceMeta, error) {
-	dec := xml.NewDecoder(strings.NewReader(doc))
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return instanceMeta{}, errNoMetadata
-		}
-		if err != nil {
-			return instanceMeta{}, fmt.Errorf("parse domain metadata: %w", err)
-		}
-		se, ok := tok.(xml.StartElement)
-		if !ok || se.Name.Space != MetadataNamespace || se.Name.Local != "instance" {
-			continue
-		}
-		var mx metaXML
-		if err := dec.DecodeElement(&mx, &se); err != nil {
-			return instanceMeta{}, fmt.Errorf("parse domain metadata: %w", err)
-		}
-		m := instanceMeta{UID: mx.UID, Entry: mx.Entry, Owner: mx.Owner, SpecDigest: strings.TrimSpace(mx.SpecDigest)}
-		if m.UID == "" || m.Entry == "" || m.Owner == "" {
-			return instanceMeta{}, fmt.Errorf("parse domain metadata: uid, entry and owner are required")
-		}
-		if m.Created, err = time.Parse(time.RFC3339Nano, strings.TrimSpace(mx.Created)); err != nil {
-			return instanceMeta{}, fmt.Errorf("parse domain metadata: created: %w", err)
-		}
-		m.Created = m.Created.UTC()
-		if m.Port, err = strconv.Atoi(strings.TrimSpace(mx.Port)); err != nil || m.Port < 1 || m.Port > 65535 {
-			return instanceMeta{}, fmt.Errorf("parse domain metadata: port %q is not 1-65535", mx.Port)
-		}
-		return m, nil
-	}
-}
+func refParseMetadata(doc string) (instanceMeta, error) { return domainmeta.Parse(doc) }
 
 // refMAC is how readDomain read the first NIC's MAC before
 // parseDomainXML: a whole libvirtxml.Domain.Unmarshal. uerr is
@@ -126,6 +94,7 @@ const testMeta = `<metadata><ep:instance xmlns:ep="https://egressproxy.dev/xmlns
 	`<ep:created>2026-11-30T11:00:00Z</ep:created><ep:entry>lab-1</ep:entry><ep:owner>o</ep:owner><ep:port>3128</ep:port></ep:instance></metadata>`
 
 func TestParseDomainXML(t *testing.T) {
+	t.Parallel()
 	running, shutoff := libvirtDomainXML(t, "running"), libvirtDomainXML(t, "shutoff")
 	built, err := buildDomainXML(testParams())
 	if err != nil {

@@ -43,6 +43,7 @@ func readSeed(t testing.TB, iso []byte) (string, map[string]string) {
 }
 
 func TestBuildSeed(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		in   seedData
@@ -81,6 +82,7 @@ func TestBuildSeed(t *testing.T) {
 }
 
 func TestBuildSeedRejects(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		in   seedData

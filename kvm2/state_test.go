@@ -9,6 +9,7 @@ import (
 )
 
 func TestMapState(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		st      libvirt.DomainState
 		addr    bool

@@ -9,6 +9,7 @@ import (
 )
 
 func TestCode(t *testing.T) {
+	t.Parallel()
 	ctxCanceled := fmt.Errorf("get: %w", context.Canceled)
 	tests := []struct {
 		name string
@@ -66,6 +67,7 @@ func TestCode(t *testing.T) {
 }
 
 func TestWithCodeNil(t *testing.T) {
+	t.Parallel()
 	if WithCode(Permanent, nil) != nil {
 		t.Fatal("WithCode(nil) must be nil")
 	}
@@ -75,6 +77,7 @@ func TestWithCodeNil(t *testing.T) {
 }
 
 func TestErrorMessageKept(t *testing.T) {
+	t.Parallel()
 	err := WithCode(Transient, WithCode(Permanent, errors.New("pool full")))
 	if err.Error() != "pool full" {
 		t.Fatalf("message = %q", err.Error())
@@ -82,6 +85,7 @@ func TestErrorMessageKept(t *testing.T) {
 }
 
 func TestRetryable(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		err  error
 		want bool
@@ -101,6 +105,7 @@ func TestRetryable(t *testing.T) {
 }
 
 func TestCodeString(t *testing.T) {
+	t.Parallel()
 	if NotFound.String() != "NotFound" || ErrorCode(99).String() != "ErrorCode(99)" {
 		t.Fatal("String")
 	}

@@ -14,6 +14,7 @@ func validSpec() Spec {
 }
 
 func TestSpecValidate(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		mutate func(*Spec)
@@ -76,6 +77,7 @@ func TestSpecValidate(t *testing.T) {
 }
 
 func TestSpecValidateReportsEveryField(t *testing.T) {
+	t.Parallel()
 	err := Spec{Port: 70000}.Validate()
 	for _, f := range []string{"Name", "UID", "Port"} {
 		if !strings.Contains(err.Error(), "invalid "+f) {
@@ -90,6 +92,7 @@ func TestSpecValidateReportsEveryField(t *testing.T) {
 var volumeComponent = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 func TestPropertyAcceptedNamesAreVolumeComponents(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		name := rapid.OneOf(
 			rapid.StringMatching(`[a-z0-9-]{0,70}`),
@@ -111,6 +114,7 @@ func TestPropertyAcceptedNamesAreVolumeComponents(t *testing.T) {
 }
 
 func TestPropertySpecRejectionsNameAField(t *testing.T) {
+	t.Parallel()
 	fields := map[string]bool{"Name": true, "UID": true, "Port": true, "ImageKey": true, "MachineType": true, "UserData": true}
 	rapid.Check(t, func(t *rapid.T) {
 		s := Spec{
@@ -169,6 +173,7 @@ func FuzzSpecValidate(f *testing.F) {
 }
 
 func TestInstanceAddress(t *testing.T) {
+	t.Parallel()
 	if (Instance{}).Address() != "" {
 		t.Fatal("empty")
 	}
@@ -182,6 +187,7 @@ func TestInstanceAddress(t *testing.T) {
 // ErrSpecConflict for every existing instance), so it must fail here. The
 // value was computed independently from the documented encoding.
 func TestSpecDigestGolden(t *testing.T) {
+	t.Parallel()
 	const want = "sha256:c718a3515fe989564b46f5623f14b0433eed1b571118145a978b8c11f2143d5c"
 	if got := validSpec().Digest(); got != want {
 		t.Errorf("Digest() = %s, want %s", got, want)
@@ -192,6 +198,7 @@ func TestSpecDigestGolden(t *testing.T) {
 }
 
 func TestSpecDigestFields(t *testing.T) {
+	t.Parallel()
 	base := validSpec()
 	d := base.Digest()
 	for _, tc := range []struct {
@@ -227,6 +234,7 @@ func TestSpecDigestFields(t *testing.T) {
 // TestSpecDigestProperty: two specs have the same digest exactly when they
 // are equal once Port is normalised.
 func TestSpecDigestProperty(t *testing.T) {
+	t.Parallel()
 	field := rapid.SampledFrom([]string{"", "a", "b", "ab", "a\x00", "\x00", "ü"})
 	gen := rapid.Custom(func(t *rapid.T) Spec {
 		return Spec{

@@ -31,6 +31,7 @@ func newPool(t *testing.T, cfg Config) *Pool {
 }
 
 func TestValidate(t *testing.T) {
+	t.Parallel()
 	ok := Config{Addr: "127.0.0.1:22", User: "root", KeyFile: "/k", KnownHostsFile: "/kh"}
 	tests := []struct {
 		name  string
@@ -103,6 +104,7 @@ func FuzzValidate(f *testing.F) {
 }
 
 func TestKindString(t *testing.T) {
+	t.Parallel()
 	seen := map[string]bool{}
 	for k := KindUnknown; k <= KindClosed; k++ {
 		s := k.String()

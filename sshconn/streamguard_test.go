@@ -108,6 +108,7 @@ func TestUpstreamStreamDeadlockReproducer(t *testing.T) {
 		unguardedChild(t, shape)
 		return
 	}
+	t.Parallel()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -117,6 +118,7 @@ func TestUpstreamStreamDeadlockReproducer(t *testing.T) {
 			continue
 		}
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each shape is its own child process
 			cmd := exec.Command(exe, "-test.run=^TestUpstreamStreamDeadlockReproducer$", "-test.v")
 			cmd.Env = append(os.Environ(), "SSHCONN_UNGUARDED_SHAPE="+tc.name)
 			out, _ := cmd.CombinedOutput()

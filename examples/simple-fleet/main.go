@@ -139,24 +139,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
+// runFleet runs the fleet through its steps: configure, check the
+// providers, create, wait for Running, probe, report, then (deferred, also
+// after a failure) delete the fleet and close the providers.
 func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	fs := flag.NewFlagSet("simple-fleet", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	n := fs.Int("n", 3, "number of proxies (1-50)")
-	keep := fs.Bool("keep", false, "do not delete the proxies: kvm2 VMs stay; memprovider proxies keep serving until interrupted")
-	config := fs.String("config", "", "JSON or YAML file with kvm2 entries (default: an in-memory fleet)")
-	timeout := fs.Duration("timeout", 0, "overall deadline (default 30s in memory, RunningTimeout+2m with -config)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &failure{code: 2, err: err}
-	}
-	if fs.NArg() > 0 {
-		return &failure{code: 2, err: fmt.Errorf("unexpected arguments %q (flags only)", fs.Args())}
-	}
-	if *n < 1 || *n > 50 {
-		return &failure{code: 2, err: fmt.Errorf("-n %d: want 1 to 50 proxies", *n)}
+	fl, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
 	}
 
 	// The CONNECT target the probes reach through the proxies.
@@ -166,15 +155,102 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	defer tgt.close()
 
-	var (
-		backends       []*backend
-		template       provider.Spec
-		target         = tgt.addr
-		runningTimeout = 10 * time.Second
-		pollEvery      = 100 * time.Millisecond
-		inMemory       = *config == ""
-	)
-	if inMemory {
+	r := &fleetRun{stdout: stdout, stderr: stderr, keep: fl.keep, ownTarget: tgt.addr}
+	if err := r.configure(ctx, fl); err != nil {
+		return err
+	}
+	defer func() { err = r.closeBackends(err) }()
+
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	r.start = time.Now()
+
+	if err := r.checkProviders(ctx); err != nil {
+		return err
+	}
+	r.planFleet(fl.n)
+	defer func() { err = r.cleanUp(err) }()
+	if err := r.createFleet(ctx); err != nil {
+		return err
+	}
+	if err := r.waitRunning(ctx); err != nil {
+		return err
+	}
+	r.probeFleet(ctx)
+	if err := r.report(); err != nil {
+		return err
+	}
+	if r.keep {
+		r.keepFleet(ctx)
+	}
+	return nil
+}
+
+// flags are the command line's settings.
+type flags struct {
+	n       int
+	keep    bool
+	config  string
+	timeout time.Duration
+}
+
+// parseFlags reads args; bad usage is a failure with exit code 2.
+func parseFlags(args []string, stderr io.Writer) (flags, error) {
+	var fl flags
+	fs := flag.NewFlagSet("simple-fleet", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&fl.n, "n", 3, "number of proxies (1-50)")
+	fs.BoolVar(&fl.keep, "keep", false, "do not delete the proxies: kvm2 VMs stay; memprovider proxies keep serving until interrupted")
+	fs.StringVar(&fl.config, "config", "", "JSON or YAML file with kvm2 entries (default: an in-memory fleet)")
+	fs.DurationVar(&fl.timeout, "timeout", 0, "overall deadline (default 30s in memory, RunningTimeout+2m with -config)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return fl, err
+		}
+		return fl, &failure{code: 2, err: err}
+	}
+	if fs.NArg() > 0 {
+		return fl, &failure{code: 2, err: fmt.Errorf("unexpected arguments %q (flags only)", fs.Args())}
+	}
+	if fl.n < 1 || fl.n > 50 {
+		return fl, &failure{code: 2, err: fmt.Errorf("-n %d: want 1 to 50 proxies", fl.n)}
+	}
+	return fl, nil
+}
+
+// fleetRun is one run of the program: where it writes, what it runs on and
+// the members of its fleet.
+type fleetRun struct {
+	stdout, stderr io.Writer
+	keep           bool
+	inMemory       bool          // the embedded memprovider fleet (no -config)
+	timeout        time.Duration // overall deadline
+	ownTarget      string        // the address of the target this program serves
+	target         string        // the CONNECT target probed through the proxies
+	template       provider.Spec // every member's spec but Name and UID
+	runningTimeout time.Duration
+	pollEvery      time.Duration
+	backends       []*backend
+
+	start   time.Time // when the fleet's work started (progress times count from it)
+	runID   string    // makes this run's UIDs unique
+	fleet   []*member
+	created int // fleet[:created] were created (and are deleted by cleanUp)
+}
+
+// since is the progress time stamp printed before each line.
+func (r *fleetRun) since() string { return fmt.Sprintf("[%4.1fs]", time.Since(r.start).Seconds()) }
+
+// configure sets up the backends: the embedded memprovider without
+// -config, one kvm2 provider per entry of the -config file otherwise, with
+// their timeouts and target.
+func (r *fleetRun) configure(ctx context.Context, fl flags) error {
+	r.target = r.ownTarget
+	r.runningTimeout = 10 * time.Second
+	r.pollEvery = 100 * time.Millisecond
+	r.timeout = fl.timeout
+	r.inMemory = fl.config == ""
+	if r.inMemory {
 		o := &memprovider.Options{ServeProxies: true, ProvisionDelay: memProvisionDelay}
 		if memOptionsHook != nil {
 			memOptionsHook(o)
@@ -183,46 +259,46 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 		if memProviderHook != nil {
 			memProviderHook(p)
 		}
-		backends = []*backend{{name: "memory", client: egressproxy.New(p, nil)}}
-		if *timeout == 0 {
-			*timeout = 30 * time.Second
+		r.backends = []*backend{{name: "memory", client: egressproxy.New(p, nil)}}
+		if r.timeout == 0 {
+			r.timeout = 30 * time.Second
 		}
-	} else {
-		cfg, err := loadConfig(*config)
-		if err != nil {
-			return err
-		}
-		runningTimeout = 10 * time.Minute
-		if cfg.RunningTimeout != "" {
-			if runningTimeout, err = time.ParseDuration(cfg.RunningTimeout); err != nil || runningTimeout <= 0 {
-				return fail("%s: runningTimeout %q: want a positive duration like \"10m\"", *config, cfg.RunningTimeout)
-			}
-		}
-		target = cfg.Target
-		pollEvery = time.Second
-		template = cfg.Spec
-		if *timeout == 0 {
-			*timeout = runningTimeout + 2*time.Minute
-		}
-		backends, err = openKVM2(ctx, cfg)
-		if err != nil {
-			return err
+		return nil
+	}
+	cfg, err := loadConfig(fl.config)
+	if err != nil {
+		return err
+	}
+	r.runningTimeout = 10 * time.Minute
+	if cfg.RunningTimeout != "" {
+		if r.runningTimeout, err = time.ParseDuration(cfg.RunningTimeout); err != nil || r.runningTimeout <= 0 {
+			return fail("%s: runningTimeout %q: want a positive duration like \"10m\"", fl.config, cfg.RunningTimeout)
 		}
 	}
-	defer func() {
-		for _, b := range backends {
-			if cerr := b.client.Close(); cerr != nil && err == nil {
-				err = fail("closing provider %s: %v", b.name, cerr)
-			}
+	r.target = cfg.Target
+	r.pollEvery = time.Second
+	r.template = cfg.Spec
+	if r.timeout == 0 {
+		r.timeout = r.runningTimeout + 2*time.Minute
+	}
+	r.backends, err = openKVM2(ctx, cfg)
+	return err
+}
+
+// closeBackends closes every provider; err is the run's outcome so far,
+// which a close failure replaces only when it is nil.
+func (r *fleetRun) closeBackends(err error) error {
+	for _, b := range r.backends {
+		if cerr := b.client.Close(); cerr != nil && err == nil {
+			err = fail("closing provider %s: %v", b.name, cerr)
 		}
-	}()
+	}
+	return err
+}
 
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	start := time.Now()
-	since := func() string { return fmt.Sprintf("[%4.1fs]", time.Since(start).Seconds()) }
-
-	for _, b := range backends {
+// checkProviders fails unless every provider is reachable.
+func (r *fleetRun) checkProviders(ctx context.Context) error {
+	for _, b := range r.backends {
 		h, err := b.client.Check(ctx)
 		if err != nil {
 			return fail("checking provider %s: %v", b.name, err)
@@ -230,125 +306,120 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 		if !h.Reachable {
 			return fail("provider %s is not usable: %s: %s", b.name, h.Reason, h.Message)
 		}
-		fmt.Fprintf(stdout, "%s provider %s reachable (%s)\n", since(), b.name, details(h.Details))
+		fmt.Fprintf(r.stdout, "%s provider %s reachable (%s)\n", r.since(), b.name, details(h.Details))
 	}
+	return nil
+}
 
-	// Create the fleet.
-	runID := randomHex(4)
-	fleet := make([]*member, *n)
-	for i := range fleet {
-		s := template
+// planFleet names the n members and spreads them over the backends
+// round-robin.
+func (r *fleetRun) planFleet(n int) {
+	r.runID = randomHex(4)
+	r.fleet = make([]*member, n)
+	for i := range r.fleet {
+		s := r.template
 		s.Name = fmt.Sprintf("fleet-%d", i+1)
-		s.UID = fmt.Sprintf("simple-fleet-%s-%d", runID, i+1)
-		fleet[i] = &member{b: backends[i%len(backends)], spec: s}
+		s.UID = fmt.Sprintf("simple-fleet-%s-%d", r.runID, i+1)
+		r.fleet[i] = &member{b: r.backends[i%len(r.backends)], spec: s}
 	}
-	created := 0
-	defer func() {
-		if *keep && err == nil {
-			return
-		}
-		// Delete what was created, also after a failure, with a context
-		// of its own: ctx may be what failed.
-		dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer dcancel()
-		for _, m := range fleet[:created] {
-			if derr := m.b.client.Delete(dctx, m.spec.Ref()); derr != nil {
-				fmt.Fprintf(stderr, "simple-fleet: cleanup: %v\n", derr)
-				if err == nil {
-					err = fail("deleting the fleet: %v", derr)
-				}
-				continue
-			}
-			if err == nil {
-				fmt.Fprintf(stdout, "%s deleted %s\n", since(), m.spec.Name)
-			}
-		}
-		if err == nil {
-			for _, b := range backends {
-				l, lerr := b.client.List(dctx)
-				if lerr != nil {
-					err = fail("listing provider %s after deleting: %v", b.name, lerr)
-					return
-				}
-				fmt.Fprintf(stdout, "%s provider %s lists %d instance(s) after cleanup\n", since(), b.name, countRun(l, runID))
-			}
-		}
-	}()
-	for _, m := range fleet {
+}
+
+// createFleet creates every member, in order, stopping at the first error.
+func (r *fleetRun) createFleet(ctx context.Context) error {
+	for _, m := range r.fleet {
 		inst, err := m.b.client.Create(ctx, m.spec)
 		if err != nil {
 			return fail("%v (class %s)", err, provider.Code(err))
 		}
-		created++
+		r.created++
 		m.inst = inst
-		fmt.Fprintf(stdout, "%s created %s on %s: %s\n", since(), m.spec.Name, m.b.name, inst.State)
+		fmt.Fprintf(r.stdout, "%s created %s on %s: %s\n", r.since(), m.spec.Name, m.b.name, inst.State)
 	}
+	return nil
+}
 
-	// Wait for Running, reporting progress when it changes.
-	wctx, wcancel := context.WithTimeout(ctx, runningTimeout)
+// waitRunning polls until every member is Running, printing progress when
+// it changes. It fails when a member fails or stops, or runningTimeout or
+// ctx ends first.
+func (r *fleetRun) waitRunning(ctx context.Context) error {
+	wctx, wcancel := context.WithTimeout(ctx, r.runningTimeout)
 	defer wcancel()
 	last := ""
 	for {
-		running := 0
-		var parts []string
-		for _, m := range fleet {
-			if m.inst.State != provider.StateRunning {
-				inst, err := m.b.client.Get(wctx, m.spec.Ref())
-				switch {
-				case err == nil:
-					m.inst = inst
-				case provider.Code(err) == provider.Transient:
-					// A read may fail now and then; the next poll decides.
-				case wctx.Err() != nil && ctx.Err() == nil:
-					return fail("the fleet did not reach Running within %v: %v", runningTimeout, err)
-				default:
-					return fail("%v (class %s)", err, provider.Code(err))
-				}
-			}
-			switch m.inst.State {
-			case provider.StateRunning:
-				running++
-			case provider.StateFailed, provider.StateStopped:
-				return fail("%s is %s while starting", m.spec.Name, m.inst.State)
-			}
-			parts = append(parts, m.spec.Name+" "+string(m.inst.State))
+		running, line, err := r.pollFleet(ctx, wctx)
+		if err != nil {
+			return err
 		}
-		line := fmt.Sprintf("%d/%d running: %s", running, len(fleet), strings.Join(parts, ", "))
 		if line != last {
-			fmt.Fprintf(stdout, "%s %s\n", since(), line)
+			fmt.Fprintf(r.stdout, "%s %s\n", r.since(), line)
 			last = line
 		}
-		if running == len(fleet) {
-			break
+		if running == len(r.fleet) {
+			return nil
 		}
 		select {
 		case <-wctx.Done():
 			if ctx.Err() != nil {
 				return fail("waiting for the fleet: %v", ctx.Err())
 			}
-			return fail("the fleet did not reach Running within %v (%s)", runningTimeout, line)
-		case <-time.After(pollEvery):
+			return fail("the fleet did not reach Running within %v (%s)", r.runningTimeout, line)
+		case <-time.After(r.pollEvery):
 		}
 	}
+}
 
-	// Probe each proxy with a real CONNECT to the target, and an HTTP
-	// request through the tunnel.
-	healthy := 0
-	for _, m := range fleet {
-		m.res = health.Probe(ctx, m.inst.Address(), target, &health.ProbeOptions{
+// pollFleet reads back every member not yet Running (with wctx, the wait's
+// context; ctx is the run's) and returns how many run and a progress line.
+func (r *fleetRun) pollFleet(ctx, wctx context.Context) (running int, line string, err error) {
+	var parts []string
+	for _, m := range r.fleet {
+		if m.inst.State != provider.StateRunning {
+			inst, err := m.b.client.Get(wctx, m.spec.Ref())
+			switch {
+			case err == nil:
+				m.inst = inst
+			case provider.Code(err) == provider.Transient:
+				// A read may fail now and then; the next poll decides.
+			case wctx.Err() != nil && ctx.Err() == nil:
+				return 0, "", fail("the fleet did not reach Running within %v: %v", r.runningTimeout, err)
+			default:
+				return 0, "", fail("%v (class %s)", err, provider.Code(err))
+			}
+		}
+		switch m.inst.State {
+		case provider.StateRunning:
+			running++
+		case provider.StateFailed, provider.StateStopped:
+			return 0, "", fail("%s is %s while starting", m.spec.Name, m.inst.State)
+		}
+		parts = append(parts, m.spec.Name+" "+string(m.inst.State))
+	}
+	return running, fmt.Sprintf("%d/%d running: %s", running, len(r.fleet), strings.Join(parts, ", ")), nil
+}
+
+// probeFleet probes each proxy with a real CONNECT to the target, and an
+// HTTP request through the tunnel when the target is our own.
+func (r *fleetRun) probeFleet(ctx context.Context) {
+	for _, m := range r.fleet {
+		m.res = health.Probe(ctx, m.inst.Address(), r.target, &health.ProbeOptions{
 			Timeout:  5 * time.Second,
-			Exchange: exchangeFor(target, tgt.addr),
+			Exchange: exchangeFor(r.target, r.ownTarget),
 		})
+	}
+	fmt.Fprintf(r.stdout, "%s probed %d proxies through CONNECT %s\n\n", r.since(), len(r.fleet), r.target)
+}
+
+// report prints the fleet's table and fails unless every proxy passed the
+// probe.
+func (r *fleetRun) report() error {
+	healthy := 0
+	tw := tabwriter.NewWriter(r.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tLATENCY\tHEALTH")
+	for _, m := range r.fleet {
+		status := "healthy"
 		if m.res.OK {
 			healthy++
-		}
-	}
-	fmt.Fprintf(stdout, "%s probed %d proxies through CONNECT %s\n\n", since(), len(fleet), target)
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tLATENCY\tHEALTH")
-	for _, m := range fleet {
-		status := "healthy"
-		if !m.res.OK {
+		} else {
 			status = "unhealthy: " + m.res.Kind.String()
 			if m.res.Err != nil {
 				status += " (" + m.res.Err.Error() + ")"
@@ -357,22 +428,60 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.spec.Name, m.inst.State, m.inst.Address(), m.res.Latency().Round(10*time.Microsecond), status)
 	}
 	tw.Flush()
-	fmt.Fprintln(stdout)
-	if healthy != len(fleet) {
-		return fail("%d of %d proxies failed the probe", len(fleet)-healthy, len(fleet))
+	fmt.Fprintln(r.stdout)
+	if healthy != len(r.fleet) {
+		return fail("%d of %d proxies failed the probe", len(r.fleet)-healthy, len(r.fleet))
 	}
-	if *keep {
-		if inMemory {
-			fmt.Fprintf(stdout, "%s keeping the fleet up; press Ctrl-C to stop\n", since())
-			<-ctx.Done()
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) && *timeout > 0 {
-				fmt.Fprintf(stdout, "%s -timeout reached; stopping\n", since())
+	return nil
+}
+
+// keepFleet is -keep: memprovider proxies serve until ctx ends (Ctrl-C or
+// -timeout); kvm2 VMs stay, and it says where.
+func (r *fleetRun) keepFleet(ctx context.Context) {
+	if r.inMemory {
+		fmt.Fprintf(r.stdout, "%s keeping the fleet up; press Ctrl-C to stop\n", r.since())
+		<-ctx.Done()
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && r.timeout > 0 {
+			fmt.Fprintf(r.stdout, "%s -timeout reached; stopping\n", r.since())
+		}
+		return
+	}
+	for _, m := range r.fleet {
+		fmt.Fprintf(r.stdout, "kept %s (UID %s) on %s at %s\n", m.spec.Name, m.spec.UID, m.b.name, m.inst.Address())
+	}
+}
+
+// cleanUp deletes what was created — also after a failure (err is the
+// run's outcome), with a context of its own, since the run's may be what
+// failed — and lists the providers to show nothing of this run is left.
+// With -keep and no failure it leaves the fleet alone.
+func (r *fleetRun) cleanUp(err error) error {
+	if r.keep && err == nil {
+		return nil
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer dcancel()
+	for _, m := range r.fleet[:r.created] {
+		if derr := m.b.client.Delete(dctx, m.spec.Ref()); derr != nil {
+			fmt.Fprintf(r.stderr, "simple-fleet: cleanup: %v\n", derr)
+			if err == nil {
+				err = fail("deleting the fleet: %v", derr)
 			}
-			return nil
+			continue
 		}
-		for _, m := range fleet {
-			fmt.Fprintf(stdout, "kept %s (UID %s) on %s at %s\n", m.spec.Name, m.spec.UID, m.b.name, m.inst.Address())
+		if err == nil {
+			fmt.Fprintf(r.stdout, "%s deleted %s\n", r.since(), m.spec.Name)
 		}
+	}
+	if err != nil {
+		return err
+	}
+	for _, b := range r.backends {
+		l, lerr := b.client.List(dctx)
+		if lerr != nil {
+			return fail("listing provider %s after deleting: %v", b.name, lerr)
+		}
+		fmt.Fprintf(r.stdout, "%s provider %s lists %d instance(s) after cleanup\n", r.since(), b.name, countRun(l, r.runID))
 	}
 	return nil
 }

@@ -2,15 +2,12 @@ package benchutil
 
 import (
 	"context"
-	"encoding/xml"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +16,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/domainmeta"
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
@@ -209,53 +207,13 @@ func DirectGets(ctx context.Context, env teststack.Env, domains []string, n int,
 
 // decodeLikeKVM2 decodes a domain XML as kvm2's readDomain does for a
 // domain that is not running (kvm2/domain.go parseDomainXML without the
-// MAC, which kvm2 reads only for active domains): one token scan up to
-// its metadata element (kvm2.MetadataNamespace), which is decoded and
-// checked as kvm2 checks it (uid, entry and owner present, created in
-// RFC 3339, port 1-65535); the rest of the document is not read. It is a
-// copy, not a call (parseDomainXML is unexported), so it must follow kvm2
-// when kvm2's decoding changes.
+// MAC, which kvm2 reads only for active domains): a token scan up to its
+// metadata element, decoded and checked by kvm2's own decoding
+// (internal/domainmeta); the rest of the document is not read. kvm2's
+// tests check its single pass against this scan.
 func decodeLikeKVM2(doc string) error {
-	dec := xml.NewDecoder(strings.NewReader(doc))
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return errors.New("no egressproxy metadata in the domain XML")
-		}
-		if err != nil {
-			return err
-		}
-		se, ok := tok.(xml.StartElement)
-		if !ok || se.Name.Space != kvm2.MetadataNamespace || se.Name.Local != "instance" {
-			continue
-		}
-		var m kvm2Meta
-		if err := dec.DecodeElement(&m, &se); err != nil {
-			return err
-		}
-		if m.UID == "" || m.Entry == "" || m.Owner == "" {
-			return errors.New("metadata: uid, entry and owner are required")
-		}
-		if _, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(m.Created)); err != nil {
-			return fmt.Errorf("metadata: created: %w", err)
-		}
-		if p, err := strconv.Atoi(strings.TrimSpace(m.Port)); err != nil || p < 1 || p > 65535 {
-			return fmt.Errorf("metadata: port %q is not 1-65535", m.Port)
-		}
-		return nil
-	}
-}
-
-// kvm2Meta is kvm2's metaXML (the tags cannot name kvm2.MetadataNamespace;
-// a test checks they are it).
-type kvm2Meta struct {
-	UID     string `xml:"https://egressproxy.dev/xmlns/instance/v1 uid"`
-	Created string `xml:"https://egressproxy.dev/xmlns/instance/v1 created"`
-	Entry   string `xml:"https://egressproxy.dev/xmlns/instance/v1 entry"`
-	Owner   string `xml:"https://egressproxy.dev/xmlns/instance/v1 owner"`
-	Port    string `xml:"https://egressproxy.dev/xmlns/instance/v1 port"`
-	// SpecDigest is decoded (not checked) as kvm2 decodes it.
-	SpecDigest string `xml:"https://egressproxy.dev/xmlns/instance/v1 spec-digest"`
+	_, err := domainmeta.Parse(doc)
+	return err
 }
 
 type oneConn struct{ c net.Conn }

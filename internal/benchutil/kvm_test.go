@@ -2,23 +2,16 @@ package benchutil
 
 import (
 	"os"
-	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/egressproxy/egressproxy/kvm2"
 )
 
-// TestDecodeLikeKVM2 checks the diagnostic's copy of kvm2's decoding
-// against kvm2's own test documents: it accepts what kvm2 accepts for a
-// shut-off domain and refuses metadata kvm2 treats as malformed.
+// TestDecodeLikeKVM2 checks the diagnostic's decoding against kvm2's own
+// test documents: it accepts what kvm2 accepts for a shut-off domain and
+// refuses metadata kvm2 treats as malformed.
 func TestDecodeLikeKVM2(t *testing.T) {
-	mt := reflect.TypeFor[kvm2Meta]()
-	for i := range mt.NumField() {
-		if tag := mt.Field(i).Tag.Get("xml"); !strings.HasPrefix(tag, kvm2.MetadataNamespace+" ") {
-			t.Errorf("kvm2Meta.%s tag %q is not in kvm2.MetadataNamespace %q", mt.Field(i).Name, tag, kvm2.MetadataNamespace)
-		}
-	}
 	raw, err := os.ReadFile("../../kvm2/testdata/domain-shutoff.xml")
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +23,7 @@ func TestDecodeLikeKVM2(t *testing.T) {
 		wantErr string
 	}{
 		{"kvm2 shut-off domain", doc, ""},
-		{"no metadata", "<domain type='qemu'><name>x</name></domain>", "no egressproxy metadata"},
+		{"no metadata", "<domain type='qemu'><name>x</name></domain>", "no " + kvm2.MetadataNamespace + " metadata"},
 		{"port out of range", strings.Replace(doc, ">3128<", ">70000<", 1), "port"},
 		{"no owner", strings.Replace(doc, ">operator-a<", "><", 1), "required"},
 		{"bad created", strings.Replace(doc, "2026-11-30T11:00:00.123456789Z", "yesterday", 1), "created"},

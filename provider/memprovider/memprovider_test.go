@@ -48,6 +48,7 @@ var suiteOptions = &providertest.Options{RunningTimeout: 10 * time.Second, PollI
 	OtherImageKey: "other-image", OtherMachineType: "other-type"}
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name string
 		opts memprovider.Options
@@ -62,6 +63,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestStateMachine(t *testing.T) {
+	t.Parallel()
 	providertest.RunStateMachine(t, maker(memprovider.Options{ServeProxies: true}), suiteOptions)
 }
 
@@ -81,6 +83,7 @@ func (c *fakeClock) Add(d time.Duration) {
 func spec(name string) provider.Spec { return provider.Spec{Name: name, UID: "uid-" + name} }
 
 func TestProvisionDelayFollowsClock(t *testing.T) {
+	t.Parallel()
 	clk := &fakeClock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	p := memprovider.New(&memprovider.Options{ProvisionDelay: time.Minute, Now: clk.Now})
 	defer p.Close()
@@ -107,6 +110,7 @@ func TestProvisionDelayFollowsClock(t *testing.T) {
 }
 
 func TestFaults(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	boom := errors.New("boom")
 	tests := []struct {
@@ -159,6 +163,7 @@ func TestFaults(t *testing.T) {
 }
 
 func TestFaultDelayHonoursContextAndClose(t *testing.T) {
+	t.Parallel()
 	p := memprovider.New(nil)
 	p.InjectFault(memprovider.OpList, memprovider.Fault{Delay: time.Hour})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -189,6 +194,7 @@ func TestFaultDelayHonoursContextAndClose(t *testing.T) {
 }
 
 func TestCheck(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p := memprovider.New(&memprovider.Options{ServeProxies: true})
 	defer p.Close()
@@ -208,6 +214,7 @@ func TestCheck(t *testing.T) {
 }
 
 func TestSetState(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p := memprovider.New(&memprovider.Options{ServeProxies: true})
 	defer p.Close()
@@ -277,6 +284,7 @@ func connect(t *testing.T, proxy, target, auth string) (int, net.Conn, *bufio.Re
 }
 
 func TestServedProxy(t *testing.T) {
+	t.Parallel()
 	target, stop := echoTarget(t)
 	defer stop()
 	tests := []struct {
@@ -324,6 +332,7 @@ func TestServedProxy(t *testing.T) {
 }
 
 func TestServedProxyStopsOnDeleteAndClose(t *testing.T) {
+	t.Parallel()
 	target, stop := echoTarget(t)
 	defer stop()
 	ctx := context.Background()
@@ -358,6 +367,7 @@ func TestServedProxyStopsOnDeleteAndClose(t *testing.T) {
 }
 
 func TestCopiesOut(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p := memprovider.New(nil)
 	defer p.Close()

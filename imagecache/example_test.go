@@ -1,0 +1,104 @@
+package imagecache_test
+
+import (
+	"fmt"
+
+	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// fieldErrors returns every *provider.FieldError in err's tree (errors
+// joined with errors.Join included), in order.
+func fieldErrors(err error) []*provider.FieldError {
+	var out []*provider.FieldError
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *provider.FieldError:
+			out = append(out, e)
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				walk(inner)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}
+
+// An image as an embedder configures it (kvm2.Config.Images holds these),
+// and the pool volumes the cache keeps it in: the base and, once the stored
+// bytes were read back and hashed, the digest marker that makes it usable.
+// Fetching needs a libvirt connection to the pool (a Cache from New, which
+// kvm2 makes for each provider entry); naming and validation do not.
+func Example() {
+	img := imagecache.Image{
+		Key:    "debian-12",
+		URL:    "https://mirror.example.net/debian-12-squid.qcow2",
+		SHA256: "0f3c4e9a8b7d6c5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e",
+	}
+	fmt.Println(img.Validate())
+
+	base := imagecache.BaseName("lab-1", img.Key, imagecache.FormatQCOW2)
+	marker := imagecache.MarkerName(base, img.SHA256)
+	fmt.Println(base)
+	fmt.Println(marker)
+
+	entry, key, format, ok := imagecache.ParseBaseName(base)
+	fmt.Println(entry, key, format, ok)
+	b, digest, ok := imagecache.ParseMarkerName(marker)
+	fmt.Println(b == base, digest == img.SHA256, ok)
+
+	// Names of other schemes (kvm2's overlays, the older "base-<key>"
+	// naming) are not bases.
+	_, _, _, ok = imagecache.ParseBaseName("ep-lab-1--proxy-1.qcow2")
+	fmt.Println(ok)
+	// Output:
+	// <nil>
+	// base-lab-1--debian-12.qcow2
+	// base-lab-1--debian-12.qcow2.sha256-0f3c4e9a8b7d6c5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e
+	// lab-1 debian-12 qcow2 true
+	// true true true
+	// false
+}
+
+// Validate reports every bad field of an Image at once, Permanent; a URL in
+// a field error is redacted.
+func ExampleImage_Validate() {
+	err := imagecache.Image{
+		Key:    "Debian_12",
+		URL:    "ftp://user:secret@mirror.example.net/debian.qcow2",
+		SHA256: "ABC",
+		Format: "vmdk",
+	}.Validate()
+	fmt.Println(provider.Code(err))
+	for _, fe := range fieldErrors(err) {
+		fmt.Println(fe.Field, fe.Value)
+	}
+	// Output:
+	// Permanent
+	// Key Debian_12
+	// URL ftp://REDACTED@mirror.example.net/debian.qcow2
+	// SHA256 ABC
+	// Format vmdk
+}
+
+// An image URL may carry credentials (userinfo, a signed query); they are
+// sent, never printed: RedactURL is what errors, logs and spans show, and
+// Image's String uses it.
+func ExampleRedactURL() {
+	fmt.Println(imagecache.RedactURL("https://user:pa55@mirror.example.net/img.qcow2"))
+	fmt.Println(imagecache.RedactURL("https://bucket.example.net/img.qcow2?X-Amz-Signature=abc123&part=1"))
+	fmt.Println(imagecache.RedactURL("https://mirror.example.net/img.qcow2?token=abc123"))
+
+	img := imagecache.Image{Key: "debian-12", URL: "https://user:pa55@mirror.example.net/img.qcow2"}
+	fmt.Println(img)
+	// Output:
+	// https://REDACTED@mirror.example.net/img.qcow2
+	// https://bucket.example.net/img.qcow2?X-Amz-Signature=REDACTED&part=1
+	// https://mirror.example.net/img.qcow2?token=REDACTED
+	// {Key:debian-12 URL:https://REDACTED@mirror.example.net/img.qcow2 SHA256: Format:}
+}

@@ -1,0 +1,155 @@
+package kvm2_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/kvm2"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// fieldErrors returns every *provider.FieldError in err's tree (errors
+// joined with errors.Join included), in order.
+func fieldErrors(err error) []*provider.FieldError {
+	var out []*provider.FieldError
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *provider.FieldError:
+			out = append(out, e)
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				walk(inner)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}
+
+// entryJSON is one provider entry as an embedder might keep it in a
+// configuration file (Config has no struct tags: JSON and YAML keys match the
+// field names).
+const entryJSON = `{
+	"Entry": "lab-1",
+	"Owner": "my-operator",
+	"Address": "hv1.example.net:22",
+	"User": "egressproxy",
+	"KeyFile": "/etc/egressproxy/id_ed25519",
+	"KnownHostsFile": "/etc/egressproxy/known_hosts",
+	"Pool": "default",
+	"Images": {
+		"debian-12": {
+			"URL": "https://images.example.net/debian-12-squid.qcow2",
+			"SHA256": "0f3c4e9a8b7d6c5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e"
+		}
+	}
+}`
+
+// Open validates the Config and builds the provider without touching the
+// host: the first call dials. Config returns what Open made of it, with the
+// documented defaults filled in. An embedder then drives the provider through
+// egressproxy.New (Create, Get, Delete, List, Check) and closes it.
+func ExampleOpen() {
+	var cfg kvm2.Config
+	if err := json.Unmarshal([]byte(entryJSON), &cfg); err != nil {
+		fmt.Println(err)
+		return
+	}
+	p, err := kvm2.Open(context.Background(), cfg, nil) // nil *Options: no logs, no spans
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	client := egressproxy.New(p, nil) // the portable client; Close closes p too
+	defer client.Close()
+
+	// What an embedder does next with the client (its first call dials the host):
+	//
+	//	inst, err := client.Create(ctx, provider.Spec{Name: "proxy-1", UID: string(obj.UID)})
+	//	switch {
+	//	case err == nil: // inst.State, inst.Address()
+	//	case provider.Retryable(err): // requeue with backoff
+	//	default: // report it; a human or a changed spec must act
+	//	}
+
+	got := p.Config()
+	fmt.Println("entry:", got.Entry, "pool:", got.Pool)
+	fmt.Println("default image:", got.DefaultImage, got.Images["debian-12"].Key)
+	fmt.Println("machine type:", got.DefaultMachineType, got.MachineTypes[got.DefaultMachineType])
+	fmt.Println("libvirt:", got.LibvirtURI, got.LibvirtSocket)
+	fmt.Println("network:", got.Network, "domain type:", got.DomainType)
+	fmt.Println("call timeout:", got.CallTimeout)
+	// Output:
+	// entry: lab-1 pool: default
+	// default image: debian-12 debian-12
+	// machine type: small {1 512}
+	// libvirt: qemu:///system /var/run/libvirt/libvirt-sock
+	// network: default domain type: qemu
+	// call timeout: 2m0s
+}
+
+// A bad Config is one Permanent error naming every field that is wrong and
+// its rule, so a configuration file is fixed in one pass.
+func ExampleOpen_invalidConfig() {
+	_, err := kvm2.Open(context.Background(), kvm2.Config{
+		Entry:   "Lab_1",
+		Owner:   "my-operator",
+		Address: "hv1.example.net", // no port
+		Network: "default",
+		Bridge:  "br0", // a NIC joins one or the other
+		// User, KeyFile, KnownHostsFile and Pool are missing.
+	}, nil)
+	fmt.Println(provider.Code(err))
+	for _, fe := range fieldErrors(err) {
+		fmt.Println(fe.Field)
+	}
+	// Output:
+	// Permanent
+	// Entry
+	// Address
+	// User
+	// KeyFile
+	// KnownHostsFile
+	// Pool
+	// Bridge
+}
+
+// Check reports an unusable entry as a Health with a Reason rather than an
+// error, so a controller can show it in a condition. Here the key file does
+// not exist, which Check reports before dialing.
+func ExampleProvider_Check() {
+	var cfg kvm2.Config
+	if err := json.Unmarshal([]byte(entryJSON), &cfg); err != nil {
+		fmt.Println(err)
+		return
+	}
+	cfg.Address = "127.0.0.1:1"
+	cfg.KeyFile = filepath.Join("testdata", "no-such-key")
+	p, err := kvm2.Open(context.Background(), cfg, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer p.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := p.Check(ctx)
+	fmt.Println(h.Reachable, h.Reason, err)
+
+	p.Close()
+	_, err = p.Check(ctx)
+	fmt.Println(errors.Is(err, provider.ErrClosed), provider.Code(err))
+	// Output:
+	// false CredentialsUnavailable <nil>
+	// true Permanent
+}

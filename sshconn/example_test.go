@@ -1,0 +1,75 @@
+package sshconn_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+
+	"github.com/egressproxy/egressproxy/sshconn"
+)
+
+// One pooled SSH connection to a hypervisor and a libvirt session over it:
+// New and NewLibvirt only build them, the first Do dials. Every failure says
+// why as a Kind; here the private key file does not exist, which is found
+// before any network use (KindKeyUnreadable).
+func Example() {
+	dir := "/nonexistent" // where the embedder keeps its key and known_hosts
+	pool, err := sshconn.New(sshconn.Config{
+		Addr:           "127.0.0.1:22",
+		User:           "egressproxy",
+		KeyFile:        filepath.Join(dir, "id_ed25519"),
+		KnownHostsFile: filepath.Join(dir, "known_hosts"),
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{}) // qemu:///system on the default socket
+	defer lv.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var hostname string
+	err = lv.Do(ctx, func(l *libvirt.Libvirt) error {
+		h, err := l.ConnectGetHostname()
+		if err != nil {
+			return err
+		}
+		hostname = h // read only when Do returns nil
+		return nil
+	})
+	if err == nil {
+		fmt.Println("hostname:", hostname)
+	}
+	fmt.Println(sshconn.KindOf(err))
+
+	lv.Close()
+	err = lv.Do(ctx, func(*libvirt.Libvirt) error { return nil })
+	fmt.Println(sshconn.KindOf(err))
+	// Output:
+	// key unreadable
+	// closed
+}
+
+// Validate (which New runs) checks a Config without touching the network or
+// the files; a bad one is KindConfig.
+func ExampleConfig_Validate() {
+	cfg := sshconn.Config{Addr: "hv1.example.net", User: "egressproxy"} // no port, no key files
+	err := cfg.Validate()
+	fmt.Println(sshconn.KindOf(err))
+
+	_, err = sshconn.New(cfg)
+	fmt.Println(sshconn.KindOf(err))
+
+	cfg.Addr = "hv1.example.net:22"
+	cfg.KeyFile, cfg.KnownHostsFile = "/etc/egressproxy/id_ed25519", "/etc/egressproxy/known_hosts"
+	fmt.Println(cfg.Validate())
+	// Output:
+	// invalid config
+	// invalid config
+	// <nil>
+}
