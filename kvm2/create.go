@@ -439,7 +439,9 @@ func (c *creation) overlay(l lvAPI, pool libvirt.StoragePool) error {
 		return err
 	})
 	if err != nil {
-		if linkDead(err) {
+		if linkDead(err) || c.ctx.Err() != nil {
+			// the link died, or the caller's context ended (while waiting
+			// out a busy volume): classify gives the class
 			return fmt.Errorf("read existing overlay %q: %w", name, err)
 		}
 		// e.g. still being written by the call that creates it
