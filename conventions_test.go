@@ -3,42 +3,22 @@ package egressproxy_test
 import (
 	"context"
 	"errors"
-	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/provider/memprovider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
-
-// fieldErrors returns the Field of every *provider.FieldError in err's tree.
-func fieldErrors(err error) []string {
-	var out []string
-	var walk func(error)
-	walk = func(e error) {
-		if e == nil {
-			return
-		}
-		if fe, ok := e.(*provider.FieldError); ok {
-			out = append(out, fe.Field)
-		}
-		switch u := e.(type) {
-		case interface{ Unwrap() []error }:
-			for _, x := range u.Unwrap() {
-				walk(x)
-			}
-		case interface{ Unwrap() error }:
-			walk(u.Unwrap())
-		}
-	}
-	walk(err)
-	sort.Strings(out)
-	return out
-}
 
 // TestConstructorsReportEveryFieldTheSameWay: bad input to any constructor
 // returns one *provider.FieldError per violated field, all at once, with
@@ -67,7 +47,10 @@ func TestConstructorsReportEveryFieldTheSameWay(t *testing.T) {
 			if tt.err == nil {
 				t.Fatal("no error for bad input")
 			}
-			got := fieldErrors(tt.err)
+			var got []string
+			for _, fe := range provider.FieldErrors(tt.err) {
+				got = append(got, fe.Field)
+			}
 			for _, f := range tt.want {
 				if !contains(got, f) {
 					t.Errorf("fields named %v, want %s among them; error: %v", got, f, tt.err)
@@ -91,4 +74,41 @@ func contains(l []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// TestLogLinesStaySmall: a rejected call with a huge or non-UTF-8 name logs
+// a bounded, valid UTF-8 line (the name is the caller's bad input, quoted
+// and clipped), with the one key set.
+func TestLogLinesStaySmall(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var lines []string
+	log := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, prefix+" "+args)
+	}, funcr.Options{Verbosity: 1})
+	c := egressproxy.New(memprovider.New(nil), &egressproxy.Options{Logger: log})
+	defer c.Close()
+	ctx := context.Background()
+	for _, name := range []string{strings.Repeat("a", 1<<20), "bad\xffname", "x\x00y"} {
+		_, _ = c.Create(ctx, provider.Spec{Name: name, UID: "u"})
+		_, _ = c.Get(ctx, provider.Ref{Name: name, UID: "u"})
+		_ = c.Delete(ctx, provider.Ref{Name: name, UID: "u"})
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) != 9 {
+		t.Fatalf("%d lines, want 9: %q", len(lines), lines)
+	}
+	for _, l := range lines {
+		if len(l) > 2048 || !utf8.ValidString(l) {
+			t.Errorf("line of %d bytes (valid UTF-8 %v): %.200q", len(l), utf8.ValidString(l), l)
+		}
+		for _, k := range []string{`"op"=`, `"instance"=`, `"elapsed"=`, `"err"=`} {
+			if !strings.Contains(l, k) {
+				t.Errorf("line without %s: %.300s", k, l)
+			}
+		}
+	}
 }

@@ -150,6 +150,9 @@ func (c *Client) run(ctx context.Context, op, instance string, fn func(ctx conte
 	}
 	err = wrap(op, instance, err)
 	elapsed := time.Since(start)
+	if instance != "" && provider.ValidateName("Name", instance) != nil {
+		instance = provider.Quote(instance) // bounded and escaped: it is the caller's bad input
+	}
 	if err != nil {
 		if expected(ctx, err) {
 			c.log.V(1).Info("operation failed as expected", "op", op, "instance", instance, "code", provider.Code(err).String(), "elapsed", elapsed, "err", err)

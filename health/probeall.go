@@ -119,7 +119,7 @@ func ProbeAll(ctx context.Context, targets []Target, opts *ProbeAllOptions) []Re
 					failed.Add(1)
 					if l := log.V(2); l.Enabled() {
 						l.Info("probe failed", "id", t.ID, "proxy", t.ProxyAddr, "target", dst,
-							"kind", r.Kind.String(), "status", r.StatusCode, "error", r.Err)
+							"kind", r.Kind.String(), "status", r.StatusCode, "err", r.Err)
 					}
 				}
 				results[i] = r

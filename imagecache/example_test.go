@@ -7,28 +7,6 @@ import (
 	"github.com/egressproxy/egressproxy/provider"
 )
 
-// fieldErrors returns every *provider.FieldError in err's tree (errors
-// joined with errors.Join included), in order.
-func fieldErrors(err error) []*provider.FieldError {
-	var out []*provider.FieldError
-	var walk func(error)
-	walk = func(err error) {
-		switch e := err.(type) {
-		case nil:
-		case *provider.FieldError:
-			out = append(out, e)
-		case interface{ Unwrap() []error }:
-			for _, inner := range e.Unwrap() {
-				walk(inner)
-			}
-		case interface{ Unwrap() error }:
-			walk(e.Unwrap())
-		}
-	}
-	walk(err)
-	return out
-}
-
 // An image as an embedder configures it (kvm2.Config.Images holds these),
 // and the pool volumes the cache keeps it in: the base and, once the stored
 // bytes were read back and hashed, the digest marker that makes it usable.
@@ -75,7 +53,7 @@ func ExampleImage_Validate() {
 		Format: "vmdk",
 	}.Validate()
 	fmt.Println(provider.Code(err))
-	for _, fe := range fieldErrors(err) {
+	for _, fe := range provider.FieldErrors(err) {
 		fmt.Println(fe.Field, fe.Value)
 	}
 	// Output:

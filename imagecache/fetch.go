@@ -153,9 +153,9 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 	}
 	published = true
 	el := time.Since(start)
-	log.Info("published base", "bytes", n, "sha256", digest, "seconds", el.Seconds(),
-		"uploadSeconds", uploaded.Seconds(), "uploadBytesPerSecond", int64(float64(n)/uploaded.Seconds()),
-		"verifySeconds", verified.Seconds(), "verifyBytesPerSecond", int64(float64(n)/verified.Seconds()))
+	log.Info("published base", "bytes", n, "sha256", digest, "elapsed", el,
+		"upload", uploaded, "uploadBytesPerSecond", int64(float64(n)/uploaded.Seconds()),
+		"verify", verified, "verifyBytesPerSecond", int64(float64(n)/verified.Seconds()))
 	return c.published(ctx, img, name, digest)
 }
 

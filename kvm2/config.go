@@ -323,22 +323,14 @@ func validateObjectName(field, name string, required bool) error {
 }
 
 // validateKey checks an image key or machine type name, a map key, with the
-// Spec rule (lowercase letters, digits, '.', '-', alphanumeric at both ends,
-// no "--"). field already quotes the key (keyField), so the error does not
+// one key rule (provider.ValidateKey). field already quotes the key (keyField), so the error does not
 // repeat it as its value.
 func validateKey(field, key string) error {
-	err := provider.Spec{Name: "x", UID: "x", ImageKey: key}.Validate()
-	if key == "" {
-		return fieldErr(field, "", "must not be empty")
-	}
-	if err == nil {
-		return nil
-	}
 	var fe *provider.FieldError
-	if errors.As(err, &fe) {
+	if err := provider.ValidateKey(field, key); errors.As(err, &fe) {
 		return fieldErr(field, "", fe.Rule)
 	}
-	return fieldErr(field, "", err.Error())
+	return nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -165,7 +165,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if err != nil {
 		if interrupted(ctx, p, err) {
 			p.log.V(1).Info("create interrupted; what it made stays for a retried Create to complete or Delete to remove",
-				"instance", spec.Name, "uid", spec.UID, "error", err.Error())
+				"instance", spec.Name, "uid", spec.UID, "err", err)
 		} else {
 			p.undo(ctx, c)
 		}

@@ -13,28 +13,6 @@ import (
 	"github.com/egressproxy/egressproxy/provider"
 )
 
-// fieldErrors returns every *provider.FieldError in err's tree (errors
-// joined with errors.Join included), in order.
-func fieldErrors(err error) []*provider.FieldError {
-	var out []*provider.FieldError
-	var walk func(error)
-	walk = func(err error) {
-		switch e := err.(type) {
-		case nil:
-		case *provider.FieldError:
-			out = append(out, e)
-		case interface{ Unwrap() []error }:
-			for _, inner := range e.Unwrap() {
-				walk(inner)
-			}
-		case interface{ Unwrap() error }:
-			walk(e.Unwrap())
-		}
-	}
-	walk(err)
-	return out
-}
-
 // entryJSON is one provider entry as an embedder might keep it in a
 // configuration file (Config has no struct tags: JSON and YAML keys match the
 // field names).
@@ -109,7 +87,7 @@ func ExampleOpen_invalidConfig() {
 		// User, KeyFile, KnownHostsFile and Pool are missing.
 	}, nil)
 	fmt.Println(provider.Code(err))
-	for _, fe := range fieldErrors(err) {
+	for _, fe := range provider.FieldErrors(err) {
 		fmt.Println(fe.Field)
 	}
 	// Output:

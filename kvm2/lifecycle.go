@@ -88,7 +88,7 @@ func (p *Provider) readDomain(l lvAPI, dom libvirt.Domain, withMAC bool) (domain
 		info.ours = px.meta.Entry == p.cfg.Entry && px.meta.Owner == p.cfg.Owner
 	case errors.Is(err, errNoMetadata):
 	default:
-		p.log.Info("domain has malformed egressproxy metadata; treating it as not ours", "domain", dom.Name, "error", err.Error())
+		p.log.Info("domain has malformed egressproxy metadata; treating it as not ours", "domain", dom.Name, "err", err)
 	}
 	info.mac = px.mac
 	if stErr != nil {

@@ -251,7 +251,7 @@ func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 	}
 	h.Reason = healthReason(err)
 	h.Message = provider.ClipMessage(err.Error())
-	p.log.Info("check: unhealthy", "reason", string(h.Reason), "error", h.Message)
+	p.log.Info("check: unhealthy", "reason", string(h.Reason), "err", err)
 	return h, nil
 }
 

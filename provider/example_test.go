@@ -9,28 +9,6 @@ import (
 	"github.com/egressproxy/egressproxy/provider"
 )
 
-// fieldErrors returns every *provider.FieldError in err's tree (errors
-// joined with errors.Join included), in order.
-func fieldErrors(err error) []*provider.FieldError {
-	var out []*provider.FieldError
-	var walk func(error)
-	walk = func(err error) {
-		switch e := err.(type) {
-		case nil:
-		case *provider.FieldError:
-			out = append(out, e)
-		case interface{ Unwrap() []error }:
-			for _, inner := range e.Unwrap() {
-				walk(inner)
-			}
-		case interface{ Unwrap() error }:
-			walk(e.Unwrap())
-		}
-	}
-	walk(err)
-	return out
-}
-
 // A backend classes every error it returns exactly once; the caller reads
 // the class with Code and decides with Retryable.
 func Example() {
@@ -80,7 +58,7 @@ func ExampleWithCode() {
 func ExampleSpec_Validate() {
 	err := provider.Spec{Name: "Proxy_1", Port: 70000, ImageKey: "debian--12"}.Validate()
 	fmt.Println(provider.Code(err))
-	for _, fe := range fieldErrors(err) {
+	for _, fe := range provider.FieldErrors(err) {
 		fmt.Println(fe.Field)
 	}
 

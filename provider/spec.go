@@ -226,3 +226,30 @@ func ValidateRef(r Ref) error {
 }
 
 func joinHostPort(ip string, port int) string { return net.JoinHostPort(ip, strconv.Itoa(port)) }
+
+// FieldErrors returns every *FieldError in err's tree (through %w wraps,
+// errors.Join and *Error), in order: the violations a validation error
+// reports all at once, for an embedder that shows them per field (a
+// condition, an event, a form). It returns nil when err has none.
+func FieldErrors(err error) []*FieldError {
+	var out []*FieldError
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+			return
+		case *FieldError:
+			out = append(out, e)
+		}
+		switch e := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				walk(inner)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}

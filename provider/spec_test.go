@@ -2,6 +2,7 @@ package provider
 
 import (
 	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -251,4 +252,21 @@ func TestSpecDigestProperty(t *testing.T) {
 			t.Fatalf("%+v → %s and %+v → %s: digest equality disagrees with spec equality", a, a.Digest(), b, b.Digest())
 		}
 	})
+}
+
+func TestFieldErrors(t *testing.T) {
+	t.Parallel()
+	a := &FieldError{Field: "Name", Rule: "is required"}
+	b := &FieldError{Field: "Port", Value: "-1", Rule: "must be 0 (default 3128) or 1-65535"}
+	err := WithCode(Permanent, fmt.Errorf("create: %w", errors.Join(a, fmt.Errorf("x: %w", b))))
+	got := FieldErrors(err)
+	if len(got) != 2 || got[0] != a || got[1] != b {
+		t.Errorf("FieldErrors = %v, want [%v %v]", got, a, b)
+	}
+	if FieldErrors(errors.New("plain")) != nil || FieldErrors(nil) != nil {
+		t.Error("FieldErrors of an error without FieldError is not nil")
+	}
+	if got := FieldErrors(Spec{}.Validate()); len(got) < 2 {
+		t.Errorf("Spec{}.Validate(): %d FieldErrors, want Name and UID at least", len(got))
+	}
 }

@@ -265,7 +265,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		return nil, p.closedError("dial")
 	}
 	p.log.V(1).Info("ssh connected", "user", cfg.User, "dedicated", dedicated,
-		"elapsed", time.Since(start).String())
+		"elapsed", time.Since(start))
 	return l, nil
 }
 

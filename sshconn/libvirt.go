@@ -367,7 +367,7 @@ func (l *Libvirt) abort(s *session, done <-chan error, cause error) {
 	select {
 	case <-done:
 	case <-t.C:
-		l.log.Info("libvirt call still running after the link was killed", "cause", cause.Error())
+		l.log.Info("libvirt call still running after the link was killed", "err", cause)
 	}
 }
 
@@ -450,7 +450,7 @@ func (l *Libvirt) connect(ctx context.Context) (*session, error) {
 	if err := l.connectURI(ctx, s); err != nil {
 		return nil, err
 	}
-	l.log.V(1).Info("libvirt connected", "elapsed", time.Since(start).String())
+	l.log.V(1).Info("libvirt connected", "elapsed", time.Since(start))
 	return s, nil
 }
 

@@ -312,7 +312,7 @@ func (p *Pool) Kill(cause error) {
 
 func (p *Pool) killLink(l *link, cause error) {
 	if l.kill(cause) {
-		p.log.Info("ssh link killed", "dedicated", l.dedicated, "cause", cause.Error())
+		p.log.Info("ssh link killed", "dedicated", l.dedicated, "err", cause)
 	}
 }
 
