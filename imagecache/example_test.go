@@ -2,9 +2,11 @@ package imagecache_test
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // An image as an embedder configures it (kvm2.Config.Images holds these),
@@ -79,4 +81,41 @@ func ExampleRedactURL() {
 	// https://bucket.example.net/img.qcow2?X-Amz-Signature=REDACTED&part=1
 	// https://mirror.example.net/img.qcow2?token=REDACTED
 	// {Key:debian-12 URL:https://REDACTED@mirror.example.net/img.qcow2 SHA256: Format:}
+}
+
+// New takes a Conn: imagecache.SSH adapts an sshconn.Libvirt (kvm2 does
+// this for each provider entry). Nothing here touches the host: the first
+// Ensure dials.
+func ExampleNew() {
+	pool, err := sshconn.New(sshconn.Config{
+		Addr: "hv1.example:22", User: "egress",
+		KeyFile: "/etc/egress/id_ed25519", KnownHostsFile: "/etc/egress/known_hosts",
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{})
+	defer lv.Close()
+	c, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{
+		Entry:          "lab-1",
+		Pool:           "default",
+		TransferBudget: 20 * time.Minute,
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	fmt.Println(c.BaseName(imagecache.Image{Key: "debian-12"}))
+
+	// A Conn is required; the error names the field.
+	_, err = imagecache.New(imagecache.SSH(nil), imagecache.Config{Entry: "lab-1", Pool: "default"})
+	for _, fe := range provider.FieldErrors(err) {
+		fmt.Println(provider.Code(err), fe.Field)
+	}
+	// Output:
+	// base-lab-1--debian-12.qcow2
+	// Permanent conn
 }
