@@ -75,8 +75,7 @@ func (c *Cache) classify(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
-	var pe *provider.Error
-	if errors.As(err, &pe) {
+	if libvirterr.Classed(err) {
 		return err
 	}
 	if ctx.Err() != nil {

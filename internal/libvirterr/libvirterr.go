@@ -197,15 +197,30 @@ var sshKinds = map[sshconn.Kind]Verdict{
 	sshconn.KindForbidden:       {Code: provider.Transient, Reason: provider.ReasonForbidden},
 }
 
+// Classed reports whether err already carries an explicit class: a
+// *provider.Error anywhere in its chain, or a class sentinel
+// (provider.ErrNotFound, …) wrapped bare. Such an error keeps its class.
+func Classed(err error) bool {
+	var pe *provider.Error
+	if errors.As(err, &pe) {
+		return true
+	}
+	switch provider.Code(err) {
+	case provider.Transient, provider.Permanent, provider.NotFound:
+		return true
+	}
+	return false
+}
+
 // Of returns the verdict of err (see the package doc for the order).
 func Of(err error) Verdict {
 	if err == nil {
 		return Verdict{Code: provider.OK, Reason: provider.ReasonNone}
 	}
 	v := inferred(err)
-	var pe *provider.Error
-	if errors.As(err, &pe) {
-		v.Code, v.Missing = pe.Code, pe.Code == provider.NotFound
+	if Classed(err) {
+		v.Code = provider.Code(err)
+		v.Missing = v.Code == provider.NotFound
 	}
 	return v
 }
@@ -250,8 +265,7 @@ func Classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	var pe *provider.Error
-	if errors.As(err, &pe) {
+	if Classed(err) {
 		return err
 	}
 	v := Of(err)
@@ -271,8 +285,7 @@ func ClassifyRead(err error) error {
 	if err == nil {
 		return nil
 	}
-	var pe *provider.Error
-	if errors.As(err, &pe) {
+	if Classed(err) {
 		return err
 	}
 	if v := Of(err); v.Code == provider.Permanent && !v.Closed {

@@ -147,3 +147,22 @@ func TestClosedMatchesErrClosed(t *testing.T) {
 		t.Errorf("%v: Is(ErrClosed) = %v, Code = %v", err, errors.Is(err, provider.ErrClosed), provider.Code(err))
 	}
 }
+
+// TestBareSentinelKeepsItsClass: an error wrapping a class sentinel bare
+// (not through provider.WithCode) is classed already; the table does not
+// replace its class.
+func TestBareSentinelKeepsItsClass(t *testing.T) {
+	t.Parallel()
+	for _, s := range []error{provider.ErrNotFound, provider.ErrPermanent, provider.ErrTransient, provider.ErrClosed} {
+		err := fmt.Errorf("step: %w (%w)", s, lvErr(libvirt.ErrInternalError, ""))
+		want := provider.Code(s)
+		for name, got := range map[string]error{"Classify": Classify(err), "ClassifyRead": ClassifyRead(err)} {
+			if c := provider.Code(got); c != want || !errors.Is(got, s) {
+				t.Errorf("%s(%v) = %v, want %v", name, err, c, want)
+			}
+		}
+		if v := Of(err); v.Code != want {
+			t.Errorf("Of(%v).Code = %v, want %v", err, v.Code, want)
+		}
+	}
+}
