@@ -57,7 +57,7 @@ func New(p provider.Provider, opts *Options) *Client {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	return &Client{p: p, log: log, tracer: tp.Tracer(TracerName)}
+	return &Client{p: p, log: log.WithName("egressproxy"), tracer: tp.Tracer(TracerName)}
 }
 
 // OpError is the error every Client method returns: the operation, the
