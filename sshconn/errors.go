@@ -3,6 +3,8 @@ package sshconn
 import (
 	"errors"
 	"fmt"
+
+	"github.com/egressproxy/egressproxy/provider"
 )
 
 // Kind classifies why an SSH or libvirt-over-SSH operation failed, so the
@@ -68,6 +70,8 @@ type Error struct {
 }
 
 // Error formats as "sshconn: <op> <addr>: <kind>: <err>".
+// Error is valid UTF-8 and at most provider.MaxErrorText bytes, whatever
+// the address or the cause (provider.ClipMessage).
 func (e *Error) Error() string {
 	s := "sshconn: " + e.Op
 	if e.Addr != "" {
@@ -77,7 +81,7 @@ func (e *Error) Error() string {
 	if e.Err != nil {
 		s += ": " + e.Err.Error()
 	}
-	return s
+	return provider.ClipMessage(s)
 }
 
 // Unwrap returns the underlying error.

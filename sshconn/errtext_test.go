@@ -1,0 +1,28 @@
+package sshconn
+
+import (
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// TestErrorTextBounded: sshconn's errors are valid UTF-8 and at most
+// provider.MaxErrorText bytes, whatever the input (here a 1 MiB address
+// with invalid UTF-8 in it, through Validate).
+func TestErrorTextBounded(t *testing.T) {
+	t.Parallel()
+	addr := strings.Repeat("h\xff", 1<<19) + ":22"
+	err := Config{Addr: addr, User: strings.Repeat("u", 1<<20)}.Validate()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	s := err.Error()
+	if len(s) > provider.MaxErrorText || !utf8.ValidString(s) {
+		t.Errorf("error of %d bytes (valid UTF-8 %v), want at most %d", len(s), utf8.ValidString(s), provider.MaxErrorText)
+	}
+	if KindOf(err) != KindConfig || len(provider.FieldErrors(err)) == 0 {
+		t.Errorf("kind %v, %d field errors", KindOf(err), len(provider.FieldErrors(err)))
+	}
+}
