@@ -254,7 +254,10 @@ func (p *Provider) List(ctx context.Context) (_ []provider.Instance, opErr error
 // volume is never deleted while a domain of its name exists (one defined
 // meanwhile by a Create in another process keeps it). A race with a Create
 // of this instance (a volume still being written, a domain being started)
-// is Transient.
+// is Transient. When the entry's pool is gone (destroyed or undefined; its
+// files may still be on disk) Delete removes the domain and fails
+// Permanent, naming the pool, until the pool is back: never NotFound, and
+// never a success that leaves volumes behind unseen.
 func (p *Provider) Delete(ctx context.Context, ref provider.Ref) (opErr error) {
 	ctx, end := p.start(ctx, "kvm2.Delete", ref.Name, true)
 	defer func() { end(opErr) }()
