@@ -66,7 +66,8 @@ STRESS_TIMEOUT ?= 120m
 # a loaded machine starves a worker at the deadline (golang/go#75804; seen
 # here on FuzzParseNames in a CI run). 20000 runs take 2–16 s per target.
 FUZZ_TARGETS := ./provider:FuzzSpecValidate ./kvm2:FuzzDomainXML ./kvm2:FuzzSeed ./kvm2:FuzzParseDomainXML \
-	./health:FuzzReadResponseHead ./sshconn:FuzzValidate ./imagecache:FuzzParseNames
+	./health:FuzzReadResponseHead ./sshconn:FuzzValidate ./imagecache:FuzzParseNames \
+	.:FuzzClientErrorText ./provider:FuzzErrorText ./kvm2:FuzzConfigErrorText
 FUZZTIME ?= 20000x
 
 # Static analysis, pinned; installed by make test before it enters the
