@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/provider"
@@ -126,14 +124,7 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 // the domain, and Create's span names the overlay volume.
 func TestIntegrationSpans(t *testing.T) {
 	e := newLifecycleEnv(t)
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	p, err := Open(context.Background(), e.cfg, &Options{Logger: testr.New(t), TracerProvider: tp})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	p, rec, _ := tracedProvider(t, e)
 	ctx := ctxT(t)
 	spec := provider.Spec{Name: "traced", UID: "uid-t"}
 	if _, err := p.Create(ctx, spec); err != nil {

@@ -22,14 +22,7 @@ import (
 // instance fails as NotFound in both its span and its libvirt child.
 func TestIntegrationSpanTree(t *testing.T) {
 	e := newLifecycleEnv(t)
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	p, err := Open(context.Background(), e.cfg, &Options{Logger: testr.New(t), TracerProvider: tp})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	p, rec, tp := tracedProvider(t, e)
 	ctx := ctxT(t)
 	entry := e.cfg.Entry
 	dn := domainName(entry, "tree")
@@ -75,4 +68,20 @@ func assertTree(t *testing.T, rec *tracetest.SpanRecorder, want []recordedSpan) 
 	for i := range want {
 		checkSpan(t, got[i], want[i])
 	}
+}
+
+// tracedProvider opens e's provider with an in-memory span recorder on its
+// own TracerProvider; provider and TracerProvider are closed when the test
+// ends.
+func tracedProvider(t *testing.T, e *lifecycleEnv) (*Provider, *tracetest.SpanRecorder, *sdktrace.TracerProvider) {
+	t.Helper()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	p, err := Open(context.Background(), e.cfg, &Options{Logger: testr.New(t), TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p, rec, tp
 }
