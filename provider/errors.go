@@ -39,6 +39,10 @@ var (
 	// create it under a new UID). Instances for which the backend has no
 	// recorded digest (Instance.SpecDigest empty) are never reported.
 	ErrSpecConflict error = &classError{code: Permanent, msg: "instance exists with another spec"}
+	// ErrNotSupported (classed Permanent, like ErrClosed) is returned for a
+	// call that needs an optional interface (such as ImageManager) the
+	// provider does not implement.
+	ErrNotSupported error = &classError{code: Permanent, msg: "not supported by this provider"}
 )
 
 // ErrorCode is the fixed set of error classes.
