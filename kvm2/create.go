@@ -107,10 +107,6 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if err != nil {
 		return provider.Instance{}, err
 	}
-	seed, err := buildSeed(seedData{InstanceID: spec.UID, Hostname: spec.Name, UserData: spec.UserData})
-	if err != nil {
-		return provider.Instance{}, err
-	}
 
 	unlock, err := p.locks.lock(ctx, name)
 	if err != nil {
@@ -118,7 +114,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	}
 	defer unlock()
 
-	c := &creation{p: p, spec: spec, name: name, seed: seed, domXML: domXML, meta: meta}
+	c := &creation{p: p, spec: spec, name: name, domXML: domXML, meta: meta}
 	info, err := p.lookup(ctx, "kvm2.Create.lookup", name)
 	switch {
 	case err == nil:
@@ -140,6 +136,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		p.log.V(1).Info("create: completing an instance that was defined but never started", "instance", spec.Name, "uid", spec.UID)
 	case provider.Code(classify(err)) != provider.NotFound:
 		return provider.Instance{}, p.wrap(err)
+	}
+	// The seed is built only now that the instance is known to be made or
+	// completed (its input was validated with the spec); an adopted domain's
+	// creation time gives the same image as the first attempt's.
+	if c.seed, err = buildSeed(seedData{InstanceID: spec.UID, Hostname: spec.Name, UserData: spec.UserData, Created: c.meta.Created}); err != nil {
+		return provider.Instance{}, err
 	}
 
 	c.base, err = p.cache.Ensure(ctx, img)

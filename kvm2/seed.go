@@ -1,13 +1,13 @@
 package kvm2
 
 import (
-	"bytes"
 	"fmt"
-	"strings"
+	"sync/atomic"
+	"time"
 
-	"github.com/kdomanski/iso9660"
 	"sigs.k8s.io/yaml"
 
+	"github.com/egressproxy/egressproxy/internal/isoseed"
 	"github.com/egressproxy/egressproxy/provider"
 )
 
@@ -16,10 +16,15 @@ const seedLabel = "cidata"
 
 // seedData is the content of a NoCloud seed.
 type seedData struct {
-	InstanceID string // meta-data instance-id (the instance UID)
-	Hostname   string // meta-data local-hostname (the instance name)
-	UserData   string // user-data, verbatim
+	InstanceID string    // meta-data instance-id (the instance UID)
+	Hostname   string    // meta-data local-hostname (the instance name)
+	UserData   string    // user-data, verbatim
+	Created    time.Time // recording time of the image (the instance's creation); zero: not specified
 }
+
+// seedsBuilt counts buildSeed calls that got as far as writing an image.
+// Tests read it: a Create of an existing instance builds no seed.
+var seedsBuilt atomic.Int64
 
 // metaData returns the NoCloud meta-data document (YAML, values quoted by the
 // encoder).
@@ -30,8 +35,9 @@ func (s seedData) metaData() ([]byte, error) {
 	})
 }
 
-// buildSeed returns a cloud-init NoCloud seed: an ISO 9660 image labelled
-// "cidata" holding the files user-data and meta-data.
+// buildSeed returns a cloud-init NoCloud seed: an ISO 9660 image (with Rock
+// Ridge names) labelled "cidata" holding the files user-data and meta-data,
+// built in memory: no temporary file or directory is made.
 func buildSeed(s seedData) ([]byte, error) {
 	if len(s.UserData) > provider.MaxUserDataBytes {
 		return nil, provider.WithCode(provider.Permanent, fieldErr("UserData", "",
@@ -47,20 +53,15 @@ func buildSeed(s seedData) ([]byte, error) {
 	if err != nil {
 		return nil, provider.WithCode(provider.Permanent, fmt.Errorf("encode meta-data: %w", err))
 	}
-	w, err := iso9660.NewWriter()
+	iso, err := isoseed.Build(isoseed.Volume{Label: seedLabel, Time: s.Created, Files: []isoseed.File{
+		{Name: "meta-data", Data: md},
+		{Name: "user-data", Data: []byte(s.UserData)},
+	}})
 	if err != nil {
-		return nil, provider.WithCode(provider.Transient, fmt.Errorf("seed ISO: %w", err))
+		// Not reached for input that passed the checks above: the
+		// names are fixed and the sizes far below isoseed's limits.
+		return nil, provider.WithCode(provider.Permanent, fmt.Errorf("seed ISO: %w", err))
 	}
-	defer w.Cleanup()
-	if err := w.AddFile(strings.NewReader(s.UserData), "user-data"); err != nil {
-		return nil, provider.WithCode(provider.Transient, fmt.Errorf("seed ISO: add user-data: %w", err))
-	}
-	if err := w.AddFile(bytes.NewReader(md), "meta-data"); err != nil {
-		return nil, provider.WithCode(provider.Transient, fmt.Errorf("seed ISO: add meta-data: %w", err))
-	}
-	var buf bytes.Buffer
-	if err := w.WriteTo(&buf, seedLabel); err != nil {
-		return nil, provider.WithCode(provider.Transient, fmt.Errorf("seed ISO: write: %w", err))
-	}
-	return buf.Bytes(), nil
+	seedsBuilt.Add(1)
+	return iso, nil
 }

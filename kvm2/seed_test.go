@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kdomanski/iso9660"
 	"sigs.k8s.io/yaml"
@@ -97,5 +98,28 @@ func TestBuildSeedRejects(t *testing.T) {
 				t.Errorf("err = %v, want Permanent", err)
 			}
 		})
+	}
+}
+
+// TestBuildSeedSize: the largest seed (64 KiB of user-data) is 44 KiB of
+// ISO 9660 metadata plus its files rounded to 2 KiB sectors, and the same
+// input (with its creation time) gives the same bytes.
+func TestBuildSeedSize(t *testing.T) {
+	t.Parallel()
+	in := seedData{InstanceID: "uid-1", Hostname: "proxy-a", UserData: strings.Repeat("x", provider.MaxUserDataBytes),
+		Created: time.Date(2026, 12, 2, 3, 4, 5, 0, time.UTC)}
+	iso, err := buildSeed(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 22*2048 + provider.MaxUserDataBytes + 2048; len(iso) != want {
+		t.Errorf("seed is %d bytes, want %d", len(iso), want)
+	}
+	again, err := buildSeed(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(iso, again) {
+		t.Error("the same seed input gave different bytes")
 	}
 }
