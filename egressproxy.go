@@ -3,11 +3,13 @@ package egressproxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -61,18 +63,24 @@ func New(p provider.Provider, opts *Options) *Client {
 }
 
 // OpError is the error every Client method returns: the operation, the
-// instance it concerned (empty for List and Check) and the provider's error.
-// errors.Is / errors.As / provider.Code see through it to the class.
+// instance it concerned (empty for List and Check) or, for the image
+// operations, the image key, and the provider's error. errors.Is /
+// errors.As / provider.Code see through it to the class.
 //
-// Its text is "egressproxy <op> <instance>: <provider's error>": the client
-// says the operation and the instance, so the layers below say only what
-// failed (see the provider package doc, "Error text"). An instance name that
-// is not a valid name (provider.ValidateName) is left out: the validation
-// error that comes with it quotes it, escaped and bounded. The whole text is
-// valid UTF-8 of at most provider.MaxErrorText bytes (provider.ClipMessage).
+// Its text is "egressproxy <op> <instance>: <provider's error>" ("egressproxy
+// <op> <image key>: …" for the image operations): the client says the
+// operation and the instance, so the layers below say only what failed (see
+// the provider package doc, "Error text"). An instance name that is not a
+// valid name (provider.ValidateName), or an image key that is not a valid
+// key (provider.ValidateKey), is left out: the validation error that comes
+// with it quotes it, escaped and bounded. The whole text is valid UTF-8 of
+// at most provider.MaxErrorText bytes (provider.ClipMessage).
 type OpError struct {
-	Op       string // "create", "get", "delete", "list", "check", "close"
+	// Op is "create", "get", "delete", "list", "check", "close",
+	// "list-images", "verify-image" or "evict-image".
+	Op       string
 	Instance string // instance name, "" when not about one instance
+	ImageKey string // image key of verify-image and evict-image, "" otherwise
 	Err      error
 }
 
@@ -83,6 +91,10 @@ func (e *OpError) Error() string {
 	if e.Instance != "" && provider.ValidateName("Name", e.Instance) == nil {
 		b.WriteByte(' ')
 		b.WriteString(e.Instance)
+	}
+	if e.ImageKey != "" && provider.ValidateKey("ImageKey", e.ImageKey) == nil {
+		b.WriteByte(' ')
+		b.WriteString(e.ImageKey)
 	}
 	if e.Err != nil {
 		b.WriteString(": ")
@@ -115,6 +127,17 @@ func (c *Client) begin() error {
 // (an *provider.Error, a classed sentinel such as provider.ErrNotFound, even
 // bare) keep it, and context errors keep theirs.
 func wrap(op, instance string, err error) error {
+	return wrapTarget(op, target{instance: instance}, err)
+}
+
+// target is what an operation is about: an instance, an image key (image:
+// an image operation; the key is "" for list-images), or neither.
+type target struct {
+	instance, imageKey string
+	image              bool
+}
+
+func wrapTarget(op string, tg target, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -125,7 +148,7 @@ func wrap(op, instance string, err error) error {
 	if provider.Code(err) == provider.Unknown {
 		err = provider.WithCode(provider.Transient, err)
 	}
-	return &OpError{Op: op, Instance: instance, Err: err}
+	return &OpError{Op: op, Instance: tg.instance, ImageKey: tg.imageKey, Err: err}
 }
 
 // spanNames are the stable span names of the operations (see
@@ -133,10 +156,26 @@ func wrap(op, instance string, err error) error {
 var spanNames = map[string]string{
 	"create": "egressproxy.Create", "get": "egressproxy.Get", "delete": "egressproxy.Delete",
 	"list": "egressproxy.List", "check": "egressproxy.Check", "close": "egressproxy.Close",
+	"list-images": "egressproxy.ListImages", "verify-image": "egressproxy.VerifyImage", "evict-image": "egressproxy.EvictImage",
 }
 
+// keyImage is the span attribute of the image operations' image key.
+const keyImage = attribute.Key("egressproxy.image")
+
 func (c *Client) run(ctx context.Context, op, instance string, fn func(ctx context.Context) error) (opErr error) {
-	ctx, span := obs.Start(ctx, c.tracer, spanNames[op], obs.Attrs{Instance: instance})
+	return c.runTarget(ctx, op, target{instance: instance}, fn)
+}
+
+// runTarget is run for an operation about an instance or an image key
+// (tg.imageKey: the span's egressproxy.image attribute and the log's image
+// key, the error's ImageKey).
+func (c *Client) runTarget(ctx context.Context, op string, tg target, fn func(ctx context.Context) error) (opErr error) {
+	instance := tg.instance
+	var extra []attribute.KeyValue
+	if tg.imageKey != "" {
+		extra = append(extra, keyImage.String(tg.imageKey))
+	}
+	ctx, span := obs.Start(ctx, c.tracer, spanNames[op], obs.Attrs{Instance: instance}, extra...)
 	defer func() { obs.End(span, opErr) }()
 	start := time.Now()
 	err := c.begin()
@@ -148,19 +187,32 @@ func (c *Client) run(ctx context.Context, op, instance string, fn func(ctx conte
 			err = fn(ctx)
 		}
 	}
-	err = wrap(op, instance, err)
+	err = wrapTarget(op, tg, err)
 	elapsed := time.Since(start)
-	if instance != "" && provider.ValidateName("Name", instance) != nil {
-		instance = provider.Quote(instance) // bounded and escaped: it is the caller's bad input
+	// The line names the instance, or for an image operation its image key
+	// (key "image"; none for list-images).
+	var who []any
+	switch {
+	case !tg.image:
+		if instance != "" && provider.ValidateName("Name", instance) != nil {
+			instance = provider.Quote(instance) // bounded and escaped: it is the caller's bad input
+		}
+		who = []any{"instance", instance}
+	case tg.imageKey != "":
+		key := tg.imageKey
+		if provider.ValidateKey("ImageKey", key) != nil {
+			key = provider.Quote(key) // bounded and escaped: it is the caller's bad input
+		}
+		who = []any{"image", key}
 	}
 	if err != nil {
 		if expected(ctx, err) {
-			c.log.V(1).Info("operation failed as expected", "op", op, "instance", instance, "code", provider.Code(err).String(), "elapsed", elapsed, "err", err)
+			c.log.V(1).Info("operation failed as expected", append(append([]any{"op", op}, who...), "code", provider.Code(err).String(), "elapsed", elapsed, "err", err)...)
 		} else {
-			c.log.Error(err, "operation failed", "op", op, "instance", instance, "code", provider.Code(err).String(), "elapsed", elapsed)
+			c.log.Error(err, "operation failed", append(append([]any{"op", op}, who...), "code", provider.Code(err).String(), "elapsed", elapsed)...)
 		}
 	} else {
-		c.log.V(1).Info("operation done", "op", op, "instance", instance, "elapsed", elapsed)
+		c.log.V(1).Info("operation done", append(append([]any{"op", op}, who...), "elapsed", elapsed)...)
 	}
 	return err
 }
@@ -241,6 +293,80 @@ func (c *Client) Check(ctx context.Context) (provider.Health, error) {
 		return err
 	})
 	return h, err
+}
+
+// imageManager returns the provider's provider.ImageManager, or an error
+// wrapping provider.ErrNotSupported (Permanent) when it has none.
+func (c *Client) imageManager() (provider.ImageManager, error) {
+	if m, ok := c.p.(provider.ImageManager); ok {
+		return m, nil
+	}
+	return nil, provider.WithCode(provider.Permanent, fmt.Errorf("%w: it does not implement provider.ImageManager (%T)", provider.ErrNotSupported, c.p))
+}
+
+// validImageKey checks key with the catalogue rule, classed Permanent.
+func validImageKey(key string) error {
+	if err := provider.ValidateKey("ImageKey", key); err != nil {
+		return provider.WithCode(provider.Permanent, err)
+	}
+	return nil
+}
+
+// ListImages returns the base images of the provider's configured image
+// keys, one per key, sorted by key (provider.ImageManager.ListImages). A
+// provider without image management: an error wrapping
+// provider.ErrNotSupported (Permanent).
+func (c *Client) ListImages(ctx context.Context) ([]provider.ImageInfo, error) {
+	var out []provider.ImageInfo
+	err := c.runTarget(ctx, "list-images", target{image: true}, func(ctx context.Context) error {
+		m, err := c.imageManager()
+		if err != nil {
+			return err
+		}
+		out, err = m.ListImages(ctx)
+		return err
+	})
+	return out, err
+}
+
+// VerifyImage reads the stored base of the image key back from the backend
+// and returns it with Verified true when its bytes match the recorded
+// digest (provider.ImageManager.VerifyImage): NotFound when the key has no
+// base yet, Permanent for an invalid or unknown key or bytes that differ.
+// A provider without image management: an error wrapping
+// provider.ErrNotSupported (Permanent).
+func (c *Client) VerifyImage(ctx context.Context, key string) (provider.ImageInfo, error) {
+	var info provider.ImageInfo
+	err := c.runTarget(ctx, "verify-image", target{imageKey: key, image: true}, func(ctx context.Context) error {
+		if err := validImageKey(key); err != nil {
+			return err
+		}
+		m, err := c.imageManager()
+		if err != nil {
+			return err
+		}
+		info, err = m.VerifyImage(ctx, key)
+		return err
+	})
+	return info, err
+}
+
+// EvictImage removes the stored base of the image key, so the next Create
+// that needs it fetches it again (provider.ImageManager.EvictImage). It is
+// refused (Permanent, naming the users) while any instance uses the base;
+// evicting a key without a base succeeds. A provider without image
+// management: an error wrapping provider.ErrNotSupported (Permanent).
+func (c *Client) EvictImage(ctx context.Context, key string) error {
+	return c.runTarget(ctx, "evict-image", target{imageKey: key, image: true}, func(ctx context.Context) error {
+		if err := validImageKey(key); err != nil {
+			return err
+		}
+		m, err := c.imageManager()
+		if err != nil {
+			return err
+		}
+		return m.EvictImage(ctx, key)
+	})
 }
 
 // Provider returns the wrapped provider, for optional capabilities found by

@@ -185,6 +185,9 @@ type Entry struct {
 	// Marker is the marker volume name, "" when the base has no valid one
 	// (debris; the next Ensure replaces it).
 	Marker string
+	// Size is the base's stored size in bytes on the host (its physical
+	// size as libvirt reports it: the file size for a dir pool).
+	Size int64
 	// UsedBy are the names of defined domains (running or not) whose disks
 	// are backed by the base.
 	UsedBy []string
@@ -441,15 +444,20 @@ func (c *Cache) look(ctx context.Context, img Image, name, ownToken string) (dec
 	return d, nil
 }
 
+// evictHint is the remedy texts give for a base that must go: the call
+// that evicts it (egressproxy.Client.EvictImage, which kvm2 implements with
+// Cache.Evict) and the CLI command over it.
+const evictHint = "evict the base with EvictImage (egressproxyctl images evict)"
+
 // conflict is the permanent error of a mismatching or ambiguous marker.
 func (c *Cache) conflict(img Image, name string, d decision) error {
 	if d.Action == actAmbiguous {
 		return provider.Errorf(provider.Permanent,
-			"base %s in pool %s has several digest markers (%s); it is left untouched because running VMs may use it: delete the proxies using it and evict the base, or add the image under a new key",
+			"base %s in pool %s has several digest markers (%s); it is left untouched because running VMs may use it: delete the proxies using it, then "+evictHint+", or add the image under a new key",
 			name, c.cfg.Pool, strings.Join(d.Digests, ", "))
 	}
 	return provider.Errorf(provider.Permanent,
-		"base %s in pool %s has sha256 %s but image %q is configured with sha256 %s; it is left untouched because running VMs may use it: add the image under a new key, or delete the proxies using it and evict the base",
+		"base %s in pool %s has sha256 %s but image %q is configured with sha256 %s; it is left untouched because running VMs may use it: add the image under a new key, or delete the proxies using it, then "+evictHint,
 		name, c.cfg.Pool, d.Digest, img.Key, img.SHA256)
 }
 

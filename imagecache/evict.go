@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/digitalocean/go-libvirt"
@@ -101,13 +102,13 @@ func (c *Cache) Verify(ctx context.Context, img Image) (_ Base, opErr error) {
 		return Base{}, err
 	}
 	if digest != d.Digest {
-		return Base{}, provider.Errorf(provider.Permanent, "base %s: the host stores %d bytes with sha256 %s but its marker says %s; it is left untouched because running VMs may use it: delete the proxies using it and evict the base", name, n, digest, d.Digest)
+		return Base{}, provider.Errorf(provider.Permanent, "base %s: the host stores %d bytes with sha256 %s but its marker says %s; it is left untouched because running VMs may use it: delete the proxies using it, then "+evictHint, name, n, digest, d.Digest)
 	}
 	return c.published(ctx, img, name, digest)
 }
 
-// List returns this entry's bases in the pool with their digests and the
-// domains that use them.
+// List returns this entry's bases in the pool, sorted by volume name, with
+// their digests, stored sizes and the domains that use them.
 func (c *Cache) List(ctx context.Context) (_ []Entry, opErr error) {
 	ctx, span := c.start(ctx, "imagecache.List", "")
 	defer func() { endOp(span, opErr, "") }()
@@ -132,14 +133,14 @@ func (c *Cache) List(ctx context.Context) (_ []Entry, opErr error) {
 	if err != nil {
 		return nil, err
 	}
-	paths, err := c.paths(ctx, bases)
+	paths, sizes, err := c.paths(ctx, bases)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Entry, 0, len(bases))
 	for _, b := range bases {
 		_, _, f, _ := ParseBaseName(b)
-		e := Entry{Base: Base{Volume: b, Path: paths[b], Format: f}, UsedBy: u.users[b]}
+		e := Entry{Base: Base{Volume: b, Path: paths[b], Format: f}, Size: sizes[b], UsedBy: u.users[b]}
 		var valid []string
 		for _, n := range names {
 			if isMarkerOf(b, n) {
@@ -157,8 +158,10 @@ func (c *Cache) List(ctx context.Context) (_ []Entry, opErr error) {
 	return out, nil
 }
 
-func (c *Cache) paths(ctx context.Context, vols []string) (map[string]string, error) {
-	out := map[string]string{}
+// paths returns the host path and the physical size of each volume that
+// still exists.
+func (c *Cache) paths(ctx context.Context, vols []string) (map[string]string, map[string]int64, error) {
+	out, sizes := map[string]string{}, map[string]int64{}
 	err := c.doPool(ctx, func(l Libvirt, p libvirt.StoragePool) error {
 		for _, n := range vols {
 			v, err := l.StorageVolLookupByName(p, n)
@@ -168,11 +171,16 @@ func (c *Cache) paths(ctx context.Context, vols []string) (map[string]string, er
 			if out[n], err = l.StorageVolGetPath(v); err != nil {
 				return err
 			}
+			_, _, phys, err := l.StorageVolGetInfoFlags(v, uint32(libvirt.StorageVolGetPhysical))
+			if err != nil {
+				return err
+			}
+			sizes[n] = int64(min(phys, math.MaxInt64))
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, c.classify(ctx, fmt.Errorf("volume paths in pool %s: %w", c.cfg.Pool, err))
+		return nil, nil, c.classify(ctx, fmt.Errorf("volume paths in pool %s: %w", c.cfg.Pool, err))
 	}
-	return out, nil
+	return out, sizes, nil
 }

@@ -233,8 +233,8 @@ func TestFakeFetchHitVerifyListEvict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantList := []Entry{{Base: want, Marker: MarkerName(name, sum), UsedBy: []string{"vm1", "vm2"}}}
-	if len(list) != 1 || list[0].Base != wantList[0].Base || list[0].Marker != wantList[0].Marker || !slices.Equal(list[0].UsedBy, wantList[0].UsedBy) {
+	wantList := []Entry{{Base: want, Marker: MarkerName(name, sum), Size: int64(len(body)), UsedBy: []string{"vm1", "vm2"}}}
+	if len(list) != 1 || list[0].Base != wantList[0].Base || list[0].Marker != wantList[0].Marker || list[0].Size != wantList[0].Size || !slices.Equal(list[0].UsedBy, wantList[0].UsedBy) {
 		t.Fatalf("List = %+v, want %+v", list, wantList)
 	}
 	err = c.Evict(ctx, img)
@@ -515,8 +515,8 @@ func TestFakeCacheStates(t *testing.T) {
 		text   string
 		after  []string
 	}{
-		{"marker differs from the configured digest", []string{name, MarkerName(name, other)}, sum, provider.Permanent, "add the image under a new key", []string{name, MarkerName(name, other)}},
-		{"two markers", []string{name, MarkerName(name, other), MarkerName(name, sum)}, "", provider.Permanent, "several digest markers", []string{name, MarkerName(name, other), MarkerName(name, sum)}},
+		{"marker differs from the configured digest", []string{name, MarkerName(name, other)}, sum, provider.Permanent, "add the image under a new key, or delete the proxies using it, then evict the base with EvictImage (egressproxyctl images evict)", []string{name, MarkerName(name, other)}},
+		{"two markers", []string{name, MarkerName(name, other), MarkerName(name, sum)}, "", provider.Permanent, "several digest markers (" + other + ", " + sum + "); it is left untouched because running VMs may use it: delete the proxies using it, then evict the base with EvictImage (egressproxyctl images evict), or add the image under a new key", []string{name, MarkerName(name, other), MarkerName(name, sum)}},
 		{"base without marker is debris", []string{name}, "", provider.OK, "", []string{name, MarkerName(name, sum)}},
 		{"marker without base is debris", []string{MarkerName(name, other)}, "", provider.OK, "", []string{name, MarkerName(name, sum)}},
 		{"malformed marker beside a good one", []string{name, MarkerName(name, sum), name + ".sha256-zz"}, "", provider.OK, "", []string{name, MarkerName(name, sum)}},
@@ -568,7 +568,7 @@ func TestFakeVerifyCatchesChangedBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.Verify(ctx, img)
-	wantClass(t, err, provider.Permanent, "its marker says "+sum)
+	wantClass(t, err, provider.Permanent, "its marker says "+sum+"; it is left untouched because running VMs may use it: delete the proxies using it, then evict the base with EvictImage (egressproxyctl images evict)")
 	wantVolumes(t, h, b.Volume, MarkerName(b.Volume, sum))
 
 	// A read-back that stalls once is retried on a fresh session.

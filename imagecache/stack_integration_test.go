@@ -768,7 +768,7 @@ func TestStackCacheStates(t *testing.T) {
 				}
 			} else if tt.want == provider.Permanent {
 				t.Logf("error: %v", err)
-				for _, s := range []string{dOther, img.sha256, "new key", "evict"} {
+				for _, s := range []string{dOther, img.sha256, "new key", "evict the base with EvictImage (egressproxyctl images evict)"} {
 					if !strings.Contains(err.Error(), s) {
 						t.Errorf("error does not mention %q", s)
 					}

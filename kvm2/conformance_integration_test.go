@@ -101,5 +101,6 @@ func TestIntegrationConformance(t *testing.T) {
 		// defaults); naming the default explicitly is another spec.
 		OtherImageKey:    "tiny",
 		OtherMachineType: "tiny",
+		ImageKeys:        []string{"tiny"}, // the Images/ subtests: exactly these listed
 	})
 }

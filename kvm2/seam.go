@@ -77,6 +77,10 @@ func (s *sshSession) Close() error {
 // imageCache is what kvm2 needs of the entry's *imagecache.Cache.
 type imageCache interface {
 	Ensure(ctx context.Context, img imagecache.Image) (imagecache.Base, error)
+	// List, Verify and Evict serve provider.ImageManager (imagemgr.go).
+	List(ctx context.Context) ([]imagecache.Entry, error)
+	Verify(ctx context.Context, img imagecache.Image) (imagecache.Base, error)
+	Evict(ctx context.Context, img imagecache.Image) error
 	Close() error
 }
 

@@ -46,7 +46,10 @@ type ImageInfo struct {
 	// SizeBytes is the stored size in bytes; 0 when not Present.
 	SizeBytes int64 `json:"sizeBytes,omitempty"`
 	// InUseBy are the names of the instances whose disks use the base,
-	// sorted.
+	// sorted. A user that is not one of the provider's instances is named
+	// in a form the backend documents that no instance name can take (kvm2:
+	// "domain/<libvirt domain name>"); EvictImage refuses while it is
+	// listed.
 	InUseBy []string `json:"inUseBy,omitempty"`
 	// Verified is true only in VerifyImage's result, when the bytes read
 	// back matched Digest.

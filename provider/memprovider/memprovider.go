@@ -20,6 +20,14 @@
 // reports a Create of an existing UID with another spec as
 // provider.ErrSpecConflict, naming the fields that differ.
 //
+// # Images
+//
+// It implements provider.ImageManager over a simple image notion: the image
+// keys are Options.Images (every valid key when empty); the base of a key is
+// stored by the first Create that uses it (a few bytes and their sha256),
+// is used by the instances created from it, verifies unless CorruptImage
+// changed it, and can be evicted only while no instance uses it.
+//
 // memprovider passes the full providertest conformance suite.
 package memprovider
 
@@ -63,6 +71,12 @@ type Options struct {
 	DialTimeout time.Duration
 	// Logger receives debug lines (V(1)) about proxies. Zero value: discard.
 	Logger logr.Logger
+	// Images are the image keys the provider offers (see the package doc,
+	// "Images"); the first is the default of a Spec without ImageKey, and
+	// a Create of another key is Permanent. Each must be a valid key
+	// (provider.ValidateKey); others are ignored. Zero: every valid key is
+	// offered, and the default is DefaultImageKey.
+	Images []string
 }
 
 // Op names a provider operation, for InjectFault.
@@ -75,6 +89,10 @@ const (
 	OpDelete Op = "delete"
 	OpList   Op = "list"
 	OpCheck  Op = "check"
+	// The provider.ImageManager operations.
+	OpListImages  Op = "list-images"
+	OpVerifyImage Op = "verify-image"
+	OpEvictImage  Op = "evict-image"
 )
 
 // Fault describes how the next calls of one operation misbehave.
@@ -116,11 +134,13 @@ type Provider struct {
 	nextIP   int
 	proxies  sync.WaitGroup // every proxy goroutine
 	reserved map[int]bool   // documentation addresses in use
+	images   imageSet       // configured keys and their bases
 }
 
 type item struct {
 	inst   provider.Instance
 	spec   provider.Spec  // the spec it was created from (for ErrSpecConflict's message)
+	image  string         // the image key it uses (its spec's, or the default)
 	forced provider.State // state forced by SetState; "" = follow the clock
 	ready  time.Time      // when Provisioning turns Running
 	host   int            // last octet of the 192.0.2.x address
@@ -155,6 +175,7 @@ func New(opts *Options) *Provider {
 		items:    map[string]*item{},
 		faults:   map[Op][]*Fault{},
 		reserved: map[int]bool{},
+		images:   newImageSet(o.Images),
 	}
 }
 
@@ -284,6 +305,10 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err := spec.Validate(); err != nil {
 		return provider.Instance{}, err
 	}
+	key := p.images.resolve(spec.ImageKey)
+	if !p.images.configured(key) {
+		return provider.Instance{}, provider.WithCode(provider.Permanent, &provider.FieldError{Field: "ImageKey", Value: key, Rule: "is not a configured image of this provider"})
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -313,9 +338,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 			SpecDigest: spec.Digest(),
 		},
 		spec:  spec,
+		image: key,
 		ready: now.Add(p.opts.ProvisionDelay),
 		host:  p.allocHostLocked(),
 	}
+	p.images.publishLocked(key)
 	p.items[spec.Name] = it
 	return p.readLocked(it)
 }

@@ -49,15 +49,21 @@ var suiteOptions = &providertest.Options{RunningTimeout: 10 * time.Second, PollI
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
+	withImages := *suiteOptions
+	withImages.ImageKeys = []string{"default-image", "other-image"}
 	for _, tt := range []struct {
-		name string
-		opts memprovider.Options
+		name  string
+		opts  memprovider.Options
+		suite *providertest.Options
 	}{
-		{"Defaults", memprovider.Options{}},
-		{"ServeProxiesWithProvisionDelay", memprovider.Options{ServeProxies: true, ProvisionDelay: 30 * time.Millisecond}},
+		{"Defaults", memprovider.Options{}, suiteOptions},
+		{"ServeProxiesWithProvisionDelay", memprovider.Options{ServeProxies: true, ProvisionDelay: 30 * time.Millisecond}, suiteOptions},
+		// A configured image catalogue: the image subtests also check
+		// that an unconfigured key is Permanent.
+		{"Images", memprovider.Options{Images: withImages.ImageKeys}, &withImages},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			providertest.RunConformanceTests(t, maker(tt.opts), suiteOptions)
+			providertest.RunConformanceTests(t, maker(tt.opts), tt.suite)
 		})
 	}
 }

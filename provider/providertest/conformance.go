@@ -46,6 +46,11 @@ var conformanceTests = []struct {
 	{"Close/CallsAfterCloseFail", testCallsAfterClose},
 	{"Close/Idempotent", testCloseIdempotent},
 	{"Client/ErrorsNameOperationAndInstance", testClientErrors},
+	{"Images/ListShowsConfiguredKeys", testImagesList},
+	{"Images/CreateUsesImage", testImagesCreateUsesImage},
+	{"Images/EvictRefusedWhileInUse", testImagesEvictRefusedWhileInUse},
+	{"Images/VerifyAbsentIsNotFound", testImagesVerifyAbsentIsNotFound},
+	{"Images/UnknownKeyIsPermanent", testImagesUnknownKeyIsPermanent},
 }
 
 // ---- helpers ----

@@ -17,6 +17,10 @@
 // contract; it does not own starting a backend (the harness does) nor
 // provider-specific behaviour (the provider's own tests do).
 //
+// Providers that implement provider.ImageManager also run the Images/
+// subtests (list, verify, evict, refusal while in use); for the others they
+// skip, saying so.
+//
 // Instances the suite creates are named Options.NamePrefix + a random
 // suffix, and are deleted when the subtest ends, pass or fail.
 package providertest
@@ -121,6 +125,14 @@ type Options struct {
 	OtherImageKey string
 	// OtherMachineType is the same for Spec.MachineType.
 	OtherMachineType string
+	// ImageKeys are the image keys the provider is configured with. When
+	// set, the image subtests (providers implementing
+	// provider.ImageManager) check that ListImages lists exactly these and
+	// that a valid key outside them is Permanent. Zero: only the shape of
+	// the list is checked (a provider may accept every key, as memprovider
+	// does by default), and an unconfigured key is not checked (the
+	// subtests say so).
+	ImageKeys []string
 }
 
 func (o *Options) withDefaults() Options {

@@ -1,0 +1,142 @@
+//go:build integration
+
+package kvm2
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+	"testing"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/go-logr/logr/testr"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// On the real stack, through the Client: a domain of another tool using
+// the base is listed as "domain/<name>" and blocks the eviction; bytes
+// changed on the host are caught by VerifyImage (Permanent, the remedy
+// naming EvictImage) and the base is kept; once nothing uses it, EvictImage
+// removes it.
+func TestIntegrationImagesForeignUserAndChangedBytes(t *testing.T) {
+	teststack.Require(t)
+	e := newLifecycleEnv(t)
+	p := openT(t, e.cfg, testr.NewWithOptions(t, testr.Options{Verbosity: 1}))
+	c := egressproxy.New(p, nil)
+	ctx := ctxT(t)
+	spec := provider.Spec{Name: "img-it", UID: "uid-img-it"}
+	if _, err := c.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	listed, err := c.ListImages(ctx)
+	if err != nil || len(listed) != 1 || !listed[0].Present || listed[0].Name != e.baseVol {
+		t.Fatalf("ListImages = %+v, %v", listed, err)
+	}
+	img := listed[0]
+	if want := int64(len(tinyQCOW2(t))); img.SizeBytes != want {
+		t.Errorf("SizeBytes = %d, want the image's %d bytes", img.SizeBytes, want)
+	}
+
+	// Another tool's domain backed by the base directly.
+	var basePath string
+	foreign := "fx-" + e.cfg.Entry
+	err = rawLibvirt(t, func(l *libvirt.Libvirt) error {
+		sp, err := l.StoragePoolLookupByName(e.cfg.Pool)
+		if err != nil {
+			return err
+		}
+		v, err := l.StorageVolLookupByName(sp, e.baseVol)
+		if err != nil {
+			return err
+		}
+		if basePath, err = l.StorageVolGetPath(v); err != nil {
+			return err
+		}
+		x, err := (&libvirtxml.Domain{Type: "qemu", Name: foreign, Memory: &libvirtxml.DomainMemory{Value: 64, Unit: "MiB"},
+			OS: &libvirtxml.DomainOS{Type: &libvirtxml.DomainOSType{Type: "hvm"}},
+			Devices: &libvirtxml.DomainDeviceList{Disks: []libvirtxml.DomainDisk{{Device: "disk",
+				Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "qcow2"},
+				Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: basePath}},
+				Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"}}}}}).Marshal()
+		if err != nil {
+			return err
+		}
+		_, err = l.DomainDefineXML(x)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("define %s: %v", foreign, err)
+	}
+	undefineForeign := func() {
+		if err := rawLibvirt(t, func(l *libvirt.Libvirt) error {
+			d, err := l.DomainLookupByName(foreign)
+			if err != nil {
+				return err
+			}
+			return l.DomainUndefine(d)
+		}); err != nil {
+			t.Errorf("undefine %s: %v", foreign, err)
+		}
+	}
+	defined := true
+	defer func() {
+		if defined {
+			undefineForeign()
+		}
+	}()
+	if err := c.Delete(ctx, spec.Ref()); err != nil {
+		t.Fatal(err)
+	}
+	listed, err = c.ListImages(ctx)
+	if err != nil || len(listed) != 1 || !slices.Equal(listed[0].InUseBy, []string{"domain/" + foreign}) {
+		t.Fatalf("ListImages with only the foreign domain = %+v, %v; want InUseBy [domain/%s]", listed, err, foreign)
+	}
+	err = c.EvictImage(ctx, "tiny")
+	if provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), "egressproxy evict-image tiny: kvm2 "+e.cfg.Entry+": base "+e.baseVol+" is the backing store of domains "+foreign) {
+		t.Fatalf("EvictImage while a foreign domain uses the base = %v", err)
+	}
+	t.Logf("refused: %v", err)
+
+	// Change one byte of the stored base on the host.
+	bad := tinyQCOW2(t)
+	bad[len(bad)-1] ^= 0xff
+	if err := rawLibvirt(t, func(l *libvirt.Libvirt) error {
+		sp, err := l.StoragePoolLookupByName(e.cfg.Pool)
+		if err != nil {
+			return err
+		}
+		v, err := l.StorageVolLookupByName(sp, e.baseVol)
+		if err != nil {
+			return err
+		}
+		return l.StorageVolUpload(v, bytes.NewReader(bad), 0, uint64(len(bad)), 0)
+	}); err != nil {
+		t.Fatalf("overwrite the base: %v", err)
+	}
+	_, err = c.VerifyImage(ctx, "tiny")
+	if provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), "its marker says "+img.Digest) ||
+		!strings.HasSuffix(err.Error(), "delete the proxies using it, then evict the base with EvictImage (egressproxyctl images evict)") {
+		t.Fatalf("VerifyImage of changed bytes = %v, want Permanent naming the marker's digest and the remedy", err)
+	}
+	t.Logf("changed bytes: %v", err)
+	if l, err := c.ListImages(ctx); err != nil || len(l) != 1 || !l[0].Present || l[0].Digest != img.Digest {
+		t.Fatalf("ListImages after a failed verify = %+v, %v; want the base kept", l, err)
+	}
+
+	undefineForeign()
+	defined = false
+	if err := c.EvictImage(ctx, "tiny"); err != nil {
+		t.Fatalf("EvictImage of an unused base: %v", err)
+	}
+	if l, err := c.ListImages(ctx); err != nil || len(l) != 1 || l[0].Present || len(l[0].InUseBy) != 0 {
+		t.Fatalf("ListImages after EvictImage = %+v, %v", l, err)
+	}
+	_, err = c.VerifyImage(ctx, "tiny")
+	if provider.Code(err) != provider.NotFound {
+		t.Fatalf("VerifyImage after EvictImage = %v, want NotFound", err)
+	}
+}

@@ -1,0 +1,268 @@
+package kvm2
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.opentelemetry.io/otel/codes"
+
+	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// fakeDigest is the digest the fake cache records for every base.
+const fakeDigest = "e1fdb1fb2b8b0fd7a8e9f41f54858c1c55bbf28060e778f0b74acdf3b8d8c723"
+
+// usersOf names the fake's domains whose XML names the path of base or
+// the path or name of a volume backed by it.
+func (c *fakeImages) usersOf(base fakeVol) []string {
+	paths := []string{base.path}
+	for _, n := range c.lv.volNames(c.pool) {
+		if v, ok := c.lv.vol(c.pool, n); ok && v.backing == base.path {
+			paths = append(paths, v.path, `volume="`+n+`"`)
+		}
+	}
+	var out []string
+	for _, d := range c.lv.domainNames() {
+		fd, _ := c.lv.domain(d)
+		for _, p := range paths {
+			if strings.Contains(fd.xml, p) {
+				out = append(out, d)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// List lists the entry's base volumes in the fake's pool (each with a
+// marker, unless its name is in noMarker), with their users.
+func (c *fakeImages) List(ctx context.Context) ([]imagecache.Entry, error) {
+	c.mu.Lock()
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []imagecache.Entry
+	for _, n := range c.lv.volNames(c.pool) {
+		e, _, f, ok := imagecache.ParseBaseName(n)
+		if !ok || e != c.entry {
+			continue
+		}
+		v, _ := c.lv.vol(c.pool, n)
+		out = append(out, imagecache.Entry{
+			Base:   imagecache.Base{Volume: n, Path: v.path, Digest: fakeDigest, Format: f},
+			Marker: imagecache.MarkerName(n, fakeDigest), Size: int64(len(v.data)), UsedBy: c.usersOf(v),
+		})
+	}
+	return out, nil
+}
+
+func (c *fakeImages) Verify(ctx context.Context, img imagecache.Image) (imagecache.Base, error) {
+	c.mu.Lock()
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
+		return imagecache.Base{}, err
+	}
+	name := imagecache.BaseName(c.entry, img.Key, "qcow2")
+	v, ok := c.lv.vol(c.pool, name)
+	if !ok {
+		return imagecache.Base{}, provider.Errorf(provider.NotFound, "base %s: no published base in pool %s", name, c.pool)
+	}
+	return imagecache.Base{Volume: name, Path: v.path, Digest: fakeDigest, Format: "qcow2"}, nil
+}
+
+func (c *fakeImages) Evict(ctx context.Context, img imagecache.Image) error {
+	c.mu.Lock()
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	name := imagecache.BaseName(c.entry, img.Key, "qcow2")
+	v, ok := c.lv.vol(c.pool, name)
+	if !ok {
+		return nil
+	}
+	if users := c.usersOf(v); len(users) > 0 {
+		return provider.Errorf(provider.Permanent, "base %s is the backing store of domains %s; delete them before you evict it", name, strings.Join(users, ", "))
+	}
+	c.lv.removeVol(c.pool, name)
+	return nil
+}
+
+func fakeCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// ListImages lists every configured key, present or not, with the base's
+// name, digest and size and the instances using it (by instance name; a
+// domain of no instance of this entry as "domain/<name>").
+func TestImagesListMapsUsersToInstances(t *testing.T) {
+	t.Parallel()
+	e := newFakeEnv(t, func(c *Config) {
+		c.Images["alpine"] = imagecache.Image{URL: "http://127.0.0.1:1/alpine.qcow2"}
+		c.DefaultImage = "tiny"
+	})
+	ctx := fakeCtx(t)
+	l, err := e.p.ListImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]provider.ImageInfo{{Key: "alpine"}, {Key: "tiny"}}, l); diff != "" {
+		t.Fatalf("ListImages before any Create (-want +got):\n%s", diff)
+	}
+	for _, n := range []string{"b", "a"} {
+		if _, err := e.p.Create(ctx, provider.Spec{Name: n, UID: "u-" + n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := imagecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
+	bv, _ := e.lv.vol(e.cfg.Pool, base)
+	// A domain of another tool using the base directly.
+	e.lv.defineXML(t, `<domain type="qemu"><name>other-vm</name><devices><disk type="file" device="disk"><source file="`+bv.path+`"/><target dev="vda"/></disk></devices></domain>`)
+
+	l, err = e.p.ListImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []provider.ImageInfo{
+		{Key: "alpine"},
+		{Key: "tiny", Name: base, Present: true, Digest: fakeDigest, SizeBytes: int64(len("base")), InUseBy: []string{"a", "b", "domain/other-vm"}},
+	}
+	if diff := cmp.Diff(want, l); diff != "" {
+		t.Fatalf("ListImages (-want +got):\n%s", diff)
+	}
+
+	v, err := e.p.VerifyImage(ctx, "tiny")
+	want[1].Verified = true
+	if err != nil || !cmp.Equal(v, want[1]) {
+		t.Fatalf("VerifyImage = %+v, %v; want %+v", v, err, want[1])
+	}
+	_, err = e.p.VerifyImage(ctx, "alpine")
+	if provider.Code(err) != provider.NotFound || !strings.HasPrefix(err.Error(), "kvm2 lab-1: base base-lab-1--alpine.qcow2: ") {
+		t.Fatalf("VerifyImage without a base = %v, want NotFound under kvm2 lab-1", err)
+	}
+
+	err = e.p.EvictImage(ctx, "tiny")
+	if provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), "ep-lab-1--a, ep-lab-1--b, other-vm") {
+		t.Fatalf("EvictImage in use = %v, want Permanent naming the domains", err)
+	}
+	if _, ok := e.lv.vol(e.cfg.Pool, base); !ok {
+		t.Fatal("a refused EvictImage removed the base")
+	}
+}
+
+// Unknown and invalid keys are Permanent FieldErrors naming the key, and
+// reach nothing; the cache's errors keep their class under "kvm2 <entry>:";
+// after Close every call is ErrClosed.
+func TestImagesKeysErrorsAndClose(t *testing.T) {
+	t.Parallel()
+	e := newFakeEnv(t)
+	ctx := fakeCtx(t)
+	for _, key := range []string{"ubuntu", "Bad_Key", ""} {
+		_, verr := e.p.VerifyImage(ctx, key)
+		eerr := e.p.EvictImage(ctx, key)
+		for _, err := range []error{verr, eerr} {
+			var fe *provider.FieldError
+			if provider.Code(err) != provider.Permanent || !errors.As(err, &fe) || fe.Field != "ImageKey" || fe.Value != key {
+				t.Errorf("key %q: %v, want a Permanent FieldError on ImageKey naming it", key, err)
+			}
+		}
+	}
+	if n := len(e.lv.callsSince(0)); n != 0 {
+		t.Errorf("bad keys made %d libvirt calls", n)
+	}
+	if err := e.p.EvictImage(ctx, "tiny"); err != nil {
+		t.Errorf("EvictImage without a base = %v, want nil", err)
+	}
+
+	e.images.setErr(provider.Errorf(provider.Transient, "list storage pools: link down"))
+	_, lerr := e.p.ListImages(ctx)
+	_, verr := e.p.VerifyImage(ctx, "tiny")
+	eerr := e.p.EvictImage(ctx, "tiny")
+	for _, err := range []error{lerr, verr, eerr} {
+		if provider.Code(err) != provider.Transient || err.Error() != "kvm2 lab-1: list storage pools: link down" {
+			t.Errorf("cache failure = %q (%v), want Transient under kvm2 lab-1", err, provider.Code(err))
+		}
+	}
+	e.images.setErr(nil)
+
+	e.p.Close()
+	_, lerr = e.p.ListImages(ctx)
+	_, verr = e.p.VerifyImage(ctx, "tiny")
+	eerr = e.p.EvictImage(ctx, "tiny")
+	for _, err := range []error{lerr, verr, eerr} {
+		if !errors.Is(err, provider.ErrClosed) || provider.Code(err) != provider.Permanent {
+			t.Errorf("after Close: %v, want ErrClosed", err)
+		}
+	}
+}
+
+// instanceNames keeps this entry's instances and marks every other domain,
+// including another entry's whose name starts like ours.
+func TestImagesInstanceNames(t *testing.T) {
+	t.Parallel()
+	p := &Provider{cfg: Config{Entry: "lab"}}
+	got := p.instanceNames([]string{"ep-lab--web-1", "ep-lab-2--web-1", "vm", "ep-lab--Bad_Name", "ep-lab--a"})
+	want := []string{"a", "domain/ep-lab--Bad_Name", "domain/ep-lab-2--web-1", "domain/vm", "web-1"}
+	if !slices.Equal(got, want) {
+		t.Errorf("instanceNames = %v, want %v", got, want)
+	}
+	if p.instanceNames(nil) != nil {
+		t.Error("instanceNames(nil) not nil")
+	}
+}
+
+// Each image operation is one span (entry; for one key the key and its
+// base volume) with the imagecache span that talks to libvirt as its child;
+// a bad key fails before any child.
+func TestImagesSpans(t *testing.T) {
+	t.Parallel()
+	p, rec := openTraced(t)
+	ctx := fakeCtx(t)
+	_, lerr := p.ListImages(ctx)
+	_, verr := p.VerifyImage(ctx, "tiny")
+	eerr := p.EvictImage(ctx, "tiny")
+	_, berr := p.VerifyImage(ctx, "nope")
+	for _, err := range []error{lerr, verr, eerr, berr} {
+		if err == nil {
+			t.Fatal("an image call on an unusable host succeeded")
+		}
+	}
+	base := "base-lab-1--tiny.qcow2"
+	type want struct{ name, parent, image, volume string }
+	var got []want
+	classes := map[string]string{}
+	for _, s := range recorded(rec) {
+		got = append(got, want{s.name, s.parent, s.attrs["egressproxy.image"], s.attrs["egressproxy.volume"]})
+		if s.attrs["egressproxy.entry"] != "lab-1" || s.status != codes.Error {
+			t.Errorf("span %s: entry %q, status %v; want lab-1, Error", s.name, s.attrs["egressproxy.entry"], s.status)
+		}
+		classes[s.name+"<"+s.parent] = s.attrs["error.type"]
+	}
+	wantSpans := []want{
+		{"imagecache.List", "kvm2.ListImages", "", ""},
+		{"kvm2.ListImages", "", "", ""},
+		{"imagecache.Verify", "kvm2.VerifyImage", "", base},
+		{"kvm2.VerifyImage", "", "tiny", base},
+		{"imagecache.Evict", "kvm2.EvictImage", "", base},
+		{"kvm2.EvictImage", "", "tiny", base},
+		{"kvm2.VerifyImage", "", "nope", ""},
+	}
+	if diff := cmp.Diff(wantSpans, got, cmp.AllowUnexported(want{})); diff != "" {
+		t.Errorf("spans (-want +got):\n%s", diff)
+	}
+	if c := classes["kvm2.ListImages<"]; c == "" || c != classes["imagecache.List<kvm2.ListImages"] {
+		t.Errorf("kvm2.ListImages has class %s, its imagecache.List child %s", classes["kvm2.ListImages<"], classes["imagecache.List<kvm2.ListImages"])
+	}
+}
