@@ -52,7 +52,7 @@ func TestDurationUnmarshal(t *testing.T) {
 		{`{"timeout":"0s"}`, 0},
 		{`{"timeout":"-5s"}`, -5 * time.Second},
 		{`{"timeout":"\u0033s"}`, 3 * time.Second}, // JSON escapes are decoded
-		{`{"timeout":null}`, 7}, // null leaves the value as it was
+		{`{"timeout":null}`, 7},                    // null leaves the value as it was
 		{`{}`, 7},
 	} {
 		h := durationHolder{Timeout: 7}
