@@ -348,7 +348,7 @@ func TestConfigNoSecrets(t *testing.T) {
 	lg, _ := json.Marshal(c.MarshalLog())
 	outs := map[string]string{
 		"json": string(j), "yaml": string(y), "decoded": fmt.Sprint(decoded.Images["userinfo"].URL, decoded.Images["s3"].URL, decoded.Images["query"].URL, decoded.Images["loose"].URL, decoded.Images["token"].URL),
-		"String": c.String(), "%v": fmt.Sprintf("%v", c), "%+v": fmt.Sprintf("%+v", c), "%#v": fmt.Sprintf("%#v", c), "%s": fmt.Sprintf("%s", c),
+		"String": c.String(), "%v": fmt.Sprintf("%v", c), "%+v": fmt.Sprintf("%+v", c), "%#v": fmt.Sprintf("%#v", c), "%s": fmt.Sprintf("%s %q", c, c),
 		"pointer %v": fmt.Sprintf("%v", &c), "MarshalLog": string(lg),
 	}
 	for name, out := range outs {
