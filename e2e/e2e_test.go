@@ -450,7 +450,7 @@ func TestE2EProxyGuest(t *testing.T) {
 		Initrd:        g.initrd,
 		Cmdline:       g.cmdline,
 		ConsoleLogDir: consoleDir,
-		DialTimeout:   10 * time.Second,
+		DialTimeout:   provider.Duration(10 * time.Second),
 	}
 	open := func() *egressproxy.Client {
 		t.Helper()
@@ -540,7 +540,7 @@ func TestE2EProxyGuest(t *testing.T) {
 	// Squid in the guest tunnels a CONNECT to the target on the bridge.
 	var res health.Result
 	for {
-		res = health.Probe(ctx, inst.Address(), target.addr, &health.ProbeOptions{Timeout: 15 * time.Second, Exchange: health.HTTPGet(target.addr, target.token)})
+		res = health.Probe(ctx, inst.Address(), target.addr, &health.ProbeOptions{Timeout: provider.Duration(15 * time.Second), Exchange: health.HTTPGet(target.addr, target.token)})
 		if res.OK {
 			break
 		}

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/egressproxy/egressproxy/provider"
 )
 
 // DefaultTimeout is the per-probe timeout used when ProbeOptions.Timeout is
@@ -31,19 +33,21 @@ type ProbeOptions struct {
 	// Timeout bounds the whole probe: dial, CONNECT exchange and tunnel
 	// proof. Zero means DefaultTimeout; a negative value means no timeout of
 	// the probe's own (only the context's deadline applies).
-	Timeout time.Duration
+	Timeout provider.Duration `json:"timeout,omitempty"`
 
 	// Username and Password, when Username is not empty, are sent as
 	// "Proxy-Authorization: Basic ..." with the CONNECT request. Username
 	// must not contain ':' (RFC 7617). Zero: no credentials are sent.
-	Username string
-	Password string
+	// Password is a secret: never marshalled, set it in code (e.g. from a
+	// Secret).
+	Username string `json:"username,omitempty"`
+	Password string `json:"-"`
 
 	// TLS, when not nil, proves the tunnel with a TLS handshake through it
 	// after the proxy answered 2xx. When TLS.ServerName is empty it is set
 	// to the target's host (on a clone; TLS is never modified). Zero: no
 	// TLS handshake.
-	TLS *tls.Config
+	TLS *tls.Config `json:"-"`
 
 	// Exchange, when not nil, proves the tunnel with a caller-supplied
 	// exchange through it after the proxy answered 2xx (and after the TLS
@@ -53,11 +57,11 @@ type ProbeOptions struct {
 	// it waits on other than conn, and must not keep conn after it returns;
 	// Probe closes it. A non-nil error fails the probe as
 	// KindTunnelFailed. Zero: no exchange.
-	Exchange func(ctx context.Context, conn net.Conn) error
+	Exchange func(ctx context.Context, conn net.Conn) error `json:"-"`
 
 	// Dialer opens the TCP connection to the proxy. Zero: a net.Dialer
 	// without TCP keep-alives (probe connections are short).
-	Dialer Dialer
+	Dialer Dialer `json:"-"`
 }
 
 // Result is the outcome of one probe.
@@ -137,7 +141,7 @@ func Probe(ctx context.Context, proxyAddr, target string, opts *ProbeOptions) Re
 	}
 	var deadline time.Time
 	if o.Timeout >= 0 {
-		t := o.Timeout
+		t := o.Timeout.Duration()
 		if t == 0 {
 			t = DefaultTimeout
 		}

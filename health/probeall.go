@@ -38,19 +38,19 @@ type ProbeAllOptions struct {
 	// Workers is the maximum number of probes in flight. ProbeAll starts
 	// exactly min(Workers, len(targets)) goroutines, each running one probe
 	// at a time. Zero means DefaultWorkers; negative is treated as 1.
-	Workers int
+	Workers int `json:"workers,omitempty"`
 	// TargetAddr is the CONNECT target for targets with an empty
 	// TargetAddr. Zero: such targets fail as KindBadInput.
-	TargetAddr string
+	TargetAddr string `json:"targetAddr,omitempty"`
 	// Probe holds the options of every probe (timeout per probe,
 	// credentials, tunnel proof, dialer). Zero: ProbeOptions defaults.
-	Probe ProbeOptions
+	Probe ProbeOptions `json:"probe"`
 	// Logger receives a summary per round (V(1)) and each failed probe
 	// (V(2)). Zero: logs are discarded.
-	Logger logr.Logger
+	Logger logr.Logger `json:"-"`
 	// TracerProvider provides the tracer for the span of the round
 	// ("health.ProbeAll"). Zero: no-op.
-	TracerProvider trace.TracerProvider
+	TracerProvider trace.TracerProvider `json:"-"`
 }
 
 // ProbeAll probes every target with bounded concurrency and returns one

@@ -107,28 +107,28 @@ type Member struct {
 type TrackerOptions struct {
 	// Rise is N: consecutive successes needed to become healthy.
 	// Zero means DefaultRise; negative is an error.
-	Rise int
+	Rise int `json:"rise,omitempty"`
 	// Fall is M: consecutive failures needed to become unhealthy.
 	// Zero means DefaultFall; negative is an error.
-	Fall int
+	Fall int `json:"fall,omitempty"`
 	// Grace is how long a proxy that is missing from rounds, or reported
 	// without an address, keeps its state before it is forgotten, counted
 	// from when it was last seen with an address. Zero means DefaultGrace;
 	// negative is an error. (Use Tracker.Remove to forget a proxy at once.)
-	Grace time.Duration
+	Grace provider.Duration `json:"grace,omitempty"`
 	// OnForget, when not nil, is called exactly once for every proxy the
 	// tracker forgets (grace expired or Remove), with its last Status, after
 	// the proxy is gone and outside the tracker's lock (it may call the
 	// tracker). Zero: nothing is called.
-	OnForget func(Status)
+	OnForget func(Status) `json:"-"`
 	// Now is the tracker's clock. Zero: time.Now.
-	Now func() time.Time
+	Now func() time.Time `json:"-"`
 	// Logger receives state changes and forgets (Info) and per-round
 	// summaries (V(1)). Zero: logs are discarded.
-	Logger logr.Logger
+	Logger logr.Logger `json:"-"`
 	// TracerProvider provides the tracer for the span of each Round
 	// ("health.Round"). Zero: no-op.
-	TracerProvider trace.TracerProvider
+	TracerProvider trace.TracerProvider `json:"-"`
 }
 
 // Tracker keeps per-proxy health across probe rounds with rise/fall
@@ -171,7 +171,7 @@ func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 	t := &Tracker{
 		rise:     o.Rise,
 		fall:     o.Fall,
-		grace:    o.Grace,
+		grace:    o.Grace.Duration(),
 		onForget: o.OnForget,
 		now:      o.Now,
 		log:      o.Logger,

@@ -45,6 +45,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -66,19 +67,70 @@ import (
 type Image struct {
 	// Key is the image key: same shape as provider.Spec.ImageKey (1–63 of
 	// a–z 0–9 . -, alphanumeric ends, no "--"). Required.
-	Key string
+	Key string `json:"key,omitempty"`
 	// URL is the http(s) URL of the image. Required. It may carry
 	// credentials (userinfo, a signed query): they are sent, but never
-	// printed — errors, logs, spans and String show RedactURL(URL).
-	URL string
+	// printed — errors, logs, spans and String show RedactURL(URL), and
+	// a marshalled Image (JSON, YAML) carries the redacted URL, so a
+	// credentialed URL is set in code (from a Secret), not kept in a file.
+	URL string `json:"url"`
 	// SHA256 is the expected lowercase hex sha256 of the image file. Empty:
 	// any digest is accepted and recorded.
-	SHA256 string
+	SHA256 string `json:"sha256,omitempty"`
 	// Format is "qcow2" (zero value) or "raw". A qcow2 image must start
 	// with the qcow2 magic ("QFI\xfb"): any other body (an error or
 	// sign-in page served with 200, say) is refused, Permanent, before
 	// anything is created in the pool. A raw image may hold any bytes.
-	Format string
+	Format string `json:"format,omitempty"`
+}
+
+// MarshalJSON writes the image with its URL redacted when the URL carries
+// a credential (userinfo or a credential query or fragment parameter, as
+// RedactURL defines them; RedactURL's length bound does not apply). Any
+// other URL is written as it is, so a file round-trips. A redacted URL
+// fails Validate when decoded again, rather than fetching with a wrong
+// credential.
+func (img Image) MarshalJSON() ([]byte, error) {
+	type plain Image // the fields and tags without the methods
+	p := plain(img)
+	if hasCredentials(img.URL) {
+		p.URL = sanitize(redactURL(img.URL))
+	}
+	return json.Marshal(p)
+}
+
+// hasCredentials reports whether rawURL carries anything RedactURL would
+// redact.
+func hasCredentials(rawURL string) bool {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Opaque != "" {
+		return redactLoose(rawURL) != rawURL
+	}
+	if u.User != nil {
+		return true
+	}
+	q, f := u.RawQuery, u.EscapedFragment()
+	return redactParams(q) != q || redactParams(f) != f
+}
+
+// redactedCredential reports whether rawURL carries a credential that is
+// exactly RedactURL's mark: a URL taken from a marshalled config.
+func redactedCredential(rawURL string) bool {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Opaque != "" {
+		return false
+	}
+	if u.User != nil && (u.User.Username() == redactedMark || u.User.String() == redactedMark) {
+		return true
+	}
+	for _, q := range []string{u.RawQuery, u.EscapedFragment()} {
+		for _, p := range strings.FieldsFunc(q, func(r rune) bool { return r == '&' || r == ';' }) {
+			if name, v, ok := strings.Cut(p, "="); ok && v == redactedMark && isCredentialParam(name) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (img Image) format() string {
@@ -103,6 +155,8 @@ func (img Image) Validate() error {
 		errs = append(errs, &provider.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "must parse as a URL: " + parseProblem(err)})
 	} else if u.Host == "" {
 		errs = append(errs, &provider.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "must name a host"})
+	} else if redactedCredential(img.URL) {
+		errs = append(errs, &provider.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "carries a credential redacted by marshalling; set the URL with its credential in code (e.g. from a Secret)"})
 	}
 	if img.SHA256 != "" && !validDigest(img.SHA256) {
 		errs = append(errs, &provider.FieldError{Field: "SHA256", Value: img.SHA256, Rule: "must be 64 lowercase hex digits"})
@@ -120,12 +174,12 @@ func (img Image) Validate() error {
 type Config struct {
 	// Entry is the provider entry name (provider.ValidateName rules).
 	// Required.
-	Entry string
+	Entry string `json:"entry"`
 	// Pool is the libvirt storage pool holding the bases. Required.
-	Pool string
+	Pool string `json:"pool"`
 	// TransferBudget bounds one cold fetch (HTTP + upload + verify +
 	// publish). Zero: 20m. A claim older than twice this is stale.
-	TransferBudget time.Duration
+	TransferBudget provider.Duration `json:"transferBudget,omitempty"`
 	// HTTPGrace: the HTTP download's deadline is HTTPGrace before the end
 	// of the fetch's TransferBudget (one clock: the budget counts from the
 	// start of the fetch, so time spent waiting for another writer's claim
@@ -133,34 +187,35 @@ type Config struct {
 	// as a clean error before the budget would have to cut the libvirt
 	// link. Zero: 1m, or TransferBudget/4 when that is shorter. Must be <
 	// TransferBudget.
-	HTTPGrace time.Duration
+	HTTPGrace provider.Duration `json:"httpGrace,omitempty"`
 	// HTTPClient fetches images. Zero: a client with no overall timeout
-	// (the deadline comes from the budget).
-	HTTPClient *http.Client
+	// (the deadline comes from the budget). A collaborator, not data: never
+	// marshalled (nor are Progress, Logger and TracerProvider).
+	HTTPClient *http.Client `json:"-"`
 	// Progress, when set, is called with the transfer progress at most
 	// every ProgressInterval (and once at the end of the upload), from the
 	// goroutine that feeds the upload: it must not block for long.
-	Progress func(Progress)
+	Progress func(Progress) `json:"-"`
 	// ProgressInterval is the progress callback and log interval. Zero: 5s.
-	ProgressInterval time.Duration
+	ProgressInterval provider.Duration `json:"progressInterval,omitempty"`
 	// ClaimTimeout: a claim (see the package doc) whose holder has not
 	// refreshed it for this long is stale and may be taken over; the
 	// holder refreshes it every ClaimTimeout/4 and gives its work up when
 	// it could not refresh for ClaimTimeout/2, so a claim is never taken
 	// over while its holder works. Every cache sharing a pool should use
 	// the same value. Zero: 2m.
-	ClaimTimeout time.Duration
+	ClaimTimeout provider.Duration `json:"claimTimeout,omitempty"`
 	// StreamStall is the no-progress timeout of every libvirt stream (the
 	// upload and the read-back): no byte moved for this long, from the
 	// start of the stream or since the last chunk, means the stream hangs.
 	// Its dedicated connection is then discarded and the stream retried
 	// once on a fresh one (the upload with a new download of the image).
 	// Zero: 1m.
-	StreamStall time.Duration
+	StreamStall provider.Duration `json:"streamStall,omitempty"`
 	// Logger receives progress and decision lines. Zero value: discard.
-	Logger logr.Logger
+	Logger logr.Logger `json:"-"`
 	// TracerProvider makes the fetch/upload/verify spans. Zero: no spans.
-	TracerProvider trace.TracerProvider
+	TracerProvider trace.TracerProvider `json:"-"`
 }
 
 // Progress reports a transfer.
@@ -257,10 +312,10 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 		errs = append(errs, &provider.FieldError{Field: "TransferBudget/HTTPGrace/ProgressInterval/StreamStall/ClaimTimeout", Rule: "must not be negative"})
 	}
 	if cfg.TransferBudget == 0 {
-		cfg.TransferBudget = defaultBudget
+		cfg.TransferBudget = provider.Duration(defaultBudget)
 	}
 	if cfg.HTTPGrace == 0 {
-		cfg.HTTPGrace = min(defaultGrace, cfg.TransferBudget/4)
+		cfg.HTTPGrace = provider.Duration(min(defaultGrace, cfg.TransferBudget.Duration()/4))
 	}
 	if cfg.HTTPGrace >= cfg.TransferBudget {
 		errs = append(errs, &provider.FieldError{Field: "HTTPGrace", Value: cfg.HTTPGrace.String(), Rule: fmt.Sprintf("must be shorter than TransferBudget (%s)", cfg.TransferBudget)})
@@ -269,13 +324,13 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 		return nil, provider.WithCode(provider.Permanent, errors.Join(errs...))
 	}
 	if cfg.StreamStall == 0 {
-		cfg.StreamStall = defaultStreamStall
+		cfg.StreamStall = provider.Duration(defaultStreamStall)
 	}
 	if cfg.ClaimTimeout == 0 {
-		cfg.ClaimTimeout = defaultClaimTimeout
+		cfg.ClaimTimeout = provider.Duration(defaultClaimTimeout)
 	}
 	if cfg.ProgressInterval == 0 {
-		cfg.ProgressInterval = defaultInterval
+		cfg.ProgressInterval = provider.Duration(defaultInterval)
 	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{}
@@ -305,7 +360,7 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 // BaseName returns the volume name of img's base in this cache.
 func (c *Cache) BaseName(img Image) string { return BaseName(c.cfg.Entry, img.Key, img.format()) }
 
-func (c *Cache) staleAfter() time.Duration { return 2 * c.cfg.TransferBudget }
+func (c *Cache) staleAfter() time.Duration { return 2 * c.cfg.TransferBudget.Duration() }
 
 var errClosed = provider.WithCode(provider.Permanent, fmt.Errorf("imagecache: %w", provider.ErrClosed))
 
@@ -340,7 +395,7 @@ func (c *Cache) Ensure(ctx context.Context, img Image) (_ Base, opErr error) {
 		return Base{}, provider.Errorf(provider.Permanent, "image %q: another Ensure of the same key with a different URL, digest or format is in flight", img.Key)
 	}
 	if !ok {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.TransferBudget)
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.TransferBudget.Duration())
 		stop := context.AfterFunc(c.stop, cancel)
 		f = &flight{done: make(chan struct{}), cancel: cancel, img: img}
 		c.flights[name] = f

@@ -51,7 +51,10 @@ func TestNewValidates(t *testing.T) {
 		{"no entry", &fakeConn{}, func(c Config) Config { c.Entry = ""; return c }, "Entry"},
 		{"bad entry", &fakeConn{}, func(c Config) Config { c.Entry = "a--b"; return c }, "Entry"},
 		{"no pool", &fakeConn{}, func(c Config) Config { c.Pool = ""; return c }, "Pool"},
-		{"grace not shorter than budget", &fakeConn{}, func(c Config) Config { c.TransferBudget, c.HTTPGrace = time.Minute, time.Minute; return c }, "HTTPGrace"},
+		{"grace not shorter than budget", &fakeConn{}, func(c Config) Config {
+			c.TransferBudget, c.HTTPGrace = provider.Duration(time.Minute), provider.Duration(time.Minute)
+			return c
+		}, "HTTPGrace"},
 		{"negative", &fakeConn{}, func(c Config) Config { c.ProgressInterval = -1; return c }, "ProgressInterval"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -65,15 +68,15 @@ func TestNewValidates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.cfg.TransferBudget != 20*time.Minute || c.cfg.HTTPGrace != time.Minute || c.cfg.ProgressInterval != 5*time.Second {
+	if c.cfg.TransferBudget.Duration() != 20*time.Minute || c.cfg.HTTPGrace.Duration() != time.Minute || c.cfg.ProgressInterval.Duration() != 5*time.Second {
 		t.Fatalf("defaults: %+v", c.cfg)
 	}
 	if c.BaseName(okImage) != "base-host1--deb.12.qcow2" {
 		t.Fatalf("BaseName = %q", c.BaseName(okImage))
 	}
 	_ = c.Close()
-	short, err := New(&fakeConn{}, Config{Entry: "h", Pool: "p", TransferBudget: 40 * time.Second})
-	if err != nil || short.cfg.HTTPGrace != 10*time.Second {
+	short, err := New(&fakeConn{}, Config{Entry: "h", Pool: "p", TransferBudget: provider.Duration(40 * time.Second)})
+	if err != nil || short.cfg.HTTPGrace.Duration() != 10*time.Second {
 		t.Fatalf("short budget: grace %v, err %v", short.cfg.HTTPGrace, err)
 	}
 	_ = short.Close()

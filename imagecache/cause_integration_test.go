@@ -255,7 +255,7 @@ func TestStackLibvirtFailureNamed(t *testing.T) {
 			r.base = BaseName(entry, im.Key, "qcow2")
 			var once sync.Once
 			c := newTestCache(t, r.rc, entry, r.pool, func(cfg *Config) {
-				cfg.ProgressInterval = time.Millisecond
+				cfg.ProgressInterval = provider.Duration(time.Millisecond)
 				cfg.Progress = func(p Progress) {
 					if p.Bytes > 8<<20 {
 						once.Do(func() { tt.sabotage(t, r) })

@@ -35,7 +35,7 @@ func (c *Cache) snapshot(names []string, name, want, ownToken string) snapshot {
 	}
 	c.mu.Unlock()
 	return snapshot{Names: names, Base: name, Want: want, OwnToken: ownToken, Now: timeNow(),
-		StaleAfter: c.staleAfter(), HeartbeatStale: c.cfg.ClaimTimeout, Instance: c.instance, Live: live}
+		StaleAfter: c.staleAfter(), HeartbeatStale: c.cfg.ClaimTimeout.Duration(), Instance: c.instance, Live: live}
 }
 
 // underClaim creates a claim for base name, decides again with it held and,
@@ -111,7 +111,7 @@ var errClaimLost = fmt.Errorf("lost its claim: it could not be refreshed, so ano
 
 func (h *heartbeat) run(ctx context.Context) {
 	defer close(h.done)
-	iv := h.c.cfg.ClaimTimeout / 4
+	iv := h.c.cfg.ClaimTimeout.Duration() / 4
 	lastOK := time.Now()
 	t := time.NewTicker(iv)
 	defer t.Stop()
@@ -129,7 +129,7 @@ func (h *heartbeat) run(ctx context.Context) {
 		cancel()
 		if err != nil {
 			h.c.log.V(1).Info("could not refresh the claim; trying again", "volume", h.base, "err", err.Error())
-			if time.Since(lastOK) > h.c.cfg.ClaimTimeout/2 {
+			if time.Since(lastOK) > h.c.cfg.ClaimTimeout.Duration()/2 {
 				h.c.log.Info("giving the work up: the claim could not be refreshed", "volume", h.base, "err", err.Error())
 				h.cancel(fmt.Errorf("%w (for %v: %v)", errClaimLost, time.Since(lastOK).Round(time.Second), err))
 				return

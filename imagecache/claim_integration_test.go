@@ -164,7 +164,7 @@ func TestStackClaimTakeover(t *testing.T) {
 		taken bool
 	}{{"crashed writer (3m without refresh)", 3 * time.Minute, true}, {"live writer (refreshed now)", 0, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) { cfg.TransferBudget = 30 * time.Minute })
+			c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) { cfg.TransferBudget = provider.Duration(30 * time.Minute) })
 			im := Image{Key: "k" + randHex(2), URL: srv.URL + "/k"}
 			claim := claimName(c.BaseName(im), time.Now().Add(-tc.age), tok)
 			putVol(t, lv, env.Pool, claim, nil)
@@ -200,7 +200,7 @@ func TestStackHeartbeatKeepsSlowFetch(t *testing.T) {
 	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 4)
 	srv := newImageServer(t, serveSlowly(img, 8*time.Second))
-	short := func(cfg *Config) { cfg.ClaimTimeout = 2 * time.Second }
+	short := func(cfg *Config) { cfg.ClaimTimeout = provider.Duration(2 * time.Second) }
 	a := newTestCache(t, SSH(lv), entry, env.Pool, short)
 	b := newTestCache(t, SSH(link(t, env)), entry, env.Pool, short)
 	im := Image{Key: "h", URL: srv.URL + "/h"}

@@ -101,7 +101,7 @@ func ExampleNew() {
 	c, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{
 		Entry:          "lab-1",
 		Pool:           "default",
-		TransferBudget: 20 * time.Minute,
+		TransferBudget: provider.Duration(20 * time.Minute),
 	})
 	if err != nil {
 		fmt.Println(err)

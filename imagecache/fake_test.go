@@ -47,7 +47,7 @@ func (d fakeDedicated) Close() error     { return d.s.Close() }
 func (d fakeDedicated) Kill()            { d.s.Kill() }
 
 // stallFast is the StreamStall of tests that stall a stream on purpose.
-func stallFast(cfg *Config) { cfg.StreamStall = 300 * time.Millisecond }
+func stallFast(cfg *Config) { cfg.StreamStall = provider.Duration(300 * time.Millisecond) }
 
 const (
 	fakePool  = "p"
@@ -104,7 +104,7 @@ func newFakeCache(t *testing.T, mod func(*Config)) (*Cache, *libvirtfake.Host) {
 	t.Cleanup(func() { _ = h.Close() })
 	// StreamStall: long enough that a loaded machine never stalls a stream
 	// by accident; tests of stalls set stallFast.
-	cfg := Config{Entry: fakeEntry, Pool: fakePool, StreamStall: 5 * time.Second}
+	cfg := Config{Entry: fakeEntry, Pool: fakePool, StreamStall: provider.Duration(5 * time.Second)}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -165,7 +165,7 @@ func TestFakeFetchHitVerifyListEvict(t *testing.T) {
 	srv := serve(t, body, nil)
 	var progress atomic.Int64
 	c, h := newFakeCache(t, func(cfg *Config) {
-		cfg.ProgressInterval = time.Nanosecond
+		cfg.ProgressInterval = provider.Duration(time.Nanosecond)
 		cfg.Progress = func(p Progress) { progress.Store(p.Bytes) }
 	})
 	img := Image{Key: "deb.12", URL: srv.url, SHA256: sum}
@@ -409,9 +409,9 @@ func TestFakeClaims(t *testing.T) {
 	})
 	t.Run("stale claims are taken over", func(t *testing.T) {
 		srv := serve(t, body, nil)
-		c, h := newFakeCache(t, func(cfg *Config) { cfg.ClaimTimeout = time.Minute })
+		c, h := newFakeCache(t, func(cfg *Config) { cfg.ClaimTimeout = provider.Duration(time.Minute) })
 		stale := claimName(name, time.Now().Add(-2*time.Minute), otherToken)
-		legacy := claimName(name, time.Now().Add(-3*c.cfg.TransferBudget), "abc")
+		legacy := claimName(name, time.Now().Add(-3*c.cfg.TransferBudget.Duration()), "abc")
 		for _, v := range []string{stale, legacy, MarkerName(name, "bad")} {
 			if err := h.PutVolume(fakePool, v, nil); err != nil {
 				t.Fatal(err)
@@ -436,7 +436,10 @@ func TestFakeClaims(t *testing.T) {
 	})
 	t.Run("refreshed while the fetch is slow", func(t *testing.T) {
 		srv := serve(t, body, nil)
-		c, h := newFakeCache(t, func(cfg *Config) { cfg.ClaimTimeout = 200 * time.Millisecond; cfg.StreamStall = time.Minute })
+		c, h := newFakeCache(t, func(cfg *Config) {
+			cfg.ClaimTimeout = provider.Duration(200 * time.Millisecond)
+			cfg.StreamStall = provider.Duration(time.Minute)
+		})
 		refreshed := make(chan struct{})
 		var claims atomic.Int64
 		h.SetHook("StorageVolCreateXML", func(call libvirtfake.Call) error {
@@ -458,7 +461,10 @@ func TestFakeClaims(t *testing.T) {
 	})
 	t.Run("a claim that cannot be refreshed gives the work up", func(t *testing.T) {
 		srv := serve(t, body, nil)
-		c, h := newFakeCache(t, func(cfg *Config) { cfg.ClaimTimeout = 200 * time.Millisecond; cfg.StreamStall = time.Minute })
+		c, h := newFakeCache(t, func(cfg *Config) {
+			cfg.ClaimTimeout = provider.Duration(200 * time.Millisecond)
+			cfg.StreamStall = provider.Duration(time.Minute)
+		})
 		var claims atomic.Int64
 		h.SetHook("StorageVolCreateXML", func(call libvirtfake.Call) error {
 			if strings.HasPrefix(call.Volume, "claim-") && claims.Add(1) > 1 {
@@ -749,7 +755,7 @@ func TestFakeStallRetriedOnce(t *testing.T) {
 func TestFakeCallerCancelDuringUpload(t *testing.T) {
 	body, _ := testImage(100 << 10)
 	srv := serve(t, body, nil)
-	c, h := newFakeCache(t, func(cfg *Config) { cfg.StreamStall = time.Minute })
+	c, h := newFakeCache(t, func(cfg *Config) { cfg.StreamStall = provider.Duration(time.Minute) })
 	started := make(chan struct{})
 	var once sync.Once
 	h.SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
@@ -789,7 +795,7 @@ func TestFakeCloseDuringFetch(t *testing.T) {
 	if err := h.AddPool(fakePool, 64<<20); err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(fakeLink{h}, Config{Entry: fakeEntry, Pool: fakePool, StreamStall: time.Minute})
+	c, err := New(fakeLink{h}, Config{Entry: fakeEntry, Pool: fakePool, StreamStall: provider.Duration(time.Minute)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -830,7 +836,7 @@ func TestFakeBudgetExhausted(t *testing.T) {
 	body, _ := testImage(100 << 10)
 	srv := serve(t, body, nil)
 	c, h := newFakeCache(t, func(cfg *Config) {
-		cfg.TransferBudget, cfg.HTTPGrace, cfg.StreamStall = 300*time.Millisecond, 10*time.Millisecond, time.Minute
+		cfg.TransferBudget, cfg.HTTPGrace, cfg.StreamStall = provider.Duration(300*time.Millisecond), provider.Duration(10*time.Millisecond), provider.Duration(time.Minute)
 	})
 	h.SetStreamHook("StorageVolUpload", libvirtfake.StallAfter(fakeChunk, nil))
 	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})

@@ -250,9 +250,9 @@ func showBytes(head []byte, rawURL string) string {
 func (c *Cache) httpDeadline(ctx context.Context) (time.Time, error) {
 	end, ok := ctx.Deadline()
 	if !ok {
-		end = time.Now().Add(c.cfg.TransferBudget)
+		end = time.Now().Add(c.cfg.TransferBudget.Duration())
 	}
-	d := end.Add(-c.cfg.HTTPGrace)
+	d := end.Add(-c.cfg.HTTPGrace.Duration())
 	if left := time.Until(end); !d.After(time.Now()) {
 		return time.Time{}, fmt.Errorf("only %s of the transfer budget %s is left, not more than HTTPGrace %s; not downloading (retry)", left.Round(time.Millisecond), c.cfg.TransferBudget, c.cfg.HTTPGrace)
 	}
@@ -328,7 +328,7 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 	defer dc.Close()
 
 	now := time.Now()
-	m := &meter{r: body, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free, stall: c.cfg.StreamStall}
+	m := &meter{r: body, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free, stall: c.cfg.StreamStall.Duration()}
 	m.touch()
 	// The drain must stop as soon as the call returned (e.g. with libvirt's
 	// error), or upload would wait for the Read holding m.mu.
@@ -437,7 +437,7 @@ func (c *Cache) runStream(ctx context.Context, dc Dedicated, op string, stalled 
 		defer c.wg.Done()
 		done <- call()
 	}()
-	tick := time.NewTicker(min(time.Second, c.cfg.StreamStall/4))
+	tick := time.NewTicker(min(time.Second, c.cfg.StreamStall.Duration()/4))
 	defer tick.Stop()
 	var cause error
 loop:
@@ -506,7 +506,7 @@ func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error
 	// The writer never fails: go-libvirt must keep draining the stream
 	// (a failing writer would end the call early, leaving packets behind
 	// for its router); ctx and stalls kill the link.
-	w := &hashWriter{h: sha256.New(), stall: c.cfg.StreamStall}
+	w := &hashWriter{h: sha256.New(), stall: c.cfg.StreamStall.Duration()}
 	w.touch()
 	err = c.runStream(ctx, dc, "read back "+name, w.stalled, func() error {
 		v, err := lookupVol(dc.Libvirt(), c.cfg.Pool, name)
@@ -607,7 +607,7 @@ func (m *meter) Read(p []byte) (int, error) {
 	if err != nil && !errors.Is(err, io.EOF) && m.fail.err == nil {
 		m.fail = meterFailure{err: err, from: from, late: m.callDone.Load()}
 	}
-	if time.Since(m.last) >= m.c.cfg.ProgressInterval {
+	if time.Since(m.last) >= m.c.cfg.ProgressInterval.Duration() {
 		m.report(false)
 	}
 	return n, err

@@ -56,7 +56,7 @@ func (d *deadlineRecorder) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestHTTPDeadlineIsFlightDeadlineMinusGrace(t *testing.T) {
 	const budget, grace = 20 * time.Minute, time.Minute
 	rec := &deadlineRecorder{}
-	c, err := New(&fakeConn{}, Config{Entry: "e", Pool: "p", TransferBudget: budget, HTTPGrace: grace, HTTPClient: &http.Client{Transport: rec}})
+	c, err := New(&fakeConn{}, Config{Entry: "e", Pool: "p", TransferBudget: provider.Duration(budget), HTTPGrace: provider.Duration(grace), HTTPClient: &http.Client{Transport: rec}})
 	if err != nil {
 		t.Fatal(err)
 	}

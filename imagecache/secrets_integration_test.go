@@ -72,7 +72,7 @@ func TestStackSecretsNeverPrinted(t *testing.T) {
 	sink, log, tp := newTextSink(t)
 	c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) {
 		cfg.Logger, cfg.TracerProvider = log, tp
-		cfg.ProgressInterval = time.Millisecond // every progress line too
+		cfg.ProgressInterval = provider.Duration(time.Millisecond) // every progress line too
 	})
 	for _, tt := range []struct {
 		name string

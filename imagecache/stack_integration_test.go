@@ -74,7 +74,7 @@ func randBytes(n int) []byte {
 
 func newTestCache(t *testing.T, lv Conn, entry, pool string, mod func(*Config)) *Cache {
 	t.Helper()
-	cfg := Config{Entry: entry, Pool: pool, TransferBudget: time.Minute, HTTPGrace: 10 * time.Second, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
+	cfg := Config{Entry: entry, Pool: pool, TransferBudget: provider.Duration(time.Minute), HTTPGrace: provider.Duration(10 * time.Second), Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -331,7 +331,7 @@ func TestStackColdFetchHitVerifyListEvict(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) {
-		cfg.ProgressInterval = time.Millisecond
+		cfg.ProgressInterval = provider.Duration(time.Millisecond)
 		cfg.Progress = func(p Progress) { progress.Store(p.Bytes); rate.Store(uint64(p.Rate)) }
 		cfg.TracerProvider = tp
 	})
@@ -455,7 +455,9 @@ func TestStackFailureShapes(t *testing.T) {
 		{name: "body error mid-stream", handler: serveHalfThen(img, func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }), want: provider.Transient, msg: "reading the image", within: 20 * time.Second},
 		{name: "body ends short", handler: serveFile(img), mod: func(c *Config) { c.HTTPClient = &http.Client{Transport: truncatingTransport{}} }, want: provider.Transient, msg: "body ended after", within: 20 * time.Second},
 		{name: "stalled mirror", handler: serveHalfThen(img, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }),
-			mod:  func(c *Config) { c.TransferBudget, c.HTTPGrace = 8*time.Second, 4*time.Second },
+			mod: func(c *Config) {
+				c.TransferBudget, c.HTTPGrace = provider.Duration(8*time.Second), provider.Duration(4*time.Second)
+			},
 			want: provider.Transient, msg: "deadline", within: 7 * time.Second},
 		{name: "pool too small for Content-Length", handler: func(w http.ResponseWriter, r *http.Request, _ int64) {
 			w.Header().Set("Content-Length", strconv.FormatInt(1<<55, 10))
@@ -535,7 +537,7 @@ func TestStackUploadSabotage(t *testing.T) {
 			im := Image{Key: "img", URL: srv.URL + "/i"}
 			base := BaseName(entry, im.Key, "qcow2")
 			c := newTestCache(t, rc, entry, env.Pool, func(cfg *Config) {
-				cfg.ProgressInterval = time.Millisecond
+				cfg.ProgressInterval = provider.Duration(time.Millisecond)
 				cfg.Progress = func(p Progress) {
 					if p.Bytes > 8<<20 {
 						once.Do(func() { tt.sabotage(t, rc, base) })
@@ -676,7 +678,7 @@ func TestStackDiskFills(t *testing.T) {
 				if tt.overrun == 0 {
 					return
 				}
-				cfg.ProgressInterval = time.Millisecond
+				cfg.ProgressInterval = provider.Duration(time.Millisecond)
 				cfg.Progress = func(p Progress) {
 					if p.Bytes < 8<<20 {
 						return
@@ -967,7 +969,7 @@ func TestStackOneGiB(t *testing.T) {
 		// 2 GiB through SSH (upload + read-back) took over a minute with
 		// both cores busy (make stress): this test is about correctness
 		// and memory, not speed.
-		cfg.TransferBudget, cfg.HTTPGrace = 10*time.Minute, time.Minute
+		cfg.TransferBudget, cfg.HTTPGrace = provider.Duration(10*time.Minute), provider.Duration(time.Minute)
 		cfg.Progress = func(p Progress) {
 			if p.Bytes == img.size {
 				uploadHWM = procStatus("VmHWM")
@@ -1111,7 +1113,7 @@ func TestStackCloseDuringFetch(t *testing.T) {
 	srv := newImageServer(t, serveHalfThen(img, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
 	uploading := make(chan struct{})
 	var once sync.Once
-	c, err := New(SSH(lv), Config{Entry: entry, Pool: env.Pool, Logger: testr.New(t), ProgressInterval: time.Millisecond,
+	c, err := New(SSH(lv), Config{Entry: entry, Pool: env.Pool, Logger: testr.New(t), ProgressInterval: provider.Duration(time.Millisecond),
 		Progress: func(p Progress) {
 			if p.Bytes > 0 {
 				once.Do(func() { close(uploading) })

@@ -148,8 +148,8 @@ func TestStackStreamStallRetriedOnce(t *testing.T) {
 			entry := testEntry()
 			cleanupEntry(t, check, env.Pool, entry)
 			srv := newImageServer(t, serveFile(img))
-			c, err := New(SSH(lv), Config{Entry: entry, Pool: env.Pool, TransferBudget: 2 * time.Minute, HTTPGrace: 30 * time.Second,
-				StreamStall: 2 * time.Second, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})})
+			c, err := New(SSH(lv), Config{Entry: entry, Pool: env.Pool, TransferBudget: provider.Duration(2 * time.Minute), HTTPGrace: provider.Duration(30 * time.Second),
+				StreamStall: provider.Duration(2 * time.Second), Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -45,7 +45,7 @@ func stackConfig(t *testing.T) Config {
 		LibvirtSocket:  env.LibvirtSocket,
 		LibvirtURI:     env.LibvirtURI,
 		Pool:           env.Pool,
-		DialTimeout:    5 * time.Second,
+		DialTimeout:    provider.Duration(5 * time.Second),
 	}
 }
 

@@ -1,6 +1,7 @@
 package kvm2
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
+	"sigs.k8s.io/yaml"
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/provider"
@@ -37,101 +39,110 @@ const (
 // MachineType is the size of a VM.
 type MachineType struct {
 	// VCPUs is the number of virtual CPUs, 1–256.
-	VCPUs int
+	VCPUs int `json:"vcpus"`
 	// MemoryMiB is the guest memory in MiB, at least 64.
-	MemoryMiB int
+	MemoryMiB int `json:"memoryMiB"`
 }
 
 // Config describes one provider entry: one hypervisor host reached over SSH
 // and one libvirt storage pool on it. Every field documents its zero value.
 // Open validates it (errors name the field and the rule) and touches nothing.
+//
+// Config is data an operator keeps in a file, a ConfigMap or a Secret: it
+// marshals to JSON and YAML (sigs.k8s.io/yaml) with camelCase keys,
+// durations as strings ("30s", provider.Duration), zero values that mean
+// "the default" omitted. ParseConfig decodes one strictly. Secrets never
+// appear in its marshalled form or its String: image URLs are redacted
+// (imagecache.RedactURL) and credential fields are tagged `json:"-"`, so
+// they are set in code (from a Secret), never from the file. docs/config.md
+// shows every field with its default and rule.
 type Config struct {
 	// Entry is the provider entry name. It becomes part of volume and domain
 	// names, so it must be a lowercase DNS label (provider.ValidateName:
 	// 1–63 of a–z, 0–9, '-', alphanumeric at both ends, no "--"). Required.
-	Entry string
+	Entry string `json:"entry"`
 	// Owner names the program (e.g. the operator instance) that owns the
 	// instances; it is stored in each domain's metadata and List returns only
 	// instances of this Owner. Same rule as Entry. Required.
-	Owner string
+	Owner string `json:"owner"`
 
 	// Address is host:port of the hypervisor's sshd. Required.
-	Address string
+	Address string `json:"address"`
 	// User is the SSH user. Required.
-	User string
+	User string `json:"user"`
 	// KeyFile is an unencrypted private key file. Required. It is read on
 	// every dial (a missing file is reported by Check as
 	// CredentialsUnavailable, not by Open).
-	KeyFile string
+	KeyFile string `json:"keyFile,omitempty"`
 	// KnownHostsFile is an OpenSSH known_hosts file pinning the host key.
 	// Required: host key verification cannot be skipped.
-	KnownHostsFile string
+	KnownHostsFile string `json:"knownHostsFile,omitempty"`
 	// LibvirtSocket is the path of libvirtd's read-write unix socket on the
 	// host. Zero: /var/run/libvirt/libvirt-sock.
-	LibvirtSocket string
+	LibvirtSocket string `json:"libvirtSocket,omitempty"`
 	// LibvirtURI is the connection URI sent to libvirtd. Zero: qemu:///system.
-	LibvirtURI string
+	LibvirtURI string `json:"libvirtURI,omitempty"`
 	// Pool is the libvirt storage pool holding base images, overlays and
 	// seeds. Required.
-	Pool string
+	Pool string `json:"pool"`
 
 	// Images maps an image key (provider.Spec.ImageKey) to the base image
 	// the instance's overlay is backed by; package imagecache fetches,
 	// verifies and publishes it in Pool. An Image's Key may be left empty
 	// (it is set from the map key); when set it must equal the map key.
 	// Zero: no images — Check works, Create fails Permanent.
-	Images map[string]imagecache.Image
+	Images map[string]imagecache.Image `json:"images,omitempty"`
 	// DefaultImage is used when a Spec names no image. Zero: the only key
 	// when Images has one key; required when it has several.
-	DefaultImage string
+	DefaultImage string `json:"defaultImage,omitempty"`
 	// TransferBudget bounds one cold image fetch (see imagecache.Config).
 	// Zero: imagecache's default (20m).
-	TransferBudget time.Duration
+	TransferBudget provider.Duration `json:"transferBudget,omitempty"`
 
 	// MachineTypes maps a machine type name (provider.Spec.MachineType) to
 	// its size. Zero: {"small": {VCPUs: 1, MemoryMiB: 512}}.
-	MachineTypes map[string]MachineType
+	MachineTypes map[string]MachineType `json:"machineTypes,omitempty"`
 	// DefaultMachineType is used when a Spec names none. Zero: "small" when
 	// MachineTypes is empty, the only key when it has one key; required when
 	// it has several.
-	DefaultMachineType string
+	DefaultMachineType string `json:"defaultMachineType,omitempty"`
 
 	// Network is the libvirt network the VM's NIC joins. Zero: "default",
 	// unless Bridge is set. Setting both is an error.
-	Network string
+	Network string `json:"network,omitempty"`
 	// Bridge is a host bridge the VM's NIC joins instead of a libvirt
 	// network. Zero: use Network.
-	Bridge string
+	Bridge string `json:"bridge,omitempty"`
 	// DomainType is the libvirt domain type: "qemu" (TCG, works everywhere)
 	// or "kvm". Zero: "qemu".
-	DomainType string
+	DomainType string `json:"domainType,omitempty"`
 
 	// Kernel, when set, is the absolute path on the host of a kernel to boot
 	// directly (direct kernel boot) instead of the disk's boot loader. Zero:
 	// boot from the disk.
-	Kernel string
+	Kernel string `json:"kernel,omitempty"`
 	// Initrd is the absolute path on the host of the initrd for direct
 	// kernel boot. Zero: none. Requires Kernel.
-	Initrd string
+	Initrd string `json:"initrd,omitempty"`
 	// Cmdline is the kernel command line for direct kernel boot. Zero: none.
 	// Requires Kernel.
-	Cmdline string
+	Cmdline string `json:"cmdline,omitempty"`
 
 	// ConsoleLogDir, when set, is an absolute directory on the host where
 	// each VM's serial console is logged as "<domain>.log" (written by
 	// virtlogd). Zero: the console is a pty only, nothing is logged.
-	ConsoleLogDir string
+	ConsoleLogDir string `json:"consoleLogDir,omitempty"`
 
 	// CallTimeout is the budget of one backend call when the caller's
 	// context has no deadline. Zero: 2m.
-	CallTimeout time.Duration
+	CallTimeout provider.Duration `json:"callTimeout,omitempty"`
 	// DialTimeout bounds the SSH dial and handshake. Zero: sshconn's default
 	// (10s).
-	DialTimeout time.Duration
+	DialTimeout provider.Duration `json:"dialTimeout,omitempty"`
 	// KeepaliveInterval and KeepaliveCount tune SSH liveness. Zero:
 	// sshconn's defaults (5s, 3).
-	KeepaliveInterval time.Duration
-	KeepaliveCount    int
+	KeepaliveInterval provider.Duration `json:"keepaliveInterval,omitempty"`
+	KeepaliveCount    int               `json:"keepaliveCount,omitempty"`
 }
 
 // Options are optional collaborators. A nil *Options is valid.
@@ -144,6 +155,66 @@ type Options struct {
 	// HTTPClient downloads base images. Nil: imagecache's default (no
 	// overall timeout; the transfer budget bounds a download).
 	HTTPClient *http.Client
+}
+
+// ParseConfig decodes one entry from YAML or JSON (JSON is YAML) strictly
+// and validates it as Open does. An unknown or duplicate key, a value of the
+// wrong type and a duration written as a bare number (it would be read as
+// nanoseconds) are errors that name the key; validation errors name the Go
+// field and the rule, one *provider.FieldError each. Every error is
+// Permanent. The Config is returned as written, without the defaults Open
+// fills in, so marshalling it gives the file back (image URLs redacted).
+// Credential fields cannot come from the file: set them before Open.
+func ParseConfig(data []byte) (Config, error) {
+	var c Config
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		return Config{}, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", decodeError(err)))
+	}
+	if _, err := c.validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// decodeError turns a decoding error that names a key into a
+// *provider.FieldError; other errors (syntax) are returned as they are.
+func decodeError(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return fieldErr(te.Field, "", "got "+te.Value+", want "+te.Type.String())
+	}
+	const unknown = "json: unknown field "
+	msg := err.Error()
+	if i := strings.Index(msg, unknown); i >= 0 {
+		if name, qerr := strconv.Unquote(msg[i+len(unknown):]); qerr == nil {
+			return fieldErr(name, "", "is not a field of the config (keys are camelCase, see docs/config.md)")
+		}
+	}
+	return err
+}
+
+// String returns c in its marshalled form (JSON): image URLs redacted,
+// credential fields absent. fmt's %v, %+v and %s use it, and %#v
+// (GoString), so printing a Config never shows a secret.
+func (c Config) String() string {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return "kvm2.Config{<" + provider.ClipMessage(err.Error()) + ">}"
+	}
+	return string(b)
+}
+
+// GoString is String for %#v.
+func (c Config) GoString() string { return "kvm2.Config" + c.String() }
+
+// MarshalLog gives logr sinks that do not use String (e.g. zapr) the
+// marshalled form as a structured value.
+func (c Config) MarshalLog() any {
+	var m map[string]any
+	if err := json.Unmarshal([]byte(c.String()), &m); err != nil {
+		return c.String()
+	}
+	return m
 }
 
 // fieldErr returns a *provider.FieldError. The value is given as is: the
@@ -284,7 +355,7 @@ func (c Config) validate() (Config, error) {
 	if c.CallTimeout < 0 {
 		add(fieldErr("CallTimeout", c.CallTimeout.String(), "must not be negative (zero means 2m)"))
 	} else if c.CallTimeout == 0 {
-		c.CallTimeout = DefaultCallTimeout
+		c.CallTimeout = provider.Duration(DefaultCallTimeout)
 	}
 	if c.DialTimeout < 0 {
 		add(fieldErr("DialTimeout", c.DialTimeout.String(), "must not be negative (zero means the sshconn default)"))

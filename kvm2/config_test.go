@@ -43,7 +43,7 @@ func TestConfigDefaults(t *testing.T) {
 	if mt := c.MachineTypes["small"]; mt.VCPUs != 1 || mt.MemoryMiB != 512 {
 		t.Errorf("default machine type = %+v", mt)
 	}
-	if c.CallTimeout != DefaultCallTimeout {
+	if c.CallTimeout.Duration() != DefaultCallTimeout {
 		t.Errorf("CallTimeout = %v", c.CallTimeout)
 	}
 }

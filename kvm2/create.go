@@ -155,7 +155,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	// has none; so does this.
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.cfg.CallTimeout)
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.CallTimeout.Duration())
 		defer cancel()
 	}
 	c.ctx = ctx

@@ -14,22 +14,23 @@ import (
 )
 
 // entryJSON is one provider entry as an embedder might keep it in a
-// configuration file (Config has no struct tags: JSON and YAML keys match the
-// field names).
+// configuration file: camelCase keys, durations as strings, zero values
+// (defaults) left out. docs/config.md lists every field.
 const entryJSON = `{
-	"Entry": "lab-1",
-	"Owner": "my-operator",
-	"Address": "hv1.example.net:22",
-	"User": "egressproxy",
-	"KeyFile": "/etc/egressproxy/id_ed25519",
-	"KnownHostsFile": "/etc/egressproxy/known_hosts",
-	"Pool": "default",
-	"Images": {
+	"entry": "lab-1",
+	"owner": "my-operator",
+	"address": "hv1.example.net:22",
+	"user": "egressproxy",
+	"keyFile": "/etc/egressproxy/id_ed25519",
+	"knownHostsFile": "/etc/egressproxy/known_hosts",
+	"pool": "default",
+	"images": {
 		"debian-12": {
-			"URL": "https://images.example.net/debian-12-squid.qcow2",
-			"SHA256": "0f3c4e9a8b7d6c5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e"
+			"url": "https://images.example.net/debian-12-squid.qcow2",
+			"sha256": "0f3c4e9a8b7d6c5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e"
 		}
-	}
+	},
+	"callTimeout": "2m"
 }`
 
 // Open validates the Config and builds the provider without touching the
@@ -37,8 +38,8 @@ const entryJSON = `{
 // documented defaults filled in. An embedder then drives the provider through
 // egressproxy.New (Create, Get, Delete, List, Check) and closes it.
 func ExampleOpen() {
-	var cfg kvm2.Config
-	if err := json.Unmarshal([]byte(entryJSON), &cfg); err != nil {
+	cfg, err := kvm2.ParseConfig([]byte(entryJSON)) // strict: a mistyped key is an error
+	if err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -73,6 +74,24 @@ func ExampleOpen() {
 	// libvirt: qemu:///system /var/run/libvirt/libvirt-sock
 	// network: default domain type: qemu
 	// call timeout: 2m0s
+}
+
+// ParseConfig reads YAML or JSON strictly: a mistyped key, or a duration
+// written as a bare number (it would be nanoseconds), is a Permanent error
+// naming the key, before anything is validated.
+func ExampleParseConfig() {
+	for _, doc := range []string{
+		"entry: lab-1\nowner: my-operator\ncallTimout: 30s\n",
+		"entry: lab-1\nowner: my-operator\ncallTimeout: 30\n",
+	} {
+		_, err := kvm2.ParseConfig([]byte(doc))
+		for _, fe := range provider.FieldErrors(err) {
+			fmt.Println(provider.Code(err), fe.Field)
+		}
+	}
+	// Output:
+	// Permanent callTimout
+	// Permanent callTimeout
 }
 
 // A bad Config is one Permanent error naming every field that is wrong and

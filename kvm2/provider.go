@@ -73,8 +73,8 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		User:              cfg.User,
 		KeyFile:           cfg.KeyFile,
 		KnownHostsFile:    cfg.KnownHostsFile,
-		DialTimeout:       cfg.DialTimeout,
-		KeepaliveInterval: cfg.KeepaliveInterval,
+		DialTimeout:       cfg.DialTimeout.Duration(),
+		KeepaliveInterval: cfg.KeepaliveInterval.Duration(),
 		KeepaliveCount:    cfg.KeepaliveCount,
 		Logger:            log,
 	})
@@ -84,7 +84,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{
 		Socket:      cfg.LibvirtSocket,
 		URI:         cfg.LibvirtURI,
-		CallTimeout: cfg.CallTimeout,
+		CallTimeout: cfg.CallTimeout.Duration(),
 		Logger:      log,
 	})
 	cache, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{

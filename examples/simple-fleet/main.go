@@ -402,7 +402,7 @@ func (r *fleetRun) pollFleet(ctx, wctx context.Context) (running int, line strin
 func (r *fleetRun) probeFleet(ctx context.Context) {
 	for _, m := range r.fleet {
 		m.res = health.Probe(ctx, m.inst.Address(), r.target, &health.ProbeOptions{
-			Timeout:  5 * time.Second,
+			Timeout:  provider.Duration(5 * time.Second),
 			Exchange: exchangeFor(r.target, r.ownTarget),
 		})
 	}

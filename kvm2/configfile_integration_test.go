@@ -1,0 +1,85 @@
+//go:build integration
+
+package kvm2
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/yaml"
+
+	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// A config written to a YAML file and read back with ParseConfig drives the
+// real stack: Check, then Create, Get and Delete of one instance. The same
+// config with a credentialed image URL marshals without the secret, and the
+// redacted file is refused before anything is dialled.
+func TestIntegrationConfigFile(t *testing.T) {
+	e := newLifecycleEnv(t)
+	b, err := yaml.Marshal(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"dialTimeout: 5s\n", "machineTypes:\n", "url: http://"} {
+		if !strings.Contains(string(b), key) {
+			t.Errorf("marshalled config lacks %q:\n%s", key, b)
+		}
+	}
+	path := writeFile(t, "entry.yaml", b)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		t.Fatalf("ParseConfig:\n%s\n%v", data, err)
+	}
+	if d := cmp.Diff(e.cfg, cfg); d != "" {
+		t.Fatalf("file round trip (-want +got):\n%s", d)
+	}
+
+	p := openT(t, cfg, testr.New(t))
+	if h := checkT(t, p); !h.Reachable || h.Reason != provider.ReasonNone {
+		t.Fatalf("Check = %+v", h)
+	}
+	ctx := ctxT(t)
+	spec := provider.Spec{Name: "from-file", UID: "uid-file-" + randSuffix(t)}
+	inst, err := p.Create(ctx, spec)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	if inst.Name != spec.Name || inst.UID != spec.UID {
+		t.Errorf("Create = %+v", inst)
+	}
+	if got, err := p.Get(ctx, spec.Ref()); err != nil || got.UID != spec.UID {
+		t.Errorf("Get = %+v, %v", got, err)
+	}
+	if err := p.Delete(ctx, spec.Ref()); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+
+	// Credentials in the image URL never reach the file.
+	const secret = "s3cr3t-passw0rd"
+	withCred := e.cfg
+	img := withCred.Images["tiny"]
+	img.URL = strings.Replace(img.URL, "http://", "http://op:"+secret+"@", 1)
+	withCred.Images = map[string]imagecache.Image{"tiny": img}
+	b, err = yaml.Marshal(withCred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), secret) || strings.Contains(withCred.String(), secret) {
+		t.Fatalf("secret marshalled:\n%s", b)
+	}
+	_, err = ParseConfig(b)
+	var fe *provider.FieldError
+	if !errors.As(err, &fe) || fe.Field != `Images["tiny"].URL` {
+		t.Fatalf("ParseConfig(redacted) = %v, want the URL refused", err)
+	}
+}
