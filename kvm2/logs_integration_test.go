@@ -23,11 +23,11 @@ import (
 
 // logKeys are the keys a log line of this module may carry: funcr's own
 // (logger, level, msg, error for logr's Error argument), the one key set
-// (entry, instance, volume, elapsed, err) and the facts particular lines
+// (entry, instance, volume, image, elapsed, err) and the facts particular lines
 // add. A key outside it, or one twice in a line, fails the test.
 var logKeys = []string{
 	"logger", "level", "msg", "error", // funcr
-	"entry", "instance", "volume", "elapsed", "err", // the key set
+	"entry", "instance", "volume", "image", "elapsed", "err", // the key set
 	"op", "code", "uid", "domain", "base", "pool", "url", "uri", "bytes", "total", "rate", "bytesPerSecond",
 	"sha256", "upload", "uploadBytesPerSecond", "verify", "verifyBytesPerSecond",
 	"claims", "final", "addr", "user", "dedicated", "reason", "hostname", "libvirtVersion",
