@@ -195,7 +195,9 @@ func formatGiB(b uint64) string {
 // a host that offers no KVM, the entry is Reachable but degraded: domainType
 // "qemu", acceleration "none", and a "degraded" detail saying that guests
 // run without acceleration. An explicit "kvm" on such a host is not
-// Reachable: Reason Unknown, with the Message naming the field DomainType. The error is only for the call itself: the context ended (Canceled /
+// Reachable: Reason Unknown, with the Message naming the field DomainType.
+//
+// The error is only for the call itself: the context ended (Canceled /
 // DeadlineExceeded) or the provider is closed (ErrClosed, Permanent).
 func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 	ctx, end := p.start(ctx, "kvm2.Check", "", false)
