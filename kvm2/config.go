@@ -24,7 +24,7 @@ import (
 const (
 	DefaultLibvirtSocket      = "/var/run/libvirt/libvirt-sock"
 	DefaultLibvirtURI         = "qemu:///system"
-	DefaultDomainType         = "qemu"
+	DefaultDomainType         = "qemu" // the fallback of a zero (automatic) DomainType on a host without KVM
 	DefaultNetwork            = "default"
 	DefaultMachineTypeName    = "small"
 	DefaultCallTimeout        = 2 * time.Minute
@@ -113,8 +113,14 @@ type Config struct {
 	// Bridge is a host bridge the VM's NIC joins instead of a libvirt
 	// network. Zero: use Network.
 	Bridge string `json:"bridge,omitempty"`
-	// DomainType is the libvirt domain type: "qemu" (TCG, works everywhere)
-	// or "kvm". Zero: "qemu".
+	// DomainType is the libvirt domain type: "kvm" (hardware acceleration)
+	// or "qemu" (TCG, software emulation, works everywhere). Zero:
+	// automatic — "kvm" when the host's domain capabilities offer it, else
+	// "qemu", which Check reports as a degraded detail; decided on first
+	// use (Open touches nothing). An explicit "kvm" on a host that does not
+	// offer it fails Create and Check (Permanent, naming DomainType). A host
+	// may offer KVM that does not work (e.g. nested virtualisation, where
+	// KVM guests hang in their firmware): pin "qemu" there.
 	DomainType string `json:"domainType,omitempty"`
 
 	// Kernel, when set, is the absolute path on the host of a kernel to boot
@@ -325,11 +331,9 @@ func (c Config) validate() (Config, error) {
 	}
 
 	switch c.DomainType {
-	case "":
-		c.DomainType = DefaultDomainType
-	case "qemu", "kvm":
+	case "", domainTypeQEMU, domainTypeKVM: // "": automatic (accel.go)
 	default:
-		add(fieldErr("DomainType", c.DomainType, `must be "qemu" or "kvm"`))
+		add(fieldErr("DomainType", c.DomainType, `must be "kvm", "qemu", or empty (automatic)`))
 	}
 
 	if c.Kernel != "" && !path.IsAbs(c.Kernel) {

@@ -31,7 +31,7 @@ func TestConfigDefaults(t *testing.T) {
 	checks := []struct{ field, got, want string }{
 		{"LibvirtSocket", c.LibvirtSocket, DefaultLibvirtSocket},
 		{"LibvirtURI", c.LibvirtURI, DefaultLibvirtURI},
-		{"DomainType", c.DomainType, "qemu"},
+		{"DomainType", c.DomainType, ""}, // automatic: decided on first use (accel.go)
 		{"Network", c.Network, "default"},
 		{"DefaultMachineType", c.DefaultMachineType, "small"},
 	}
@@ -84,7 +84,7 @@ func TestConfigValidate(t *testing.T) {
 		}, "DefaultMachineType", "required"},
 		{"network and bridge", func(c *Config) { c.Network = "n"; c.Bridge = "br0" }, "Bridge", "must be empty when Network"},
 		{"bridge long", func(c *Config) { c.Bridge = strings.Repeat("b", 16) }, "Bridge", "15"},
-		{"domain type", func(c *Config) { c.DomainType = "xen" }, "DomainType", `"qemu" or "kvm"`},
+		{"domain type", func(c *Config) { c.DomainType = "xen" }, "DomainType", `"kvm", "qemu", or empty`},
 		{"kernel relative", func(c *Config) { c.Kernel = "vmlinuz" }, "Kernel", "absolute"},
 		{"initrd without kernel", func(c *Config) { c.Initrd = "/boot/initrd" }, "Initrd", "requires Kernel"},
 		{"cmdline without kernel", func(c *Config) { c.Cmdline = "console=ttyS0" }, "Cmdline", "requires Kernel"},

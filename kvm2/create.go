@@ -26,7 +26,11 @@ const cleanupTimeout = 30 * time.Second
 // Create makes the instance: ensures the base image (imagecache), creates
 // the qcow2 overlay "<domain>.qcow2" backed by it and the NoCloud seed
 // "<domain>-seed.iso", defines the domain with our metadata (including the
-// spec's digest) and starts it.
+// spec's digest) and starts it. Its domain type is Config.DomainType's;
+// for the zero value the first Create of a new instance reads the host's
+// domain capabilities (unless a Check did) and uses "kvm" when the host
+// offers it, else "qemu"; an explicit "kvm" the host does not offer is
+// Permanent, naming DomainType, before the base image is fetched.
 //
 // Create converges rather than undoing on uncertainty, so that calling it
 // again after any interruption (context ended, Close, link lost, process
@@ -142,6 +146,22 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	// creation time gives the same image as the first attempt's.
 	if c.seed, err = buildSeed(seedData{InstanceID: spec.UID, Hostname: spec.Name, UserData: spec.UserData, Created: c.meta.Created}); err != nil {
 		return provider.Instance{}, err
+	}
+
+	if !c.adopted {
+		// The domain type may need the host's capabilities (accel.go):
+		// decided before the base image is fetched, so that an explicit
+		// "kvm" the host does not offer costs no download.
+		typ, err := p.createDomainType(ctx)
+		if err != nil {
+			return provider.Instance{}, p.wrap(err)
+		}
+		if typ != params.Type {
+			params.Type = typ
+			if c.domXML, err = buildDomainXML(params); err != nil {
+				return provider.Instance{}, err
+			}
+		}
 	}
 
 	c.base, err = p.cache.Ensure(ctx, img)

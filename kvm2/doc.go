@@ -36,6 +36,11 @@
 // provider.ErrSpecConflict; domains without one (made by earlier versions)
 // are not checked.
 //
+// Acceleration: a zero Config.DomainType defines kvm domains when the host's
+// domain capabilities offer KVM and qemu (TCG) domains otherwise, which
+// Check reports as degraded. A host may offer KVM that does not work (nested
+// virtualisation): pin "qemu" there (docs/config.md).
+//
 // Lifecycle: Open validates the Config and builds the provider without
 // touching the host (so Check can report an unreachable host); the first call
 // dials. Every error is classed (provider.Code): Transient, Permanent,

@@ -65,14 +65,14 @@ func ExampleOpen() {
 	fmt.Println("default image:", got.DefaultImage, got.Images["debian-12"].Key)
 	fmt.Println("machine type:", got.DefaultMachineType, got.MachineTypes[got.DefaultMachineType])
 	fmt.Println("libvirt:", got.LibvirtURI, got.LibvirtSocket)
-	fmt.Println("network:", got.Network, "domain type:", got.DomainType)
+	fmt.Printf("network: %s domain type: %q (automatic)\n", got.Network, got.DomainType)
 	fmt.Println("call timeout:", got.CallTimeout)
 	// Output:
 	// entry: lab-1 pool: default
 	// default image: debian-12 debian-12
 	// machine type: small {1 512}
 	// libvirt: qemu:///system /var/run/libvirt/libvirt-sock
-	// network: default domain type: qemu
+	// network: default domain type: "" (automatic)
 	// call timeout: 2m0s
 }
 

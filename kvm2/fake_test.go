@@ -64,6 +64,8 @@ type fakeLibvirt struct {
 	mu       sync.Mutex
 	hostname string
 	version  uint64
+	domcaps  string   // the domain capabilities document
+	capsArgs []string // the arguments of each ConnectGetDomainCapabilities
 	domains  map[string]*fakeDomain
 	pools    map[string]*fakePool
 	leases   map[string]string // MAC → IP (the network's DHCP leases)
@@ -79,6 +81,7 @@ func newFakeLibvirt() *fakeLibvirt {
 	f := &fakeLibvirt{
 		hostname: "hv1.example",
 		version:  10_000_000 + 2_000 + 3,
+		domcaps:  domcapsKVM,
 		domains:  map[string]*fakeDomain{},
 		pools:    map[string]*fakePool{},
 		leases:   map[string]string{},
@@ -271,6 +274,19 @@ func (f *fakeLibvirt) ConnectGetLibVersion() (uint64, error) {
 	v := f.version
 	f.mu.Unlock()
 	return v, f.leave("ConnectGetLibVersion", "")
+}
+
+// ConnectGetDomainCapabilities answers f.domcaps (testdata/domcaps-kvm.xml
+// unless a test sets another document), and records the arguments.
+func (f *fakeLibvirt) ConnectGetDomainCapabilities(emulatorbin, arch, machine, virttype libvirt.OptString, flags libvirt.ConnectGetDomainCapabilitiesFlags) (string, error) {
+	if err := f.enter("ConnectGetDomainCapabilities", ""); err != nil {
+		return "", err
+	}
+	f.mu.Lock()
+	doc := f.domcaps
+	f.capsArgs = append(f.capsArgs, fmt.Sprintf("emulator=%q arch=%q machine=%q virttype=%q flags=%d", emulatorbin, arch, machine, virttype, flags))
+	f.mu.Unlock()
+	return doc, f.leave("ConnectGetDomainCapabilities", "")
 }
 
 func (f *fakeLibvirt) ConnectListAllDomains(needResults int32, flags libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error) {

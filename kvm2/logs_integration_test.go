@@ -31,7 +31,7 @@ var logKeys = []string{
 	"op", "code", "uid", "domain", "base", "pool", "url", "uri", "bytes", "total", "rate", "bytesPerSecond",
 	"sha256", "upload", "uploadBytesPerSecond", "verify", "verifyBytesPerSecond",
 	"claims", "final", "addr", "user", "dedicated", "reason", "hostname", "libvirtVersion",
-	"poolState", "poolFreeGiB", "state", "created", "deleted", "heldBeforeReply", "droppedAfterEnd",
+	"poolState", "poolFreeGiB", "domainType", "state", "created", "deleted", "heldBeforeReply", "droppedAfterEnd",
 	"content_length", "contentLength", "format", "source", "marker", "token", "from", "holder",
 }
 

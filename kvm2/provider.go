@@ -37,6 +37,8 @@ type Provider struct {
 	cache imageCache // the entry's base images (*imagecache.Cache)
 	locks nameLocks
 
+	accel accelCache // whether the host offers KVM (accel.go)
+
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -181,11 +183,21 @@ func formatGiB(b uint64) string {
 }
 
 // Check reports the entry's health without creating anything: Reachable with
-// Details hostname, libvirtVersion, poolState and poolFreeGiB, or not
-// Reachable with a Reason (CredentialsUnavailable, Unauthorized,
+// Details hostname, libvirtVersion, poolState, poolFreeGiB, domainType (what
+// Create defines: "kvm" or "qemu") and acceleration ("kvm" or "none"), or
+// not Reachable with a Reason (CredentialsUnavailable, Unauthorized,
 // HostKeyUnknown, HostKeyMismatch, Forbidden, PoolNotFound, PoolNotActive,
 // Unreachable, Unknown) and a Message. Details learnt before the failure are
-// kept. The error is only for the call itself: the context ended (Canceled /
+// kept.
+//
+// Unless DomainType is "qemu", Check reads the host's domain capabilities
+// (see accel.go) and refreshes what Create uses. With the zero DomainType on
+// a host that offers no KVM, the entry is Reachable but degraded: domainType
+// "qemu", acceleration "none", and a "degraded" detail saying that guests
+// run without acceleration. An explicit "kvm" on such a host is not
+// Reachable: Reason Unknown, with the Message naming the field DomainType.
+//
+// The error is only for the call itself: the context ended (Canceled /
 // DeadlineExceeded) or the provider is closed (ErrClosed, Permanent).
 func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 	ctx, end := p.start(ctx, "kvm2.Check", "", false)
@@ -196,6 +208,7 @@ func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 	var (
 		mu      sync.Mutex
 		details = map[string]string{}
+		kvm     bool // whether the host offers KVM, when DomainType is not "qemu"
 	)
 	set := func(k, v string) {
 		mu.Lock()
@@ -230,8 +243,22 @@ func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 			return fmt.Errorf("refresh storage pool %q: %w", p.cfg.Pool, refreshErr)
 		}
 		set("poolFreeGiB", formatGiB(avail))
+		if p.cfg.DomainType != domainTypeQEMU {
+			if kvm, err = readKVMOffered(l); err != nil {
+				return err
+			}
+		}
 		return nil
 	}, attribute.String("pool", p.cfg.Pool))
+	if err == nil {
+		// fn has returned: kvm is its answer.
+		typ := domainTypeQEMU
+		if p.cfg.DomainType != domainTypeQEMU {
+			p.learnAccel(kvm)
+			typ, err = p.decideDomainType(kvm)
+		}
+		accelDetails(set, p.cfg.DomainType, typ)
+	}
 
 	mu.Lock()
 	h := provider.Health{Details: details, CheckedAt: time.Now().UTC()}
@@ -239,7 +266,7 @@ func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 	if err == nil {
 		h.Reachable = true
 		p.log.V(1).Info("check: reachable", "hostname", details["hostname"], "libvirtVersion", details["libvirtVersion"],
-			"poolState", details["poolState"], "poolFreeGiB", details["poolFreeGiB"])
+			"poolState", details["poolState"], "poolFreeGiB", details["poolFreeGiB"], "domainType", details[detailDomainType])
 		return h, nil
 	}
 	// The call itself failed: the caller's context ended or we are closed.

@@ -254,3 +254,23 @@ func with(m map[string]string, k, v string) map[string]string {
 	out[k] = v
 	return out
 }
+
+func TestNetnsMountIn(t *testing.T) {
+	const info = `25 1 0:22 / / rw,relatime - ext4 /dev/vda rw
+103 107 0:58 / /var/cache/libvirt rw,relatime - tmpfs egp-netns rw,mode=755
+104 107 0:59 / /run/user rw,relatime shared:5 - tmpfs tmpfs rw`
+	for _, tt := range []struct {
+		dir  string
+		want bool
+	}{
+		{"/var/cache/libvirt/qemu/capabilities", true},
+		{"/var/cache/libvirt", true},
+		{"/var/cache/libvirtx", false},
+		{"/run/user/0", false}, // a tmpfs, but not scripts/netns's
+		{"/var/cache", false},
+	} {
+		if got := netnsMountIn(info, tt.dir); got != tt.want {
+			t.Errorf("netnsMountIn(%s) = %v, want %v", tt.dir, got, tt.want)
+		}
+	}
+}
