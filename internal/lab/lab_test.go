@@ -1,7 +1,10 @@
 package lab
 
 import (
+	"fmt"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -70,6 +73,59 @@ func TestFromEnvNamesWhatIsWrong(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not name %s", err, w)
 				}
+			}
+		})
+	}
+}
+
+// fakeTB records Skipf/Fatalf and, like the real thing, stops the calling
+// goroutine. Other methods go to the embedded real TB.
+type fakeTB struct {
+	testing.TB
+	mu             sync.Mutex
+	skipped, fatal string
+}
+
+func (f *fakeTB) Helper() {}
+
+func (f *fakeTB) Skipf(format string, args ...any) {
+	f.mu.Lock()
+	f.skipped = fmt.Sprintf(format, args...)
+	f.mu.Unlock()
+	runtime.Goexit()
+}
+
+func (f *fakeTB) Fatalf(format string, args ...any) {
+	f.mu.Lock()
+	f.fatal = fmt.Sprintf(format, args...)
+	f.mu.Unlock()
+	runtime.Goexit()
+}
+
+func TestRequireSkipsLocallyFailsInCI(t *testing.T) {
+	for _, tc := range []struct {
+		ci                  string
+		wantSkip, wantFatal bool
+	}{
+		{"", true, false},
+		{"false", true, false},
+		{"true", false, true},
+	} {
+		t.Run("CI="+tc.ci, func(t *testing.T) {
+			t.Setenv("CI", tc.ci)
+			t.Setenv(VarHosts, "")
+			f := &fakeTB{TB: t}
+			done := make(chan struct{})
+			go func() { defer close(done); Require(f) }()
+			<-done
+			if got := f.skipped != ""; got != tc.wantSkip {
+				t.Errorf("skipped %v (%q), want %v", got, f.skipped, tc.wantSkip)
+			}
+			if got := f.fatal != ""; got != tc.wantFatal {
+				t.Errorf("fatal %v (%q), want %v", got, f.fatal, tc.wantFatal)
+			}
+			if msg := f.skipped + f.fatal; !strings.Contains(msg, VarHosts) || !strings.Contains(msg, "scripts/lab up") {
+				t.Errorf("message %q does not name %s and scripts/lab up", msg, VarHosts)
 			}
 		})
 	}
