@@ -1,0 +1,78 @@
+// Command delayproxy relays TCP connections from a local address to a
+// target, adding round-trip time (package delayproxy). scripts/lab runs one
+// per lab host, in front of the host's sshd.
+//
+//	delayproxy -target 10.251.1.2:22022 -rtt 50ms [-listen 127.0.0.1:0] [-addr-file F] [-buffer BYTES] [-v]
+//
+// Once it listens it writes its address to -addr-file (when given), then
+// relays until SIGTERM or SIGINT.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/egressproxy/egressproxy/internal/lab/delayproxy"
+)
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:0", "address to listen on")
+	target := flag.String("target", "", "address to relay to (required)")
+	rtt := flag.Duration("rtt", 0, "round-trip time to add (each direction delays by half)")
+	buffer := flag.Int("buffer", 0, "bytes buffered per direction of a connection (0: twice the 1 Gbit/s bandwidth-delay product)")
+	addrFile := flag.String("addr-file", "", "file to write the listening address to")
+	verbose := flag.Bool("v", false, "log every connection")
+	flag.Parse()
+	if flag.NArg() != 0 {
+		fmt.Fprintf(os.Stderr, "delayproxy: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
+	v := 0
+	if *verbose {
+		v = 1
+	}
+	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: v})
+
+	p, err := delayproxy.New(delayproxy.Config{Listen: *listen, Target: *target, RTT: *rtt, BufferBytes: *buffer, Logger: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if *addrFile != "" {
+		if err := writeAtomic(*addrFile, p.Addr().String()+"\n"); err != nil {
+			fmt.Fprintf(os.Stderr, "delayproxy: %v\n", err)
+			p.Close()
+			os.Exit(1)
+		}
+	}
+	log.Info("listening", "addr", p.Addr().String(), "target", *target, "rtt", rtt.String())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	if err := p.Close(); err != nil {
+		log.Error(err, "close")
+	}
+}
+
+func writeAtomic(path, content string) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.WriteString(content); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
