@@ -651,7 +651,17 @@ func cmdGC(ctx context.Context, c *cli, args []string) error {
 			table = append(table, []string{r.Entry, r.Name, r.UID, r.Action, r.Error})
 		}
 		c.printTable([]string{"ENTRY", "NAME", "UID", "ACTION", "ERROR"}, table)
-		c.note("gc: %d kept, %d %s", nkept, len(rows), map[bool]string{true: "would be deleted (dry run)", false: "collected"}[dryRun])
+		if dryRun {
+			c.note("gc: %d kept, %d would be deleted (dry run)", nkept, len(rows))
+		} else {
+			failed := 0
+			for _, r := range rows {
+				if r.Action == "failed" {
+					failed++
+				}
+			}
+			c.note("gc: %d kept, %d deleted, %d failed", nkept, len(rows)-failed, failed)
+		}
 	}
 	return worst(errs)
 }

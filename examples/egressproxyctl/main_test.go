@@ -641,8 +641,8 @@ func TestGC(t *testing.T) {
 	if _, stderr := w.want(exitUsage, "gc", "-owner", "tooling", "-keep-file", empty); !strings.Contains(stderr, "-allow-empty") {
 		t.Errorf("empty keep file: %q", stderr)
 	}
-	out, _ = w.want(exitTransient, "gc", "-owner", "tooling", "-keep-file", empty, "-allow-empty")
-	if !regexp.MustCompile(`(?m)^lab1\s+proxy-a\s+uid-a\s+failed\s`).MatchString(out) {
+	out, stderr = w.want(exitTransient, "gc", "-owner", "tooling", "-keep-file", empty, "-allow-empty")
+	if !regexp.MustCompile(`(?m)^lab1\s+proxy-a\s+uid-a\s+failed\s`).MatchString(out) || !strings.Contains(stderr, "0 kept, 0 deleted, 1 failed") {
 		t.Errorf("gc with failing delete:\n%s", out)
 	}
 	w.want(exitUsage, "gc", "-owner", "nobody", "-keep-file", keep)
@@ -707,5 +707,18 @@ func TestExitCode(t *testing.T) {
 		if got := exitCode(tc.err); got != tc.want {
 			t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
 		}
+	}
+}
+
+// -v N shows the library's log lines on stderr (never on stdout); without
+// it nothing is logged.
+func TestVerbose(t *testing.T) {
+	w := newWorld(t, "lab1")
+	if _, stderr := w.want(exitOK, "ls"); stderr != "" {
+		t.Errorf("ls without -v wrote %q", stderr)
+	}
+	out, stderr := w.want(exitOK, "-v", "2", "-o", "json", "ls")
+	if !strings.Contains(stderr, `"msg"="operation done"`) || !strings.Contains(stderr, `"op"="list"`) || strings.Contains(out, "operation") {
+		t.Errorf("-v 2: stdout %q, stderr %q", out, stderr)
 	}
 }
