@@ -321,11 +321,7 @@ func cmdCreate(ctx context.Context, c *cli, args []string) error {
 // (provider.ImageManager). It never fails: this is only for the progress
 // line.
 func coldImage(ctx context.Context, e *entry, key string) (string, bool) {
-	im, ok := e.client.Provider().(provider.ImageManager)
-	if !ok {
-		return "", false
-	}
-	infos, err := im.ListImages(ctx)
+	infos, err := e.client.ListImages(ctx)
 	if err != nil {
 		return "", false
 	}

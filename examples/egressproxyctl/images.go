@@ -16,16 +16,6 @@ type imageRow struct {
 	Error string `json:"error,omitempty"`
 }
 
-// imageManager returns the entry's image management, or an error wrapping
-// provider.ErrNotSupported (Permanent) that says so plainly.
-func imageManager(e *entry) (provider.ImageManager, error) {
-	im, ok := e.client.Provider().(provider.ImageManager)
-	if !ok {
-		return nil, fmt.Errorf("entry %s: image management: %w (its provider does not implement provider.ImageManager)", e.name(), provider.ErrNotSupported)
-	}
-	return im, nil
-}
-
 func cmdImages(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("images", "images ls | images verify KEY | images evict KEY")
 	pos, err := parse(fs, args)
@@ -65,13 +55,9 @@ func cmdImages(ctx context.Context, c *cli, args []string) error {
 			perEntry[i] = []imageRow{{Entry: e.name(), ImageInfo: provider.ImageInfo{Key: key}, Error: err.Error()}}
 			return err
 		}
-		im, err := imageManager(e)
-		if err != nil {
-			return fail(err)
-		}
 		switch sub {
 		case "ls":
-			infos, err := im.ListImages(ctx)
+			infos, err := e.client.ListImages(ctx)
 			if err != nil {
 				return fail(entryErr(e, err))
 			}
@@ -80,14 +66,14 @@ func cmdImages(ctx context.Context, c *cli, args []string) error {
 			}
 		case "verify":
 			_, stop := c.progress(fmt.Sprintf("reading image %s back from %s", key, e.name()))
-			info, err := im.VerifyImage(ctx, key)
+			info, err := e.client.VerifyImage(ctx, key)
 			stop()
 			if err != nil {
 				return fail(entryErr(e, err))
 			}
 			perEntry[i] = []imageRow{{Entry: e.name(), ImageInfo: info}}
 		case "evict":
-			if err := im.EvictImage(ctx, key); err != nil {
+			if err := e.client.EvictImage(ctx, key); err != nil {
 				return fail(entryErr(e, err))
 			}
 			perEntry[i] = []imageRow{{Entry: e.name(), ImageInfo: provider.ImageInfo{Key: key}}}
