@@ -1,0 +1,724 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"go.uber.org/goleak"
+
+	"github.com/egressproxy/egressproxy/kvm2"
+	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/provider/memprovider"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// world is the test's backends: one memprovider per config entry, kept
+// across runs of the command (the clients' Close does not close them).
+type world struct {
+	t      *testing.T
+	mu     sync.Mutex
+	mems   map[string]*memprovider.Provider
+	images map[string]*fakeImages // entries whose provider implements ImageManager
+	opts   memprovider.Options
+	config string // path of the config file
+	tty    bool
+	opened []string // entries opened, per run
+}
+
+func newWorld(t *testing.T, entries ...string) *world {
+	t.Helper()
+	w := &world{t: t, mems: map[string]*memprovider.Provider{}, images: map[string]*fakeImages{}, opts: memprovider.Options{ServeProxies: true}}
+	var b strings.Builder
+	b.WriteString("entries:\n")
+	for _, e := range entries {
+		owner := "tooling"
+		if strings.HasPrefix(e, "other") {
+			owner = "someone-else"
+		}
+		// camelCase keys, as an embedder writes them (no duration fields).
+		fmt.Fprintf(&b, "  - entry: %s\n    owner: %s\n    address: 127.0.0.1:22\n    user: root\n    keyFile: /nonexistent/key\n    knownHostsFile: /nonexistent/known_hosts\n    pool: default\n    defaultImage: base\n    domainType: qemu\n", e, owner)
+	}
+	w.config = filepath.Join(t.TempDir(), "ctl.yaml")
+	if err := os.WriteFile(w.config, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func (w *world) mem(entry string) *memprovider.Provider {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p, ok := w.mems[entry]
+	if !ok {
+		p = memprovider.New(&w.opts)
+		w.mems[entry] = p
+		w.t.Cleanup(func() { p.Close() })
+	}
+	return p
+}
+
+// bare hides every optional interface of the provider it wraps, and its
+// Close, so a memprovider lives across runs.
+type bare struct{ provider.Provider }
+
+func (bare) Close() error { return nil }
+
+// managed is bare plus a fake ImageManager.
+type managed struct {
+	bare
+	*fakeImages
+}
+
+func (w *world) open(ctx context.Context, cfgs []kvm2.Config, _ logr.Logger) ([]provider.Provider, error) {
+	var out []provider.Provider
+	w.mu.Lock()
+	w.opened = nil
+	w.mu.Unlock()
+	for _, c := range cfgs {
+		p := bare{w.mem(c.Entry)}
+		w.mu.Lock()
+		w.opened = append(w.opened, c.Entry)
+		fi := w.images[c.Entry]
+		w.mu.Unlock()
+		if fi != nil {
+			fi.p = p
+			out = append(out, managed{p, fi})
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// fakeImages is an ImageManager over a fixed set of keys; a key is in use
+// by the instances whose spec names it (or that name none, for "base").
+type fakeImages struct {
+	p       provider.Provider
+	mu      sync.Mutex
+	present map[string]bool
+	corrupt map[string]bool
+}
+
+func (f *fakeImages) users(ctx context.Context, key string) []string {
+	insts, _ := f.p.List(ctx)
+	var out []string
+	for _, i := range insts {
+		out = append(out, i.Name)
+	}
+	sort.Strings(out)
+	if key != "base" {
+		return nil
+	}
+	return out
+}
+
+func (f *fakeImages) info(ctx context.Context, key string) provider.ImageInfo {
+	info := provider.ImageInfo{Key: key, Present: f.present[key], InUseBy: f.users(ctx, key)}
+	if info.Present {
+		info.Name, info.Digest, info.SizeBytes = "base-"+key+".qcow2", strings.Repeat("ab", 32), 3<<20
+	}
+	return info
+}
+
+func (f *fakeImages) ListImages(ctx context.Context) ([]provider.ImageInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []provider.ImageInfo
+	for _, k := range []string{"base", "other"} {
+		out = append(out, f.info(ctx, k))
+	}
+	return out, nil
+}
+
+func (f *fakeImages) VerifyImage(ctx context.Context, key string) (provider.ImageInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case key != "base" && key != "other":
+		return provider.ImageInfo{}, provider.Errorf(provider.Permanent, "unknown image key %q", key)
+	case !f.present[key]:
+		return provider.ImageInfo{}, provider.Errorf(provider.NotFound, "image %q has no base", key)
+	case f.corrupt[key]:
+		return provider.ImageInfo{}, provider.Errorf(provider.Permanent, "image %q: stored bytes differ from the recorded digest", key)
+	}
+	info := f.info(ctx, key)
+	info.Verified = true
+	return info, nil
+}
+
+func (f *fakeImages) EvictImage(ctx context.Context, key string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if u := f.users(ctx, key); len(u) > 0 {
+		return provider.Errorf(provider.Permanent, "image %q in use by %v", key, u)
+	}
+	delete(f.present, key)
+	return nil
+}
+
+// runT runs the program with args after "-config FILE".
+func (w *world) runT(args ...string) (code int, stdout, stderr string) {
+	return w.runCtx(context.Background(), args...)
+}
+
+func (w *world) runCtx(ctx context.Context, args ...string) (code int, stdout, stderr string) {
+	w.t.Helper()
+	var out, errb syncBuffer
+	e := &env{stdout: &out, stderr: &errb, tty: w.tty, open: w.open, getenv: func(string) string { return "" }, pollEvery: 5 * time.Millisecond}
+	code = run(ctx, append([]string{"-config", w.config}, args...), e)
+	w.t.Logf("egressproxyctl %s → %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out.String(), errb.String())
+	return code, out.String(), errb.String()
+}
+
+func (w *world) want(wantCode int, args ...string) (stdout, stderr string) {
+	w.t.Helper()
+	code, stdout, stderr := w.runT(args...)
+	if code != wantCode {
+		w.t.Fatalf("egressproxyctl %s: exit %d, want %d\nstderr: %s", strings.Join(args, " "), code, wantCode, stderr)
+	}
+	return stdout, stderr
+}
+
+func TestUsage(t *testing.T) {
+	w := newWorld(t, "lab1", "lab2")
+	for _, tc := range []struct {
+		args []string
+		want string // in stderr
+	}{
+		{nil, "no command given"},
+		{[]string{"frobnicate"}, "unknown command"},
+		{[]string{"-o", "xml", "ls"}, "want table or json"},
+		{[]string{"-entry", "lab9", "ls"}, "no such entry"},
+		{[]string{"create", "-name", "proxy-a"}, "invalid UID"},
+		{[]string{"create", "-name", "Proxy_A", "-uid", "u"}, "invalid Name"},
+		{[]string{"create", "-name", "proxy-a", "-uid", "u"}, "choose one with -entry"},
+		{[]string{"create", "-name", "proxy-a", "-uid", "u", "-user-data-file", "/nonexistent"}, "-user-data-file"},
+		{[]string{"delete"}, "want one instance NAME"},
+		{[]string{"probe", "proxy-a"}, "-target"},
+		{[]string{"images"}, "want a subcommand"},
+		{[]string{"images", "verify"}, "want one image KEY"},
+		{[]string{"images", "prune"}, "unknown subcommand"},
+		{[]string{"gc", "-owner", "tooling"}, "required"},
+		{[]string{"ls", "-bogus"}, "flag provided but not defined"},
+	} {
+		code, _, stderr := w.runT(tc.args...)
+		if code != exitUsage || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want %d and %q", tc.args, code, stderr, exitUsage, tc.want)
+		}
+	}
+
+	// No config at all.
+	var out, errb syncBuffer
+	if code := run(context.Background(), []string{"ls"}, &env{stdout: &out, stderr: &errb, open: w.open, getenv: func(string) string { return "" }}); code != exitUsage || !strings.Contains(errb.String(), "EGRESSPROXYCTL_CONFIG") {
+		t.Errorf("no config: exit %d, stderr %q", code, errb.String())
+	}
+	// The config from the environment.
+	errb = syncBuffer{}
+	if code := run(context.Background(), []string{"ls"}, &env{stdout: &out, stderr: &errb, open: w.open, getenv: func(k string) string {
+		return map[string]string{"EGRESSPROXYCTL_CONFIG": w.config}[k]
+	}}); code != exitOK {
+		t.Errorf("config from $EGRESSPROXYCTL_CONFIG: exit %d, stderr %q", code, errb.String())
+	}
+
+	// -h documents the exit codes and the commands, and exits 0.
+	_, stderr := w.want(exitOK, "-h")
+	for _, s := range []string{"Exit codes", "130", "Transient", "images verify", "gc -owner", "-o"} {
+		if !strings.Contains(stderr, s) {
+			t.Errorf("-h does not mention %q", s)
+		}
+	}
+	if _, stderr := w.want(exitOK, "create", "-h"); !strings.Contains(stderr, "-user-data-file") {
+		t.Errorf("create -h: %q", stderr)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	w := newWorld(t, "lab1")
+	for name, body := range map[string]string{
+		"unknown field": "entries:\n  - entry: lab1\n    adress: x\n",
+		"no entries":    "entries: []\n",
+		"bad entry":     "entries:\n  - entry: Lab_1\n",
+		"twice":         "entries:\n  - entry: lab1\n  - entry: lab1\n",
+		"not yaml":      "entries: [\n",
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		w.config = p
+		if code, _, stderr := w.runT("ls"); code != exitUsage || !strings.Contains(stderr, p) {
+			t.Errorf("%s: exit %d, stderr %q; want %d naming the file", name, code, stderr, exitUsage)
+		}
+	}
+	// JSON works as well as YAML; keys match kvm2.Config's fields.
+	p := filepath.Join(dir, "ctl.json")
+	if err := os.WriteFile(p, []byte(`{"entries": [{"entry": "lab1", "owner": "tooling", "address": "127.0.0.1:22", "libvirtSocket": "/run/x.sock", "images": {"base": {"url": "http://127.0.0.1/x.qcow2"}}}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cfg.Entries[0]; c.LibvirtSocket != "/run/x.sock" || c.Images["base"].URL != "http://127.0.0.1/x.qcow2" || c.Owner != "tooling" {
+		t.Errorf("parsed %+v", c)
+	}
+}
+
+// A FieldError from opening an entry (a bad kvm2 config) is a usage error
+// naming the file.
+func TestOpenFieldErrorIsUsage(t *testing.T) {
+	w := newWorld(t, "lab1")
+	var out, errb syncBuffer
+	e := &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" },
+		open: func(ctx context.Context, cfgs []kvm2.Config, _ logr.Logger) ([]provider.Provider, error) {
+			return nil, provider.WithCode(provider.Permanent, &provider.FieldError{Field: "Pool", Rule: "is required"})
+		}}
+	if code := run(context.Background(), []string{"-config", w.config, "check"}, e); code != exitUsage || !strings.Contains(errb.String(), "invalid Pool") {
+		t.Errorf("exit %d, stderr %q", code, errb.String())
+	}
+}
+
+func decode[T any](t *testing.T, s string) T {
+	t.Helper()
+	var v T
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("stdout is not the JSON document expected: %v\n%s", err, s)
+	}
+	if dec.More() {
+		t.Fatalf("stdout holds more than one JSON document:\n%s", s)
+	}
+	return v
+}
+
+type lsJSON struct {
+	Instances []instanceRow `json:"instances"`
+}
+
+func TestCreateLsDelete(t *testing.T) {
+	w := newWorld(t, "lab1", "lab2")
+	ud := filepath.Join(t.TempDir(), "user-data")
+	if err := os.WriteFile(ud, []byte("#cloud-config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := w.want(exitOK, "-entry", "lab1", "create", "-name", "proxy-a", "-uid", "uid-a", "-port", "8080", "-user-data-file", ud, "-image", "base", "-machine-type", "small")
+	if !regexp.MustCompile(`(?m)^lab1\s+proxy-a\s+Running\s+127\.0\.0\.1:\d+\s+uid-a\s`).MatchString(out) {
+		t.Errorf("create table:\n%s", out)
+	}
+	if got := w.opened; len(got) != 1 || got[0] != "lab1" {
+		t.Errorf("-entry lab1 opened %v, want only lab1", got)
+	}
+	// Idempotent on the UID.
+	w.want(exitOK, "-entry", "lab1", "create", "proxy-a", "-uid", "uid-a", "-port", "8080", "-user-data-file", ud, "-image", "base", "-machine-type", "small")
+	// Another spec for that UID: Permanent.
+	w.want(exitPermanent, "-entry", "lab1", "create", "proxy-a", "-uid", "uid-a")
+	w.want(exitOK, "-entry", "lab2", "-o", "json", "create", "-name", "proxy-b", "-uid", "uid-b")
+
+	out, _ = w.want(exitOK, "ls")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "ENTRY") || !strings.Contains(lines[1], "proxy-a") || !strings.Contains(lines[2], "proxy-b") {
+		t.Errorf("ls table:\n%s", out)
+	}
+	out, _ = w.want(exitOK, "-o", "json", "ls")
+	ls := decode[lsJSON](t, out)
+	if len(ls.Instances) != 2 || ls.Instances[0].Entry != "lab1" || ls.Instances[0].UID != "uid-a" || ls.Instances[0].State != "Running" ||
+		!strings.HasPrefix(ls.Instances[0].Address, "127.0.0.1:") || ls.Instances[0].SpecDigest == "" || ls.Instances[1].Name != "proxy-b" {
+		t.Errorf("ls json: %+v", ls)
+	}
+
+	// delete finds the entry and UID by name.
+	out, _ = w.want(exitOK, "delete", "proxy-a")
+	if !strings.Contains(out, "deleted proxy-a (uid uid-a) on lab1") {
+		t.Errorf("delete: %q", out)
+	}
+	w.want(exitNotFound, "delete", "proxy-a")
+	// With -uid a missing instance is fine (Delete is idempotent).
+	w.want(exitOK, "-entry", "lab1", "delete", "proxy-a", "-uid", "uid-a")
+	out, _ = w.want(exitOK, "-o", "json", "delete", "proxy-b")
+	if d := decode[map[string][]map[string]string](t, out); len(d["deleted"]) != 1 || d["deleted"][0]["uid"] != "uid-b" {
+		t.Errorf("delete json: %s", out)
+	}
+	out, _ = w.want(exitOK, "-o", "json", "ls")
+	if ls := decode[lsJSON](t, out); ls.Instances == nil || len(ls.Instances) != 0 {
+		t.Errorf("ls json after delete: %s (want an empty list, not null)", out)
+	}
+}
+
+func TestNameOnSeveralEntries(t *testing.T) {
+	w := newWorld(t, "lab1", "lab2")
+	w.want(exitOK, "-entry", "lab1", "create", "-name", "proxy-a", "-uid", "uid-1")
+	w.want(exitOK, "-entry", "lab2", "create", "-name", "proxy-a", "-uid", "uid-2")
+	if _, stderr := w.want(exitUsage, "delete", "proxy-a"); !strings.Contains(stderr, "lab1, lab2") {
+		t.Errorf("stderr %q", stderr)
+	}
+	w.want(exitOK, "-entry", "lab2", "delete", "proxy-a")
+	out, _ := w.want(exitOK, "-o", "json", "ls")
+	if ls := decode[lsJSON](t, out); len(ls.Instances) != 1 || ls.Instances[0].UID != "uid-1" {
+		t.Errorf("ls: %+v", ls)
+	}
+}
+
+type checkJSON struct {
+	Entries []checkRow `json:"entries"`
+}
+
+func TestCheckAndExitCodes(t *testing.T) {
+	w := newWorld(t, "lab1", "lab2")
+	out, _ := w.want(exitOK, "check")
+	if !regexp.MustCompile(`(?m)^lab1\s+yes\s`).MatchString(out) || !regexp.MustCompile(`(?m)^lab2\s+yes\s`).MatchString(out) {
+		t.Errorf("check table:\n%s", out)
+	}
+
+	w.mem("lab2").InjectFault(memprovider.OpCheck, memprovider.Fault{Code: provider.Permanent, Reason: provider.ReasonUnauthorized, Err: errors.New("ssh: unable to authenticate")})
+	out, stderr := w.want(exitPermanent, "check")
+	if !regexp.MustCompile(`(?m)^lab2\s+no\s+Unauthorized\s+.*unable to authenticate`).MatchString(out) || !strings.Contains(stderr, "entry lab2") {
+		t.Errorf("check with lab2 unauthorized:\n%s\n%s", out, stderr)
+	}
+	out, _ = w.want(exitPermanent, "-o", "json", "check")
+	c := decode[checkJSON](t, out)
+	if len(c.Entries) != 2 || !c.Entries[0].Reachable || c.Entries[1].Reachable || c.Entries[1].Reason != "Unauthorized" {
+		t.Errorf("check json: %+v", c)
+	}
+	w.mem("lab2").ClearFaults()
+	w.mem("lab2").InjectFault(memprovider.OpCheck, memprovider.Fault{Code: provider.Transient, Reason: provider.ReasonUnreachable})
+	w.want(exitTransient, "check")
+	w.mem("lab2").ClearFaults()
+
+	// ls: the class of a failing entry is the exit code; the other entry is
+	// still listed; the most severe class wins.
+	w.want(exitOK, "-entry", "lab1", "create", "-name", "proxy-a", "-uid", "uid-a")
+	for _, tc := range []struct {
+		lab1, lab2 provider.ErrorCode
+		want       int
+	}{
+		{provider.OK, provider.Transient, exitTransient},
+		{provider.OK, provider.Permanent, exitPermanent},
+		{provider.Transient, provider.Permanent, exitPermanent},
+		{provider.NotFound, provider.Transient, exitTransient},
+		// egressproxy.Client classes an unclassed backend error Transient.
+		{provider.OK, provider.Unknown, exitTransient},
+	} {
+		for entry, code := range map[string]provider.ErrorCode{"lab1": tc.lab1, "lab2": tc.lab2} {
+			w.mem(entry).ClearFaults()
+			switch code {
+			case provider.OK:
+			case provider.Unknown:
+				w.mem(entry).InjectFault(memprovider.OpList, memprovider.Fault{Err: errors.New("unclassed")})
+			default:
+				w.mem(entry).InjectFault(memprovider.OpList, memprovider.Fault{Code: code})
+			}
+		}
+		code, out, _ := w.runT("ls")
+		if code != tc.want {
+			t.Errorf("ls with faults lab1=%v lab2=%v: exit %d, want %d", tc.lab1, tc.lab2, code, tc.want)
+		}
+		if tc.lab1 == provider.OK && !strings.Contains(out, "proxy-a") {
+			t.Errorf("ls with a failing lab2 does not list lab1's proxy:\n%s", out)
+		}
+	}
+	w.mem("lab1").ClearFaults()
+	w.mem("lab2").ClearFaults()
+
+	// A read-back failing in ls keeps the row and says why.
+	w.mem("lab1").InjectFault(memprovider.OpGet, memprovider.Fault{Code: provider.Transient, Err: errors.New("every address source failed")})
+	out, _ = w.want(exitTransient, "-entry", "lab1", "ls")
+	if !strings.Contains(out, "proxy-a") || !strings.Contains(out, "every address source failed") {
+		t.Errorf("ls with failing Get:\n%s", out)
+	}
+}
+
+func TestProbe(t *testing.T) {
+	const body = "ctl target ok"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, body) }))
+	defer srv.Close()
+	target := strings.TrimPrefix(srv.URL, "http://")
+
+	w := newWorld(t, "lab1", "lab2")
+	w.opts.ProxyUser, w.opts.ProxyPassword = "probe", "pr0be-secret"
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pwFile, []byte("pr0be-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.want(exitOK, "-entry", "lab2", "create", "-name", "proxy-a", "-uid", "uid-a")
+
+	out, _ := w.want(exitOK, "probe", "proxy-a", "-target", target, "-proxy-user", "probe", "-proxy-password-file", pwFile, "-expect-body", body)
+	if !regexp.MustCompile(`(?m)^lab2\s+proxy-a\s+127\.0\.0\.1:\d+\s+` + regexp.QuoteMeta(target) + `\s+ok\s+200\s`).MatchString(out) {
+		t.Errorf("probe table:\n%s", out)
+	}
+	out, _ = w.want(exitOK, "-o", "json", "probe", "-target", target, "-proxy-user", "probe", "-proxy-password-file", pwFile, "proxy-a")
+	if r := decode[probeRow](t, out); !r.OK || r.StatusCode != 200 || r.Entry != "lab2" || r.Target != target {
+		t.Errorf("probe json: %+v", r)
+	}
+	// The wrong body fails the tunnel proof: Transient.
+	w.want(exitTransient, "probe", "proxy-a", "-target", target, "-proxy-user", "probe", "-proxy-password-file", pwFile, "-expect-body", "something else")
+	// No credentials: the proxy answers 407: Permanent.
+	out, stderr := w.want(exitPermanent, "probe", "proxy-a", "-target", target)
+	if !strings.Contains(out, "auth-required") {
+		t.Errorf("probe without credentials:\n%s", out)
+	}
+	if strings.Contains(out+stderr, "pr0be-secret") {
+		t.Errorf("the password is printed")
+	}
+	w.want(exitNotFound, "probe", "proxy-z", "-target", target)
+
+	// A proxy still provisioning has no address: Transient.
+	now := time.Now()
+	w2 := newWorld(t, "lab1")
+	w2.opts.Now = func() time.Time { return now }
+	w2.opts.ProvisionDelay = time.Hour
+	w2.want(exitOK, "create", "-name", "proxy-p", "-uid", "uid-p")
+	if _, stderr := w2.want(exitTransient, "probe", "proxy-p", "-target", target); !strings.Contains(stderr, "no address") {
+		t.Errorf("probe of a provisioning proxy: %q", stderr)
+	}
+}
+
+func TestCreateWaitAndProgress(t *testing.T) {
+	now := time.Now()
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	w := newWorld(t, "lab1")
+	w.opts.Now = clock
+	w.opts.ProvisionDelay = time.Minute
+	w.tty = true
+	w.images["lab1"] = &fakeImages{present: map[string]bool{}}
+
+	// -wait gives up after its bound: Transient.
+	_, stderr := w.want(exitTransient, "create", "-name", "proxy-a", "-uid", "uid-a", "-wait", "50ms")
+	if !strings.Contains(stderr, "not running with an address after 50ms") {
+		t.Errorf("stderr %q", stderr)
+	}
+	// The cold image is announced, and progress is drawn on the terminal.
+	if !strings.Contains(stderr, "image base is not cached") || !strings.Contains(stderr, "fetching image base into lab1") {
+		t.Errorf("no cold-fetch notice in %q", stderr)
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Minute)
+	mu.Unlock()
+	w.images["lab1"].present["base"] = true
+	out, stderr := w.want(exitOK, "create", "-name", "proxy-a", "-uid", "uid-a", "-wait", "1m")
+	if !strings.Contains(out, "Running") || strings.Contains(stderr, "fetching image") || !strings.Contains(stderr, "creating proxy-a on lab1…") {
+		t.Errorf("warm create -wait:\n%s\n%q", out, stderr)
+	}
+	// Not on a terminal: no progress line.
+	w.tty = false
+	if _, stderr := w.want(exitOK, "create", "-name", "proxy-a", "-uid", "uid-a"); stderr != "" {
+		t.Errorf("progress without a terminal: %q", stderr)
+	}
+	// A stopped instance ends the wait at once: Permanent.
+	if err := w.mem("lab1").SetState(provider.Ref{Name: "proxy-a", UID: "uid-a"}, provider.StateStopped); err != nil {
+		t.Fatal(err)
+	}
+	w.want(exitPermanent, "create", "-name", "proxy-a", "-uid", "uid-a", "-wait", "1m")
+}
+
+type imagesJSON struct {
+	Images []imageRow `json:"images"`
+}
+
+func TestImages(t *testing.T) {
+	w := newWorld(t, "lab1", "lab2")
+	w.images["lab1"] = &fakeImages{present: map[string]bool{"base": true}, corrupt: map[string]bool{}}
+
+	// lab2's provider has no ImageManager: said plainly, Permanent.
+	out, stderr := w.want(exitPermanent, "images", "ls")
+	if !regexp.MustCompile(`(?m)^lab1\s+base\s+yes\s+base-base\.qcow2\s+abababababab\s+3\.0 MiB`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^lab1\s+other\s+no\s`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^lab2\s+-\s+error\s.*not supported`).MatchString(out) || !strings.Contains(stderr, "not supported") {
+		t.Errorf("images ls:\n%s\n%s", out, stderr)
+	}
+	out, _ = w.want(exitOK, "-entry", "lab1", "-o", "json", "images", "ls")
+	if im := decode[imagesJSON](t, out); len(im.Images) != 2 || im.Images[0].Key != "base" || !im.Images[0].Present || im.Images[0].SizeBytes != 3<<20 {
+		t.Errorf("images ls json: %+v", im)
+	}
+
+	w.want(exitOK, "-entry", "lab1", "create", "-name", "proxy-a", "-uid", "uid-a")
+	out, _ = w.want(exitOK, "-entry", "lab1", "images", "verify", "base")
+	if !regexp.MustCompile(`(?m)^lab1\s+base\s+verified\s.*proxy-a`).MatchString(out) {
+		t.Errorf("verify:\n%s", out)
+	}
+	w.want(exitNotFound, "-entry", "lab1", "images", "verify", "other")
+	w.want(exitPermanent, "-entry", "lab1", "images", "verify", "nope")
+	w.images["lab1"].corrupt["base"] = true
+	w.want(exitPermanent, "-entry", "lab1", "images", "verify", "base")
+
+	// Evict refuses while in use, then works.
+	if _, stderr := w.want(exitPermanent, "-entry", "lab1", "images", "evict", "base"); !strings.Contains(stderr, "in use") {
+		t.Errorf("evict in use: %q", stderr)
+	}
+	w.want(exitOK, "delete", "proxy-a")
+	out, _ = w.want(exitOK, "-entry", "lab1", "images", "evict", "base")
+	if !strings.Contains(out, "evicted") {
+		t.Errorf("evict:\n%s", out)
+	}
+	out, _ = w.want(exitOK, "-entry", "lab1", "-o", "json", "images", "ls")
+	if im := decode[imagesJSON](t, out); im.Images[0].Present {
+		t.Errorf("after evict: %+v", im)
+	}
+}
+
+type gcJSON struct {
+	DryRun    bool    `json:"dryRun"`
+	Instances []gcRow `json:"instances"`
+	Kept      int     `json:"kept"`
+}
+
+func TestGC(t *testing.T) {
+	w := newWorld(t, "lab1", "other1")
+	for _, n := range []string{"a", "b", "c"} {
+		w.want(exitOK, "-entry", "lab1", "create", "-name", "proxy-"+n, "-uid", "uid-"+n)
+	}
+	w.want(exitOK, "-entry", "other1", "create", "-name", "proxy-x", "-uid", "uid-x")
+	dir := t.TempDir()
+	keep := filepath.Join(dir, "keep")
+	if err := os.WriteFile(keep, []byte("# the UIDs the controller still wants\nuid-a\n\n  uid-x  \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr := w.want(exitOK, "gc", "-owner", "tooling", "-keep-file", keep, "-dry-run")
+	if !regexp.MustCompile(`(?m)^lab1\s+proxy-b\s+uid-b\s+would delete`).MatchString(out) || !regexp.MustCompile(`(?m)^lab1\s+proxy-c\s+uid-c\s+would delete`).MatchString(out) ||
+		strings.Contains(out, "proxy-a") || strings.Contains(out, "proxy-x") || !strings.Contains(stderr, "skipping entry other1") || !strings.Contains(stderr, "1 kept, 2 would be deleted") {
+		t.Errorf("gc -dry-run:\n%s\n%s", out, stderr)
+	}
+	out, _ = w.want(exitOK, "-o", "json", "ls")
+	if ls := decode[lsJSON](t, out); len(ls.Instances) != 4 {
+		t.Fatalf("dry run deleted something: %+v", ls)
+	}
+	out, _ = w.want(exitOK, "-o", "json", "gc", "-owner", "tooling", "-keep-file", keep)
+	g := decode[gcJSON](t, out)
+	if g.DryRun || g.Kept != 1 || len(g.Instances) != 2 || g.Instances[0].Action != "deleted" || g.Instances[1].UID != "uid-c" {
+		t.Errorf("gc json: %+v", g)
+	}
+	out, _ = w.want(exitOK, "-o", "json", "ls")
+	var names []string
+	for _, i := range decode[lsJSON](t, out).Instances {
+		names = append(names, i.Name)
+	}
+	if strings.Join(names, ",") != "proxy-a,proxy-x" {
+		t.Errorf("after gc: %v, want proxy-a (kept) and proxy-x (another owner)", names)
+	}
+
+	// A failing delete is reported with its class.
+	w.mem("lab1").InjectFault(memprovider.OpDelete, memprovider.Fault{Code: provider.Transient})
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, []byte("# nothing\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr := w.want(exitUsage, "gc", "-owner", "tooling", "-keep-file", empty); !strings.Contains(stderr, "-allow-empty") {
+		t.Errorf("empty keep file: %q", stderr)
+	}
+	out, stderr = w.want(exitTransient, "gc", "-owner", "tooling", "-keep-file", empty, "-allow-empty")
+	if !regexp.MustCompile(`(?m)^lab1\s+proxy-a\s+uid-a\s+failed\s`).MatchString(out) || !strings.Contains(stderr, "0 kept, 0 deleted, 1 failed") {
+		t.Errorf("gc with failing delete:\n%s", out)
+	}
+	w.want(exitUsage, "gc", "-owner", "nobody", "-keep-file", keep)
+	w.want(exitUsage, "gc", "-owner", "tooling", "-keep-file", filepath.Join(dir, "missing"))
+}
+
+// Cancelling the context (what Ctrl-C does) ends a call in flight
+// promptly with exit code 130; goleak (TestMain) checks that nothing is
+// left running.
+func TestCanceled(t *testing.T) {
+	w := newWorld(t, "lab1")
+	w.opts.ProvisionDelay = time.Hour // never Running: create -wait polls Get
+	w.tty = true                      // the progress goroutine must end too
+	for _, tc := range []struct {
+		op   memprovider.Op
+		args []string
+	}{
+		{memprovider.OpCreate, []string{"create", "-name", "proxy-a", "-uid", "uid-a"}},
+		{memprovider.OpList, []string{"ls"}},
+		{memprovider.OpCheck, []string{"check"}},
+		{memprovider.OpGet, []string{"create", "-name", "proxy-b", "-uid", "uid-b", "-wait", "1h"}},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		w.mem("lab1").ClearFaults()
+		w.mem("lab1").InjectFault(tc.op, memprovider.Fault{Delay: time.Hour, Waiting: cancel})
+		start := time.Now()
+		code, _, stderr := w.runCtx(ctx, tc.args...)
+		cancel()
+		if code != exitCanceled || !strings.Contains(stderr, "canceled") {
+			t.Errorf("%v canceled: exit %d, stderr %q; want %d", tc.args, code, stderr, exitCanceled)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("%v: took %s after cancel", tc.args, d)
+		}
+	}
+}
+
+// -timeout ends the command as Transient (a retry may succeed).
+func TestTimeout(t *testing.T) {
+	w := newWorld(t, "lab1")
+	w.mem("lab1").InjectFault(memprovider.OpList, memprovider.Fault{Delay: time.Hour})
+	w.want(exitTransient, "-timeout", "20ms", "ls")
+}
+
+func TestExitCode(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{nil, 0},
+		{usagef("x"), exitUsage},
+		{fmt.Errorf("entry x: %w", provider.ErrTransient), exitTransient},
+		{provider.Errorf(provider.Permanent, "x"), exitPermanent},
+		{provider.ErrNotSupported, exitPermanent},
+		{provider.Errorf(provider.NotFound, "x"), exitNotFound},
+		{context.Canceled, exitCanceled},
+		{context.DeadlineExceeded, exitTransient},
+		{errors.New("x"), exitFailure},
+		{worst([]error{provider.ErrNotFound, nil, provider.ErrPermanent, provider.ErrTransient}), exitPermanent},
+		{worst([]error{provider.ErrTransient, context.Canceled}), exitCanceled},
+	} {
+		if got := exitCode(tc.err); got != tc.want {
+			t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
+
+// -v N shows the library's log lines on stderr (never on stdout); without
+// it nothing is logged.
+func TestVerbose(t *testing.T) {
+	w := newWorld(t, "lab1")
+	if _, stderr := w.want(exitOK, "ls"); stderr != "" {
+		t.Errorf("ls without -v wrote %q", stderr)
+	}
+	out, stderr := w.want(exitOK, "-v", "2", "-o", "json", "ls")
+	if !strings.Contains(stderr, `"msg"="operation done"`) || !strings.Contains(stderr, `"op"="list"`) || strings.Contains(out, "operation") {
+		t.Errorf("-v 2: stdout %q, stderr %q", out, stderr)
+	}
+}

@@ -1,0 +1,111 @@
+package health_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/egressproxy/egressproxy/health"
+	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/provider/memprovider"
+)
+
+func TestTargetFor(t *testing.T) {
+	running := provider.Instance{Ref: provider.Ref{Name: "proxy-a", UID: "u"}, State: provider.StateRunning, IP: "10.0.0.5", Port: 3128}
+	v6 := running
+	v6.IP = "fd00::5"
+	for _, tc := range []struct {
+		name           string
+		inst           provider.Instance
+		target         string
+		user, password string
+		want           health.Target
+		code           provider.ErrorCode
+		field          string // the FieldError expected, if any
+	}{
+		{name: "running", inst: running, target: "example.com:443", user: "probe", password: "s3cret",
+			want: health.Target{ID: "proxy-a", ProxyAddr: "10.0.0.5:3128", TargetAddr: "example.com:443"}},
+		{name: "no credentials", inst: running, target: "example.com:443",
+			want: health.Target{ID: "proxy-a", ProxyAddr: "10.0.0.5:3128", TargetAddr: "example.com:443"}},
+		{name: "ipv6", inst: v6, target: "[fd00::1]:80",
+			want: health.Target{ID: "proxy-a", ProxyAddr: "[fd00::5]:3128", TargetAddr: "[fd00::1]:80"}},
+		{name: "provisioning", inst: provider.Instance{Ref: running.Ref, State: provider.StateProvisioning, Port: 3128}, target: "example.com:443", code: provider.Transient},
+		{name: "stopped", inst: provider.Instance{Ref: running.Ref, State: provider.StateStopped, Port: 3128}, target: "example.com:443", code: provider.Permanent},
+		{name: "failed", inst: provider.Instance{Ref: running.Ref, State: provider.StateFailed, Port: 3128}, target: "example.com:443", code: provider.Permanent},
+		{name: "zero instance", target: "example.com:443", code: provider.Permanent},
+		{name: "port zero", inst: provider.Instance{Ref: running.Ref, State: provider.StateRunning, IP: "10.0.0.5"}, target: "example.com:443", code: provider.Permanent, field: "Instance.Port"},
+		{name: "target without port", inst: running, target: "example.com", code: provider.Permanent, field: "connectTarget"},
+		{name: "target empty", inst: running, target: "", code: provider.Permanent, field: "connectTarget"},
+		{name: "target with space", inst: running, target: "exa mple.com:443", code: provider.Permanent, field: "connectTarget"},
+		{name: "user with colon", inst: running, target: "example.com:443", user: "a:b", password: "s3cret", code: provider.Permanent, field: "user"},
+		{name: "password without user", inst: running, target: "example.com:443", password: "s3cret", code: provider.Permanent, field: "password"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, opts, err := health.TargetFor(tc.inst, tc.target, tc.user, tc.password)
+			if c := provider.Code(err); c != tc.code {
+				t.Fatalf("TargetFor: code %v (%v), want %v", c, err, tc.code)
+			}
+			if err != nil {
+				if strings.Contains(err.Error(), "s3cret") {
+					t.Errorf("error text contains the password: %v", err)
+				}
+				if tc.field != "" {
+					var fe *provider.FieldError
+					if !errors.As(err, &fe) || fe.Field != tc.field {
+						t.Errorf("error %v: want a FieldError for %s", err, tc.field)
+					}
+				} else if !strings.Contains(err.Error(), "no address") {
+					t.Errorf("error %q does not say the instance has no address", err)
+				}
+				return
+			}
+			if got != tc.want {
+				t.Errorf("Target = %+v, want %+v", got, tc.want)
+			}
+			if opts.Username != tc.user || opts.Password != tc.password {
+				t.Errorf("ProbeOptions credentials = %q/%q, want %q/%q", opts.Username, opts.Password, tc.user, tc.password)
+			}
+		})
+	}
+}
+
+// A target from TargetFor probes a real proxy: memprovider serves one with
+// basic auth on loopback; the right credentials get through, none get 407.
+func TestTargetForProbesInstance(t *testing.T) {
+	const body = "target ok"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, body) }))
+	defer srv.Close()
+	target := strings.TrimPrefix(srv.URL, "http://")
+
+	p := memprovider.New(&memprovider.Options{ServeProxies: true, ProxyUser: "probe", ProxyPassword: "pw"})
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	inst, err := p.Create(ctx, provider.Spec{Name: "proxy-a", UID: "uid-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tg, opts, err := health.TargetFor(inst, target, "probe", "pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Exchange = health.HTTPGet(target, body)
+	if res := health.Probe(ctx, tg.ProxyAddr, tg.TargetAddr, &opts); !res.OK {
+		t.Fatalf("probe with credentials: %v (status %d)", res.Err, res.StatusCode)
+	}
+
+	tg, opts, err = health.TargetFor(inst, target, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := health.ProbeAll(ctx, []health.Target{tg}, &health.ProbeAllOptions{Probe: opts})
+	if len(res) != 1 || res[0].OK || res[0].Kind != health.KindAuthRequired || res[0].ID != "proxy-a" {
+		t.Fatalf("probe without credentials: %+v, want one auth-required result for proxy-a", res)
+	}
+}
