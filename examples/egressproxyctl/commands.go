@@ -499,7 +499,7 @@ func cmdProbe(ctx context.Context, c *cli, args []string) error {
 		}
 		return entryErr(e, err)
 	}
-	opts.Timeout = timeout
+	opts.Timeout = provider.Duration(timeout)
 	if body != "" {
 		opts.Exchange = health.HTTPGet(target, body)
 	}
