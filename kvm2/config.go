@@ -200,8 +200,14 @@ func (c Config) validateCredentials() error {
 			errs = append(errs, fieldErr(missing, "", rule))
 		case len(given) > 1:
 			for _, g := range given {
+				var others []string
+				for _, o := range given {
+					if o != g {
+						others = append(others, o)
+					}
+				}
 				errs = append(errs, fieldErr(g, "", "set exactly one of "+strings.Join(names, ", ")+
-					" (set: "+strings.Join(given, ", ")+")"))
+					" (also set: "+strings.Join(others, ", ")+")"))
 			}
 		}
 	}

@@ -173,8 +173,8 @@ func oneOf(bad func(field, rule string), set map[string]bool, order []string, mi
 		bad(missing, rule)
 	case len(given) > 1:
 		for _, f := range given {
-			bad(f, "set together with "+strings.Join(slices.DeleteFunc(slices.Clone(given),
-				func(g string) bool { return g == f }), ", ")+": set exactly one of "+strings.Join(order, ", "))
+			others := slices.DeleteFunc(slices.Clone(given), func(g string) bool { return g == f })
+			bad(f, "set exactly one of "+strings.Join(order, ", ")+" (also set: "+strings.Join(others, ", ")+")")
 		}
 	}
 }

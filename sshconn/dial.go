@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -23,7 +24,7 @@ import (
 // Signer as given, or KeyFile / Key parsed (with KeyPassphrase when set).
 // Any failure is KindKeyUnreadable; it happens before any network use. No
 // error text carries key bytes or the passphrase.
-func loadSigner(cfg Config) (ssh.Signer, error) {
+func loadSigner(cfg Config, cache *keyCache) (ssh.Signer, error) {
 	if cfg.Signer != nil {
 		return cfg.Signer, nil
 	}
@@ -35,6 +36,10 @@ func loadSigner(cfg Config) (ssh.Signer, error) {
 			return nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "read key file", Err: err}
 		}
 		src = "key file " + cfg.KeyFile
+	}
+	sum := sha256.Sum256(pem)
+	if signer := cache.get(sum); signer != nil {
+		return signer, nil
 	}
 	var signer ssh.Signer
 	var err error
@@ -56,7 +61,32 @@ func loadSigner(cfg Config) (ssh.Signer, error) {
 		}
 		return nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "parse key", Err: err}
 	}
+	cache.put(sum, signer)
 	return signer, nil
+}
+
+// keyCache remembers the signer parsed from the latest key content, so an
+// encrypted key is decrypted (bcrypt, slow by design) once per content
+// rather than on every dial; a rotated key file has a new content.
+type keyCache struct {
+	mu     sync.Mutex
+	sum    [sha256.Size]byte
+	signer ssh.Signer
+}
+
+func (c *keyCache) get(sum [sha256.Size]byte) ssh.Signer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.signer != nil && c.sum == sum {
+		return c.signer
+	}
+	return nil
+}
+
+func (c *keyCache) put(sum [sha256.Size]byte, s ssh.Signer) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sum, c.signer = sum, s
 }
 
 // authMethod returns the public key auth method: signer (loaded by
@@ -350,7 +380,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	if cfg.AgentSocket == "" {
 		// Local failures first, before any network use.
 		var err error
-		if signer, err = loadSigner(cfg); err != nil {
+		if signer, err = loadSigner(cfg, &p.keys); err != nil {
 			return nil, err
 		}
 	}
