@@ -168,6 +168,12 @@ func TestKnownHostsCases(t *testing.T) {
 		{"revoked plain key", []string{plainLine("h.example.com", host), revokedLine(host)}, "h.example.com:22", host, KindHostKeyMismatch},
 		{"cert accepted by CA", []string{caLine("*.example.com", ca.PublicKey())}, "h.example.com:22", valid("h.example.com"), KindUnknown},
 		{"cert accepted by CA with [pattern]:port", []string{caLine("[10.0.0.*]:2222", ca.PublicKey())}, "10.0.0.5:2222", valid("10.0.0.5"), KindUnknown},
+		// Go's knownhosts reads a pattern without brackets as port 22 only
+		// (OpenSSH would match "[10.0.0.5]:2222" against "*" too): a CA for
+		// every host on another port is "[*]:2222".
+		{"cert, CA pattern * is port 22 only", []string{caLine("*", ca.PublicKey())}, "10.0.0.5:2222", valid("10.0.0.5"), KindHostUnknown},
+		{"cert, CA pattern [*]:port", []string{caLine("[*]:2222", ca.PublicKey())}, "10.0.0.5:2222", valid("10.0.0.5"), KindUnknown},
+		{"cert, CA pattern *", []string{caLine("*", ca.PublicKey())}, "10.0.0.5:22", valid("10.0.0.5"), KindUnknown},
 		{"cert, CA for other hosts", []string{caLine("*.example.org", ca.PublicKey())}, "h.example.com:22", valid("h.example.com"), KindHostUnknown},
 		{"cert, CA negated for the host", []string{caLine("*.example.com,!h.example.com", ca.PublicKey())}, "h.example.com:22", valid("h.example.com"), KindHostUnknown},
 		{"cert, another CA", []string{caLine("*.example.com", otherCA.PublicKey())}, "h.example.com:22", valid("h.example.com"), KindHostKeyMismatch},
