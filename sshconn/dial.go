@@ -52,7 +52,6 @@ func loadSigner(cfg Config, cache *keyCache) (ssh.Signer, error) {
 		var missing *ssh.PassphraseMissingError
 		switch {
 		case errors.As(err, &missing):
-			// Its text is fixed; it carries the public key, not the secret.
 			err = fmt.Errorf("%s is encrypted and KeyPassphrase is not set", src)
 		case errors.Is(err, x509.IncorrectPasswordError):
 			err = fmt.Errorf("%s: KeyPassphrase does not decrypt it", src)
@@ -90,10 +89,11 @@ func (c *keyCache) put(sum [sha256.Size]byte, s ssh.Signer) {
 }
 
 // authMethod returns the public key auth method: signer (loaded by
-// loadSigner) when not nil, else cfg.AgentSocket's keys. For the agent it dials the agent (bounded by ctx, and every read and write
-// of the agent connection by ctx's deadline and cancellation) and returns
-// the connection's closer, which the caller calls when the handshake has
-// ended; the closer is never nil.
+// loadSigner) when not nil, else cfg.AgentSocket's keys. For the agent it
+// dials the agent (bounded by ctx, and every read and write of the agent
+// connection by ctx's deadline and cancellation) and returns the
+// connection's closer, which the caller calls when the handshake has ended
+// (the agent signs during it); the closer is never nil.
 func authMethod(ctx context.Context, cfg Config, signer ssh.Signer) (ssh.AuthMethod, func(), error) {
 	if signer != nil {
 		return ssh.PublicKeys(signer), func() {}, nil
