@@ -1,12 +1,14 @@
 package kvm2
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"path"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/crypto/ssh"
 	"sigs.k8s.io/yaml"
 
 	"github.com/egressproxy/egressproxy/imagecache"
@@ -70,13 +73,41 @@ type Config struct {
 	Address string `json:"address"`
 	// User is the SSH user. Required.
 	User string `json:"user"`
-	// KeyFile is an unencrypted private key file. Required. It is read on
-	// every dial (a missing file is reported by Check as
-	// CredentialsUnavailable, not by Open).
+	// KeyFile is a private key file (OpenSSH or PEM), unencrypted or
+	// encrypted with KeyPassphrase. The client key comes from exactly one of
+	// KeyFile, Key, Signer and AgentSocket (Open names the fields when none
+	// or several are set). Zero: one of the others. It is read on every dial
+	// (a missing file is reported by Check as CredentialsUnavailable, not by
+	// Open).
 	KeyFile string `json:"keyFile,omitempty"`
 	// KnownHostsFile is an OpenSSH known_hosts file pinning the host key.
 	// Required: host key verification cannot be skipped.
 	KnownHostsFile string `json:"knownHostsFile,omitempty"`
+	// Key is a private key in PEM form (OpenSSH or PKCS#1/PKCS#8/SEC 1),
+	// unencrypted or encrypted with KeyPassphrase: for a key held in memory,
+	// e.g. read from a Kubernetes Secret. It never appears in a marshalled
+	// Config, an error or a log line. Zero: another key source.
+	Key []byte `json:"-"`
+	// KeyPassphrase decrypts KeyFile or Key. It never appears in a
+	// marshalled Config, an error or a log line. Zero: the key is
+	// unencrypted; setting it without KeyFile or Key is invalid.
+	KeyPassphrase []byte `json:"-"`
+	// Signer signs with a key the embedder holds (a hardware token, its own
+	// agent client); it must be safe for concurrent use. It is not
+	// marshalled. Zero: another key source.
+	Signer ssh.Signer `json:"-"`
+	// AgentSocket is the absolute path of an ssh-agent's unix socket (what
+	// SSH_AUTH_SOCK names): each SSH dial opens its own agent connection,
+	// offers every key the agent holds and closes it after the handshake.
+	// Zero: another key source.
+	AgentSocket string `json:"agentSocket,omitempty"`
+	// KnownHosts is the content of a known_hosts file, for host keys held in
+	// a ConfigMap or a Secret (base64 in JSON, as every []byte). Host keys
+	// are pinned by exactly one of KnownHostsFile and KnownHosts; both accept
+	// hashed names, "[host]:port", patterns, @cert-authority lines (host
+	// certificates signed by that CA) and @revoked lines. Zero: use
+	// KnownHostsFile.
+	KnownHosts []byte `json:"knownHosts,omitempty"`
 	// LibvirtSocket is the path of libvirtd's read-write unix socket on the
 	// host. Zero: /var/run/libvirt/libvirt-sock.
 	LibvirtSocket string `json:"libvirtSocket,omitempty"`
@@ -229,6 +260,63 @@ func fieldErr(field, value, rule string) error {
 	return &provider.FieldError{Field: field, Value: value, Rule: rule}
 }
 
+// validateCredentials checks the key and known_hosts sources: exactly one
+// of each, a passphrase only for a key it can decrypt. No FieldError
+// carries a secret: Value names a path at most.
+func (c Config) validateCredentials() error {
+	var errs []error
+	oneOf := func(names []string, set []bool, missing, rule string) {
+		var given []string
+		for i, n := range names {
+			if set[i] {
+				given = append(given, n)
+			}
+		}
+		switch {
+		case len(given) == 0:
+			errs = append(errs, fieldErr(missing, "", rule))
+		case len(given) > 1:
+			for _, g := range given {
+				var others []string
+				for _, o := range given {
+					if o != g {
+						others = append(others, o)
+					}
+				}
+				errs = append(errs, fieldErr(g, "", "set exactly one of "+strings.Join(names, ", ")+
+					" (also set: "+strings.Join(others, ", ")+")"))
+			}
+		}
+	}
+	oneOf([]string{"KeyFile", "Key", "Signer", "AgentSocket"},
+		[]bool{c.KeyFile != "", len(c.Key) > 0, c.Signer != nil, c.AgentSocket != ""},
+		"KeyFile", "a client key is required: set one of KeyFile, Key, Signer, AgentSocket")
+	if len(c.KeyPassphrase) > 0 && c.KeyFile == "" && len(c.Key) == 0 {
+		errs = append(errs, fieldErr("KeyPassphrase", "", "applies only to KeyFile or Key"))
+	}
+	if c.AgentSocket != "" && !filepath.IsAbs(c.AgentSocket) {
+		errs = append(errs, fieldErr("AgentSocket", c.AgentSocket, "must be an absolute path (the agent's unix socket)"))
+	}
+	oneOf([]string{"KnownHostsFile", "KnownHosts"},
+		[]bool{c.KnownHostsFile != "", len(c.KnownHosts) > 0},
+		"KnownHostsFile", "is required, or KnownHosts (host key verification cannot be skipped)")
+	if len(c.KnownHosts) > 0 && !hasKnownHostsLine(c.KnownHosts) {
+		errs = append(errs, fieldErr("KnownHosts", "", "must contain at least one valid known_hosts line"))
+	}
+	return errors.Join(errs...)
+}
+
+// hasKnownHostsLine reports whether b holds at least one line that parses
+// as a known_hosts entry.
+func hasKnownHostsLine(b []byte) bool {
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if _, _, _, _, _, err := ssh.ParseKnownHosts(line); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
 // keyField names the entry of a map field, e.g. MachineTypes["small"], with
 // the key quoted escaped and bounded (provider.Quote): a key is caller input.
 func keyField(field, key string) string { return field + "[" + provider.Quote(key) + "]" }
@@ -259,12 +347,7 @@ func (c Config) validate() (Config, error) {
 	} else if strings.ContainsAny(c.User, " \t\r\n@:/") {
 		add(fieldErr("User", c.User, "must not contain spaces, '@', ':' or '/'"))
 	}
-	if c.KeyFile == "" {
-		add(fieldErr("KeyFile", "", "is required (path of an unencrypted private key file)"))
-	}
-	if c.KnownHostsFile == "" {
-		add(fieldErr("KnownHostsFile", "", "is required (host key verification cannot be skipped)"))
-	}
+	add(c.validateCredentials())
 	if c.LibvirtSocket == "" {
 		c.LibvirtSocket = DefaultLibvirtSocket
 	} else if !path.IsAbs(c.LibvirtSocket) {

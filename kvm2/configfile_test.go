@@ -29,6 +29,8 @@ func fullConfig() Config {
 		User:           "egressproxy",
 		KeyFile:        "/etc/egressproxy/id_ed25519",
 		KnownHostsFile: "/etc/egressproxy/known_hosts",
+		AgentSocket:    "/run/egressproxy/agent.sock",
+		KnownHosts:     []byte("hv1.example.net ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"),
 		LibvirtSocket:  "/run/libvirt/libvirt-sock",
 		LibvirtURI:     "qemu:///system",
 		Pool:           "egressproxy",
@@ -177,6 +179,8 @@ address: hv1.example.net:22
 user: egressproxy
 keyFile: /etc/egressproxy/id_ed25519
 knownHostsFile: /etc/egressproxy/known_hosts
+agentSocket: /run/egressproxy/agent.sock
+knownHosts: aHYxLmV4YW1wbGUubmV0IHNzaC1lZDI1NTE5IEFBQUFDM056YUMxbFpESTFOVEU1QUFBQUlPTXFxbmtWenJtMFNkRzZVT29xS0xzYWJnSDVDOW9rV2kwZGgybDlHS0psCg==
 libvirtSocket: /run/libvirt/libvirt-sock
 libvirtURI: qemu:///system
 pool: egressproxy

@@ -1,8 +1,11 @@
 package sshconn
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -13,31 +16,116 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/crypto/ssh/knownhosts"
 )
 
-// loadSigner reads and parses the private key file. Any failure is
-// KindKeyUnreadable; it happens before any network use.
-func loadSigner(cfg Config) (ssh.Signer, error) {
-	pem, err := os.ReadFile(cfg.KeyFile)
-	if err != nil {
-		return nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "read key file", Err: err}
+// loadSigner returns the signer of a key source that is not the agent:
+// Signer as given, or KeyFile / Key parsed (with KeyPassphrase when set).
+// Any failure is KindKeyUnreadable; it happens before any network use. No
+// error text carries key bytes or the passphrase.
+func loadSigner(cfg Config, cache *keyCache) (ssh.Signer, error) {
+	if cfg.Signer != nil {
+		return cfg.Signer, nil
 	}
-	signer, err := ssh.ParsePrivateKey(pem)
+	pem, src := cfg.Key, "Key"
+	if cfg.KeyFile != "" {
+		var err error
+		pem, err = os.ReadFile(cfg.KeyFile)
+		if err != nil {
+			return nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "read key file", Err: err}
+		}
+		src = "key file " + cfg.KeyFile
+	}
+	sum := sha256.Sum256(pem)
+	if signer := cache.get(sum); signer != nil {
+		return signer, nil
+	}
+	var signer ssh.Signer
+	var err error
+	if len(cfg.KeyPassphrase) > 0 {
+		signer, err = ssh.ParsePrivateKeyWithPassphrase(pem, cfg.KeyPassphrase)
+	} else {
+		signer, err = ssh.ParsePrivateKey(pem)
+	}
 	if err != nil {
 		var missing *ssh.PassphraseMissingError
-		if errors.As(err, &missing) {
-			err = fmt.Errorf("key file %s is encrypted (only unencrypted keys are supported): %w", cfg.KeyFile, err)
-		} else {
-			err = fmt.Errorf("key file %s: %w", cfg.KeyFile, err)
+		switch {
+		case errors.As(err, &missing):
+			err = fmt.Errorf("%s is encrypted and KeyPassphrase is not set", src)
+		case errors.Is(err, x509.IncorrectPasswordError):
+			err = fmt.Errorf("%s: KeyPassphrase does not decrypt it", src)
+		default:
+			err = fmt.Errorf("%s: %w", src, err)
 		}
-		return nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "parse key file", Err: err}
+		return nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "parse key", Err: err}
 	}
+	cache.put(sum, signer)
 	return signer, nil
 }
 
+// keyCache remembers the signer parsed from the latest key content, so an
+// encrypted key is decrypted (bcrypt, slow by design) once per content
+// rather than on every dial; a rotated key file has a new content.
+type keyCache struct {
+	mu     sync.Mutex
+	sum    [sha256.Size]byte
+	signer ssh.Signer
+}
+
+func (c *keyCache) get(sum [sha256.Size]byte) ssh.Signer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.signer != nil && c.sum == sum {
+		return c.signer
+	}
+	return nil
+}
+
+func (c *keyCache) put(sum [sha256.Size]byte, s ssh.Signer) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sum, c.signer = sum, s
+}
+
+// authMethod returns the public key auth method: signer (loaded by
+// loadSigner) when not nil, else cfg.AgentSocket's keys. For the agent it
+// dials the agent (bounded by ctx, and every read and write of the agent
+// connection by ctx's deadline and cancellation) and returns the
+// connection's closer, which the caller calls when the handshake has ended
+// (the agent signs during it); the closer is never nil.
+func authMethod(ctx context.Context, cfg Config, signer ssh.Signer) (ssh.AuthMethod, func(), error) {
+	if signer != nil {
+		return ssh.PublicKeys(signer), func() {}, nil
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", cfg.AgentSocket)
+	if err != nil {
+		return nil, nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "dial ssh-agent", Err: err}
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	closeAgent := func() {
+		stop()
+		_ = conn.Close()
+	}
+	ag := agent.NewClient(conn)
+	signers, err := ag.Signers()
+	if err == nil && len(signers) == 0 {
+		err = fmt.Errorf("ssh-agent at %s holds no keys", cfg.AgentSocket)
+	}
+	if err != nil {
+		closeAgent()
+		return nil, nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "list ssh-agent keys", Err: err}
+	}
+	return ssh.PublicKeys(signers...), closeAgent, nil
+}
+
 // probeKey is a public key nobody pins: asking the known_hosts callback about
-// it returns a *knownhosts.KeyError listing every key known for the host.
+// it returns a *knownhosts.KeyError listing every key known for the host
+// (the keys of @cert-authority lines matching the host included).
 var probeKey = func() ssh.PublicKey {
 	pub := ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize)).Public()
 	k, err := ssh.NewPublicKey(pub)
@@ -47,51 +135,157 @@ var probeKey = func() ssh.PublicKey {
 	return k
 }()
 
-// loadKnownHosts returns the host key callback for cfg.KnownHostsFile and the
-// host key algorithms to offer, pinned types first, so that the pinned key
-// type is the one the server presents (a server with ecdsa and ed25519 keys would otherwise
-// present ecdsa first, and a known_hosts pinning only ed25519 would then look
-// like a mismatch). A missing or unreadable file is KindHostUnknown.
-func loadKnownHosts(cfg Config) (ssh.HostKeyCallback, []string, error) {
-	cb, err := knownhosts.New(cfg.KnownHostsFile)
-	if err != nil {
-		return nil, nil, &Error{Kind: KindHostUnknown, Addr: cfg.Addr, Op: "read known_hosts", Err: err}
-	}
-	var algos []string
-	var keyErr *knownhosts.KeyError
-	if err := cb(cfg.Addr, &net.TCPAddr{IP: net.IPv4zero}, probeKey); errors.As(err, &keyErr) {
-		seen := map[string]bool{}
-		add := func(a ...string) {
-			for _, s := range a {
-				if !seen[s] {
-					seen[s] = true
-					algos = append(algos, s)
-				}
-			}
+// hostKeys is what one dial verifies the host key against.
+type hostKeys struct {
+	cb     ssh.HostKeyCallback // knownhosts.New's: plain keys, @cert-authority, @revoked
+	source string              // the file name, or "Config.KnownHosts"
+	// algos are the host key algorithms offered, in order; see loadKnownHosts.
+	algos []string
+	// caMatch: an @cert-authority line matches the host.
+	caMatch bool
+	// cas holds the marshalled keys of every @cert-authority line.
+	cas map[string]bool
+}
+
+// loadKnownHosts builds the host key callback from cfg.KnownHostsFile or
+// cfg.KnownHosts with golang.org/x/crypto/ssh/knownhosts (hashed names,
+// [host]:port, patterns, @cert-authority through ssh.CertChecker, @revoked
+// for keys, certified keys and CAs), and the host key algorithms to offer:
+//
+//   - when an @cert-authority line matches the host, every certificate
+//     algorithm first, so a host with a certificate presents it;
+//   - then the types of the plain keys pinned for the host, so that the
+//     pinned key type is the one the server presents (a server with ecdsa
+//     and ed25519 keys would otherwise present ecdsa first, and a known_hosts
+//     pinning only ed25519 would then look like a mismatch);
+//   - then every other plain type: a host that no longer presents any pinned
+//     type then completes the key exchange with another key, which the
+//     callback reports as a mismatch (as OpenSSH does), instead of failing
+//     with "no common algorithm", which would read as a network fault.
+//
+// Certificate algorithms are not offered when no CA line matches, so a host
+// with a certificate is checked by its plain key against the plain lines.
+// A missing or unreadable file, or content without a valid line, is
+// KindHostUnknown.
+func loadKnownHosts(cfg Config) (*hostKeys, error) {
+	hk := &hostKeys{source: cfg.KnownHostsFile, cas: map[string]bool{}}
+	var content []byte
+	var err error
+	if cfg.KnownHostsFile != "" {
+		content, err = os.ReadFile(cfg.KnownHostsFile)
+		if err != nil {
+			return nil, &Error{Kind: KindHostUnknown, Addr: cfg.Addr, Op: "read known_hosts", Err: err}
 		}
+		hk.cb, err = knownhosts.New(cfg.KnownHostsFile)
+	} else {
+		hk.source = "Config.KnownHosts"
+		content = cfg.KnownHosts
+		hk.cb, err = knownHostsFromBytes(content)
+	}
+	if err != nil {
+		return nil, &Error{Kind: KindHostUnknown, Addr: cfg.Addr, Op: "read known_hosts", Err: err}
+	}
+	for _, line := range bytes.Split(content, []byte("\n")) {
+		marker, _, key, _, _, err := ssh.ParseKnownHosts(line)
+		if err == nil && marker == "cert-authority" {
+			hk.cas[string(key.Marshal())] = true
+		}
+	}
+
+	var pinned []string
+	var keyErr *knownhosts.KeyError
+	if err := hk.cb(cfg.Addr, &net.TCPAddr{IP: net.IPv4zero}, probeKey); errors.As(err, &keyErr) {
 		for _, k := range keyErr.Want {
+			if hk.cas[string(k.Key.Marshal())] {
+				hk.caMatch = true
+				continue
+			}
 			switch t := k.Key.Type(); t {
 			case ssh.KeyAlgoRSA:
-				add(ssh.KeyAlgoRSASHA512, ssh.KeyAlgoRSASHA256, ssh.KeyAlgoRSA)
+				pinned = append(pinned, ssh.KeyAlgoRSASHA512, ssh.KeyAlgoRSASHA256, ssh.KeyAlgoRSA)
 			default:
-				add(t)
+				pinned = append(pinned, t)
 			}
 		}
-		// Every other type after the pinned ones: a host that no longer
-		// presents any pinned type then completes the key exchange with
-		// another key, which the callback reports as a mismatch (as
-		// OpenSSH does), instead of failing with "no common algorithm",
-		// which would read as a network fault.
-		add(ssh.SupportedAlgorithms().HostKeys...)
 	}
-	return cb, algos, nil
+	var certAlgos, plainAlgos []string
+	for _, a := range ssh.SupportedAlgorithms().HostKeys {
+		if strings.Contains(a, "-cert-") {
+			certAlgos = append(certAlgos, a)
+		} else {
+			plainAlgos = append(plainAlgos, a)
+		}
+	}
+	seen := map[string]bool{}
+	add := func(a ...string) {
+		for _, s := range a {
+			if !seen[s] {
+				seen[s] = true
+				hk.algos = append(hk.algos, s)
+			}
+		}
+	}
+	if hk.caMatch {
+		add(certAlgos...)
+	}
+	add(pinned...)
+	add(plainAlgos...)
+	return hk, nil
 }
+
+// check is the handshake's host key callback: hk.cb, with the failure
+// classified (a *hostKeyError) and described with what the server presented
+// and what it was checked against.
+func (hk *hostKeys) check(host string, remote net.Addr, key ssh.PublicKey) error {
+	err := hk.cb(host, remote, key)
+	if err == nil {
+		return nil
+	}
+	kind := KindHostKeyMismatch
+	var keyErr *knownhosts.KeyError
+	var revoked *knownhosts.RevokedError
+	cert, isCert := key.(*ssh.Certificate)
+	switch {
+	case errors.As(err, &revoked):
+		// a revoked key, certified key or CA: a mismatch, never "unknown"
+	case errors.As(err, &keyErr):
+		plain := 0
+		for _, k := range keyErr.Want {
+			if !hk.cas[string(k.Key.Marshal())] {
+				plain++
+			}
+		}
+		if plain == 0 {
+			kind = KindHostUnknown
+		}
+	case isCert && !hk.caMatch:
+		kind = KindHostUnknown
+	}
+	desc := key.Type() + " " + ssh.FingerprintSHA256(key)
+	if isCert {
+		desc = fmt.Sprintf("a certificate for %s %s signed by CA %s %s", cert.Key.Type(),
+			ssh.FingerprintSHA256(cert.Key), cert.SignatureKey.Type(), ssh.FingerprintSHA256(cert.SignatureKey))
+	}
+	return &hostKeyError{kind: kind, err: fmt.Errorf("%w (server presented %s; checked against %s)", err, desc, hk.source)}
+}
+
+// hostKeyError is a host key refusal, classified where it is known.
+type hostKeyError struct {
+	kind Kind
+	err  error
+}
+
+func (e *hostKeyError) Error() string { return e.err.Error() }
+func (e *hostKeyError) Unwrap() error { return e.err }
 
 // classifyHandshake maps an ssh.NewClientConn error to a Kind.
 func classifyHandshake(err error) Kind {
+	var hkErr *hostKeyError
 	var keyErr *knownhosts.KeyError
 	var revoked *knownhosts.RevokedError
 	switch {
+	case errors.As(err, &hkErr):
+		return hkErr.kind
 	case errors.As(err, &keyErr):
 		if len(keyErr.Want) == 0 {
 			return KindHostUnknown
@@ -182,11 +376,15 @@ func (l *link) deathCause() error {
 // bounds the dial only; it is not stored.
 func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	cfg := p.cfg
-	signer, err := loadSigner(cfg)
-	if err != nil {
-		return nil, err
+	var signer ssh.Signer
+	if cfg.AgentSocket == "" {
+		// Local failures first, before any network use.
+		var err error
+		if signer, err = loadSigner(cfg, &p.keys); err != nil {
+			return nil, err
+		}
 	}
-	hostKeyCB, algos, err := loadKnownHosts(cfg)
+	hk, err := loadKnownHosts(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -196,6 +394,16 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	// Pool.Close ends the dial too, so Close never waits for a dial timeout.
 	stopOnClose := context.AfterFunc(p.closeCtx, cancel)
 	defer stopOnClose()
+	// The agent connection (if any) lives until the handshake has ended:
+	// the agent signs during it.
+	auth, closeAgent, err := authMethod(dctx, cfg, signer)
+	if err != nil {
+		if p.closeCtx.Err() != nil {
+			return nil, p.closedError("dial ssh-agent")
+		}
+		return nil, err
+	}
+	defer closeAgent()
 	var d net.Dialer
 	start := time.Now()
 	nc, err := d.DialContext(dctx, "tcp", cfg.Addr)
@@ -215,16 +423,10 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	}
 	ac := newActivityConn(nc)
 	sc, chans, reqs, err := ssh.NewClientConn(ac, cfg.Addr, &ssh.ClientConfig{
-		User: cfg.User,
-		Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
-		HostKeyCallback: func(host string, remote net.Addr, key ssh.PublicKey) error {
-			if err := hostKeyCB(host, remote, key); err != nil {
-				return fmt.Errorf("%w (server presented %s %s; checked against %s)",
-					err, key.Type(), ssh.FingerprintSHA256(key), cfg.KnownHostsFile)
-			}
-			return nil
-		},
-		HostKeyAlgorithms: algos,
+		User:              cfg.User,
+		Auth:              []ssh.AuthMethod{auth},
+		HostKeyCallback:   hk.check,
+		HostKeyAlgorithms: hk.algos,
 	})
 	if !stop() && err == nil {
 		// ctx ended just as the handshake finished: honour ctx.
@@ -347,3 +549,13 @@ func (p *Pool) keepalive(l *link) {
 		}
 	}
 }
+
+// renameErr is err with the name of the file knownhosts read replaced by
+// the name the embedder knows.
+type renameErr struct {
+	err      error
+	from, to string
+}
+
+func (e renameErr) Error() string { return strings.ReplaceAll(e.err.Error(), e.from, e.to) }
+func (e renameErr) Unwrap() error { return e.err }

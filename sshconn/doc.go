@@ -1,6 +1,10 @@
 // Package sshconn is egressproxy's SSH transport to a hypervisor: it dials
-// sshd with golang.org/x/crypto/ssh, always verifying the host key against a
-// known_hosts file, keeps one shared connection per host alive and watched,
+// sshd with golang.org/x/crypto/ssh, always verifying the host key against
+// known_hosts content (a file or bytes; plain and hashed names, patterns,
+// @cert-authority for host certificates, @revoked), authenticates with a key
+// from a file, from PEM bytes (optionally passphrase-protected), from an
+// ssh.Signer or from an ssh-agent, keeps one shared connection per host
+// alive and watched,
 // and carries go-libvirt over a direct-streamlocal channel to libvirtd's
 // unix socket (no virsh, no remote shell commands).
 //
@@ -38,7 +42,7 @@
 // What it does not own: retries of failed operations (beyond redialing the
 // link on the next call), mapping Kinds to egressproxy's error classes
 // (kvm2 does that), libvirt error codes, image transfers and their
-// verification (imagecache), and the known_hosts and key files themselves
+// verification (imagecache), and the known_hosts content and keys themselves
 // (the embedder provides them; there is no option to skip host key checks).
 //
 // Note: OpenSSH answers "open failed" both for a unix socket the user may

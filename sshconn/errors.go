@@ -16,17 +16,24 @@ const (
 	KindUnknown Kind = iota
 	// KindConfig is an invalid Config or LibvirtConfig; nothing was touched.
 	KindConfig
-	// KindKeyUnreadable: the private key file is missing, unreadable or not
-	// an unencrypted OpenSSH/PEM private key (credentials unavailable). It is
-	// reported before any network use.
+	// KindKeyUnreadable: the client key cannot be used (credentials
+	// unavailable): the key file is missing or unreadable, the file or Key
+	// bytes are not an OpenSSH/PEM private key, an encrypted key has no or a
+	// wrong KeyPassphrase (or a passphrase is given for an unencrypted key),
+	// or the ssh-agent cannot be reached or holds no key. It is reported
+	// before sshd is contacted.
 	KindKeyUnreadable
 	// KindAuthRefused: the server refused our key (unauthorized).
 	KindAuthRefused
-	// KindHostUnknown: the host has no entry in known_hosts (this includes an
-	// empty or missing known_hosts file).
+	// KindHostUnknown: known_hosts pins nothing for the host: no key line
+	// and no @cert-authority line matches it (this includes an empty or
+	// missing known_hosts file), or only CA lines match and the host
+	// presented a plain key.
 	KindHostUnknown
-	// KindHostKeyMismatch: known_hosts has a different (or a revoked) key for
-	// the host.
+	// KindHostKeyMismatch: known_hosts has a different key for the host, or
+	// the presented key, its certificate's CA or the certified key is
+	// @revoked, or the host certificate does not verify (signed by a CA not
+	// trusted for the host, expired, not valid for the host name).
 	KindHostKeyMismatch
 	// KindUnreachable: the TCP dial or the SSH handshake failed or timed out,
 	// or the link died (keepalives unanswered, connection reset, a call

@@ -73,3 +73,29 @@ func ExampleConfig_Validate() {
 	// invalid config
 	// <nil>
 }
+
+// Credentials held as values, as an operator reads them from a Kubernetes
+// Secret: the key (here passphrase-protected) and the known_hosts content
+// as bytes, with an @cert-authority line so that every hypervisor whose
+// host certificate the CA signed is accepted on port 22. The Config prints
+// without its secrets.
+func ExampleConfig_credentialsAsValues() {
+	secret := map[string][]byte{ // e.g. the Data of a corev1.Secret
+		"ssh-privatekey": []byte("-----BEGIN OPENSSH PRIVATE KEY-----\n..."),
+		"passphrase":     []byte("do not print me"),
+		"known_hosts": []byte("@cert-authority *.hv.example.net ssh-ed25519 " +
+			"AAAAC3NzaC1lZDI1NTE5AAAAIDu1Kx+Yl1ZVZqJ8CAbf5m1Qq3uI7FlQ0bwDd0YbOe5s hv-ca\n"),
+	}
+	cfg := sshconn.Config{
+		Addr:          "hv1.hv.example.net:22",
+		User:          "egressproxy",
+		Key:           secret["ssh-privatekey"],
+		KeyPassphrase: secret["passphrase"],
+		KnownHosts:    secret["known_hosts"],
+	}
+	fmt.Println(cfg.Validate())
+	fmt.Println(cfg)
+	// Output:
+	// <nil>
+	// sshconn.Config{Addr: "hv1.hv.example.net:22", User: "egressproxy", Key: [redacted, 39 bytes], KeyPassphrase: [redacted], KnownHosts: [120 bytes], DialTimeout: 0s, KeepaliveInterval: 0s, KeepaliveCount: 0, MaxRedialBackoff: 0s}
+}

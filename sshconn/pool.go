@@ -33,6 +33,7 @@ type Pool struct {
 	failures  int                // consecutive failed dials (ctx-caused ones excluded)
 	retryAt   time.Time          // no new dial before this (backoff)
 	dedicated map[*link]struct{}
+	keys      keyCache // the signer of the latest key content
 
 	wg sync.WaitGroup // every goroutine the pool starts
 }

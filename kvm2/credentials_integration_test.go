@@ -1,0 +1,53 @@
+//go:build integration
+
+package kvm2
+
+import (
+	"os"
+	"testing"
+
+	"github.com/go-logr/logr/testr"
+
+	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// The credential fields reach sshconn: a provider configured only with
+// values (key and known_hosts as bytes, or an ssh-agent) is reachable, and
+// one whose key cannot be decrypted reports CredentialsUnavailable.
+func TestIntegrationCredentialsAsValues(t *testing.T) {
+	env := teststack.Require(t)
+	key, err := os.ReadFile(env.SSHKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	knownHosts, err := os.ReadFile(env.KnownHosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := teststack.StartAgent(t, env.SSHKey)
+	tests := []struct {
+		name   string
+		mutate func(c *Config)
+		want   provider.HealthReason
+	}{
+		{"key and known_hosts as bytes", func(c *Config) {
+			c.KeyFile, c.Key, c.KnownHostsFile, c.KnownHosts = "", key, "", knownHosts
+		}, provider.ReasonNone},
+		{"ssh-agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", agent }, provider.ReasonNone},
+		{"passphrase for an unencrypted key", func(c *Config) {
+			c.KeyFile, c.Key, c.KeyPassphrase = "", key, []byte("not this key's")
+		}, provider.ReasonCredentialsUnavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := stackConfig(t)
+			tt.mutate(&cfg)
+			p := openT(t, cfg, testr.New(t))
+			h := checkT(t, p)
+			if h.Reason != tt.want || h.Reachable != (tt.want == provider.ReasonNone) {
+				t.Fatalf("Check = reachable %v reason %q (%s), want reason %q", h.Reachable, h.Reason, h.Message, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,137 @@
+package kvm2
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
+
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+const credSecret = "SECRET-kvm2-7c3e"
+
+func testSigner(t *testing.T) ssh.Signer {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestConfigCredentials(t *testing.T) {
+	t.Parallel()
+	signer := testSigner(t)
+	kh := []byte(knownhosts.Line([]string{"[127.0.0.1]:2222"}, signer.PublicKey()) + "\n")
+	noCreds := func(c *Config) { c.KeyFile, c.KnownHostsFile = "", "" }
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		fields []string // nil: valid
+	}{
+		{"key file and known_hosts file", func(*Config) {}, nil},
+		{"key and known_hosts as bytes", func(c *Config) { noCreds(c); c.Key, c.KnownHosts = []byte("pem"), kh }, nil},
+		{"encrypted key bytes", func(c *Config) { noCreds(c); c.Key, c.KeyPassphrase, c.KnownHosts = []byte("pem"), []byte("pw"), kh }, nil},
+		{"encrypted key file", func(c *Config) { c.KeyPassphrase = []byte("pw") }, nil},
+		{"signer", func(c *Config) { c.KeyFile, c.Signer = "", signer }, nil},
+		{"agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", "/run/ssh-agent.sock" }, nil},
+		{"no key source", func(c *Config) { c.KeyFile = "" }, []string{"KeyFile"}},
+		{"key file and key bytes", func(c *Config) { c.Key = []byte("pem") }, []string{"KeyFile", "Key"}},
+		{"signer and agent", func(c *Config) { c.KeyFile, c.Signer, c.AgentSocket = "", signer, "/a" }, []string{"Signer", "AgentSocket"}},
+		{"passphrase for a signer", func(c *Config) { c.KeyFile, c.Signer, c.KeyPassphrase = "", signer, []byte("pw") }, []string{"KeyPassphrase"}},
+		{"agent socket relative", func(c *Config) { c.KeyFile, c.AgentSocket = "", "agent.sock" }, []string{"AgentSocket"}},
+		{"no known_hosts", func(c *Config) { c.KnownHostsFile = "" }, []string{"KnownHostsFile"}},
+		{"known_hosts file and bytes", func(c *Config) { c.KnownHosts = kh }, []string{"KnownHostsFile", "KnownHosts"}},
+		{"known_hosts bytes without a line", func(c *Config) { c.KnownHostsFile, c.KnownHosts = "", []byte("# nothing\n") }, []string{"KnownHosts"}},
+		{"nothing at all", noCreds, []string{"KeyFile", "KnownHostsFile"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := validConfig()
+			tt.mutate(&c)
+			_, err := c.validate()
+			if tt.fields == nil {
+				if err != nil {
+					t.Fatalf("validate: %v", err)
+				}
+				return
+			}
+			if provider.Code(err) != provider.Permanent {
+				t.Errorf("code = %v, want Permanent (err %v)", provider.Code(err), err)
+			}
+			var got []string
+			for _, fe := range provider.FieldErrors(err) {
+				got = append(got, fe.Field)
+			}
+			if strings.Join(got, ",") != strings.Join(tt.fields, ",") {
+				t.Errorf("fields %v, want %v (err: %v)", got, tt.fields, err)
+			}
+			// Open reports the same, before touching anything.
+			if _, oerr := Open(context.Background(), c, nil); provider.Code(oerr) != provider.Permanent ||
+				!strings.Contains(oerr.Error(), tt.fields[0]) {
+				t.Errorf("Open: %v", oerr)
+			}
+		})
+	}
+}
+
+// Key, KeyPassphrase and Signer never appear in a marshalled Config or in
+// an error; AgentSocket and KnownHosts marshal under their camelCase names.
+func TestConfigCredentialsMarshal(t *testing.T) {
+	t.Parallel()
+	signer := testSigner(t)
+	c := validConfig()
+	c.KeyFile = ""
+	c.Key = []byte("-----BEGIN OPENSSH PRIVATE KEY-----\n" + credSecret)
+	c.KeyPassphrase = []byte(credSecret)
+	c.Signer = signer
+	c.AgentSocket = "agent.sock" // relative: invalid, so validation fails
+	c.KnownHostsFile = ""
+	c.KnownHosts = []byte(knownhosts.Line([]string{"h"}, signer.PublicKey()) + "\n")
+	js, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(js), credSecret) || strings.Contains(string(js), "PRIVATE KEY") {
+		t.Errorf("marshalled config shows a secret: %s", js)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(js, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m["agentSocket"] != "agent.sock" || m["knownHosts"] == nil {
+		t.Errorf("agentSocket/knownHosts not marshalled by name: %s", js)
+	}
+	var back Config
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatal(err)
+	}
+	if string(back.KnownHosts) != string(c.KnownHosts) || back.Key != nil || back.KeyPassphrase != nil || back.Signer != nil {
+		t.Errorf("round trip: %+v", back)
+	}
+	_, verr := c.validate()
+	_, oerr := Open(context.Background(), c, nil)
+	for _, err := range []error{verr, oerr} {
+		if err == nil {
+			t.Fatal("an invalid config was accepted")
+		}
+		if s := fmt.Sprint(err); strings.Contains(s, credSecret) || strings.Contains(s, "PRIVATE KEY") {
+			t.Errorf("error shows a secret: %s", s)
+		}
+		if !errors.Is(err, provider.ErrPermanent) {
+			t.Errorf("not Permanent: %v", err)
+		}
+	}
+}
