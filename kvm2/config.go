@@ -192,6 +192,16 @@ type Options struct {
 	// HTTPClient downloads base images. Nil: imagecache's default (no
 	// overall timeout; the transfer budget bounds a download).
 	HTTPClient *http.Client
+	// ImageProgress, when set, is called during a cold image fetch (the
+	// first Create that needs a base the host lacks) with the transfer's
+	// progress, at most every ImageProgressInterval and once when the
+	// upload ends, from the goroutine doing the fetch: it must return
+	// quickly and not call the provider. Progress.Volume names the base.
+	// Nil: progress is only logged (V(1)).
+	ImageProgress func(imagecache.Progress)
+	// ImageProgressInterval is the interval of ImageProgress and of the
+	// progress log lines. Zero: imagecache's default (5s).
+	ImageProgressInterval time.Duration
 }
 
 // ParseConfig decodes one entry from YAML or JSON (JSON is YAML) strictly

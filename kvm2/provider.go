@@ -95,12 +95,14 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		Logger:      log,
 	})
 	cache, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{
-		Entry:          cfg.Entry,
-		Pool:           cfg.Pool,
-		TransferBudget: cfg.TransferBudget,
-		HTTPClient:     opts.HTTPClient,
-		Logger:         base,
-		TracerProvider: tp,
+		Entry:            cfg.Entry,
+		Pool:             cfg.Pool,
+		TransferBudget:   cfg.TransferBudget,
+		HTTPClient:       opts.HTTPClient,
+		Progress:         opts.ImageProgress,
+		ProgressInterval: provider.Duration(opts.ImageProgressInterval),
+		Logger:           base,
+		TracerProvider:   tp,
 	})
 	if err != nil {
 		_ = lv.Close()

@@ -26,10 +26,9 @@
 // stdout for scripts. Notes, progress and errors go to stderr. When stderr
 // is a terminal, long calls show a progress line with the elapsed time; a
 // create whose image is not cached on the host yet (as reported by
-// provider.ImageManager) says that it is fetching the image first. The
-// library reports no byte-level fetch progress through kvm2 (imagecache has a
-// Progress callback, kvm2.Options does not pass one through); -v 1 shows
-// imagecache's "upload progress" log lines.
+// provider.ImageManager) says that it is fetching the image first, and the
+// progress line shows the bytes uploaded so far, of how many, and the rate
+// (kvm2.Options.ImageProgress, every second).
 //
 // Ctrl-C (or SIGTERM) cancels the command's context: the call in flight
 // returns promptly, the connections are closed, and the program exits 130.

@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
 )
@@ -76,12 +77,14 @@ type env struct {
 
 // opener opens one provider per config entry, in order. On error it closes
 // what it opened.
-type opener func(ctx context.Context, cfgs []kvm2.Config, log logr.Logger) ([]provider.Provider, error)
+// opts carries the logger and the image-fetch progress callback.
+type opener func(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]provider.Provider, error)
 
-func openKVM2(ctx context.Context, cfgs []kvm2.Config, log logr.Logger) ([]provider.Provider, error) {
+func openKVM2(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]provider.Provider, error) {
 	var out []provider.Provider
 	for _, c := range cfgs {
-		p, err := kvm2.Open(ctx, c, &kvm2.Options{Logger: log})
+		o := opts
+		p, err := kvm2.Open(ctx, c, &o)
 		if err != nil {
 			for _, q := range out {
 				q.Close()
@@ -214,7 +217,33 @@ type cli struct {
 	*env
 	g       globals
 	entries []*entry
+
+	fetchMu sync.Mutex
+	fetch   string // the latest image-fetch progress, for the progress line
 }
+
+// onImageProgress records a cold image fetch's progress (kvm2's
+// Options.ImageProgress); the progress line shows it.
+func (c *cli) onImageProgress(p imagecache.Progress) {
+	line := fmt.Sprintf("%s uploaded", mib(p.Bytes))
+	if p.Total > 0 {
+		line = fmt.Sprintf("%s of %s uploaded (%d%%)", mib(p.Bytes), mib(p.Total), p.Bytes*100/p.Total)
+	}
+	if p.Rate > 0 {
+		line += fmt.Sprintf(", %.1f MB/s", p.Rate/1e6)
+	}
+	c.fetchMu.Lock()
+	c.fetch = line
+	c.fetchMu.Unlock()
+}
+
+func (c *cli) fetchProgress() string {
+	c.fetchMu.Lock()
+	defer c.fetchMu.Unlock()
+	return c.fetch
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 type command func(ctx context.Context, c *cli, args []string) error
 
@@ -288,7 +317,7 @@ func (c *cli) open(ctx context.Context) error {
 			return usagef("-entry %q: no such entry in %s (entries: %s)", c.g.entry, path, strings.Join(entryNames(cfg.Entries), ", "))
 		}
 	}
-	ps, err := c.env.open(ctx, cfgs, c.logger())
+	ps, err := c.env.open(ctx, cfgs, kvm2.Options{Logger: c.logger(), ImageProgress: c.onImageProgress, ImageProgressInterval: time.Second})
 	if err != nil {
 		var fe *provider.FieldError
 		if errors.As(err, &fe) {

@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	"go.uber.org/goleak"
 
+	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/provider/memprovider"
@@ -103,7 +103,7 @@ type managed struct {
 	*fakeImages
 }
 
-func (w *world) open(ctx context.Context, cfgs []kvm2.Config, _ logr.Logger) ([]provider.Provider, error) {
+func (w *world) open(ctx context.Context, cfgs []kvm2.Config, _ kvm2.Options) ([]provider.Provider, error) {
 	var out []provider.Provider
 	w.mu.Lock()
 	w.opened = nil
@@ -305,7 +305,7 @@ func TestOpenFieldErrorIsUsage(t *testing.T) {
 	w := newWorld(t, "lab1")
 	var out, errb syncBuffer
 	e := &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" },
-		open: func(ctx context.Context, cfgs []kvm2.Config, _ logr.Logger) ([]provider.Provider, error) {
+		open: func(ctx context.Context, cfgs []kvm2.Config, _ kvm2.Options) ([]provider.Provider, error) {
 			return nil, provider.WithCode(provider.Permanent, &provider.FieldError{Field: "Pool", Rule: "is required"})
 		}}
 	if code := run(context.Background(), []string{"-config", w.config, "check"}, e); code != exitUsage || !strings.Contains(errb.String(), "invalid Pool") {
@@ -720,5 +720,43 @@ func TestVerbose(t *testing.T) {
 	out, stderr := w.want(exitOK, "-v", "2", "-o", "json", "ls")
 	if !strings.Contains(stderr, `"msg"="operation done"`) || !strings.Contains(stderr, `"op"="list"`) || strings.Contains(out, "operation") {
 		t.Errorf("-v 2: stdout %q, stderr %q", out, stderr)
+	}
+}
+
+// fetching is a provider whose Create reports image-fetch progress through
+// the callback the CLI gave the opener, and returns once the terminal's
+// progress line shows it.
+type fetching struct {
+	bare
+	progress func(imagecache.Progress)
+	stderr   *syncBuffer
+}
+
+func (f fetching) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+	f.progress(imagecache.Progress{Volume: "base-lab1--base.qcow2", Bytes: 300 << 20, Total: 600 << 20, Rate: 50e6})
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(f.stderr.String(), "300.0 MiB of 600.0 MiB uploaded (50%), 50.0 MB/s") {
+		if time.Now().After(deadline) {
+			return provider.Instance{}, provider.Errorf(provider.Transient, "progress line never showed the fetch: %q", f.stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return f.bare.Create(ctx, spec)
+}
+
+// On a terminal, a cold fetch's byte progress (kvm2.Options.ImageProgress)
+// is drawn on the progress line.
+func TestCreateShowsFetchBytes(t *testing.T) {
+	w := newWorld(t, "lab1")
+	var out, errb syncBuffer
+	e := &env{stdout: &out, stderr: &errb, tty: true, getenv: func(string) string { return "" },
+		open: func(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]provider.Provider, error) {
+			if opts.ImageProgress == nil || opts.ImageProgressInterval <= 0 {
+				t.Errorf("opener got no progress callback: %+v", opts)
+			}
+			return []provider.Provider{fetching{bare{w.mem(cfgs[0].Entry)}, opts.ImageProgress, &errb}}, nil
+		}}
+	if code := run(context.Background(), []string{"-config", w.config, "create", "-name", "proxy-f", "-uid", "uid-f"}, e); code != exitOK {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
 }

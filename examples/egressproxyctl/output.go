@@ -58,7 +58,11 @@ func (c *cli) progress(label string) (set func(string), stop func()) {
 	draw := func() {
 		mu.Lock()
 		defer mu.Unlock()
-		fmt.Fprintf(c.stderr, "\r\033[K%s… %s", label, time.Since(start).Round(time.Second))
+		fetch := c.fetchProgress()
+		if fetch != "" {
+			fetch = " — " + fetch
+		}
+		fmt.Fprintf(c.stderr, "\r\033[K%s… %s%s", label, time.Since(start).Round(time.Second), fetch)
 	}
 	draw()
 	done := make(chan struct{})
