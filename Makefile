@@ -12,7 +12,8 @@
 #               nothing the tests start — libvirtd, sshd, squid, the guest and
 #               its NAT network — reaches outside the namespace.
 #   make test-in-netns   (internal; refuses to run outside scripts/netns)
-#               start the stack, run go vet, staticcheck and every test including the
+#               start the stack and a LAB_HOSTS-host lab (scripts/lab, stopped
+#               again at the end), run go vet, staticcheck and every test including the
 #               integration- and e2e-tagged ones against it (the e2e package
 #               as a step of its own, verbose, so every run logs its boot,
 #               address source and timings), bench-short,
@@ -34,6 +35,10 @@ export PATH := $(PATH):/usr/local/go/bin
 
 GO ?= go
 TESTSTACK := scripts/teststack
+# The multi-host lab (docs/lab.md): make test brings up LAB_HOSTS emulated
+# hypervisors behind shaped links for the multi-host tests.
+LAB := scripts/lab
+LAB_HOSTS ?= 2
 GUESTIMAGE := scripts/guestimage
 NETNS := scripts/netns
 # Bound of one test binary; the e2e test boots a guest under TCG (minutes).
@@ -116,6 +121,11 @@ test-in-netns:
 	if [ $$rc -eq 0 ]; then \
 		guestenv=$$($(GUESTIMAGE) env) && eval "$$guestenv" || rc=$$?; \
 	fi; \
+	export EGRESSPROXY_LAB_DIR="$$EGRESSPROXY_STACK_DIR/lab"; \
+	if [ $$rc -eq 0 ]; then \
+		echo "+ $(LAB) up --hosts $(LAB_HOSTS)"; \
+		$(LAB) up --hosts $(LAB_HOSTS) && labenv=$$($(LAB) env) && eval "$$labenv" || rc=$$?; \
+	fi; \
 	if [ $$rc -eq 0 ]; then \
 		echo "+ $(GO) vet ./..."; \
 		$(GO) vet ./... && $(GO) vet -tags integration,e2e ./... || rc=$$?; \
@@ -135,6 +145,7 @@ test-in-netns:
 	if [ $$rc -eq 0 ]; then \
 		$(MAKE) --no-print-directory fuzz-short || rc=$$?; \
 	fi; \
+	$(LAB) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	if [ $$rc -ne 0 ]; then echo "make test-in-netns: FAILED (exit $$rc)" >&2; fi; \
 	exit $$rc
