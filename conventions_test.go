@@ -26,7 +26,7 @@ import (
 // classes its errors).
 func TestConstructorsReportEveryFieldTheSameWay(t *testing.T) {
 	t.Parallel()
-	_, sshErr := sshconn.New(sshconn.Config{Addr: "no-port", DialTimeout: -time.Second})
+	_, sshErr := sshconn.New(sshconn.Config{Addr: "no-port", DialTimeout: provider.Duration(-time.Second)})
 	_, cacheErr := imagecache.New(nil, imagecache.Config{Entry: "Bad_Entry"})
 	_, trackErr := health.NewTracker(&health.TrackerOptions{Rise: -1, Fall: -1})
 	_, kvmErr := kvm2.Open(context.Background(), kvm2.Config{}, nil)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // docsConfig returns docs/config.md and its first ```yaml block.
@@ -56,8 +57,9 @@ func TestDocsConfigExample(t *testing.T) {
 			}
 		}
 	}
-	// The option structs of imagecache and health are listed by key.
-	for _, typ := range []reflect.Type{reflect.TypeFor[imagecache.Config](), reflect.TypeFor[health.TrackerOptions](), reflect.TypeFor[health.ProbeAllOptions](), reflect.TypeFor[health.ProbeOptions]()} {
+	// The option structs of imagecache, health and sshconn are listed by key.
+	for _, typ := range []reflect.Type{reflect.TypeFor[imagecache.Config](), reflect.TypeFor[health.TrackerOptions](), reflect.TypeFor[health.ProbeAllOptions](), reflect.TypeFor[health.ProbeOptions](),
+		reflect.TypeFor[sshconn.Config](), reflect.TypeFor[sshconn.LibvirtConfig]()} {
 		names, _ := jsonFields(typ)
 		for name := range names {
 			if !strings.Contains(doc, "`"+name+"`") {

@@ -80,8 +80,8 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		AgentSocket:       cfg.AgentSocket,
 		KnownHostsFile:    cfg.KnownHostsFile,
 		KnownHosts:        cfg.KnownHosts,
-		DialTimeout:       cfg.DialTimeout.Duration(),
-		KeepaliveInterval: cfg.KeepaliveInterval.Duration(),
+		DialTimeout:       cfg.DialTimeout,
+		KeepaliveInterval: cfg.KeepaliveInterval,
 		KeepaliveCount:    cfg.KeepaliveCount,
 		Logger:            log,
 	})
@@ -91,7 +91,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{
 		Socket:      cfg.LibvirtSocket,
 		URI:         cfg.LibvirtURI,
-		CallTimeout: cfg.CallTimeout.Duration(),
+		CallTimeout: cfg.CallTimeout,
 		Logger:      log,
 	})
 	cache, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{

@@ -8,8 +8,8 @@ import (
 
 // Duration is a time.Duration that configuration files write as a string in
 // time.ParseDuration syntax: "30s", "2m", "1h30m", "500ms", "0s". The
-// configuration structs of kvm2, imagecache and health use it for every
-// duration field, so a JSON or YAML file never gives a duration in
+// configuration structs of kvm2, imagecache, health and sshconn use it for
+// every duration field, so a JSON or YAML file never gives a duration in
 // nanoseconds.
 //
 // It marshals to that string (Duration(90*time.Second) is "1m30s"). It

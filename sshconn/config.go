@@ -22,9 +22,9 @@ import (
 type Config struct {
 	// Addr is the host:port of sshd. Required. It is also the name looked up
 	// in known_hosts ("[host]:port" unless the port is 22).
-	Addr string
+	Addr string `json:"addr"`
 	// User is the SSH user name. Required.
-	User string
+	User string `json:"user"`
 	// The client key comes from exactly one of KeyFile, Key, Signer and
 	// AgentSocket; Validate names the fields when none or several are set.
 	// None of them (nor KeyPassphrase) ever appears in an error, a log line,
@@ -34,7 +34,7 @@ type Config struct {
 	// KeyPassphrase or unencrypted. Zero: the key comes from Key, Signer or
 	// AgentSocket. It is read on every dial, so a rotated key is picked up by
 	// the next redial.
-	KeyFile string
+	KeyFile string `json:"keyFile,omitempty"`
 	// Key is a private key in PEM form (OpenSSH or PKCS#1/PKCS#8/SEC 1),
 	// encrypted with KeyPassphrase or unencrypted: for a key held in memory,
 	// e.g. read from a Kubernetes Secret. New keeps its own copy. Zero: the
@@ -54,7 +54,7 @@ type Config struct {
 	// keys added or removed later are seen by the next dial. An agent that
 	// cannot be reached or holds no key is KindKeyUnreadable. Zero: the key
 	// comes from KeyFile, Key or Signer.
-	AgentSocket string
+	AgentSocket string `json:"agentSocket,omitempty"`
 
 	// Host keys are pinned by exactly one of KnownHostsFile and KnownHosts
 	// (OpenSSH known_hosts format: plain and hashed host names, "[host]:port",
@@ -66,24 +66,24 @@ type Config struct {
 
 	// KnownHostsFile is an OpenSSH known_hosts file, read on every dial. An
 	// empty or missing file makes every host unknown. Zero: KnownHosts.
-	KnownHostsFile string
+	KnownHostsFile string `json:"knownHostsFile,omitempty"`
 	// KnownHosts is the content of a known_hosts file, for host keys held in
 	// memory (a ConfigMap, a Secret). It must contain at least one valid
 	// line. New keeps its own copy. Zero: KnownHostsFile.
-	KnownHosts []byte
+	KnownHosts []byte `json:"knownHosts,omitempty"`
 	// DialTimeout bounds the TCP dial plus the SSH handshake. Zero: 10s.
-	DialTimeout time.Duration
+	DialTimeout provider.Duration `json:"dialTimeout,omitempty"`
 	// KeepaliveInterval is how often a keepalive@openssh.com request is sent
 	// on a shared or dedicated connection. Zero: 5s.
-	KeepaliveInterval time.Duration
+	KeepaliveInterval provider.Duration `json:"keepaliveInterval,omitempty"`
 	// KeepaliveCount is how many intervals may pass without any answer from
 	// the server before the link is declared dead and torn down. Zero: 3.
-	KeepaliveCount int
+	KeepaliveCount int `json:"keepaliveCount,omitempty"`
 	// MaxRedialBackoff caps the exponential backoff (starting at 100ms)
 	// between failed dial attempts of the shared connection. Zero: 5s.
-	MaxRedialBackoff time.Duration
+	MaxRedialBackoff provider.Duration `json:"maxRedialBackoff,omitempty"`
 	// Logger receives debug/info lines. Zero value: discard.
-	Logger logr.Logger
+	Logger logr.Logger `json:"-"`
 }
 
 const (
@@ -243,16 +243,16 @@ func describeSigner(s ssh.Signer) (d string) {
 // withDefaults returns c with zero values replaced by their defaults.
 func (c Config) withDefaults() Config {
 	if c.DialTimeout == 0 {
-		c.DialTimeout = defaultDialTimeout
+		c.DialTimeout = provider.Duration(defaultDialTimeout)
 	}
 	if c.KeepaliveInterval == 0 {
-		c.KeepaliveInterval = defaultKeepaliveInterval
+		c.KeepaliveInterval = provider.Duration(defaultKeepaliveInterval)
 	}
 	if c.KeepaliveCount == 0 {
 		c.KeepaliveCount = defaultKeepaliveCount
 	}
 	if c.MaxRedialBackoff == 0 {
-		c.MaxRedialBackoff = defaultMaxRedialBackoff
+		c.MaxRedialBackoff = provider.Duration(defaultMaxRedialBackoff)
 	}
 	if c.Logger.GetSink() == nil {
 		c.Logger = logr.Discard()

@@ -389,7 +389,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		return nil, err
 	}
 
-	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout.Duration())
 	defer cancel()
 	// Pool.Close ends the dial too, so Close never waits for a dial timeout.
 	stopOnClose := context.AfterFunc(p.closeCtx, cancel)
@@ -504,7 +504,7 @@ func (p *Pool) reap(l *link) {
 // unanswered. Any reply, even a refusal, counts as an answer; so does any
 // other traffic.
 func (p *Pool) keepalive(l *link) {
-	iv := p.cfg.KeepaliveInterval
+	iv := p.cfg.KeepaliveInterval.Duration()
 	limit := time.Duration(p.cfg.KeepaliveCount) * iv
 	tick := time.NewTicker(iv)
 	defer tick.Stop()

@@ -12,28 +12,30 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr"
+
+	"github.com/egressproxy/egressproxy/provider"
 )
 
 // LibvirtConfig describes the libvirt side of a Libvirt session.
 type LibvirtConfig struct {
 	// Socket is the remote path of libvirtd's read-write unix socket.
 	// Zero: /var/run/libvirt/libvirt-sock.
-	Socket string
+	Socket string `json:"socket,omitempty"`
 	// URI is the libvirt connection URI opened on that socket.
 	// Zero: qemu:///system.
-	URI string
+	URI string `json:"uri,omitempty"`
 	// CallTimeout is the budget of one Do (connecting included) when its ctx
 	// has no deadline. Zero: 2m.
-	CallTimeout time.Duration
+	CallTimeout provider.Duration `json:"callTimeout,omitempty"`
 	// ProbeAfter is how long a call abandoned by its caller (its ctx ended)
 	// may stay unanswered before the shared session is probed with a cheap
 	// call; a session whose probe is not answered within ProbeTimeout is
 	// torn down (libvirtd stopped answering). Zero: 30s.
-	ProbeAfter time.Duration
+	ProbeAfter provider.Duration `json:"probeAfter,omitempty"`
 	// ProbeTimeout bounds that probe. Zero: 10s.
-	ProbeTimeout time.Duration
+	ProbeTimeout provider.Duration `json:"probeTimeout,omitempty"`
 	// Logger receives debug/info lines. Zero value: discard.
-	Logger logr.Logger
+	Logger logr.Logger `json:"-"`
 }
 
 const (
@@ -146,13 +148,13 @@ func NewLibvirt(pool *Pool, cfg LibvirtConfig) *Libvirt {
 		cfg.URI = defaultLibvirtURI
 	}
 	if cfg.CallTimeout <= 0 {
-		cfg.CallTimeout = defaultCallTimeout
+		cfg.CallTimeout = provider.Duration(defaultCallTimeout)
 	}
 	if cfg.ProbeAfter <= 0 {
-		cfg.ProbeAfter = defaultProbeAfter
+		cfg.ProbeAfter = provider.Duration(defaultProbeAfter)
 	}
 	if cfg.ProbeTimeout <= 0 {
-		cfg.ProbeTimeout = defaultProbeTimeout
+		cfg.ProbeTimeout = provider.Duration(defaultProbeTimeout)
 	}
 	log := cfg.Logger
 	if log.GetSink() == nil {
@@ -219,7 +221,7 @@ func (l *Libvirt) Do(ctx context.Context, fn func(*libvirt.Libvirt) error) error
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, l.cfg.CallTimeout)
+		ctx, cancel = context.WithTimeout(ctx, l.cfg.CallTimeout.Duration())
 		defer cancel()
 	}
 	s, err := l.session(ctx)
@@ -298,7 +300,7 @@ func (l *Libvirt) runExclusive(ctx context.Context, s *session, op string, f fun
 // unanswered for ProbeAfter, the session is probed; a session that does not
 // answer its probe is torn down, which ends the call.
 func (l *Libvirt) watchAbandoned(s *session, done <-chan error, op string) {
-	t := time.NewTimer(l.cfg.ProbeAfter)
+	t := time.NewTimer(l.cfg.ProbeAfter.Duration())
 	defer t.Stop()
 	for {
 		select {
@@ -314,7 +316,7 @@ func (l *Libvirt) watchAbandoned(s *session, done <-chan error, op string) {
 			l.abort(s, done, cause)
 			return
 		}
-		t.Reset(l.cfg.ProbeAfter)
+		t.Reset(l.cfg.ProbeAfter.Duration())
 	}
 }
 
@@ -327,14 +329,14 @@ func (l *Libvirt) probe(s *session) error {
 	if s.dead() {
 		return errors.New("session dead")
 	}
-	if !s.lastAlive.IsZero() && time.Since(s.lastAlive) < l.cfg.ProbeAfter/2 {
+	if !s.lastAlive.IsZero() && time.Since(s.lastAlive) < l.cfg.ProbeAfter.Duration()/2 {
 		return nil
 	}
 	done, ok := l.start(func() error { _, err := s.lv.ConnectGetLibVersion(); return err })
 	if !ok {
 		return errors.New("libvirt session closed")
 	}
-	t := time.NewTimer(l.cfg.ProbeTimeout)
+	t := time.NewTimer(l.cfg.ProbeTimeout.Duration())
 	defer t.Stop()
 	select {
 	case err := <-done:
@@ -572,7 +574,7 @@ type DedicatedConn struct {
 func (l *Libvirt) Dedicated(ctx context.Context) (*DedicatedConn, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, l.cfg.CallTimeout)
+		ctx, cancel = context.WithTimeout(ctx, l.cfg.CallTimeout.Duration())
 		defer cancel()
 	}
 	l.mu.Lock()
