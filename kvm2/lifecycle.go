@@ -158,11 +158,22 @@ func (d *domainAddrs) InterfaceAddresses(ctx context.Context, src libvirt.Domain
 // caller does not: egressproxy.Client already says the operation and the
 // instance ("egressproxy get proxy-1: kvm2 hv1: look up domain …"), so
 // neither is repeated here (see the provider package doc, "Error text").
+//
+// A call that Close interrupted fails with ErrClosed (Permanent), whatever
+// the torn-down connection made of it (a link error would say Transient, and
+// a retry on this provider cannot succeed), unless the caller's context
+// ended too: that class stays.
 func (p *Provider) wrap(err error) error {
 	if err == nil {
 		return nil
 	}
-	return classify(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
+	werr := classify(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
+	if p.closed.Load() && !errors.Is(werr, provider.ErrClosed) {
+		if c := provider.Code(werr); c != provider.Canceled && c != provider.DeadlineExceeded {
+			return provider.WithCode(provider.Permanent, fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, closedError{Err: err}))
+		}
+	}
+	return werr
 }
 
 // Get reads the instance back from the host: UID, creation time and port
