@@ -1,0 +1,600 @@
+//go:build integration
+
+package lab
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/go-logr/logr/testr"
+
+	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/kvm2"
+	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/sshconn"
+)
+
+// The frozen entry's budgets: a dead link is noticed after about
+// keepalive×count, a redial to a stopped sshd gives up after the dial
+// timeout, and no call without a deadline of its own outlives the call
+// timeout.
+const (
+	frozenKeepalive   = 300 * time.Millisecond
+	frozenKeepalives  = 3
+	frozenDialTimeout = 2 * time.Second
+	frozenCallTimeout = 5 * time.Second
+	// healthyCheckBound is what a Check of a healthy entry may take while
+	// another host is frozen: generous for 2 busy cores, and well below
+	// what the frozen entry's calls take.
+	healthyCheckBound = 2 * time.Second
+)
+
+// multiEntry is one provider entry on one lab host.
+type multiEntry struct {
+	host Host
+	cfg  kvm2.Config
+	p    *kvm2.Provider
+	base string // its base volume of image "tiny"
+}
+
+// tinyImage serves a small generated qcow2 over HTTP. kvm2 fetches images
+// in the caller's process (imagecache GETs the URL and uploads the bytes
+// over SSH), so the lab hosts never open this URL themselves: a server on
+// 127.0.0.1 of the caller's namespace suffices, and the bytes still cross
+// each host's link.
+func tinyImage(t *testing.T) imagecache.Image {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "tiny.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", p, "32M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v: %s", err, out)
+	}
+	img, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(img)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(img)))
+		_, _ = w.Write(img)
+	}))
+	t.Cleanup(srv.Close)
+	return imagecache.Image{URL: srv.URL + "/tiny.qcow2", SHA256: hex.EncodeToString(sum[:])}
+}
+
+func suffix(t *testing.T) string {
+	b := make([]byte, 3)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// entryConfig is host h's kvm2 Config for entry and owner over the direct
+// link (not the delay proxy), with image "tiny" and a tiny machine type.
+func entryConfig(h Host, entry, owner string, img imagecache.Image) kvm2.Config {
+	cfg := hostConfig(h, h.SSHAddr)
+	cfg.Entry, cfg.Owner = entry, owner
+	cfg.Images = map[string]imagecache.Image{"tiny": img}
+	cfg.MachineTypes = map[string]kvm2.MachineType{"tiny": {VCPUs: 1, MemoryMiB: 128}}
+	return cfg
+}
+
+func openEntry(t *testing.T, cfg kvm2.Config) *kvm2.Provider {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := kvm2.Open(ctx, cfg, &kvm2.Options{Logger: testr.New(t).WithValues("entry", cfg.Entry)})
+	if err != nil {
+		t.Fatalf("Open %s: %v", cfg.Entry, err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("Close %s: %v", cfg.Entry, err)
+		}
+	})
+	return p
+}
+
+// hostLibvirt runs fn on a libvirt connection of its own to host h, over
+// its link.
+func hostLibvirt(h Host, fn func(*libvirt.Libvirt) error) error {
+	pool, err := sshconn.New(sshconn.Config{Addr: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{Socket: h.LibvirtSocket, URI: h.LibvirtURI})
+	defer lv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return lv.Do(ctx, fn)
+}
+
+// poolVolumes lists every volume of host h's pool, after a refresh.
+func poolVolumes(h Host) ([]string, error) {
+	var names []string
+	err := hostLibvirt(h, func(l *libvirt.Libvirt) error {
+		pool, err := l.StoragePoolLookupByName(h.Pool)
+		if err != nil {
+			return err
+		}
+		if err := l.StoragePoolRefresh(pool, 0); err != nil {
+			return err
+		}
+		vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
+		for _, v := range vols {
+			names = append(names, v.Name)
+		}
+		return err
+	})
+	sort.Strings(names)
+	return names, err
+}
+
+// ofEntry reports whether a libvirt domain or volume name belongs to entry
+// (kvm2 and imagecache join the entry and what follows with "--").
+func ofEntry(name, entry string) bool { return strings.Contains(name, entry+"--") }
+
+// removeEntries destroys and undefines every domain and deletes every
+// volume of the entries on host h: the net under the Deletes.
+func removeEntries(h Host, entries ...string) error {
+	mine := func(name string) bool {
+		return slices.ContainsFunc(entries, func(e string) bool { return ofEntry(name, e) })
+	}
+	return hostLibvirt(h, func(l *libvirt.Libvirt) error {
+		doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+		if err != nil {
+			return err
+		}
+		for _, d := range doms {
+			if mine(d.Name) {
+				_ = l.DomainDestroy(d)
+				_ = l.DomainUndefineFlags(d, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineSnapshotsMetadata|libvirt.DomainUndefineNvram)
+			}
+		}
+		pool, err := l.StoragePoolLookupByName(h.Pool)
+		if err != nil {
+			return err
+		}
+		_ = l.StoragePoolRefresh(pool, 0)
+		vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
+		if err != nil {
+			return err
+		}
+		for _, v := range vols {
+			if mine(v.Name) {
+				if err := l.StorageVolDelete(v, 0); err != nil {
+					return fmt.Errorf("delete volume %s: %w", v.Name, err)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// descendants returns the pids of root's descendants, read from /proc (the
+// lab hosts share the caller's pid namespace).
+func descendants(root int) []int {
+	children := map[int][]int{}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(s[i+1:])
+		if len(fields) < 2 {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		ppid, _ := strconv.Atoi(fields[1])
+		children[ppid] = append(children[ppid], pid)
+	}
+	var out []int
+	for todo := children[root]; len(todo) > 0; {
+		pid := todo[0]
+		todo = append(todo[1:], children[pid]...)
+		out = append(out, pid)
+	}
+	return out
+}
+
+// freezeSSHD stops (SIGSTOP) host h's sshd listener, read from the pid file
+// in its teststack dir (what `scripts/teststack sshd-pid` reads), and every
+// process under it: the sessions carrying the library's connections. It
+// returns the function that resumes them all (SIGCONT), which is also run
+// at cleanup.
+func freezeSSHD(t *testing.T, h Host) (thaw func()) {
+	t.Helper()
+	pidFile := filepath.Join(h.StackDir, "ssh", "sshd.pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatalf("host %d's sshd pid: %v", h.N, err)
+	}
+	listener, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || listener <= 1 {
+		t.Fatalf("host %d's sshd pid file %s holds %q", h.N, pidFile, b)
+	}
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", listener)); err != nil || strings.TrimSpace(string(comm)) != "sshd" {
+		t.Fatalf("pid %d from %s is not a running sshd (comm %q, %v)", listener, pidFile, comm, err)
+	}
+	var frozen []int
+	thawed := false
+	thaw = func() {
+		if thawed {
+			return
+		}
+		thawed = true
+		for _, pid := range frozen {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+		t.Logf("host %d: SIGCONT %v", h.N, frozen)
+	}
+	t.Cleanup(thaw)
+	stop := func(pid int) {
+		if pid == os.Getpid() || slices.Contains(frozen, pid) {
+			return
+		}
+		frozen = append(frozen, pid)
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Logf("SIGSTOP %d: %v", pid, err)
+		}
+	}
+	// The listener first, so that no session starts meanwhile; then its
+	// tree until no process is left running in it.
+	stop(listener)
+	for {
+		n := len(frozen)
+		for _, pid := range descendants(listener) {
+			stop(pid)
+		}
+		if len(frozen) == n {
+			break
+		}
+	}
+	t.Logf("host %d: SIGSTOP sshd %d and its sessions %v", h.N, listener, frozen[1:])
+	return thaw
+}
+
+// timedCheck runs one Check with no deadline of its own (so the entry's
+// CallTimeout bounds it) and returns its duration, health and error.
+func timedCheck(p *kvm2.Provider) (time.Duration, provider.Health, error) {
+	start := time.Now()
+	h, err := p.Check(context.Background())
+	return time.Since(start), h, err
+}
+
+// TestLabMultiHost runs one provider entry per lab host, each over its own
+// link: concurrent Creates on every host, List isolated by entry and by
+// owner, base images per entry although every host's pool has the same
+// name, and one host's sshd frozen failing only that entry's calls, with
+// the others unaffected.
+func TestLabMultiHost(t *testing.T) {
+	env := Require(t)
+	if len(env.Hosts) < 2 {
+		t.Fatalf("lab has %d hosts, want at least 2", len(env.Hosts))
+	}
+	for _, h := range env.Hosts[1:] {
+		if h.Pool != env.Hosts[0].Pool {
+			t.Fatalf("host %d's pool %q differs from host 1's %q: the per-entry base test needs one pool name", h.N, h.Pool, env.Hosts[0].Pool)
+		}
+	}
+	start := time.Now()
+	sfx := suffix(t)
+	img := tinyImage(t)
+	const owner, otherOwner = "lab-multi", "lab-multi-other"
+
+	entries := make([]*multiEntry, len(env.Hosts))
+	for i, h := range env.Hosts {
+		e := &multiEntry{host: h, cfg: entryConfig(h, fmt.Sprintf("mh%s-%d", sfx, h.N), owner, img)}
+		e.base = imagecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
+		if i == 0 {
+			// The entry whose host is frozen: short budgets so that its
+			// calls fail in bounded time.
+			e.cfg.DialTimeout = provider.Duration(frozenDialTimeout)
+			e.cfg.KeepaliveInterval = provider.Duration(frozenKeepalive)
+			e.cfg.KeepaliveCount = frozenKeepalives
+			e.cfg.CallTimeout = provider.Duration(frozenCallTimeout)
+		}
+		entries[i] = e
+		// Registered before the provider opens, so it runs after its Close:
+		// whatever the Deletes left, domains and volumes (bases included).
+		t.Cleanup(func() {
+			if err := removeEntries(h, e.cfg.Entry); err != nil {
+				t.Errorf("cleanup host %d: %v", h.N, err)
+			}
+			if vols, err := poolVolumes(h); err != nil || slices.ContainsFunc(vols, func(v string) bool { return ofEntry(v, e.cfg.Entry) }) {
+				t.Errorf("host %d: volumes of %s left after cleanup (%v): %v", h.N, e.cfg.Entry, err, vols)
+			}
+		})
+		e.p = openEntry(t, e.cfg)
+	}
+	// A second owner on host 1, with the same entry name and pool.
+	other := openEntry(t, entryConfig(env.Hosts[0], entries[0].cfg.Entry, otherOwner, img))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// Creates on every host at once: two instances per entry, cold base
+	// fetch included.
+	type created struct {
+		e    *multiEntry
+		spec provider.Spec
+		inst provider.Instance
+		err  error
+		took time.Duration
+	}
+	var jobs []*created
+	for _, e := range entries {
+		for _, name := range []string{"px-a", "px-b"} {
+			jobs = append(jobs, &created{e: e, spec: provider.Spec{Name: name, UID: fmt.Sprintf("uid-%s-%s-%d", name, sfx, e.host.N), MachineType: "tiny"}})
+		}
+	}
+	t.Cleanup(func() { // every instance at once, before the providers close
+		c, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, j := range jobs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := j.e.p.Delete(c, j.spec.Ref()); err != nil {
+					t.Errorf("Delete %s on host %d: %v", j.spec.Name, j.e.host.N, err)
+				}
+			}()
+		}
+		wg.Wait()
+	})
+	var wg sync.WaitGroup
+	createStart := time.Now()
+	for _, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := time.Now()
+			j.inst, j.err = j.e.p.Create(ctx, j.spec)
+			j.took = time.Since(s)
+		}()
+	}
+	wg.Wait()
+	t.Logf("MEASURE %d concurrent Creates on %d hosts: %v", len(jobs), len(entries), time.Since(createStart).Round(time.Millisecond))
+	for _, j := range jobs {
+		if j.err != nil {
+			t.Fatalf("Create %s on host %d: %v", j.spec.Name, j.e.host.N, j.err)
+		}
+		t.Logf("Create %s on host %d: %v", j.spec.Name, j.e.host.N, j.took.Round(time.Millisecond))
+		if j.inst.UID != j.spec.UID || j.inst.Name != j.spec.Name {
+			t.Errorf("Create %s on host %d returned %+v", j.spec.Name, j.e.host.N, j.inst)
+		}
+	}
+	// Every domain runs on its own host, and only there.
+	for _, e := range entries {
+		var running []string
+		err := hostLibvirt(e.host, func(l *libvirt.Libvirt) error {
+			doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive)
+			for _, d := range doms {
+				running = append(running, d.Name)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatalf("host %d: list domains: %v", e.host.N, err)
+		}
+		for _, o := range entries {
+			n := len(slices.DeleteFunc(slices.Clone(running), func(d string) bool { return !ofEntry(d, o.cfg.Entry) }))
+			want := 0
+			if o == e {
+				want = 2
+			}
+			if n != want {
+				t.Errorf("host %d runs %d domains of entry %s, want %d (running: %v)", e.host.N, n, o.cfg.Entry, want, running)
+			}
+		}
+	}
+
+	t.Run("list isolated by entry and owner", func(t *testing.T) {
+		for _, e := range entries {
+			list, err := e.p.List(ctx)
+			if err != nil {
+				t.Fatalf("List on host %d: %v", e.host.N, err)
+			}
+			var got, want []string
+			for _, inst := range list {
+				got = append(got, inst.Name+"/"+inst.UID)
+			}
+			for _, j := range jobs {
+				if j.e == e {
+					want = append(want, j.spec.Name+"/"+j.spec.UID)
+				}
+			}
+			sort.Strings(got)
+			sort.Strings(want)
+			if !slices.Equal(got, want) {
+				t.Errorf("List on host %d = %v, want exactly its own %v", e.host.N, got, want)
+			}
+		}
+		// Another entry's instance is not found on this host.
+		if _, err := entries[1].p.Get(ctx, jobs[0].spec.Ref()); provider.Code(err) != provider.NotFound {
+			t.Errorf("Get of host 1's %s on host 2: %v, want NotFound", jobs[0].spec.Name, err)
+		}
+		// Another owner of the same entry on the same host sees nothing.
+		list, err := other.List(ctx)
+		if err != nil || len(list) != 0 {
+			t.Errorf("List of owner %s on host 1 = %+v, %v; want nothing of owner %s", otherOwner, list, err, owner)
+		}
+		if _, err := other.Get(ctx, jobs[0].spec.Ref()); provider.Code(err) != provider.NotFound {
+			t.Errorf("Get of owner %s's %s by owner %s: %v, want NotFound", owner, jobs[0].spec.Name, otherOwner, err)
+		}
+	})
+
+	t.Run("base images per entry", func(t *testing.T) {
+		for _, e := range entries {
+			imgs, err := e.p.ListImages(ctx)
+			if err != nil {
+				t.Fatalf("ListImages on host %d: %v", e.host.N, err)
+			}
+			if len(imgs) != 1 || !imgs[0].Present || imgs[0].Name != e.base || len(imgs[0].InUseBy) != 2 {
+				t.Errorf("ListImages on host %d = %+v, want %s present, used by 2", e.host.N, imgs, e.base)
+			}
+			vols, err := poolVolumes(e.host)
+			if err != nil {
+				t.Fatalf("host %d: list pool %s: %v", e.host.N, e.host.Pool, err)
+			}
+			if !slices.Contains(vols, e.base) {
+				t.Errorf("host %d's pool %s lacks its entry's base %s: %v", e.host.N, e.host.Pool, e.base, vols)
+			}
+			for _, o := range entries {
+				if o != e && slices.ContainsFunc(vols, func(v string) bool { return ofEntry(v, o.cfg.Entry) }) {
+					t.Errorf("host %d's pool %s holds volumes of host %d's entry %s: %v", e.host.N, e.host.Pool, o.host.N, o.cfg.Entry, vols)
+				}
+			}
+		}
+	})
+
+	t.Run("one host frozen", func(t *testing.T) {
+		frozen, healthy := entries[0], entries[1]
+		for _, e := range []*multiEntry{frozen, healthy} {
+			if took, h, err := timedCheck(e.p); err != nil || !h.Reachable {
+				t.Fatalf("Check on host %d before the freeze: %+v, %v", e.host.N, h, err)
+			} else {
+				t.Logf("MEASURE Check on host %d before the freeze: %v", e.host.N, took.Round(time.Microsecond))
+			}
+		}
+		thaw := freezeSSHD(t, frozen.host)
+		frozenAt := time.Now()
+
+		// The frozen entry's calls, while the healthy entry works.
+		var (
+			fHealth          provider.Health
+			fCheckErr        error
+			fCheck, fGet     time.Duration
+			fGetErr          error
+			frozenCallsEnded = make(chan struct{})
+		)
+		go func() {
+			defer close(frozenCallsEnded)
+			fCheck, fHealth, fCheckErr = timedCheck(frozen.p)
+			s := time.Now()
+			_, fGetErr = frozen.p.Get(context.Background(), jobs[0].spec.Ref())
+			fGet = time.Since(s)
+		}()
+
+		t.Cleanup(func() { <-frozenCallsEnded }) // bounded by the entry's CallTimeout
+
+		// The healthy entry: a Check every 100 ms until its Create / Get /
+		// Delete and the frozen entry's calls have all ended.
+		var (
+			worst     time.Duration
+			checks    int
+			checkErrs []string
+			stopCheck = make(chan struct{})
+			checked   = make(chan struct{})
+		)
+		go func() {
+			defer close(checked)
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				took, h, err := timedCheck(healthy.p)
+				checks++
+				worst = max(worst, took)
+				if err != nil || !h.Reachable {
+					checkErrs = append(checkErrs, fmt.Sprintf("%+v, %v", h, err))
+				}
+				select {
+				case <-stopCheck:
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+		spec := provider.Spec{Name: "px-during", UID: "uid-during-" + sfx, MachineType: "tiny"}
+		s := time.Now()
+		if _, err := healthy.p.Create(ctx, spec); err != nil {
+			t.Errorf("Create on healthy host %d during the freeze: %v", healthy.host.N, err)
+		}
+		if got, err := healthy.p.Get(ctx, spec.Ref()); err != nil || got.UID != spec.UID {
+			t.Errorf("Get on healthy host %d during the freeze: %+v, %v", healthy.host.N, got, err)
+		}
+		if err := healthy.p.Delete(ctx, spec.Ref()); err != nil {
+			t.Errorf("Delete on healthy host %d during the freeze: %v", healthy.host.N, err)
+		}
+		t.Logf("MEASURE Create+Get+Delete on healthy host %d during the freeze: %v", healthy.host.N, time.Since(s).Round(time.Millisecond))
+		<-frozenCallsEnded
+		close(stopCheck)
+		<-checked
+		t.Logf("MEASURE %d Checks on healthy host %d during the freeze: worst %v", checks, healthy.host.N, worst.Round(time.Microsecond))
+		if len(checkErrs) > 0 {
+			t.Errorf("Checks on healthy host %d during the freeze failed: %v", healthy.host.N, checkErrs)
+		}
+		if checks < 3 || worst > healthyCheckBound {
+			t.Errorf("%d Checks on healthy host %d while host %d was frozen, the worst took %v; want >= 3, each < %v", checks, healthy.host.N, frozen.host.N, worst, healthyCheckBound)
+		}
+
+		t.Logf("MEASURE frozen host %d: Check %v → %+v, %v; Get %v → %v", frozen.host.N, fCheck.Round(time.Millisecond), fHealth, fCheckErr, fGet.Round(time.Millisecond), fGetErr)
+		// The first call waits for keepalive to declare the link dead, a
+		// redial for its timeout; nothing outlives the call timeout.
+		bound := frozenCallTimeout + 2*time.Second
+		if fCheckErr != nil || fHealth.Reachable || fHealth.Reason != provider.ReasonUnreachable {
+			t.Errorf("Check on frozen host %d: %+v, %v; want not Reachable, reason %s, no error", frozen.host.N, fHealth, fCheckErr, provider.ReasonUnreachable)
+		}
+		if fCheck > bound {
+			t.Errorf("Check on frozen host %d took %v, want <= %v", frozen.host.N, fCheck, bound)
+		}
+		if provider.Code(fGetErr) != provider.Transient {
+			t.Errorf("Get on frozen host %d: %v (code %v), want Transient", frozen.host.N, fGetErr, provider.Code(fGetErr))
+		}
+		if fGet > bound {
+			t.Errorf("Get on frozen host %d took %v, want <= %v", frozen.host.N, fGet, bound)
+		}
+		// The frozen entry's calls must have waited for their timeouts: the
+		// healthy entry's worst Check is well below.
+		if fCheck < worst {
+			t.Errorf("frozen host's Check (%v) was quicker than the healthy host's worst (%v)", fCheck, worst)
+		}
+
+		thaw()
+		thawedAt := time.Now()
+		t.Logf("host %d frozen for %v", frozen.host.N, thawedAt.Sub(frozenAt).Round(time.Millisecond))
+		// The frozen entry recovers on its own: each Check is bounded by
+		// its CallTimeout; a few may still meet the stale state.
+		var h provider.Health
+		for tries := 0; ; tries++ {
+			var err error
+			_, h, err = timedCheck(frozen.p)
+			if err == nil && h.Reachable {
+				break
+			}
+			if tries == 4 || time.Since(thawedAt) > 30*time.Second {
+				t.Fatalf("Check on host %d after SIGCONT still %+v, %v", frozen.host.N, h, err)
+			}
+		}
+		t.Logf("MEASURE host %d reachable again %v after SIGCONT", frozen.host.N, time.Since(thawedAt).Round(time.Millisecond))
+		if got, err := frozen.p.Get(ctx, jobs[0].spec.Ref()); err != nil || got.UID != jobs[0].spec.UID {
+			t.Errorf("Get on host %d after SIGCONT: %+v, %v", frozen.host.N, got, err)
+		}
+	})
+	t.Logf("MEASURE TestLabMultiHost body: %v", time.Since(start).Round(time.Millisecond))
+}
