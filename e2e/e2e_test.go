@@ -4,9 +4,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -17,21 +14,18 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	libvirt "github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr/testr"
-	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/guesttest"
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // The NAT network the test defines (transient) inside the run's private
@@ -63,22 +57,8 @@ const (
 )
 
 // userData makes Squid listen on squidPort and allow CONNECT from the NAT
-// network only (written before Squid's first start, see docs/e2e.md).
-var userData = fmt.Sprintf(`#cloud-config
-write_files:
-  - path: /etc/squid/squid.conf
-    content: |
-      http_port %d
-      visible_hostname egp-guest
-      acl natnet src %s
-      acl CONNECT method CONNECT
-      http_access allow CONNECT natnet
-      http_access deny all
-      cache deny all
-      pinger_enable off
-      shutdown_lifetime 1 second
-      coredump_dir /var/spool/squid
-`, squidPort, netSubnet)
+// network only.
+var userData = guesttest.SquidUserData("egp-guest", squidPort, netSubnet)
 
 const howToRun = "run `make test` (it builds the guest image, then runs the stack and the tests in a private network namespace)"
 
@@ -121,179 +101,21 @@ func requireGuest(t *testing.T) guestImage {
 	return g
 }
 
-// requireNetns refuses to define a network outside a private network
-// namespace: EGRESSPROXY_NETNS (exported by scripts/netns) must be set and
-// name the namespace this process is in (the nsfs inode of
-// /run/netns/NAME, made by `ip netns add`, is that of /proc/self/ns/net).
+// requireNetns refuses to define a network outside the private network
+// namespace scripts/netns made (guesttest.Netns).
 func requireNetns(t *testing.T) {
 	t.Helper()
-	name := os.Getenv("EGRESSPROXY_NETNS")
-	if name == "" {
+	name, id, ok, err := guesttest.Netns()
+	if !ok {
 		need(t, "not inside a private network namespace (EGRESSPROXY_NETNS unset); the test defines a NAT network and boots a guest, which it only does inside one")
 	}
-	self, err1 := nsID("/proc/self/ns/net")
-	named, err2 := nsID(filepath.Join("/run/netns", name))
-	if err := errors.Join(err1, err2); err != nil {
-		t.Fatalf("e2e: EGRESSPROXY_NETNS=%s: cannot identify the network namespace: %v", name, err)
-	}
-	if self != named {
-		t.Fatalf("e2e: EGRESSPROXY_NETNS=%s is set but this process is not in that network namespace (%s, not %s); refusing to define a network", name, self, named)
-	}
-	t.Logf("network namespace %s (%s)", name, self)
-}
-
-// nsID identifies a namespace file by device and inode.
-func nsID(path string) (string, error) {
-	fi, err := os.Stat(path)
 	if err != nil {
-		return "", err
+		t.Fatalf("e2e: %v; refusing to define a network", err)
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return "", fmt.Errorf("%s: no stat_t", path)
-	}
-	return fmt.Sprintf("net:[%d:%d]", st.Dev, st.Ino), nil
+	t.Logf("network namespace %s (%s)", name, id)
 }
 
-func randHex(t *testing.T, n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
-
-// rawLibvirt is a libvirt connection of the test's own (same stack, same
-// SSH path as kvm2) used to set up the network and to check the host.
-type rawLibvirt struct {
-	pool *sshconn.Pool
-	lv   *sshconn.Libvirt
-}
-
-func newRawLibvirt(t *testing.T, env teststack.Env) *rawLibvirt {
-	t.Helper()
-	pool, err := sshconn.New(sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &rawLibvirt{pool: pool, lv: sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI})}
-	t.Cleanup(func() {
-		_ = r.lv.Close()
-		_ = r.pool.Close()
-	})
-	return r
-}
-
-func (r *rawLibvirt) do(fn func(*libvirt.Libvirt) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	return r.lv.Do(ctx, fn)
-}
-
-// hostObjects returns the names of the domains and volumes whose name
-// contains entry.
-func (r *rawLibvirt) hostObjects(poolName, entry string) (domains, volumes map[string]bool, err error) {
-	domains, volumes = map[string]bool{}, map[string]bool{}
-	err = r.do(func(l *libvirt.Libvirt) error {
-		doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
-		if err != nil {
-			return err
-		}
-		for _, d := range doms {
-			if strings.Contains(d.Name, entry) {
-				domains[d.Name] = true
-			}
-		}
-		sp, err := l.StoragePoolLookupByName(poolName)
-		if err != nil {
-			return err
-		}
-		if err := l.StoragePoolRefresh(sp, 0); err != nil {
-			return err
-		}
-		vols, _, err := l.StoragePoolListAllVolumes(sp, 1, 0)
-		if err != nil {
-			return err
-		}
-		for _, v := range vols {
-			if strings.Contains(v.Name, entry) {
-				volumes[v.Name] = true
-			}
-		}
-		return nil
-	})
-	return domains, volumes, err
-}
-
-// removeEntry destroys and undefines every domain and deletes every volume
-// whose name contains entry (the test's random entry name).
-func (r *rawLibvirt) removeEntry(poolName, entry string) error {
-	return r.do(func(l *libvirt.Libvirt) error {
-		var errs []error
-		doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
-		if err != nil {
-			return err
-		}
-		for _, d := range doms {
-			if strings.Contains(d.Name, entry) {
-				_ = l.DomainDestroy(d)
-				if err := l.DomainUndefineFlags(d, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineSnapshotsMetadata|libvirt.DomainUndefineNvram); err != nil {
-					errs = append(errs, fmt.Errorf("undefine %s: %w", d.Name, err))
-				}
-			}
-		}
-		sp, err := l.StoragePoolLookupByName(poolName)
-		if err != nil {
-			return errors.Join(append(errs, err)...)
-		}
-		_ = l.StoragePoolRefresh(sp, 0)
-		vols, _, err := l.StoragePoolListAllVolumes(sp, 1, 0)
-		if err != nil {
-			return errors.Join(append(errs, err)...)
-		}
-		for _, v := range vols {
-			if strings.Contains(v.Name, entry) {
-				if err := l.StorageVolDelete(v, 0); err != nil {
-					errs = append(errs, fmt.Errorf("delete volume %s: %w", v.Name, err))
-				}
-			}
-		}
-		return errors.Join(errs...)
-	})
-}
-
-// createNetwork defines the transient NAT network and destroys it in
-// t.Cleanup.
-func (r *rawLibvirt) createNetwork(t *testing.T) {
-	t.Helper()
-	nx, err := (&libvirtxml.Network{
-		Name:    netName,
-		Forward: &libvirtxml.NetworkForward{Mode: "nat"},
-		Bridge:  &libvirtxml.NetworkBridge{Name: netBridge, STP: "off", Delay: "0"},
-		IPs: []libvirtxml.NetworkIP{{
-			Address: netGateway, Netmask: "255.255.255.0",
-			DHCP: &libvirtxml.NetworkDHCP{Ranges: []libvirtxml.NetworkDHCPRange{{Start: "10.77.0.100", End: "10.77.0.199"}}},
-		}},
-	}).Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.do(func(l *libvirt.Libvirt) error { _, err := l.NetworkCreateXML(nx); return err }); err != nil {
-		t.Fatalf("create NAT network %s: %v", netName, err)
-	}
-	t.Cleanup(func() {
-		err := r.do(func(l *libvirt.Libvirt) error {
-			n, err := l.NetworkLookupByName(netName)
-			if err != nil {
-				return err
-			}
-			return l.NetworkDestroy(n)
-		})
-		if err != nil {
-			t.Errorf("cleanup: destroy network %s: %v", netName, err)
-		}
-	})
-}
+func randHex(t *testing.T, n int) string { return guesttest.RandHex(t, n) }
 
 // countingFileServer serves one file over HTTP and counts the requests.
 type countingFileServer struct {
@@ -394,18 +216,18 @@ func TestE2EProxyGuest(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), testBound)
 	defer cancel()
 
-	raw := newRawLibvirt(t, env)
-	raw.createNetwork(t)
+	raw := guesttest.NewLibvirt(t, env)
+	raw.CreateNATNetwork(t, netName, netBridge, "10.77.0")
 
 	entry := "e2e" + randHex(t, 3)
 	// Everything this test creates on the host carries entry in its name;
 	// whatever happens, it is removed (cleanups run last-registered first,
 	// so this runs after the providers are closed, before the network goes).
 	t.Cleanup(func() {
-		if err := raw.removeEntry(env.Pool, entry); err != nil {
+		if err := raw.RemoveEntry(env.Pool, entry); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
-		doms, vols, err := raw.hostObjects(env.Pool, entry)
+		doms, vols, err := raw.Objects(env.Pool, entry)
 		if err != nil {
 			t.Errorf("cleanup: read host: %v", err)
 		} else if len(doms)+len(vols) > 0 {
@@ -577,7 +399,7 @@ func TestE2EProxyGuest(t *testing.T) {
 
 	// Delete: domain, overlay and seed gone; the base stays.
 	base := imagecache.BaseName(entry, imageKey, "qcow2")
-	if _, vols, err := raw.hostObjects(env.Pool, entry); err != nil {
+	if _, vols, err := raw.Objects(env.Pool, entry); err != nil {
 		t.Fatal(err)
 	} else if !vols[domA+".qcow2"] || !vols[domA+"-seed.iso"] || !vols[base] {
 		t.Fatalf("volumes before Delete: %v, want %s.qcow2, %s-seed.iso and %s", vols, domA, domA, base)
@@ -591,7 +413,7 @@ func TestE2EProxyGuest(t *testing.T) {
 		if _, err := c.Get(ctx, spec.Ref()); provider.Code(err) != provider.NotFound {
 			t.Fatalf("Get after Delete %s: %v, want NotFound", spec.Name, err)
 		}
-		doms, vols, err := raw.hostObjects(env.Pool, entry)
+		doms, vols, err := raw.Objects(env.Pool, entry)
 		if err != nil {
 			t.Fatal(err)
 		}

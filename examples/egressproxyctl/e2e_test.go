@@ -4,10 +4,7 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,18 +13,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	libvirt "github.com/digitalocean/go-libvirt"
-	"libvirt.org/go/libvirtxml"
-
+	"github.com/egressproxy/egressproxy/internal/guesttest"
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // The NAT network this test defines (transient) in the run's private
@@ -49,21 +43,7 @@ const (
 	ctlTestBound    = 20 * time.Minute
 )
 
-var ctlUserData = fmt.Sprintf(`#cloud-config
-write_files:
-  - path: /etc/squid/squid.conf
-    content: |
-      http_port %d
-      visible_hostname egp-ctl-guest
-      acl natnet src %s
-      acl CONNECT method CONNECT
-      http_access allow CONNECT natnet
-      http_access deny all
-      cache deny all
-      pinger_enable off
-      shutdown_lifetime 1 second
-      coredump_dir /var/spool/squid
-`, ctlSquidPort, ctlSubnet)
+var ctlUserData = guesttest.SquidUserData("egp-ctl-guest", ctlSquidPort, ctlSubnet)
 
 const ctlHowToRun = "run `make test` (it builds the guest image, then runs the stack and the tests in a private network namespace)"
 
@@ -78,119 +58,34 @@ func ctlNeed(t *testing.T, format string, args ...any) {
 	t.Skipf("egressproxyctl e2e: %s", msg)
 }
 
-func ctlRandHex(t *testing.T, n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
+func ctlRandHex(t *testing.T, n int) string { return guesttest.RandHex(t, n) }
 
 // ctlRequireNetns refuses to define a network outside the private network
-// namespace named by EGRESSPROXY_NETNS (exported by scripts/netns).
+// namespace scripts/netns made (guesttest.Netns).
 func ctlRequireNetns(t *testing.T) {
 	t.Helper()
-	name := os.Getenv("EGRESSPROXY_NETNS")
-	if name == "" {
+	name, _, ok, err := guesttest.Netns()
+	if !ok {
 		ctlNeed(t, "not inside a private network namespace (EGRESSPROXY_NETNS unset); the test defines a NAT network and boots a guest, which it only does inside one")
 	}
-	id := func(p string) (string, error) {
-		fi, err := os.Stat(p)
-		if err != nil {
-			return "", err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return "", fmt.Errorf("%s: no stat_t", p)
-		}
-		return fmt.Sprintf("%d:%d", st.Dev, st.Ino), nil
-	}
-	self, err1 := id("/proc/self/ns/net")
-	named, err2 := id(filepath.Join("/run/netns", name))
-	if err := errors.Join(err1, err2); err != nil || self != named {
-		t.Fatalf("EGRESSPROXY_NETNS=%s: this process is not in that network namespace (%v); refusing to define a network", name, err)
+	if err != nil {
+		t.Fatalf("%v; refusing to define network %s", err, name)
 	}
 }
 
-// ctlLibvirt is the test's own libvirt connection (same SSH path as kvm2),
-// for the network and for checking the host.
-type ctlLibvirt struct {
-	pool *sshconn.Pool
-	lv   *sshconn.Libvirt
-}
-
-func (r *ctlLibvirt) do(fn func(*libvirt.Libvirt) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	return r.lv.Do(ctx, fn)
-}
-
-// objects returns the domains and volumes whose name contains entry.
-func (r *ctlLibvirt) objects(pool, entry string) (names []string, err error) {
-	err = r.do(func(l *libvirt.Libvirt) error {
-		doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
-		if err != nil {
-			return err
-		}
-		for _, d := range doms {
-			if strings.Contains(d.Name, entry) {
-				names = append(names, "domain "+d.Name)
-			}
-		}
-		sp, err := l.StoragePoolLookupByName(pool)
-		if err != nil {
-			return err
-		}
-		_ = l.StoragePoolRefresh(sp, 0)
-		vols, _, err := l.StoragePoolListAllVolumes(sp, 1, 0)
-		if err != nil {
-			return err
-		}
-		for _, v := range vols {
-			if strings.Contains(v.Name, entry) {
-				names = append(names, "volume "+v.Name)
-			}
-		}
-		return nil
-	})
+// hostObjects lists what the host holds of entry, as "domain X" and
+// "volume Y", sorted.
+func hostObjects(r *guesttest.Libvirt, pool, entry string) ([]string, error) {
+	doms, vols, err := r.Objects(pool, entry)
+	var names []string
+	for d := range doms {
+		names = append(names, "domain "+d)
+	}
+	for v := range vols {
+		names = append(names, "volume "+v)
+	}
+	sort.Strings(names)
 	return names, err
-}
-
-// removeEntry destroys every domain and deletes every volume whose name
-// contains entry (the test's random entry name, so nothing else).
-func (r *ctlLibvirt) removeEntry(pool, entry string) error {
-	return r.do(func(l *libvirt.Libvirt) error {
-		var errs []error
-		doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
-		if err != nil {
-			return err
-		}
-		for _, d := range doms {
-			if strings.Contains(d.Name, entry) {
-				_ = l.DomainDestroy(d)
-				if err := l.DomainUndefineFlags(d, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineSnapshotsMetadata|libvirt.DomainUndefineNvram); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		}
-		sp, err := l.StoragePoolLookupByName(pool)
-		if err != nil {
-			return errors.Join(append(errs, err)...)
-		}
-		_ = l.StoragePoolRefresh(sp, 0)
-		vols, _, err := l.StoragePoolListAllVolumes(sp, 1, 0)
-		if err != nil {
-			return errors.Join(append(errs, err)...)
-		}
-		for _, v := range vols {
-			if strings.Contains(v.Name, entry) {
-				if err := l.StorageVolDelete(v, 0); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		}
-		return errors.Join(errs...)
-	})
 }
 
 // ctlCLI runs the built binary.
@@ -245,50 +140,17 @@ func TestE2ECLI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), ctlTestBound)
 	defer cancel()
 
-	pool, err := sshconn.New(sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts})
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw := &ctlLibvirt{pool: pool, lv: sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI})}
-	t.Cleanup(func() {
-		raw.lv.Close()
-		pool.Close()
-	})
+	raw := guesttest.NewLibvirt(t, env)
 
 	// The NAT network the guest joins, destroyed at the end.
-	nx, err := (&libvirtxml.Network{
-		Name:    ctlNet,
-		Forward: &libvirtxml.NetworkForward{Mode: "nat"},
-		Bridge:  &libvirtxml.NetworkBridge{Name: ctlBridge, STP: "off", Delay: "0"},
-		IPs: []libvirtxml.NetworkIP{{
-			Address: ctlGateway, Netmask: "255.255.255.0",
-			DHCP: &libvirtxml.NetworkDHCP{Ranges: []libvirtxml.NetworkDHCPRange{{Start: "10.78.0.100", End: "10.78.0.199"}}},
-		}},
-	}).Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := raw.do(func(l *libvirt.Libvirt) error { _, err := l.NetworkCreateXML(nx); return err }); err != nil {
-		t.Fatalf("create network %s: %v", ctlNet, err)
-	}
-	t.Cleanup(func() {
-		if err := raw.do(func(l *libvirt.Libvirt) error {
-			n, err := l.NetworkLookupByName(ctlNet)
-			if err != nil {
-				return err
-			}
-			return l.NetworkDestroy(n)
-		}); err != nil {
-			t.Errorf("cleanup: destroy network %s: %v", ctlNet, err)
-		}
-	})
+	raw.CreateNATNetwork(t, ctlNet, ctlBridge, "10.78.0")
 
 	entry := "ctl" + ctlRandHex(t, 3)
 	t.Cleanup(func() {
-		if err := raw.removeEntry(env.Pool, entry); err != nil {
+		if err := raw.RemoveEntry(env.Pool, entry); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
-		if left, err := raw.objects(env.Pool, entry); err != nil || len(left) > 0 {
+		if left, err := hostObjects(raw, env.Pool, entry); err != nil || len(left) > 0 {
 			t.Errorf("cleanup: left on the host: %v (%v)", left, err)
 		}
 	})
@@ -464,7 +326,7 @@ func TestE2ECLI(t *testing.T) {
 	if len(g.Instances) != 0 {
 		t.Fatalf("gc -dry-run after delete: %+v", g)
 	}
-	left, err := raw.objects(env.Pool, entry)
+	left, err := hostObjects(raw, env.Pool, entry)
 	if err != nil {
 		t.Fatal(err)
 	}
