@@ -171,7 +171,9 @@ type Config struct {
 	ConsoleLogDir string `json:"consoleLogDir,omitempty"`
 
 	// CallTimeout is the budget of one backend call when the caller's
-	// context has no deadline. Zero: 2m.
+	// context has no deadline. Zero: 2m. A call it ends is Transient (the
+	// caller's own deadline is DeadlineExceeded); so is a dial that
+	// DialTimeout ends.
 	CallTimeout provider.Duration `json:"callTimeout,omitempty"`
 	// DialTimeout bounds the SSH dial and handshake. Zero: sshconn's default
 	// (10s).

@@ -175,7 +175,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	// has none; so does this.
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.cfg.CallTimeout.Duration())
+		ctx, cancel = sshconn.WithBudget(ctx, "CallTimeout", p.cfg.CallTimeout.Duration())
 		defer cancel()
 	}
 	c.ctx = ctx
@@ -275,8 +275,8 @@ func (c *creation) set(f func(*made)) { c.mu.Lock(); f(&c.made); c.mu.Unlock() }
 
 // step returns an error when Create must stop before its next RPC.
 func (c *creation) step() error {
-	if err := c.ctx.Err(); err != nil {
-		return err
+	if err := sshconn.ContextError(c.ctx); err != nil {
+		return err // the caller's context error, or our CallTimeout (Transient)
 	}
 	return c.p.checkOpen()
 }
@@ -551,7 +551,7 @@ func (c *creation) whileBusy(call func() error) error {
 		select {
 		case <-c.ctx.Done():
 			t.Stop()
-			return c.ctx.Err()
+			return sshconn.ContextError(c.ctx)
 		case <-t.C:
 		}
 	}

@@ -620,16 +620,26 @@ func TestFakeCreateContext(t *testing.T) {
 		end  func(cancel context.CancelFunc, e *fakeEnv)
 		ctx  func() (context.Context, context.CancelFunc)
 		want provider.ErrorCode
+		mod  func(*Config)
 	}{
 		{"cancelled during define", func(cancel context.CancelFunc, e *fakeEnv) { cancel() },
-			func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }, provider.Canceled},
+			func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }, provider.Canceled, nil},
 		{"deadline during define", nil,
 			func() (context.Context, context.CancelFunc) {
 				return context.WithTimeout(context.Background(), 500*time.Millisecond)
-			}, provider.DeadlineExceeded},
+			}, provider.DeadlineExceeded, nil},
+		// No deadline of the caller's: the entry's CallTimeout ends the
+		// call, which is Transient, not the caller's DeadlineExceeded.
+		{"CallTimeout during define", nil,
+			func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
+			provider.Transient, func(c *Config) { c.CallTimeout = provider.Duration(300 * time.Millisecond) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newFakeEnv(t)
+			var mods []func(*Config)
+			if tc.mod != nil {
+				mods = append(mods, tc.mod)
+			}
+			e := newFakeEnv(t, mods...)
 			hook, entered, release := e.lv.block("DomainDefineXMLFlags", "")
 			e.lv.setFault(hook)
 			ctx, cancel := tc.ctx()

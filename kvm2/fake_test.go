@@ -864,7 +864,7 @@ func (s *fakeSession) closedError() error {
 
 func fakeCtxError(err error) error {
 	k := sshconn.KindUnknown
-	if errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*sshconn.TimeoutError)) {
 		k = sshconn.KindUnreachable
 	}
 	return &sshconn.Error{Kind: k, Addr: fakeAddr, Op: "libvirt call", Err: err}
@@ -877,7 +877,7 @@ func (s *fakeSession) setDial(d func() error) {
 }
 
 func (s *fakeSession) Do(ctx context.Context, fn func(lvAPI) error) error {
-	if err := ctx.Err(); err != nil {
+	if err := sshconn.ContextError(ctx); err != nil {
 		return fakeCtxError(err)
 	}
 	s.mu.Lock()
@@ -906,7 +906,7 @@ func (s *fakeSession) Do(ctx context.Context, fn func(lvAPI) error) error {
 		}
 		return err
 	case <-ctx.Done():
-		return fakeCtxError(ctx.Err())
+		return fakeCtxError(sshconn.ContextError(ctx))
 	case <-s.closing:
 		return s.closedError()
 	}

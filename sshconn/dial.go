@@ -389,7 +389,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		return nil, err
 	}
 
-	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout.Duration())
+	dctx, cancel := WithBudget(ctx, "DialTimeout", cfg.DialTimeout.Duration())
 	defer cancel()
 	// Pool.Close ends the dial too, so Close never waits for a dial timeout.
 	stopOnClose := context.AfterFunc(p.closeCtx, cancel)
@@ -411,6 +411,12 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		if p.closeCtx.Err() != nil {
 			return nil, p.closedError("dial")
 		}
+		if ctxErr := ContextError(dctx); ctxErr != nil {
+			// net's timeout error matches context.DeadlineExceeded even
+			// when our DialTimeout, not the caller, ended the dial: report
+			// why dctx ended, and the dial's error only as text.
+			err = fmt.Errorf("%w (%v)", ctxErr, err)
+		}
 		return nil, &Error{Kind: KindUnreachable, Addr: cfg.Addr, Op: "dial", Err: err}
 	}
 	// The handshake has no context: bound it by a deadline and by ctx.
@@ -431,7 +437,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	if !stop() && err == nil {
 		// ctx ended just as the handshake finished: honour ctx.
 		_ = sc.Close()
-		err = dctx.Err()
+		err = ContextError(dctx)
 		if err == nil {
 			err = context.Canceled
 		}
@@ -442,7 +448,19 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 			return nil, p.closedError("ssh handshake")
 		}
 		k := classifyHandshake(err)
-		if ctxErr := dctx.Err(); ctxErr != nil && k == KindUnreachable {
+		if k == KindUnreachable && errors.Is(err, os.ErrDeadlineExceeded) {
+			// The connection's deadline is dctx's: dctx ends at once
+			// (its timer may not have fired yet), so say why it ended.
+			t := time.NewTimer(time.Second)
+			select {
+			case <-dctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		if ctxErr := ContextError(dctx); ctxErr != nil && k == KindUnreachable {
+			// The caller's deadline (context.DeadlineExceeded) or our
+			// DialTimeout (*TimeoutError, which is not the caller's).
 			err = fmt.Errorf("%w (%v)", ctxErr, err)
 		}
 		return nil, &Error{Kind: k, Addr: cfg.Addr, Op: "ssh handshake", Err: err}

@@ -196,7 +196,9 @@ func (l *Libvirt) closedError(op string) error {
 //
 // fn runs in its own goroutine. When ctx ends (or, if ctx has no deadline,
 // LibvirtConfig.CallTimeout runs out) Do returns promptly an error wrapping
-// ctx.Err() (KindUnreachable for a deadline, unclassified for a cancel).
+// ctx.Err() (KindUnreachable for a deadline, unclassified for a cancel), or,
+// when CallTimeout ran out, a *TimeoutError naming it (KindUnreachable; it
+// does not match context.DeadlineExceeded, which is the caller's).
 // The call is abandoned for this caller only: the shared session stays up
 // for every other caller, the RPC still completes on libvirtd and its reply
 // is discarded when it arrives. The session is torn down only when liveness
@@ -214,14 +216,14 @@ func (l *Libvirt) closedError(op string) error {
 // finished, and everything it wrote happened before Do returned). Write
 // results into variables fn owns and read them only on success.
 func (l *Libvirt) Do(ctx context.Context, fn func(*libvirt.Libvirt) error) error {
-	if err := ctx.Err(); err != nil {
+	if err := ContextError(ctx); err != nil {
 		// Never start a call whose caller has already gone: on a loaded
 		// machine its reply could otherwise win the race against ctx.
 		return ctxError(l.pool.cfg.Addr, "libvirt call", err)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, l.cfg.CallTimeout.Duration())
+		ctx, cancel = WithBudget(ctx, "CallTimeout", l.cfg.CallTimeout.Duration())
 		defer cancel()
 	}
 	s, err := l.session(ctx)
@@ -269,7 +271,7 @@ func (l *Libvirt) runShared(ctx context.Context, s *session, op string, f func()
 	case <-l.closing:
 		return l.closedError(op)
 	}
-	cause := ctx.Err()
+	cause := ContextError(ctx)
 	l.log.V(1).Info("libvirt call abandoned by its caller; the session stays up", "op", op, "err", cause.Error())
 	l.goOwned(func() { l.watchAbandoned(s, done, op) })
 	return ctxError(l.pool.cfg.Addr, op, cause)
@@ -290,7 +292,7 @@ func (l *Libvirt) runExclusive(ctx context.Context, s *session, op string, f fun
 		l.abort(s, done, errors.New("libvirt session closed"))
 		return l.closedError(op)
 	}
-	cause := ctx.Err()
+	cause := ContextError(ctx)
 	l.log.V(1).Info("abandoning libvirt connect", "op", op, "err", cause.Error())
 	l.abort(s, done, fmt.Errorf("%s abandoned: %w", op, cause))
 	return ctxError(l.pool.cfg.Addr, op, cause)
@@ -403,7 +405,7 @@ func (l *Libvirt) session(ctx context.Context) (*session, error) {
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return nil, ctxError(l.pool.cfg.Addr, "libvirt connect", ctx.Err())
+				return nil, ctxError(l.pool.cfg.Addr, "libvirt connect", ContextError(ctx))
 			case <-l.closing:
 				return nil, l.closedError("libvirt connect")
 			}
@@ -574,7 +576,7 @@ type DedicatedConn struct {
 func (l *Libvirt) Dedicated(ctx context.Context) (*DedicatedConn, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, l.cfg.CallTimeout.Duration())
+		ctx, cancel = WithBudget(ctx, "CallTimeout", l.cfg.CallTimeout.Duration())
 		defer cancel()
 	}
 	l.mu.Lock()

@@ -76,11 +76,14 @@ func (p *Pool) closedError(op string) error {
 	return &Error{Kind: KindClosed, Addr: p.cfg.Addr, Op: op, Err: errPoolClosed}
 }
 
-// ctxError wraps a context error: a deadline that ran out is KindUnreachable
-// (the peer did not answer in time), a cancellation is left unclassified.
+// ctxError wraps why a context ended (ContextError): a deadline that ran
+// out, the caller's or one of our budgets (*TimeoutError), is
+// KindUnreachable (the peer did not answer in time), a cancellation is left
+// unclassified.
 func ctxError(addr, op string, err error) error {
 	k := KindUnknown
-	if errors.Is(err, context.DeadlineExceeded) {
+	var te *TimeoutError
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &te) {
 		k = KindUnreachable
 	}
 	return &Error{Kind: k, Addr: addr, Op: op, Err: err}
@@ -102,7 +105,7 @@ func (p *Pool) Client(ctx context.Context) (*ssh.Client, error) {
 
 func (p *Pool) shared(ctx context.Context) (*link, error) {
 	for {
-		if err := ctx.Err(); err != nil {
+		if err := ContextError(ctx); err != nil {
 			return nil, ctxError(p.cfg.Addr, "dial", err)
 		}
 		p.mu.Lock()
@@ -120,7 +123,7 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return nil, ctxError(p.cfg.Addr, "dial", ctx.Err())
+				return nil, ctxError(p.cfg.Addr, "dial", ContextError(ctx))
 			case <-p.closing:
 				return nil, p.closedError("dial")
 			}
@@ -137,7 +140,7 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
-				return nil, ctxError(p.cfg.Addr, "dial", ctx.Err())
+				return nil, ctxError(p.cfg.Addr, "dial", ContextError(ctx))
 			case <-p.closing:
 				t.Stop()
 				return nil, p.closedError("dial")
@@ -256,7 +259,7 @@ func (p *Pool) openUnix(ctx context.Context, l *link, path string) (net.Conn, er
 		return nil, &Error{Kind: KindUnreachable, Addr: p.cfg.Addr, Op: op, Err: r.err}
 	case <-ctx.Done():
 		close(abandon)
-		return nil, ctxError(p.cfg.Addr, op, ctx.Err())
+		return nil, ctxError(p.cfg.Addr, op, ContextError(ctx))
 	case <-l.dead:
 		close(abandon)
 		return nil, &Error{Kind: KindUnreachable, Addr: p.cfg.Addr, Op: op, Err: l.deathCause()}
@@ -276,7 +279,7 @@ func (p *Pool) Dedicated(ctx context.Context) (*ssh.Client, error) {
 }
 
 func (p *Pool) dedicatedLink(ctx context.Context) (*link, error) {
-	if err := ctx.Err(); err != nil {
+	if err := ContextError(ctx); err != nil {
 		return nil, ctxError(p.cfg.Addr, "dial dedicated", err)
 	}
 	l, err := p.dialLink(ctx, true)
