@@ -485,6 +485,17 @@ func TestFakeCheck(t *testing.T) {
 		})
 	}
 
+	// A Create building a volume in the pool makes libvirt refuse refreshes
+	// ("has asynchronous jobs running"): the entry is still Reachable.
+	t.Run("pool busy", func(t *testing.T) {
+		e := newFakeEnv(t)
+		fault("StoragePoolRefresh", lvErrorf(libvirt.ErrInternalError, "internal error: pool '%s' has asynchronous jobs running.", e.cfg.Pool))(e)
+		h, err := e.p.Check(ctx)
+		if err != nil || !h.Reachable || h.Details["poolFreeGiB"] == "" || !strings.Contains(h.Details["poolRefresh"], "asynchronous jobs running") {
+			t.Errorf("%+v, %v; want Reachable with poolFreeGiB and a poolRefresh detail", h, err)
+		}
+	})
+
 	t.Run("pool in an unknown state", func(t *testing.T) {
 		e := newFakeEnv(t)
 		pool(func(p *fakePool) { p.state = 9 })(e)

@@ -160,6 +160,10 @@ func (p *Provider) start(ctx context.Context, name, instance string, withVolume 
 	return ctx, func(err error) { obs.End(span, err) }
 }
 
+// detailPoolRefresh is the Check detail set when libvirt refused to refresh
+// a pool that has a volume being built in it.
+const detailPoolRefresh = "poolRefresh"
+
 // errPoolNotActive marks a pool that exists but does not run.
 var errPoolNotActive = libvirterr.ErrPoolInactive
 
@@ -191,7 +195,10 @@ func formatGiB(b uint64) string {
 
 // Check reports the entry's health without creating anything: Reachable with
 // Details hostname, libvirtVersion, poolState, poolFreeGiB, domainType (what
-// Create defines: "kvm" or "qemu") and acceleration ("kvm" or "none"), or
+// Create defines: "kvm" or "qemu") and acceleration ("kvm" or "none") — and
+// poolRefresh when libvirt refused to refresh the pool because a volume is
+// being built in it (another call's Create; poolFreeGiB is then as of the
+// last refresh, and the entry is still Reachable) — or
 // not Reachable with a Reason (CredentialsUnavailable, Unauthorized,
 // HostKeyUnknown, HostKeyMismatch, Forbidden, PoolNotFound, PoolNotActive,
 // Unreachable, Unknown) and a Message. Details learnt before the failure are
@@ -246,7 +253,14 @@ func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 		if state != uint8(libvirt.StoragePoolRunning) {
 			return fmt.Errorf("storage pool %q is %s: %w", p.cfg.Pool, poolStateName(state), errPoolNotActive)
 		}
-		if refreshErr != nil {
+		switch {
+		case refreshErr == nil:
+		case libvirterr.PoolBusy(refreshErr):
+			// A volume is being built in the pool (another call's
+			// Create): libvirt refuses refreshes until it is done. The
+			// pool runs; its figures are those of the last refresh.
+			set(detailPoolRefresh, "skipped: "+provider.ClipMessage(refreshErr.Error()))
+		default:
 			return fmt.Errorf("refresh storage pool %q: %w", p.cfg.Pool, refreshErr)
 		}
 		set("poolFreeGiB", formatGiB(avail))

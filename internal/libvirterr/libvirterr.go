@@ -7,7 +7,10 @@
 //
 //  1. nil is OK; an error that already carries a provider class keeps it
 //     (an explicit class wins over anything inferred);
-//  2. context errors are Canceled / DeadlineExceeded;
+//  2. context errors are Canceled / DeadlineExceeded (the caller's context;
+//     sshconn's own budgets, DialTimeout and CallTimeout, come as an
+//     *sshconn.TimeoutError instead, Transient with ReasonUnreachable, with
+//     or without an sshconn kind around it);
 //  3. sshconn kinds: unreachable is Transient (whatever libvirt code it
 //     wraps); closed and config are Permanent; key unreadable, auth refused,
 //     host key unknown or mismatch are Permanent (a human must fix
@@ -186,6 +189,18 @@ func busy(err error) bool {
 		strings.Contains(le.Message, "asynchronous jobs running")
 }
 
+// PoolBusy reports whether err says a storage pool has asynchronous jobs
+// running (a volume is being built in it, e.g. an overlay being created):
+// libvirt refuses a pool refresh (VIR_ERR_INTERNAL_ERROR) or a pool
+// operation (VIR_ERR_OPERATION_INVALID) until they end. The pool itself is
+// running and usable; the state passes.
+func PoolBusy(err error) bool {
+	var le libvirt.Error
+	return errors.As(err, &le) &&
+		(le.Code == uint32(libvirt.ErrInternalError) || le.Code == uint32(libvirt.ErrOperationInvalid)) &&
+		strings.Contains(le.Message, "asynchronous jobs running")
+}
+
 var sshKinds = map[sshconn.Kind]Verdict{
 	sshconn.KindUnreachable:     {Code: provider.Transient, Reason: provider.ReasonUnreachable},
 	sshconn.KindClosed:          {Code: provider.Permanent, Reason: provider.ReasonUnknown, Closed: true},
@@ -236,6 +251,9 @@ func inferred(err error) Verdict {
 	}
 	if v, ok := sshKinds[sshconn.KindOf(err)]; ok {
 		return v
+	}
+	if errors.As(err, new(*sshconn.TimeoutError)) {
+		return Verdict{Code: provider.Transient, Reason: provider.ReasonUnreachable}
 	}
 	if LinkDead(err) {
 		return Verdict{Code: provider.Transient, Reason: provider.ReasonUnreachable}

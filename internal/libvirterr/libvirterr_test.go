@@ -7,6 +7,7 @@ import (
 	"io"
 	"syscall"
 	"testing"
+	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
@@ -103,6 +104,8 @@ func TestShapes(t *testing.T) {
 		{"explicit class keeps the reason of its cause", provider.WithCode(provider.Permanent, sshErr(sshconn.KindAuthRefused, nil)), provider.Permanent, provider.ReasonUnauthorized, provider.Permanent},
 		{"canceled", fmt.Errorf("call: %w", context.Canceled), provider.Canceled, provider.ReasonUnknown, 0},
 		{"deadline inside unreachable", sshErr(sshconn.KindUnreachable, context.DeadlineExceeded), provider.DeadlineExceeded, provider.ReasonUnknown, 0},
+		{"our DialTimeout inside unreachable", sshErr(sshconn.KindUnreachable, fmt.Errorf("%w (i/o timeout)", &sshconn.TimeoutError{Budget: "DialTimeout", After: time.Second})), provider.Transient, provider.ReasonUnreachable, 0},
+		{"our CallTimeout bare", fmt.Errorf("step: %w", &sshconn.TimeoutError{Budget: "CallTimeout", After: time.Second}), provider.Transient, provider.ReasonUnreachable, 0},
 		{"unreachable wraps access denied", sshErr(sshconn.KindUnreachable, lvErr(libvirt.ErrAccessDenied, "")), provider.Transient, provider.ReasonUnreachable, 0},
 		{"ssh closed", sshErr(sshconn.KindClosed, nil), provider.Permanent, provider.ReasonUnknown, provider.Permanent},
 		{"ssh config", sshErr(sshconn.KindConfig, nil), provider.Permanent, provider.ReasonUnknown, provider.Transient},
@@ -137,6 +140,24 @@ func TestShapes(t *testing.T) {
 				t.Errorf("Reason = %q, want %q", r, tt.reason)
 			}
 		})
+	}
+}
+
+func TestPoolBusy(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{lvErr(libvirt.ErrInternalError, "internal error: pool 'p' has asynchronous jobs running."), true},
+		{fmt.Errorf("refresh: %w", lvErr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' has asynchronous jobs running.")), true},
+		{lvErr(libvirt.ErrInternalError, "internal error: something else"), false},
+		{lvErr(libvirt.ErrNoStoragePool, "has asynchronous jobs running"), false},
+		{errors.New("pool 'p' has asynchronous jobs running."), false},
+	} {
+		if got := PoolBusy(tc.err); got != tc.want {
+			t.Errorf("PoolBusy(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }
 
