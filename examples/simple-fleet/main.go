@@ -167,7 +167,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	defer tgt.close()
 
-	r := &fleetRun{stdout: &lockedWriter{w: stdout}, stderr: stderr, keep: fl.keep, until: fl.until, ownTarget: tgt.addr}
+	r := &fleetRun{stdout: &lockedWriter{w: stdout}, stderr: &lockedWriter{w: stderr}, keep: fl.keep, until: fl.until, ownTarget: tgt.addr}
 	if err := r.configure(ctx, fl); err != nil {
 		return err
 	}
@@ -252,7 +252,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 // the members of its fleet.
 type fleetRun struct {
 	stdout         io.Writer // a lockedWriter: entries print from goroutines of their own
-	stderr         io.Writer
+	stderr         io.Writer // a lockedWriter too
 	keep           bool
 	until          string        // the stage to stop after (-until)
 	inMemory       bool          // the embedded memprovider fleet (no -config)
@@ -562,7 +562,11 @@ func (r *fleetRun) keepFleet(ctx context.Context) {
 		return
 	}
 	for _, m := range r.fleet {
-		fmt.Fprintf(r.stdout, "kept %s (UID %s) on %s at %s\n", m.spec.Name, m.spec.UID, m.b.name, m.inst.Address())
+		where := "no address yet"
+		if a := m.inst.Address(); a != "" {
+			where = "at " + a
+		}
+		fmt.Fprintf(r.stdout, "kept %s (UID %s) on %s, %s, %s\n", m.spec.Name, m.spec.UID, m.b.name, m.inst.State, where)
 	}
 }
 
@@ -576,19 +580,34 @@ func (r *fleetRun) cleanUp(err error) error {
 	}
 	dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer dcancel()
-	for _, m := range r.fleet {
-		if !m.attempted {
-			continue
-		}
-		if derr := m.b.client.Delete(dctx, m.spec.Ref()); derr != nil {
-			fmt.Fprintf(r.stderr, "simple-fleet: cleanup: %v\n", derr)
-			if err == nil {
-				err = fail("deleting the fleet: %v", derr)
+	// The entries at once, each entry's members in order.
+	derrs := make([]error, len(r.backends))
+	var wg sync.WaitGroup
+	for i, b := range r.backends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, m := range r.fleet {
+				if m.b != b || !m.attempted {
+					continue
+				}
+				if derr := b.client.Delete(dctx, m.spec.Ref()); derr != nil {
+					fmt.Fprintf(r.stderr, "simple-fleet: cleanup: %v\n", derr)
+					if derrs[i] == nil {
+						derrs[i] = derr
+					}
+					continue
+				}
+				if err == nil {
+					r.printf("deleted %s", m.spec.Name)
+				}
 			}
-			continue
-		}
-		if err == nil {
-			fmt.Fprintf(r.stdout, "%s deleted %s\n", r.since(), m.spec.Name)
+		}()
+	}
+	wg.Wait()
+	for _, derr := range derrs {
+		if derr != nil && err == nil {
+			err = fail("deleting the fleet: %v", derr)
 		}
 	}
 	if err != nil {
