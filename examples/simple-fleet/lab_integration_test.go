@@ -45,7 +45,7 @@ func TestLabFleet(t *testing.T) {
 	// Fresh entry names: the bases they fetch are theirs alone, so the
 	// first run's fetches are cold even on a lab earlier runs used.
 	prefix, owner := "sf"+hex.EncodeToString(b)+"h", "sf-"+hex.EncodeToString(b)
-	out, err := exec.Command(env.Script, "fleet-config", "--image-url", url, "--sha256", sum,
+	out, err := exec.Command(env.Script, "fleet-config", "--image-url", url, "--sha256", sum, "--image-key", "tiny",
 		"--entry-prefix", prefix, "--owner", owner).Output()
 	if err != nil {
 		t.Fatalf("scripts/lab fleet-config: %v: %s", err, stderrOf(err))
@@ -62,9 +62,12 @@ func TestLabFleet(t *testing.T) {
 		t.Fatalf("fleet-config wrote %d entries for %d hosts", len(cfg.Entries), len(env.Hosts))
 	}
 	cfg.Entries = cfg.Entries[:2]
+	if cfg.Spec.ImageKey != "tiny" {
+		t.Fatalf("spec.imageKey %q, want the --image-key given (tiny)", cfg.Spec.ImageKey)
+	}
 	for i, e := range cfg.Entries {
 		h := hosts[i]
-		if e.Entry != prefix+strconv.Itoa(h.N) || e.Address != h.SSHAddr || e.Network != h.Network || e.DomainType != "qemu" || e.Pool != h.Pool {
+		if e.Entry != prefix+strconv.Itoa(h.N) || e.Images["tiny"].SHA256 != sum || e.Address != h.SSHAddr || e.Network != h.Network || e.DomainType != "qemu" || e.Pool != h.Pool {
 			t.Fatalf("entries[%d] = %v, want host %d's (%s, network %s, domainType qemu)", i, e, h.N, h.SSHAddr, h.Network)
 		}
 	}
@@ -80,7 +83,7 @@ func TestLabFleet(t *testing.T) {
 					t.Errorf("cleanup: delete %s on %s: %v", inst.Name, cfg.Entries[i].Entry, err)
 				}
 			}
-			if err := p.EvictImage(ctx, "image"); err != nil {
+			if err := p.EvictImage(ctx, "tiny"); err != nil {
 				t.Errorf("cleanup: evict %s's base: %v", cfg.Entries[i].Entry, err)
 			}
 		}
