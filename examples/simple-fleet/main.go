@@ -344,8 +344,9 @@ func (r *fleetRun) closeBackends(err error) error {
 }
 
 // checkProviders checks every provider at once (each is its own failure
-// domain: a dead host must not delay the others' reports), prints each
-// one's health in order, and fails unless all are reachable.
+// domain: a dead host's dial timeout must not add to the others' checks),
+// prints each one's health in entry order, and fails unless all are
+// reachable.
 func (r *fleetRun) checkProviders(ctx context.Context) error {
 	type result struct {
 		h       provider.Health
