@@ -11,10 +11,11 @@
 //	go run ./examples/simple-fleet -keep      # keep serving until Ctrl-C
 //	go run ./examples/simple-fleet -config fleet.yaml   # kvm2 entries
 //
-// The -config file (JSON or YAML) lists kvm2 entries (fields of
-// kvm2.Config, matched case-insensitively; durations in nanoseconds), the
-// Spec template of the proxies, and the CONNECT target to probe through
-// them (it must be reachable from the VMs):
+// The -config file (JSON or YAML) lists kvm2 entries, one per hypervisor
+// (each one kvm2.Config in the form docs/config.md describes, read by
+// kvm2.ParseConfig: camelCase keys, durations as strings), the Spec
+// template of the proxies, and the CONNECT target to probe through them
+// (it must be reachable from the VMs, and the VMs from this program):
 //
 //	entries:
 //	  - entry: lab1
@@ -32,9 +33,26 @@
 //	  port: 3128
 //	target: example.com:443
 //	runningTimeout: 10m
+//	progressInterval: 1s    # how often a cold image fetch prints progress
 //
-// The program exits 0 when every proxy ran and answered the probe, 1 with a
-// message on stderr on any failure, 2 on bad usage.
+// The fleet is spread over the entries round-robin. Before creating
+// anything it checks every entry at once and prints each one's health
+// (reachable or why not, the backend's details, a degraded detail on its
+// own line); every entry must be reachable. Entries create their members
+// concurrently (each its own in order), and the first Create on a host
+// that lacks the image prints the cold fetch's progress.
+//
+// -until stops the run early: "created" after every Create returned,
+// "running" once every member is Running, "healthy" (the default) after
+// the probes. Where this program cannot reach the VMs' addresses (the
+// lab's hosts keep their guests on isolated networks, docs/lab.md) or the
+// image boots no proxy, use "created" or "running"; target may then be left
+// out. `scripts/lab fleet-config` writes a config with one entry per lab
+// host (docs/lab.md, "simple-fleet on the lab").
+//
+// The program exits 0 when every proxy got as far as -until asks (and,
+// by default, answered the probe), 1 with a message on stderr on any
+// failure, 2 on bad usage.
 package main
 
 import (
@@ -52,14 +70,14 @@ import (
 	"os/signal"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
-	"sigs.k8s.io/yaml"
-
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
+	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/provider/memprovider"
@@ -70,22 +88,6 @@ func main() {
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
-}
-
-// fleetConfig is the -config file.
-type fleetConfig struct {
-	// Entries are the kvm2 provider entries; the fleet is spread over them
-	// round-robin.
-	Entries []kvm2.Config `json:"entries"`
-	// Spec is the template of every proxy (Name and UID are set here).
-	Spec provider.Spec `json:"spec"`
-	// Target is the CONNECT target (host:port) probed through the proxies;
-	// the VMs must be able to reach it. Required: the program's own target
-	// listens on this machine's loopback, which VMs cannot reach.
-	Target string `json:"target"`
-	// RunningTimeout is how long the fleet may take to run, e.g. "10m".
-	// Empty: 10m.
-	RunningTimeout string `json:"runningTimeout"`
 }
 
 // Test hooks: tweak the memprovider of the default flow.
@@ -99,14 +101,24 @@ const memProvisionDelay = 300 * time.Millisecond
 
 type backend struct {
 	name   string // entry name, for messages
+	addr   string // the hypervisor's sshd ("" in memory), for messages
 	client *egressproxy.Client
 }
 
+// where is " (addr)" for a kvm2 entry, "" in memory.
+func (b *backend) where() string {
+	if b.addr == "" {
+		return ""
+	}
+	return " (" + b.addr + ")"
+}
+
 type member struct {
-	b    *backend
-	spec provider.Spec
-	inst provider.Instance
-	res  health.Result
+	b         *backend
+	spec      provider.Spec
+	attempted bool // Create was called: cleanUp deletes it (a missing one is no error)
+	inst      provider.Instance
+	res       health.Result
 }
 
 // failure is an error with the exit code it ends the program with.
@@ -155,7 +167,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	defer tgt.close()
 
-	r := &fleetRun{stdout: stdout, stderr: stderr, keep: fl.keep, ownTarget: tgt.addr}
+	r := &fleetRun{stdout: &lockedWriter{w: stdout}, stderr: &lockedWriter{w: stderr}, keep: fl.keep, until: fl.until, ownTarget: tgt.addr}
 	if err := r.configure(ctx, fl); err != nil {
 		return err
 	}
@@ -173,10 +185,14 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	if err := r.createFleet(ctx); err != nil {
 		return err
 	}
-	if err := r.waitRunning(ctx); err != nil {
-		return err
+	if r.until != untilCreated {
+		if err := r.waitRunning(ctx); err != nil {
+			return err
+		}
 	}
-	r.probeFleet(ctx)
+	if r.until == untilHealthy {
+		r.probeFleet(ctx)
+	}
 	if err := r.report(); err != nil {
 		return err
 	}
@@ -191,8 +207,16 @@ type flags struct {
 	n       int
 	keep    bool
 	config  string
+	until   string
 	timeout time.Duration
 }
+
+// The stages -until stops after.
+const (
+	untilCreated = "created"
+	untilRunning = "running"
+	untilHealthy = "healthy"
+)
 
 // parseFlags reads args; bad usage is a failure with exit code 2.
 func parseFlags(args []string, stderr io.Writer) (flags, error) {
@@ -202,6 +226,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.IntVar(&fl.n, "n", 3, "number of proxies (1-50)")
 	fs.BoolVar(&fl.keep, "keep", false, "do not delete the proxies: kvm2 VMs stay; memprovider proxies keep serving until interrupted")
 	fs.StringVar(&fl.config, "config", "", "JSON or YAML file with kvm2 entries (default: an in-memory fleet)")
+	fs.StringVar(&fl.until, "until", untilHealthy, "stop after this stage: created (every Create returned), running (every proxy Running), healthy (probed)")
 	fs.DurationVar(&fl.timeout, "timeout", 0, "overall deadline (default 30s in memory, RunningTimeout+2m with -config)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -215,14 +240,21 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	if fl.n < 1 || fl.n > 50 {
 		return fl, &failure{code: 2, err: fmt.Errorf("-n %d: want 1 to 50 proxies", fl.n)}
 	}
+	switch fl.until {
+	case untilCreated, untilRunning, untilHealthy:
+	default:
+		return fl, &failure{code: 2, err: fmt.Errorf("-until %s: want created, running or healthy", provider.Quote(fl.until))}
+	}
 	return fl, nil
 }
 
 // fleetRun is one run of the program: where it writes, what it runs on and
 // the members of its fleet.
 type fleetRun struct {
-	stdout, stderr io.Writer
+	stdout         io.Writer // a lockedWriter: entries print from goroutines of their own
+	stderr         io.Writer // a lockedWriter too
 	keep           bool
+	until          string        // the stage to stop after (-until)
 	inMemory       bool          // the embedded memprovider fleet (no -config)
 	timeout        time.Duration // overall deadline
 	ownTarget      string        // the address of the target this program serves
@@ -232,14 +264,31 @@ type fleetRun struct {
 	pollEvery      time.Duration
 	backends       []*backend
 
-	start   time.Time // when the fleet's work started (progress times count from it)
-	runID   string    // makes this run's UIDs unique
-	fleet   []*member
-	created int // fleet[:created] were created (and are deleted by cleanUp)
+	start time.Time // when the fleet's work started (progress times count from it)
+	runID string    // makes this run's UIDs unique
+	fleet []*member
 }
 
 // since is the progress time stamp printed before each line.
 func (r *fleetRun) since() string { return fmt.Sprintf("[%4.1fs]", time.Since(r.start).Seconds()) }
+
+// printf prints one progress line, time-stamped.
+func (r *fleetRun) printf(format string, args ...any) {
+	fmt.Fprintf(r.stdout, "%s %s\n", r.since(), fmt.Sprintf(format, args...))
+}
+
+// lockedWriter serialises writes, so lines printed from several goroutines
+// (one per entry, and image progress) do not interleave.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
 
 // configure sets up the backends: the embedded memprovider without
 // -config, one kvm2 provider per entry of the -config file otherwise, with
@@ -269,19 +318,17 @@ func (r *fleetRun) configure(ctx context.Context, fl flags) error {
 	if err != nil {
 		return err
 	}
-	r.runningTimeout = 10 * time.Minute
-	if cfg.RunningTimeout != "" {
-		if r.runningTimeout, err = time.ParseDuration(cfg.RunningTimeout); err != nil || r.runningTimeout <= 0 {
-			return fail("%s: runningTimeout %q: want a positive duration like \"10m\"", fl.config, cfg.RunningTimeout)
-		}
+	if cfg.Target == "" && r.until == untilHealthy {
+		return fail("%s: target: required to probe kvm2 proxies (the host:port they CONNECT to, reachable from the VMs; this program's own target is on its loopback); or stop earlier with -until created or -until running", fl.config)
 	}
+	r.runningTimeout = cfg.RunningTimeout
 	r.target = cfg.Target
 	r.pollEvery = time.Second
 	r.template = cfg.Spec
 	if r.timeout == 0 {
 		r.timeout = r.runningTimeout + 2*time.Minute
 	}
-	r.backends, err = openKVM2(ctx, cfg)
+	r.backends, err = r.openKVM2(ctx, cfg)
 	return err
 }
 
@@ -296,17 +343,47 @@ func (r *fleetRun) closeBackends(err error) error {
 	return err
 }
 
-// checkProviders fails unless every provider is reachable.
+// checkProviders checks every provider at once (each is its own failure
+// domain: a dead host's dial timeout must not add to the others' checks),
+// prints each one's health in entry order, and fails unless all are
+// reachable.
 func (r *fleetRun) checkProviders(ctx context.Context) error {
-	for _, b := range r.backends {
-		h, err := b.client.Check(ctx)
-		if err != nil {
-			return fail("checking provider %s: %v", b.name, err)
+	type result struct {
+		h       provider.Health
+		err     error
+		elapsed time.Duration
+	}
+	res := make([]result, len(r.backends))
+	var wg sync.WaitGroup
+	for i, b := range r.backends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t0 := time.Now()
+			res[i].h, res[i].err = b.client.Check(ctx)
+			res[i].elapsed = time.Since(t0)
+		}()
+	}
+	wg.Wait()
+	var bad []string
+	for i, b := range r.backends {
+		h, err, took := res[i].h, res[i].err, short(res[i].elapsed)
+		switch {
+		case err != nil:
+			r.printf("provider %s%s: check failed after %v: %v", b.name, b.where(), took, err)
+			bad = append(bad, fmt.Sprintf("checking provider %s: %v", b.name, err))
+		case !h.Reachable:
+			r.printf("provider %s%s NOT reachable after %v: %s: %s", b.name, b.where(), took, h.Reason, h.Message)
+			bad = append(bad, fmt.Sprintf("provider %s is not usable: %s: %s", b.name, h.Reason, h.Message))
+		default:
+			r.printf("provider %s%s reachable in %v (%s)", b.name, b.where(), took, details(h.Details))
+			if d := h.Details["degraded"]; d != "" {
+				r.printf("provider %s degraded: %s", b.name, d)
+			}
 		}
-		if !h.Reachable {
-			return fail("provider %s is not usable: %s: %s", b.name, h.Reason, h.Message)
-		}
-		fmt.Fprintf(r.stdout, "%s provider %s reachable (%s)\n", r.since(), b.name, details(h.Details))
+	}
+	if len(bad) > 0 {
+		return fail("%s", strings.Join(bad, "; "))
 	}
 	return nil
 }
@@ -324,16 +401,48 @@ func (r *fleetRun) planFleet(n int) {
 	}
 }
 
-// createFleet creates every member, in order, stopping at the first error.
+// createFleet creates every member: the entries at once (independent
+// hosts), each entry's members in order. The first failure cancels the
+// other entries' Creates and is the run's error.
 func (r *fleetRun) createFleet(ctx context.Context) error {
-	for _, m := range r.fleet {
-		inst, err := m.b.client.Create(ctx, m.spec)
-		if err != nil {
-			return fail("%v (class %s)", err, provider.Code(err))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, len(r.backends))
+	var wg sync.WaitGroup
+	for i, b := range r.backends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, m := range r.fleet {
+				if m.b != b {
+					continue
+				}
+				t0 := time.Now()
+				m.attempted = true
+				inst, err := b.client.Create(ctx, m.spec)
+				if err != nil {
+					errs[i] = err
+					cancel()
+					return
+				}
+				m.inst = inst
+				r.printf("created %s on %s in %v: %s", m.spec.Name, b.name, short(time.Since(t0)), inst.State)
+			}
+		}()
+	}
+	wg.Wait()
+	// The first failure that is not the cancellation it caused.
+	var first error
+	for _, err := range errs {
+		if err == nil {
+			continue
 		}
-		r.created++
-		m.inst = inst
-		fmt.Fprintf(r.stdout, "%s created %s on %s: %s\n", r.since(), m.spec.Name, m.b.name, inst.State)
+		if c := provider.Code(err); first == nil || (c != provider.Canceled && provider.Code(first) == provider.Canceled) {
+			first = err
+		}
+	}
+	if first != nil {
+		return fail("%v (class %s)", first, provider.Code(first))
 	}
 	return nil
 }
@@ -414,22 +523,29 @@ func (r *fleetRun) probeFleet(ctx context.Context) {
 func (r *fleetRun) report() error {
 	healthy := 0
 	tw := tabwriter.NewWriter(r.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tLATENCY\tHEALTH")
+	fmt.Fprintln(tw, "NAME\tENTRY\tSTATE\tADDRESS\tLATENCY\tHEALTH")
 	for _, m := range r.fleet {
-		status := "healthy"
-		if m.res.OK {
-			healthy++
-		} else {
-			status = "unhealthy: " + m.res.Kind.String()
-			if m.res.Err != nil {
-				status += " (" + m.res.Err.Error() + ")"
+		latency, status := "-", "not probed (-until "+r.until+")"
+		if r.until == untilHealthy {
+			latency, status = m.res.Latency().Round(10*time.Microsecond).String(), "healthy"
+			if m.res.OK {
+				healthy++
+			} else {
+				status = "unhealthy: " + m.res.Kind.String()
+				if m.res.Err != nil {
+					status += " (" + m.res.Err.Error() + ")"
+				}
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.spec.Name, m.inst.State, m.inst.Address(), m.res.Latency().Round(10*time.Microsecond), status)
+		addr := m.inst.Address()
+		if addr == "" {
+			addr = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.spec.Name, m.b.name, m.inst.State, addr, latency, status)
 	}
 	tw.Flush()
 	fmt.Fprintln(r.stdout)
-	if healthy != len(r.fleet) {
+	if r.until == untilHealthy && healthy != len(r.fleet) {
 		return fail("%d of %d proxies failed the probe", len(r.fleet)-healthy, len(r.fleet))
 	}
 	return nil
@@ -447,7 +563,11 @@ func (r *fleetRun) keepFleet(ctx context.Context) {
 		return
 	}
 	for _, m := range r.fleet {
-		fmt.Fprintf(r.stdout, "kept %s (UID %s) on %s at %s\n", m.spec.Name, m.spec.UID, m.b.name, m.inst.Address())
+		where := "no address yet"
+		if a := m.inst.Address(); a != "" {
+			where = "at " + a
+		}
+		fmt.Fprintf(r.stdout, "kept %s (UID %s) on %s, %s, %s\n", m.spec.Name, m.spec.UID, m.b.name, m.inst.State, where)
 	}
 }
 
@@ -461,16 +581,34 @@ func (r *fleetRun) cleanUp(err error) error {
 	}
 	dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer dcancel()
-	for _, m := range r.fleet[:r.created] {
-		if derr := m.b.client.Delete(dctx, m.spec.Ref()); derr != nil {
-			fmt.Fprintf(r.stderr, "simple-fleet: cleanup: %v\n", derr)
-			if err == nil {
-				err = fail("deleting the fleet: %v", derr)
+	// The entries at once, each entry's members in order.
+	derrs := make([]error, len(r.backends))
+	var wg sync.WaitGroup
+	for i, b := range r.backends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, m := range r.fleet {
+				if m.b != b || !m.attempted {
+					continue
+				}
+				if derr := b.client.Delete(dctx, m.spec.Ref()); derr != nil {
+					fmt.Fprintf(r.stderr, "simple-fleet: cleanup: %v\n", derr)
+					if derrs[i] == nil {
+						derrs[i] = derr
+					}
+					continue
+				}
+				if err == nil {
+					r.printf("deleted %s", m.spec.Name)
+				}
 			}
-			continue
-		}
-		if err == nil {
-			fmt.Fprintf(r.stdout, "%s deleted %s\n", r.since(), m.spec.Name)
+		}()
+	}
+	wg.Wait()
+	for _, derr := range derrs {
+		if derr != nil && err == nil {
+			err = fail("deleting the fleet: %v", derr)
 		}
 	}
 	if err != nil {
@@ -515,45 +653,52 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func loadConfig(path string) (*fleetConfig, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fail("reading -config: %v", err)
-	}
-	var cfg fleetConfig
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return nil, fail("%s: %v", path, err)
-	}
-	if len(cfg.Entries) == 0 {
-		return nil, fail("%s: no entries (want at least one kvm2 entry under \"entries\")", path)
-	}
-	if _, _, err := net.SplitHostPort(cfg.Target); err != nil {
-		return nil, fail("%s: target %q: want the host:port the proxies should CONNECT to (reachable from the VMs), e.g. example.com:443", path, cfg.Target)
-	}
-	return &cfg, nil
-}
-
-// openKVM2 opens one client per entry.
-func openKVM2(ctx context.Context, cfg *fleetConfig) ([]*backend, error) {
-	// The kvm2 lifecycle (Create/Get/Delete/List) is being written; until
-	// kvm2.Provider implements provider.Provider, say so instead of
-	// pretending.
-	if _, ok := any((*kvm2.Provider)(nil)).(provider.Provider); !ok {
-		return nil, fail("kvm2 lifecycle not yet available: kvm2.Provider does not implement provider.Provider (Create/Get/Delete/List) in this build")
-	}
+// openKVM2 opens one client per entry, each reporting its cold image
+// fetches' progress.
+func (r *fleetRun) openKVM2(ctx context.Context, cfg *fleetConfig) ([]*backend, error) {
 	var out []*backend
 	for i, c := range cfg.Entries {
-		kp, err := kvm2.Open(ctx, c, nil)
+		kp, err := kvm2.Open(ctx, c, &kvm2.Options{
+			ImageProgress:         r.imageProgress(c.Entry),
+			ImageProgressInterval: cfg.ProgressInterval,
+		})
 		if err != nil {
 			for _, b := range out {
 				b.client.Close()
 			}
 			return nil, fail("entry %d (%s): %v", i, c.Entry, err)
 		}
-		out = append(out, &backend{name: c.Entry, client: egressproxy.New(any(kp).(provider.Provider), nil)})
+		out = append(out, &backend{name: c.Entry, addr: c.Address, client: egressproxy.New(kp, nil)})
 	}
 	return out, nil
 }
+
+// imageProgress prints entry's cold image fetch progress (kvm2's
+// Options.ImageProgress: every ProgressInterval and once when the upload
+// ends).
+func (r *fleetRun) imageProgress(entry string) func(imagecache.Progress) {
+	return func(p imagecache.Progress) {
+		line := mib(p.Bytes) + " uploaded"
+		if p.Total > 0 {
+			line = fmt.Sprintf("%s of %s uploaded (%d%%)", mib(p.Bytes), mib(p.Total), p.Bytes*100/p.Total)
+		}
+		if p.Rate > 0 {
+			line += fmt.Sprintf(", %.1f MB/s", p.Rate/1e6)
+		}
+		r.printf("%s: cold fetch of %s: %s", entry, p.Volume, line)
+	}
+}
+
+// short rounds a duration for a progress line: to the microsecond below
+// a millisecond, to the millisecond above.
+func short(d time.Duration) time.Duration {
+	if d < time.Millisecond {
+		return d.Round(time.Microsecond)
+	}
+	return d.Round(time.Millisecond)
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // target is the HTTP server the probes reach through the proxies.
 type target struct {

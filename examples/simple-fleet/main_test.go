@@ -38,7 +38,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-var rowRE = regexp.MustCompile(`(?m)^(fleet-\d+)\s+(\S+)\s+(127\.0\.0\.1:\d+)\s+(\S+)\s+(.+)$`)
+// rowRE is a row of the fleet's table: name, entry, state, address,
+// latency, health.
+var rowRE = regexp.MustCompile(`(?m)^(fleet-\d+)\s+(\S+)\s+(\S+)\s+(127\.0\.0\.1:\d+|-)\s+(\S+)\s+(.+)$`)
 
 func TestRunDefaultFleet(t *testing.T) {
 	tests := []struct {
@@ -70,13 +72,13 @@ func TestRunDefaultFleet(t *testing.T) {
 			}
 			addrs := map[string]bool{}
 			for _, r := range rows {
-				if r[2] != "Running" || r[5] != "healthy" {
-					t.Errorf("row %q: want Running and healthy", r[0])
+				if r[2] != "memory" || r[3] != "Running" || r[6] != "healthy" {
+					t.Errorf("row %q: want entry memory, Running and healthy", r[0])
 				}
-				if _, err := time.ParseDuration(r[4]); err != nil {
-					t.Errorf("row %q: latency %q is not a duration", r[0], r[4])
+				if _, err := time.ParseDuration(r[5]); err != nil {
+					t.Errorf("row %q: latency %q is not a duration", r[0], r[5])
 				}
-				addrs[r[3]] = true
+				addrs[r[4]] = true
 			}
 			if len(addrs) != tt.n {
 				t.Errorf("proxies share addresses: %v", addrs)
@@ -85,6 +87,37 @@ func TestRunDefaultFleet(t *testing.T) {
 				t.Errorf("no provisioning progress shown:\n%s", o)
 			}
 			if !strings.Contains(o, "lists 0 instance(s) after cleanup") || strings.Count(o, "deleted fleet-") != tt.n {
+				t.Errorf("fleet not deleted:\n%s", o)
+			}
+		})
+	}
+}
+
+// -until stops after the stage it names: the table says the proxies were
+// not probed, and the fleet is still deleted.
+func TestRunUntil(t *testing.T) {
+	for _, tt := range []struct {
+		until, state string
+	}{{"created", "Provisioning"}, {"running", "Running"}} {
+		t.Run(tt.until, func(t *testing.T) {
+			var out, errb syncBuffer
+			if code := run(context.Background(), []string{"-n", "2", "-until", tt.until}, &out, &errb); code != 0 {
+				t.Fatalf("exit %d, stderr:\n%s\nstdout:\n%s", code, errb.String(), out.String())
+			}
+			o := out.String()
+			rows := rowRE.FindAllStringSubmatch(o, -1)
+			if len(rows) != 2 {
+				t.Fatalf("table has %d rows, want 2:\n%s", len(rows), o)
+			}
+			for _, r := range rows {
+				if r[3] != tt.state || r[5] != "-" || r[6] != "not probed (-until "+tt.until+")" {
+					t.Errorf("row %q: want %s, not probed", r[0], tt.state)
+				}
+			}
+			if strings.Contains(o, "probed 2 proxies") {
+				t.Errorf("-until %s probed:\n%s", tt.until, o)
+			}
+			if strings.Count(o, "deleted fleet-") != 2 || !strings.Contains(o, "lists 0 instance(s) after cleanup") {
 				t.Errorf("fleet not deleted:\n%s", o)
 			}
 		})
@@ -113,12 +146,19 @@ func TestRunFailures(t *testing.T) {
 		{name: "n zero", args: []string{"-n", "0"}, code: 2, stderr: []string{"-n 0: want 1 to 50"}},
 		{name: "positional argument", args: []string{"extra"}, code: 2, stderr: []string{"unexpected arguments"}},
 		{name: "missing config", args: []string{"-config", filepath.Join(dir, "nope.yaml")}, code: 1, stderr: []string{"reading -config", "nope.yaml"}},
-		{name: "config without entries", args: []string{"-config", write("empty.yaml", "target: example.com:443\n")}, code: 1, stderr: []string{"no entries"}},
+		{name: "config without entries", args: []string{"-config", write("empty.yaml", "target: example.com:443\n")}, code: 1, stderr: []string{"invalid entries: want at least one kvm2 entry"}},
 		{name: "config unknown field", args: []string{"-config", write("typo.yaml", "entries: []\nbogus: 1\n")}, code: 1, stderr: []string{"bogus"}},
 		{name: "config bad json", args: []string{"-config", write("bad.json", "{")}, code: 1, stderr: []string{"bad.json"}},
-		{name: "config without target", args: []string{"-config", write("notarget.yaml", "entries:\n  - entry: lab1\n")}, code: 1, stderr: []string{"target \"\": want the host:port"}},
-		{name: "config kvm2 entry", args: []string{"-config", write("kvm.yaml", "target: 127.0.0.1:9\nentries:\n  - entry: lab1\n    owner: fleet\n    address: 127.0.0.1:1\n    user: root\n    keyFile: /nonexistent\n    knownHostsFile: /nonexistent\n    pool: default\n")},
-			code: 1, stderr: []string{"simple-fleet: "}},
+		// Both entries are checked and reported, each with its own
+		// reason, before the run fails.
+		{name: "config kvm2 entries unusable", args: []string{"-config", write("kvm.yaml", "target: 127.0.0.1:9\nentries:\n"+
+			entryYAML("lab1", "127.0.0.1:1", "/nonexistent-key")+entryYAML("lab2", "127.0.0.1:2", "/nonexistent-key"))},
+			code:   1,
+			stderr: []string{"provider lab1 is not usable: CredentialsUnavailable", "provider lab2 is not usable: CredentialsUnavailable"},
+			stdout: []string{"provider lab1 (127.0.0.1:1) NOT reachable after ", "provider lab2 (127.0.0.1:2) NOT reachable after "}},
+		{name: "config kvm2 without target", args: []string{"-config", write("kvmnotarget.yaml", "entries:\n"+entryYAML("lab1", "127.0.0.1:1", "/k"))},
+			code: 1, stderr: []string{"target: required to probe kvm2 proxies", "-until created"}},
+		{name: "until unknown", args: []string{"-until", "ready"}, code: 2, stderr: []string{`-until "ready": want created, running or healthy`}},
 		{name: "create refused", memFaults: func(p *memprovider.Provider) {
 			p.InjectFault(memprovider.OpCreate, memprovider.Fault{Code: provider.Permanent, Times: 1})
 		}, code: 1, stderr: []string{"create fleet-1", "class Permanent"}},
@@ -196,9 +236,9 @@ func TestRunKeepServesUntilInterrupted(t *testing.T) {
 		t.Fatalf("rows: %v", rows)
 	}
 	for _, r := range rows {
-		c, err := net.DialTimeout("tcp", r[3], 5*time.Second)
+		c, err := net.DialTimeout("tcp", r[4], 5*time.Second)
 		if err != nil {
-			t.Errorf("kept proxy %s at %s does not accept connections: %v", r[1], r[3], err)
+			t.Errorf("kept proxy %s at %s does not accept connections: %v", r[1], r[4], err)
 			continue
 		}
 		c.Close()
@@ -212,22 +252,115 @@ func TestRunKeepServesUntilInterrupted(t *testing.T) {
 	}
 }
 
+// entryYAML is one valid kvm2 entry of a -config file (under "entries:").
+func entryYAML(entry, addr, keyFile string) string {
+	return "  - entry: " + entry + "\n    owner: fleet\n    address: " + addr + "\n    user: root\n    keyFile: " + keyFile +
+		"\n    knownHostsFile: /k/known_hosts\n    pool: default\n    domainType: qemu\n    callTimeout: 30s\n" +
+		"    images:\n      tiny: {url: http://127.0.0.1:8099/tiny.qcow2}\n"
+}
+
 func TestLoadConfigYAMLAndJSON(t *testing.T) {
 	dir := t.TempDir()
 	for name, content := range map[string]string{
-		"fleet.yaml": "target: example.com:443\nrunningTimeout: 5m\nspec:\n  imageKey: debian-12\n  port: 8080\nentries:\n  - entry: lab1\n    owner: fleet\n    pool: default\n",
-		"fleet.json": `{"target":"example.com:443","runningTimeout":"5m","spec":{"imageKey":"debian-12","port":8080},"entries":[{"entry":"lab1","owner":"fleet","pool":"default"}]}`,
+		"fleet.yaml": "target: example.com:443\nrunningTimeout: 5m\nprogressInterval: 250ms\nspec:\n  imageKey: tiny\n  port: 8080\nentries:\n" +
+			entryYAML("lab1", "10.251.1.2:22022", "/k/id1") + entryYAML("lab2", "10.251.2.2:22022", "/k/id2"),
+		"fleet.json": `{"target":"example.com:443","runningTimeout":"5m","progressInterval":"250ms","spec":{"imageKey":"tiny","port":8080},"entries":[` +
+			`{"entry":"lab1","owner":"fleet","address":"10.251.1.2:22022","user":"root","keyFile":"/k/id1","knownHostsFile":"/k/known_hosts","pool":"default","domainType":"qemu","callTimeout":"30s","images":{"tiny":{"url":"http://127.0.0.1:8099/tiny.qcow2"}}},` +
+			`{"entry":"lab2","owner":"fleet","address":"10.251.2.2:22022","user":"root","keyFile":"/k/id2","knownHostsFile":"/k/known_hosts","pool":"default","domainType":"qemu","callTimeout":"30s","images":{"tiny":{"url":"http://127.0.0.1:8099/tiny.qcow2"}}}]}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := filepath.Join(dir, name)
-			os.WriteFile(p, []byte(content), 0o600)
+			if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
 			cfg, err := loadConfig(p)
 			if err != nil {
 				t.Fatal(err)
 			}
-			e := cfg.Entries[0]
-			if e.Entry != "lab1" || e.Owner != "fleet" || e.Pool != "default" || cfg.Spec.ImageKey != "debian-12" || cfg.Spec.Port != 8080 || cfg.RunningTimeout != "5m" {
+			if len(cfg.Entries) != 2 {
+				t.Fatalf("%d entries, want 2", len(cfg.Entries))
+			}
+			for i, want := range []struct{ entry, addr, key string }{{"lab1", "10.251.1.2:22022", "/k/id1"}, {"lab2", "10.251.2.2:22022", "/k/id2"}} {
+				e := cfg.Entries[i]
+				if e.Entry != want.entry || e.Address != want.addr || e.KeyFile != want.key || e.Owner != "fleet" || e.Pool != "default" ||
+					e.DomainType != "qemu" || e.CallTimeout.Duration() != 30*time.Second || e.Images["tiny"].URL != "http://127.0.0.1:8099/tiny.qcow2" {
+					t.Errorf("entries[%d] = %v", i, e)
+				}
+			}
+			if cfg.Spec.ImageKey != "tiny" || cfg.Spec.Port != 8080 || cfg.RunningTimeout != 5*time.Minute || cfg.ProgressInterval != 250*time.Millisecond || cfg.Target != "example.com:443" {
 				t.Fatalf("parsed %+v", cfg)
+			}
+		})
+	}
+	t.Run("defaults", func(t *testing.T) {
+		p := filepath.Join(dir, "min.yaml")
+		if err := os.WriteFile(p, []byte("entries:\n"+entryYAML("lab1", "h:22", "/k")), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := loadConfig(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.RunningTimeout != defaultRunningTimeout || cfg.ProgressInterval != defaultProgressInterval || cfg.Target != "" {
+			t.Errorf("defaults: %+v", cfg)
+		}
+	})
+}
+
+// Every problem of a -config file is reported at once, each naming its
+// field (an entry's by its index and name, then kvm2's field or key).
+func TestLoadConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	ok := entryYAML("lab1", "h:22", "/k")
+	tests := []struct {
+		name    string
+		content string
+		want    []string
+	}{
+		{"no entries", "target: example.com:443\n", []string{"invalid entries: want at least one kvm2 entry"}},
+		{"unknown top-level key", "entries: []\nbogus: 1\n", []string{`unknown field "bogus"`}},
+		{"unknown spec key", "spec: {imagekey2: x}\nentries:\n" + ok, []string{`unknown field "imagekey2"`}},
+		{"syntax", "{", []string{"bad.yaml: "}},
+		{"entry missing fields", "entries:\n" + ok + "  - entry: lab2\n    owner: fleet\n", []string{
+			`entries[1] ("lab2"): `, "Address", "User", "Pool",
+		}},
+		{"entry unknown key", "entries:\n" + ok + "    callTimout: 3s\n", []string{`entries[0] ("lab1"): `, "callTimout", "is not a field of the config"}},
+		{"entry bare-number duration", "entries:\n" + strings.Replace(ok, "callTimeout: 30s", "callTimeout: 30", 1), []string{`entries[0] ("lab1"): `, "callTimeout", "bare number"}},
+		{"entry bad name", "entries:\n" + strings.Replace(ok, "entry: lab1", "entry: Lab_1", 1), []string{`entries[0] ("Lab_1"): `, "Entry"}},
+		{"duplicate entry", "entries:\n" + ok + ok, []string{`invalid entries[1].entry "lab1": also the name of entries[0]`}},
+		{"missing image", "spec: {imageKey: debian-12}\nentries:\n" + ok, []string{`invalid entries[0].images: entry lab1 has no image "debian-12" (spec.imageKey)`}},
+		{"no images", "entries:\n" + strings.Split(ok, "    images:")[0], []string{"invalid entries[0].images: entry lab1 has no images"}},
+		{"spec name set", "spec: {name: x}\nentries:\n" + ok, []string{"invalid spec: name and uid are set by simple-fleet"}},
+		{"spec bad port", "spec: {port: 70000}\nentries:\n" + ok, []string{"invalid spec.", "70000"}},
+		{"bad target", "target: example.com\nentries:\n" + ok, []string{`invalid target "example.com": want the host:port`}},
+		{"bad durations", "runningTimeout: 10\nprogressInterval: -1s\nentries:\n" + ok, []string{
+			`invalid runningTimeout "10": want a positive duration`, `invalid progressInterval "-1s": want a positive duration`,
+		}},
+		// Several problems in one file: all of them, in one message.
+		{"all at once", "target: nope\nspec: {imageKey: gone}\nentries:\n" + ok + "  - entry: lab2\n", []string{
+			"8 problems:\n  ", `entries[0].images: entry lab1 has no image "gone"`, `entries[1] ("lab2"): `, "invalid target",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			name := "bad.yaml"
+			p := filepath.Join(dir, name)
+			if err := os.WriteFile(p, []byte(tt.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := loadConfig(p)
+			if err == nil {
+				t.Fatalf("loadConfig = %+v, nil; want an error", cfg)
+			}
+			msg := err.Error()
+			t.Log(msg)
+			if !strings.HasPrefix(msg, p+": ") {
+				t.Errorf("error %q does not start with the file's path", msg)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error lacks %q:\n%s", w, msg)
+				}
 			}
 		})
 	}
