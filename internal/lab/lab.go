@@ -35,6 +35,8 @@ type Host struct {
 	Netns         string // NETNS: its network namespace's name (as the caller's mount namespace sees it)
 	Link          string // LINK: the caller's end of its veth pair
 	Addr          string // ADDR: its veth address
+	CallerAddr    string // CALLER_ADDR: the caller's end of the veth pair, the one address beyond the host its guests reach
+	GuestNet      string // GUEST_NET: the subnet of NETWORK (CIDR), routed from the caller via ADDR
 	SSHAddr       string // SSH_ADDR: its sshd, over the shaped link
 	DelayAddr     string // DELAY_ADDR: 127.0.0.1:PORT, its sshd through the delay proxy
 	SSHUser       string // SSH_USER: root
@@ -121,6 +123,8 @@ func fromEnv(getenv func(string) string) (Env, error) {
 			Netns:         h("NETNS"),
 			Link:          h("LINK"),
 			Addr:          h("ADDR"),
+			CallerAddr:    h("CALLER_ADDR"),
+			GuestNet:      h("GUEST_NET"),
 			SSHAddr:       h("SSH_ADDR"),
 			DelayAddr:     h("DELAY_ADDR"),
 			SSHUser:       h("SSH_USER"),

@@ -22,6 +22,7 @@ func twoHosts() map[string]string {
 	for _, n := range []string{"1", "2"} {
 		for k, v := range map[string]string{
 			"NETNS": "egp-lab-" + n, "LINK": "egplab" + n, "ADDR": "10.251." + n + ".2",
+			"CALLER_ADDR": "10.251." + n + ".1", "GUEST_NET": "10.252." + n + ".0/24",
 			"SSH_ADDR": "10.251." + n + ".2:22022", "DELAY_ADDR": "127.0.0.1:4000" + n, "SSH_USER": "root",
 			"SSH_KEY": "/k" + n, "KNOWN_HOSTS": "/kh" + n, "LIBVIRT_SOCKET": "/s" + n, "LIBVIRT_URI": "qemu:///system",
 			"POOL": "egressproxy-test", "POOL_PATH": "/p" + n, "NETWORK": "egressproxy-lab", "STACK_DIR": "/d" + n,
@@ -41,7 +42,8 @@ func TestFromEnv(t *testing.T) {
 	if env.RTT != 50*time.Millisecond || len(env.Hosts) != 2 {
 		t.Fatalf("RTT %v, %d hosts; want 50ms, 2", env.RTT, len(env.Hosts))
 	}
-	want := Host{N: 2, Netns: "egp-lab-2", Link: "egplab2", Addr: "10.251.2.2", SSHAddr: "10.251.2.2:22022",
+	want := Host{N: 2, Netns: "egp-lab-2", Link: "egplab2", Addr: "10.251.2.2", CallerAddr: "10.251.2.1",
+		GuestNet: "10.252.2.0/24", SSHAddr: "10.251.2.2:22022",
 		DelayAddr: "127.0.0.1:40002", SSHUser: "root", SSHKey: "/k2", KnownHosts: "/kh2", LibvirtSocket: "/s2",
 		LibvirtURI: "qemu:///system", Pool: "egressproxy-test", PoolPath: "/p2", Network: "egressproxy-lab", StackDir: "/d2"}
 	if d := cmp.Diff(want, env.Hosts[1]); d != "" {
