@@ -31,17 +31,17 @@ import (
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
-// The frozen entry's budgets: a dead link is noticed after about
-// keepalive×count, a redial to a stopped sshd gives up after the dial
-// timeout, and no call without a deadline of its own outlives the call
-// timeout.
+// The budgets of the entry whose host is frozen, then cut off: a dead link
+// is noticed after about keepalive×count, a redial to a stopped sshd or
+// over a cut link gives up after the dial timeout, and no call without a
+// deadline of its own outlives the call timeout.
 const (
 	frozenKeepalive   = 300 * time.Millisecond
 	frozenKeepalives  = 3
 	frozenDialTimeout = 2 * time.Second
 	frozenCallTimeout = 5 * time.Second
 	// healthyCheckBound is what a Check of a healthy entry may take while
-	// another host is frozen: generous for 2 busy cores, and well below
+	// another host is frozen or cut off: generous for 2 busy cores, and well below
 	// what the frozen entry's calls take.
 	healthyCheckBound = 2 * time.Second
 )
@@ -289,8 +289,9 @@ func timedCheck(p *kvm2.Provider) (time.Duration, provider.Health, error) {
 // TestLabMultiHost runs one provider entry per lab host, each over its own
 // link: concurrent Creates on every host, List isolated by entry and by
 // owner, base images per entry although every host's pool has the same
-// name, and one host's sshd frozen failing only that entry's calls, with
-// the others unaffected.
+// name, and one host's sshd frozen, then its link cut, failing only that
+// entry's calls, with the others unaffected, and the entry recovering on
+// its own.
 func TestLabMultiHost(t *testing.T) {
 	env := Require(t)
 	if len(env.Hosts) < 2 {
@@ -311,8 +312,8 @@ func TestLabMultiHost(t *testing.T) {
 		e := &multiEntry{host: h, cfg: entryConfig(h, fmt.Sprintf("mh%s-%d", sfx, h.N), owner, img)}
 		e.base = imagecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
 		if i == 0 {
-			// The entry whose host is frozen: short budgets so that its
-			// calls fail in bounded time.
+			// The entry whose host is frozen, then cut off: short budgets
+			// so that its calls fail in bounded time.
 			e.cfg.DialTimeout = provider.Duration(frozenDialTimeout)
 			e.cfg.KeepaliveInterval = provider.Duration(frozenKeepalive)
 			e.cfg.KeepaliveCount = frozenKeepalives
@@ -474,127 +475,182 @@ func TestLabMultiHost(t *testing.T) {
 	})
 
 	t.Run("one host frozen", func(t *testing.T) {
-		frozen, healthy := entries[0], entries[1]
-		for _, e := range []*multiEntry{frozen, healthy} {
-			if took, h, err := timedCheck(e.p); err != nil || !h.Reachable {
-				t.Fatalf("Check on host %d before the freeze: %+v, %v", e.host.N, h, err)
-			} else {
-				t.Logf("MEASURE Check on host %d before the freeze: %v", e.host.N, took.Round(time.Microsecond))
-			}
-		}
-		thaw := freezeSSHD(t, frozen.host)
-		frozenAt := time.Now()
-
-		// The frozen entry's calls, while the healthy entry works.
-		var (
-			fHealth          provider.Health
-			fCheckErr        error
-			fCheck, fGet     time.Duration
-			fGetErr          error
-			frozenCallsEnded = make(chan struct{})
-		)
-		go func() {
-			defer close(frozenCallsEnded)
-			fCheck, fHealth, fCheckErr = timedCheck(frozen.p)
-			s := time.Now()
-			_, fGetErr = frozen.p.Get(context.Background(), jobs[0].spec.Ref())
-			fGet = time.Since(s)
-		}()
-
-		t.Cleanup(func() { <-frozenCallsEnded }) // bounded by the entry's CallTimeout
-
-		// The healthy entry: a Check every 100 ms until its Create / Get /
-		// Delete and the frozen entry's calls have all ended.
-		var (
-			worst     time.Duration
-			checks    int
-			checkErrs []string
-			stopCheck = make(chan struct{})
-			checked   = make(chan struct{})
-		)
-		go func() {
-			defer close(checked)
-			tick := time.NewTicker(100 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				took, h, err := timedCheck(healthy.p)
-				checks++
-				worst = max(worst, took)
-				if err != nil || !h.Reachable {
-					checkErrs = append(checkErrs, fmt.Sprintf("%+v, %v", h, err))
-				}
-				select {
-				case <-stopCheck:
-					return
-				case <-tick.C:
-				}
-			}
-		}()
-		spec := provider.Spec{Name: "px-during", UID: "uid-during-" + sfx, MachineType: "tiny"}
-		s := time.Now()
-		if _, err := healthy.p.Create(ctx, spec); err != nil {
-			t.Errorf("Create on healthy host %d during the freeze: %v", healthy.host.N, err)
-		}
-		if got, err := healthy.p.Get(ctx, spec.Ref()); err != nil || got.UID != spec.UID {
-			t.Errorf("Get on healthy host %d during the freeze: %+v, %v", healthy.host.N, got, err)
-		}
-		if err := healthy.p.Delete(ctx, spec.Ref()); err != nil {
-			t.Errorf("Delete on healthy host %d during the freeze: %v", healthy.host.N, err)
-		}
-		t.Logf("MEASURE Create+Get+Delete on healthy host %d during the freeze: %v", healthy.host.N, time.Since(s).Round(time.Millisecond))
-		<-frozenCallsEnded
-		close(stopCheck)
-		<-checked
-		t.Logf("MEASURE %d Checks on healthy host %d during the freeze: worst %v", checks, healthy.host.N, worst.Round(time.Microsecond))
-		if len(checkErrs) > 0 {
-			t.Errorf("Checks on healthy host %d during the freeze failed: %v", healthy.host.N, checkErrs)
-		}
-		if checks < 3 || worst > healthyCheckBound {
-			t.Errorf("%d Checks on healthy host %d while host %d was frozen, the worst took %v; want >= 3, each < %v", checks, healthy.host.N, frozen.host.N, worst, healthyCheckBound)
-		}
-
-		t.Logf("MEASURE frozen host %d: Check %v → %+v, %v; Get %v → %v", frozen.host.N, fCheck.Round(time.Millisecond), fHealth, fCheckErr, fGet.Round(time.Millisecond), fGetErr)
-		// The first call waits for keepalive to declare the link dead, a
-		// redial for its timeout; nothing outlives the call timeout.
-		bound := frozenCallTimeout + 2*time.Second
-		if fCheckErr != nil || fHealth.Reachable || fHealth.Reason != provider.ReasonUnreachable {
-			t.Errorf("Check on frozen host %d: %+v, %v; want not Reachable, reason %s, no error", frozen.host.N, fHealth, fCheckErr, provider.ReasonUnreachable)
-		}
-		if fCheck > bound {
-			t.Errorf("Check on frozen host %d took %v, want <= %v", frozen.host.N, fCheck, bound)
-		}
-		if provider.Code(fGetErr) != provider.Transient {
-			t.Errorf("Get on frozen host %d: %v (code %v), want Transient", frozen.host.N, fGetErr, provider.Code(fGetErr))
-		}
-		if fGet > bound {
-			t.Errorf("Get on frozen host %d took %v, want <= %v", frozen.host.N, fGet, bound)
-		}
-		// The frozen entry's calls must have waited for their timeouts: the
-		// healthy entry's worst Check is well below.
-		if fCheck < worst {
-			t.Errorf("frozen host's Check (%v) was quicker than the healthy host's worst (%v)", fCheck, worst)
-		}
-
-		thaw()
-		thawedAt := time.Now()
-		t.Logf("host %d frozen for %v", frozen.host.N, thawedAt.Sub(frozenAt).Round(time.Millisecond))
-		// The frozen entry recovers on its own: each Check is bounded by
-		// its CallTimeout; a few may still meet the stale state.
-		var h provider.Health
-		for tries := 0; ; tries++ {
-			var err error
-			_, h, err = timedCheck(frozen.p)
-			if err == nil && h.Reachable {
-				break
-			}
-			if tries == 4 || time.Since(thawedAt) > 30*time.Second {
-				t.Fatalf("Check on host %d after SIGCONT still %+v, %v", frozen.host.N, h, err)
-			}
-		}
-		t.Logf("MEASURE host %d reachable again %v after SIGCONT", frozen.host.N, time.Since(thawedAt).Round(time.Millisecond))
-		if got, err := frozen.p.Get(ctx, jobs[0].spec.Ref()); err != nil || got.UID != jobs[0].spec.UID {
-			t.Errorf("Get on host %d after SIGCONT: %+v, %v", frozen.host.N, got, err)
-		}
+		oneHostFails(t, ctx, hostFault{name: "freeze", undo: "SIGCONT", inject: freezeSSHD}, entries[0], entries[1], jobs[0].spec, sfx)
+	})
+	t.Run("one host link down", func(t *testing.T) {
+		oneHostFails(t, ctx, hostFault{name: "link down", undo: "link up", inject: func(t *testing.T, h Host) func() {
+			return linkDown(t, env, h)
+		}}, entries[0], entries[1], jobs[0].spec, sfx)
 	})
 	t.Logf("MEASURE TestLabMultiHost body: %v", time.Since(start).Round(time.Millisecond))
+}
+
+// hostFault takes a lab host away from the entries on it: inject does it
+// and returns the function that undoes it (which it also registers with
+// t.Cleanup, and which does nothing the second time).
+type hostFault struct {
+	name   string // what inject does, for messages: "freeze"
+	undo   string // what the returned function does: "SIGCONT"
+	inject func(t *testing.T, h Host) (restore func())
+}
+
+// linkDown cuts host h's link with `scripts/lab link N down` (the host's
+// end goes down: every packet either way is lost and nobody is told, as
+// with a pulled cable). It returns the function that brings it up again.
+func linkDown(t *testing.T, env Env, h Host) (restore func()) {
+	t.Helper()
+	link := func(state string) error {
+		cmd := exec.Command(env.Script, "link", strconv.Itoa(h.N), state)
+		cmd.Env = append(os.Environ(), VarDir+"="+env.Dir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s link %d %s: %v: %s", env.Script, h.N, state, err, out)
+		}
+		return nil
+	}
+	if err := link("down"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("host %d: link down", h.N)
+	restored := false
+	restore = func() {
+		if restored {
+			return
+		}
+		restored = true
+		if err := link("up"); err != nil {
+			t.Error(err)
+		}
+		t.Logf("host %d: link up", h.N)
+	}
+	t.Cleanup(restore)
+	return restore
+}
+
+// oneHostFails applies fault to failing's host and checks that only that
+// entry's calls fail, with the right class and within its budgets, while
+// healthy's Checks, Create, Get and Delete go on at their usual speed; then
+// undoes the fault and checks that failing recovers on its own. probe is an
+// instance on failing's host, for the Gets.
+func oneHostFails(t *testing.T, ctx context.Context, fault hostFault, failing, healthy *multiEntry, probe provider.Spec, sfx string) {
+	for _, e := range []*multiEntry{failing, healthy} {
+		if took, h, err := timedCheck(e.p); err != nil || !h.Reachable {
+			t.Fatalf("Check on host %d before the %s: %+v, %v", e.host.N, fault.name, h, err)
+		} else {
+			t.Logf("MEASURE Check on host %d before the %s: %v", e.host.N, fault.name, took.Round(time.Microsecond))
+		}
+	}
+	restore := fault.inject(t, failing.host)
+	faultAt := time.Now()
+
+	// The failing entry's calls, while the healthy entry works.
+	var (
+		fHealth           provider.Health
+		fCheckErr         error
+		fCheck, fGet      time.Duration
+		fGetErr           error
+		failingCallsEnded = make(chan struct{})
+	)
+	go func() {
+		defer close(failingCallsEnded)
+		fCheck, fHealth, fCheckErr = timedCheck(failing.p)
+		s := time.Now()
+		_, fGetErr = failing.p.Get(context.Background(), probe.Ref())
+		fGet = time.Since(s)
+	}()
+
+	t.Cleanup(func() { <-failingCallsEnded }) // bounded by the entry's CallTimeout
+
+	// The healthy entry: a Check every 100 ms until its Create / Get /
+	// Delete and the failing entry's calls have all ended.
+	var (
+		worst     time.Duration
+		checks    int
+		checkErrs []string
+		stopCheck = make(chan struct{})
+		checked   = make(chan struct{})
+	)
+	go func() {
+		defer close(checked)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			took, h, err := timedCheck(healthy.p)
+			checks++
+			worst = max(worst, took)
+			if err != nil || !h.Reachable {
+				checkErrs = append(checkErrs, fmt.Sprintf("%+v, %v", h, err))
+			}
+			select {
+			case <-stopCheck:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	tag := strings.ReplaceAll(fault.name, " ", "-")
+	spec := provider.Spec{Name: "px-during-" + tag, UID: "uid-during-" + tag + "-" + sfx, MachineType: "tiny"}
+	s := time.Now()
+	if _, err := healthy.p.Create(ctx, spec); err != nil {
+		t.Errorf("Create on healthy host %d during the %s: %v", healthy.host.N, fault.name, err)
+	}
+	if got, err := healthy.p.Get(ctx, spec.Ref()); err != nil || got.UID != spec.UID {
+		t.Errorf("Get on healthy host %d during the %s: %+v, %v", healthy.host.N, fault.name, got, err)
+	}
+	if err := healthy.p.Delete(ctx, spec.Ref()); err != nil {
+		t.Errorf("Delete on healthy host %d during the %s: %v", healthy.host.N, fault.name, err)
+	}
+	t.Logf("MEASURE Create+Get+Delete on healthy host %d during the %s: %v", healthy.host.N, fault.name, time.Since(s).Round(time.Millisecond))
+	<-failingCallsEnded
+	close(stopCheck)
+	<-checked
+	t.Logf("MEASURE %d Checks on healthy host %d during the %s: worst %v", checks, healthy.host.N, fault.name, worst.Round(time.Microsecond))
+	if len(checkErrs) > 0 {
+		t.Errorf("Checks on healthy host %d during the %s failed: %v", healthy.host.N, fault.name, checkErrs)
+	}
+	if checks < 3 || worst > healthyCheckBound {
+		t.Errorf("%d Checks on healthy host %d during host %d's %s, the worst took %v; want >= 3, each < %v", checks, healthy.host.N, failing.host.N, fault.name, worst, healthyCheckBound)
+	}
+
+	t.Logf("MEASURE host %d after %s: Check %v → %+v, %v; Get %v → %v", failing.host.N, fault.name, fCheck.Round(time.Millisecond), fHealth, fCheckErr, fGet.Round(time.Millisecond), fGetErr)
+	// The first call waits for keepalive to declare the link dead, a
+	// redial for its timeout; nothing outlives the call timeout.
+	bound := frozenCallTimeout + 2*time.Second
+	if fCheckErr != nil || fHealth.Reachable || fHealth.Reason != provider.ReasonUnreachable {
+		t.Errorf("Check on host %d after %s: %+v, %v; want not Reachable, reason %s, no error", failing.host.N, fault.name, fHealth, fCheckErr, provider.ReasonUnreachable)
+	}
+	if fCheck > bound {
+		t.Errorf("Check on host %d after %s took %v, want <= %v", failing.host.N, fault.name, fCheck, bound)
+	}
+	if provider.Code(fGetErr) != provider.Transient {
+		t.Errorf("Get on host %d after %s: %v (code %v), want Transient", failing.host.N, fault.name, fGetErr, provider.Code(fGetErr))
+	}
+	if fGet > bound {
+		t.Errorf("Get on host %d after %s took %v, want <= %v", failing.host.N, fault.name, fGet, bound)
+	}
+	// The failing entry's calls must have waited for their timeouts: the
+	// healthy entry's worst Check is well below.
+	if fCheck < worst {
+		t.Errorf("host %d's Check after %s (%v) was quicker than the healthy host's worst (%v)", failing.host.N, fault.name, fCheck, worst)
+	}
+
+	restore()
+	restoredAt := time.Now()
+	t.Logf("host %d: %s for %v", failing.host.N, fault.name, restoredAt.Sub(faultAt).Round(time.Millisecond))
+	// The failing entry recovers on its own: each Check is bounded by its
+	// CallTimeout; a few may still meet the stale state.
+	var h provider.Health
+	for tries := 0; ; tries++ {
+		var err error
+		_, h, err = timedCheck(failing.p)
+		if err == nil && h.Reachable {
+			break
+		}
+		if tries == 4 || time.Since(restoredAt) > 30*time.Second {
+			t.Fatalf("Check on host %d after %s still %+v, %v", failing.host.N, fault.undo, h, err)
+		}
+	}
+	t.Logf("MEASURE host %d reachable again %v after %s", failing.host.N, time.Since(restoredAt).Round(time.Millisecond), fault.undo)
+	if got, err := failing.p.Get(ctx, probe.Ref()); err != nil || got.UID != probe.UID {
+		t.Errorf("Get on host %d after %s: %+v, %v", failing.host.N, fault.undo, got, err)
+	}
 }
