@@ -23,13 +23,16 @@ import (
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/guesttest"
+	"github.com/egressproxy/egressproxy/internal/lab"
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/sshconn"
 )
 
-// The NAT network the test defines (transient) inside the run's private
-// network namespace. The bridge address is where the CONNECT target listens.
+// Without the lab: the NAT network the test defines (transient) on the
+// local stack inside the run's private network namespace. The bridge
+// address is where the CONNECT target listens.
 const (
 	netName    = "egp-e2e"
 	netBridge  = "egpe2e0"
@@ -55,10 +58,6 @@ const (
 	pollEvery   = 2 * time.Second
 	stablePolls = 5
 )
-
-// userData makes Squid listen on squidPort and allow CONNECT from the NAT
-// network only.
-var userData = guesttest.SquidUserData("egp-guest", squidPort, netSubnet)
 
 const howToRun = "run `make test` (it builds the guest image, then runs the stack and the tests in a private network namespace)"
 
@@ -138,8 +137,9 @@ func serveImage(t *testing.T, path string) *countingFileServer {
 	return s
 }
 
-// connectTarget is the CONNECT target: an HTTP server on the bridge address
-// that answers every request with a token and records who asked.
+// connectTarget is a CONNECT target: an HTTP server on an address the
+// guest reaches that answers every request with a token and records who
+// asked.
 type connectTarget struct {
 	addr  string
 	token string
@@ -147,11 +147,11 @@ type connectTarget struct {
 	peers []string
 }
 
-func serveTarget(t *testing.T) *connectTarget {
+func serveTarget(t *testing.T, ip string) *connectTarget {
 	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(netGateway, "0"))
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
-		t.Fatalf("listen on the bridge address: %v", err)
+		t.Fatalf("listen on %s for the CONNECT target: %v", ip, err)
 	}
 	ct := &connectTarget{addr: ln.Addr().String(), token: "egp-e2e-" + randHex(t, 8)}
 	srv := &http.Server{
@@ -201,6 +201,80 @@ func consoleLog(dir, domain string) string {
 
 func domainName(entry, name string) string { return "ep-" + entry + "--" + name }
 
+// guestSite is the hypervisor the guest boots on, and how the test reaches
+// the guest and the guest the test.
+type guestSite struct {
+	where    string      // for logs
+	conn     kvm2.Config // Address … LibvirtURI, Pool, Network
+	subnet   string      // the guest network (CIDR): the guest's address is in it
+	clients  string      // the subnet Squid allows CONNECT from: the probe's source
+	targetIP string      // where the CONNECT target listens, reached by the guest
+	// beyondIP, when set, is an address of the test's the guest must NOT
+	// reach (the lab's isolation).
+	beyondIP string
+	raw      *guesttest.Libvirt
+}
+
+// chooseSite boots the guest on lab host 1 when the lab's environment is
+// there, and must there in CI (lab.Require fails under CI=true without
+// it); elsewhere, without the lab, on the local stack.
+func chooseSite(t *testing.T) guestSite {
+	t.Helper()
+	if os.Getenv(lab.VarHosts) != "" || lab.InCI() {
+		return labSite(t)
+	}
+	t.Logf("no lab (%s unset; docs/lab.md): the guest boots on the local stack", lab.VarHosts)
+	return localSite(t)
+}
+
+// labSite is lab host 1 with the lab's network: the guest gets an address
+// in 10.252.1.0/24, which the caller routes via host 1's link; the probe
+// comes from the caller's end of that link, 10.251.1.1, where the target
+// listens too, so both legs of the tunnel cross the link. Host 1 routes
+// nowhere else: a target on host 2's caller address must be out of reach.
+func labSite(t *testing.T) guestSite {
+	t.Helper()
+	env := lab.Require(t)
+	h := env.Hosts[0]
+	s := guestSite{
+		where: fmt.Sprintf("lab host %d (sshd %s, network %s %s)", h.N, h.SSHAddr, h.Network, h.GuestNet),
+		conn: kvm2.Config{
+			Address: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts,
+			LibvirtSocket: h.LibvirtSocket, LibvirtURI: h.LibvirtURI, Pool: h.Pool, Network: h.Network,
+		},
+		subnet:   h.GuestNet,
+		clients:  h.CallerAddr + "/32",
+		targetIP: h.CallerAddr,
+		raw: guesttest.Dial(t, sshconn.Config{Addr: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts},
+			sshconn.LibvirtConfig{Socket: h.LibvirtSocket, URI: h.LibvirtURI}),
+	}
+	if len(env.Hosts) > 1 {
+		s.beyondIP = env.Hosts[1].CallerAddr
+	}
+	return s
+}
+
+// localSite is the local stack with a NAT network of the test's own,
+// inside the run's private network namespace.
+func localSite(t *testing.T) guestSite {
+	t.Helper()
+	requireNetns(t)
+	env := teststack.Require(t)
+	raw := guesttest.NewLibvirt(t, env)
+	raw.CreateNATNetwork(t, netName, netBridge, "10.77.0")
+	return guestSite{
+		where: fmt.Sprintf("the local stack (sshd %s, network %s %s)", env.SSHAddr, netName, netSubnet),
+		conn: kvm2.Config{
+			Address: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts,
+			LibvirtSocket: env.LibvirtSocket, LibvirtURI: env.LibvirtURI, Pool: env.Pool, Network: netName,
+		},
+		subnet:   netSubnet,
+		clients:  netSubnet,
+		targetIP: netGateway,
+		raw:      raw,
+	}
+}
+
 func TestE2EProxyGuest(t *testing.T) {
 	if v := os.Getenv("EGRESSPROXY_E2E_RUNNING_BOUND"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -210,24 +284,25 @@ func TestE2EProxyGuest(t *testing.T) {
 		runningBound, squidBound = d, d+2*time.Minute
 	}
 	g := requireGuest(t)
-	requireNetns(t)
-	env := teststack.Require(t)
+	site := chooseSite(t)
+	t.Logf("the guest boots on %s", site.where)
+	raw, pool := site.raw, site.conn.Pool
+	// Squid listens on squidPort and allows CONNECT from the probe's
+	// source only.
+	userData := guesttest.SquidUserData("egp-guest", squidPort, site.clients)
 
 	ctx, cancel := context.WithTimeout(context.Background(), testBound)
 	defer cancel()
-
-	raw := guesttest.NewLibvirt(t, env)
-	raw.CreateNATNetwork(t, netName, netBridge, "10.77.0")
 
 	entry := "e2e" + randHex(t, 3)
 	// Everything this test creates on the host carries entry in its name;
 	// whatever happens, it is removed (cleanups run last-registered first,
 	// so this runs after the providers are closed, before the network goes).
 	t.Cleanup(func() {
-		if err := raw.RemoveEntry(env.Pool, entry); err != nil {
+		if err := raw.RemoveEntry(pool, entry); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
-		doms, vols, err := raw.Objects(env.Pool, entry)
+		doms, vols, err := raw.Objects(pool, entry)
 		if err != nil {
 			t.Errorf("cleanup: read host: %v", err)
 		} else if len(doms)+len(vols) > 0 {
@@ -236,7 +311,11 @@ func TestE2EProxyGuest(t *testing.T) {
 	})
 
 	img := serveImage(t, g.image)
-	target := serveTarget(t)
+	target := serveTarget(t, site.targetIP)
+	var beyond *connectTarget
+	if site.beyondIP != "" {
+		beyond = serveTarget(t, site.beyondIP)
+	}
 	consoleDir := t.TempDir()
 	dumped := false
 	t.Cleanup(func() {
@@ -252,31 +331,22 @@ func TestE2EProxyGuest(t *testing.T) {
 	imageKey := "guest-" + g.sha256[:12] // the cached base must follow the image digest
 	httpTransport := &http.Transport{}
 	t.Cleanup(httpTransport.CloseIdleConnections)
-	cfg := kvm2.Config{
-		Entry:          entry,
-		Owner:          "e2e-tests",
-		Address:        env.SSHAddr,
-		User:           env.SSHUser,
-		KeyFile:        env.SSHKey,
-		KnownHostsFile: env.KnownHosts,
-		LibvirtSocket:  env.LibvirtSocket,
-		LibvirtURI:     env.LibvirtURI,
-		Pool:           env.Pool,
-		Images: map[string]imagecache.Image{imageKey: {
-			URL:    img.URL + "/guest.qcow2",
-			SHA256: g.sha256,
-			Format: "qcow2",
-		}},
-		Network:       netName,
-		Kernel:        g.kernel,
-		Initrd:        g.initrd,
-		Cmdline:       g.cmdline,
-		ConsoleLogDir: consoleDir,
-		DialTimeout:   provider.Duration(10 * time.Second),
-		// The test machines offer KVM but a KVM guest never gets past its
-		// firmware there (docs/config.md): boot under TCG.
-		DomainType: "qemu",
-	}
+	cfg := site.conn
+	cfg.Entry = entry
+	cfg.Owner = "e2e-tests"
+	cfg.Images = map[string]imagecache.Image{imageKey: {
+		URL:    img.URL + "/guest.qcow2",
+		SHA256: g.sha256,
+		Format: "qcow2",
+	}}
+	// The kernel, initrd and console log dir are paths on the hypervisor
+	// host: the local stack and the lab hosts share this filesystem.
+	cfg.Kernel, cfg.Initrd, cfg.Cmdline = g.kernel, g.initrd, g.cmdline
+	cfg.ConsoleLogDir = consoleDir
+	cfg.DialTimeout = provider.Duration(10 * time.Second)
+	// The test machines offer KVM but a KVM guest never gets past its
+	// firmware there (docs/config.md): boot under TCG.
+	cfg.DomainType = "qemu"
 	open := func() *egressproxy.Client {
 		t.Helper()
 		p, err := kvm2.Open(ctx, cfg, &kvm2.Options{Logger: testr.New(t), HTTPClient: &http.Client{Transport: httpTransport}})
@@ -355,14 +425,15 @@ func TestE2EProxyGuest(t *testing.T) {
 	}
 	running := time.Now()
 	t.Logf("boot to Running: %s; address %s from source %q", running.Sub(created).Round(time.Millisecond), inst.Address(), inst.AddressSource)
-	if _, subnet, _ := net.ParseCIDR(netSubnet); !subnet.Contains(net.ParseIP(inst.IP)) {
-		t.Fatalf("guest address %s is not in the test network %s", inst.IP, netSubnet)
+	if _, subnet, err := net.ParseCIDR(site.subnet); err != nil || !subnet.Contains(net.ParseIP(inst.IP)) {
+		t.Fatalf("guest address %s is not in the guest network %s (%v)", inst.IP, site.subnet, err)
 	}
 	if inst.Port != squidPort || inst.AddressSource == "" {
 		t.Fatalf("instance %+v: want port %d and an address source", inst, squidPort)
 	}
 
-	// Squid in the guest tunnels a CONNECT to the target on the bridge.
+	// Squid in the guest tunnels a CONNECT to the target (on the lab: the
+	// caller's end of host 1's link).
 	var res health.Result
 	for {
 		res = health.Probe(ctx, inst.Address(), target.addr, &health.ProbeOptions{Timeout: provider.Duration(15 * time.Second), Exchange: health.HTTPGet(target.addr, target.token)})
@@ -380,6 +451,15 @@ func TestE2EProxyGuest(t *testing.T) {
 	}
 	if peers := target.seen(); len(peers) == 0 || peers[len(peers)-1] != inst.IP {
 		t.Fatalf("target saw requests from %v, want the last from the guest %s", peers, inst.IP)
+	}
+	if beyond != nil {
+		// The lab's isolation: the same Squid cannot reach an address of
+		// the caller's behind another host's link.
+		r := health.Probe(ctx, inst.Address(), beyond.addr, &health.ProbeOptions{Timeout: provider.Duration(15 * time.Second), Exchange: health.HTTPGet(beyond.addr, beyond.token)})
+		t.Logf("CONNECT %s (beyond host 1) via %s → ok %v, %v, status %d in %s", beyond.addr, inst.Address(), r.OK, r.Kind, r.StatusCode, r.Total.Round(time.Millisecond))
+		if r.OK || r.Kind != health.KindProxyStatus || len(beyond.seen()) != 0 {
+			t.Fatalf("CONNECT through the guest to %s, beyond its host: ok %v, kind %v, status %d, err %v, target saw %v; want a proxy error status and no request", beyond.addr, r.OK, r.Kind, r.StatusCode, r.Err, beyond.seen())
+		}
 	}
 
 	checkHealth("instance running")
@@ -399,7 +479,7 @@ func TestE2EProxyGuest(t *testing.T) {
 
 	// Delete: domain, overlay and seed gone; the base stays.
 	base := imagecache.BaseName(entry, imageKey, "qcow2")
-	if _, vols, err := raw.Objects(env.Pool, entry); err != nil {
+	if _, vols, err := raw.Objects(pool, entry); err != nil {
 		t.Fatal(err)
 	} else if !vols[domA+".qcow2"] || !vols[domA+"-seed.iso"] || !vols[base] {
 		t.Fatalf("volumes before Delete: %v, want %s.qcow2, %s-seed.iso and %s", vols, domA, domA, base)
@@ -413,7 +493,7 @@ func TestE2EProxyGuest(t *testing.T) {
 		if _, err := c.Get(ctx, spec.Ref()); provider.Code(err) != provider.NotFound {
 			t.Fatalf("Get after Delete %s: %v, want NotFound", spec.Name, err)
 		}
-		doms, vols, err := raw.Objects(env.Pool, entry)
+		doms, vols, err := raw.Objects(pool, entry)
 		if err != nil {
 			t.Fatal(err)
 		}

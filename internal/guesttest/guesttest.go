@@ -1,8 +1,8 @@
 // Package guesttest holds what the tests that boot the proxy guest share
 // (e2e, and the egressproxyctl end-to-end test): the user-data that starts
 // Squid, the check that the test runs inside its private network namespace,
-// and a raw libvirt connection to look at and clean up the host. It is for
-// tests only.
+// and a raw libvirt connection to look at and clean up the host (the local
+// stack or a lab host). It is for tests only.
 package guesttest
 
 import (
@@ -99,11 +99,19 @@ type Libvirt struct {
 // NewLibvirt connects to the stack's libvirtd; t.Cleanup closes it.
 func NewLibvirt(t testing.TB, env teststack.Env) *Libvirt {
 	t.Helper()
-	pool, err := sshconn.New(sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts})
+	return Dial(t, sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts},
+		sshconn.LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI})
+}
+
+// Dial connects to the libvirtd behind ssh and lv (a lab host's, say);
+// t.Cleanup closes it.
+func Dial(t testing.TB, ssh sshconn.Config, lv sshconn.LibvirtConfig) *Libvirt {
+	t.Helper()
+	pool, err := sshconn.New(ssh)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Libvirt{pool: pool, lv: sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI})}
+	r := &Libvirt{pool: pool, lv: sshconn.NewLibvirt(pool, lv)}
 	t.Cleanup(func() {
 		_ = r.lv.Close()
 		_ = r.pool.Close()
