@@ -16,7 +16,8 @@
 #               again at the end), run go vet, staticcheck and every test including the
 #               integration- and e2e-tagged ones against it (the e2e package
 #               as a step of its own, verbose, so every run logs its boot,
-#               address source and timings), bench-short,
+#               address source and timings; its guest boots on lab host 1,
+#               so the lab must be up before it), bench-short,
 #               fuzz-short, then stop the stack again (always, even when a step
 #               failed). The tests run even when vet fails, for the full
 #               picture; the first failing step's exit status is kept.
