@@ -216,7 +216,7 @@ type guestSite struct {
 }
 
 // chooseSite boots the guest on lab host 1 when the lab's environment is
-// there, and must there in CI (lab.Require fails under CI=true without
+// there, and must be there in CI (lab.Require fails under CI=true without
 // it); elsewhere, without the lab, on the local stack.
 func chooseSite(t *testing.T) guestSite {
 	t.Helper()
