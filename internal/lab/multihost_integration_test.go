@@ -100,7 +100,7 @@ func openEntry(t *testing.T, cfg kvm2.Config) *kvm2.Provider {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, err := kvm2.Open(ctx, cfg, &kvm2.Options{Logger: testr.New(t).WithValues("entry", cfg.Entry)})
+	p, err := kvm2.Open(ctx, cfg, &kvm2.Options{Logger: testr.New(t)})
 	if err != nil {
 		t.Fatalf("Open %s: %v", cfg.Entry, err)
 	}
