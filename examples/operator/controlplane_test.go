@@ -2,6 +2,7 @@ package operator_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/url"
 	"os"
@@ -37,12 +38,18 @@ func controlPlaneAssets(t *testing.T) string {
 	t.Helper()
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
-		out, err := exec.Command("bash", "-c", `eval "$("$0" env)" && printf %s "$KUBEBUILDER_ASSETS"`, kubestack).Output()
-		if err != nil || len(out) == 0 {
+		var stderr strings.Builder
+		cmd := exec.Command("bash", "-c", `lines=$("$0" env) && eval "$lines" && printf %s "$KUBEBUILDER_ASSETS"`, kubestack)
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err == nil && len(out) == 0 {
+			err = errors.New("it printed no KUBEBUILDER_ASSETS")
+		}
+		if err != nil {
 			msg := "no Kubernetes control plane built: run scripts/kubestack build (minutes, once per machine), " +
 				`then eval "$(scripts/kubestack env)"`
 			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s (scripts/kubestack env: %v)", msg, err)
+				t.Fatalf("%s (scripts/kubestack env: %v: %s)", msg, err, strings.TrimSpace(stderr.String()))
 			}
 			t.Skip(msg)
 		}
