@@ -2,6 +2,7 @@ package kvm2
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -150,6 +151,11 @@ func discoverAddress(ctx context.Context, b addrBackend, mac string) (ip, source
 // or nil when the next source's answer counts.
 func sourceFailure(ctx context.Context, source string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
+		if !errors.Is(err, cerr) {
+			// It failed on its own, but ctx ended before it was judged
+			// (another source was still in flight): the class is ctx's.
+			err = fmt.Errorf("%w; %v", cerr, err)
+		}
 		return provider.FromContext(fmt.Errorf("address from %s: %w", source, err))
 	}
 	switch c := provider.Code(classifyRead(err)); {
