@@ -237,7 +237,7 @@ func (p *Provider) Get(ctx context.Context, ref provider.Ref) (_ provider.Instan
 // at a time and queues the rest), so that List of n instances takes about
 // 1 + n/listInFlight round trips instead of 1 + 2n, without crowding out
 // the other callers of the connection.
-const listInFlight = 16
+const listInFlight = 32
 
 // List returns every instance of this entry and owner (domains carrying our
 // metadata namespace with this Entry and Owner), sorted by name. Addresses

@@ -115,7 +115,7 @@ func TestFakeListPipelined(t *testing.T) {
 // bound.
 func TestFakeListAddressesBounded(t *testing.T) {
 	e := newFakeEnv(t)
-	const n = 10 // 30 address calls
+	const n = listInFlight/3 + 2 // three address calls each: more than listInFlight
 	for i := range n {
 		e.mustCreate(fmt.Sprintf("r%02d", i))
 	}
