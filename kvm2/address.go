@@ -2,9 +2,11 @@ package kvm2
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync"
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
@@ -12,7 +14,7 @@ import (
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
-// Address sources, in the order they are tried.
+// Address sources, in the order of their priority (see discoverAddress).
 const (
 	SourceAgent = "agent" // QEMU guest agent inside the VM
 	SourceLease = "lease" // DHCP lease of the libvirt network
@@ -72,50 +74,99 @@ func (e *AddressError) Unwrap() []error {
 	return out
 }
 
-// discoverAddress asks the guest agent, then the DHCP lease, then ARP for the
-// domain's address, and returns the first usable one with its source.
+// discoverAddress asks the guest agent, the DHCP lease and ARP for the
+// domain's address, all at once, and returns the first usable one in that
+// order (agent, then lease, then ARP) with its source: the answers are
+// judged in that order exactly as if the sources had been asked one after
+// the other, so a source's answer counts only when every source before it
+// failed or had no usable address. The result is decided as soon as the
+// sources before the deciding one have answered; the others are abandoned
+// (their calls are cancelled and waited for before discoverAddress
+// returns).
 //
 // One source failing is normal (a booting guest has no agent yet; some hosts
-// have no usable ARP source): the next is tried. When a source answers
-// without a usable address and no source has one, the result is ("", "",
-// nil): the guest has no address yet. When every source failed, or the link
-// died, the error is a Transient *AddressError naming each source's failure.
-// A context that ends is returned as Canceled/DeadlineExceeded; a domain that
-// vanished as NotFound. mac, when set, restricts the agent's answer to the
-// interface with that hardware address.
+// have no usable ARP source): the next one's answer counts. When a source
+// answers without a usable address and no source has one, the result is
+// ("", "", nil): the guest has no address yet. When every source failed, or
+// the link died, the error is a Transient *AddressError naming each
+// source's failure (up to the one that saw the link die). A context that
+// ends is returned as Canceled/DeadlineExceeded; a domain that vanished as
+// NotFound. mac, when set, restricts the agent's answer to the interface
+// with that hardware address.
 func discoverAddress(ctx context.Context, b addrBackend, mac string) (ip, source string, err error) {
+	if err := ctx.Err(); err != nil {
+		return "", "", provider.FromContext(err)
+	}
+	type answer struct {
+		i      int
+		ifaces []libvirt.DomainInterface
+		err    error
+	}
+	actx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	answers := make(chan answer, len(addressSources))
+	for i, s := range addressSources {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ifaces, err := b.InterfaceAddresses(actx, s.src)
+			answers <- answer{i: i, ifaces: ifaces, err: err}
+		}()
+	}
+	got := make([]*answer, len(addressSources))
+	next := 0 // the first source not judged yet
 	var failed []SourceError
-	for _, s := range addressSources {
-		if err := ctx.Err(); err != nil {
-			return "", "", provider.FromContext(err)
-		}
-		ifaces, err := b.InterfaceAddresses(ctx, s.src)
-		if err != nil {
-			if cerr := ctx.Err(); cerr != nil {
-				return "", "", provider.FromContext(fmt.Errorf("address from %s: %w", s.name, err))
+	for range addressSources {
+		a := <-answers
+		got[a.i] = &a
+		for ; next < len(addressSources) && got[next] != nil; next++ {
+			s, a := addressSources[next], got[next]
+			if a.err != nil {
+				if err := sourceFailure(ctx, s.name, a.err); err != nil {
+					return "", "", err
+				}
+				failed = append(failed, SourceError{Source: s.name, Err: a.err})
+				if linkDead(a.err) {
+					return "", "", provider.WithCode(provider.Transient, &AddressError{Sources: failed, LinkDead: true})
+				}
+				continue
 			}
-			switch c := provider.Code(classifyRead(err)); {
-			case c == provider.Canceled || c == provider.DeadlineExceeded:
-				return "", "", classifyRead(fmt.Errorf("address from %s: %w", s.name, err))
-			case c == provider.NotFound:
-				return "", "", provider.WithCode(provider.NotFound, fmt.Errorf("address from %s: %w", s.name, err))
-			case sshconn.KindOf(err) == sshconn.KindClosed:
-				return "", "", classify(err)
+			if addr := pickAddress(a.ifaces, mac, s.src == libvirt.DomainInterfaceAddressesSrcAgent); addr != "" {
+				return addr, s.name, nil
 			}
-			failed = append(failed, SourceError{Source: s.name, Err: err})
-			if linkDead(err) {
-				return "", "", provider.WithCode(provider.Transient, &AddressError{Sources: failed, LinkDead: true})
-			}
-			continue
-		}
-		if a := pickAddress(ifaces, mac, s.src == libvirt.DomainInterfaceAddressesSrcAgent); a != "" {
-			return a, s.name, nil
 		}
 	}
 	if len(failed) == len(addressSources) {
 		return "", "", provider.WithCode(provider.Transient, &AddressError{Sources: failed})
 	}
 	return "", "", nil
+}
+
+// sourceFailure returns the error that ends discoverAddress when source
+// failed with err (ctx ended, the domain vanished, the provider closed),
+// or nil when the next source's answer counts.
+func sourceFailure(ctx context.Context, source string, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		if !errors.Is(err, cerr) {
+			// It failed on its own, but ctx ended before it was judged
+			// (another source was still in flight): the class is ctx's.
+			err = fmt.Errorf("%w; %v", cerr, err)
+		}
+		return provider.FromContext(fmt.Errorf("address from %s: %w", source, err))
+	}
+	switch c := provider.Code(classifyRead(err)); {
+	case c == provider.Canceled || c == provider.DeadlineExceeded:
+		return classifyRead(fmt.Errorf("address from %s: %w", source, err))
+	case c == provider.NotFound:
+		return provider.WithCode(provider.NotFound, fmt.Errorf("address from %s: %w", source, err))
+	case sshconn.KindOf(err) == sshconn.KindClosed:
+		return classify(err)
+	}
+	return nil
 }
 
 // pickAddress returns the best address among ifaces: a global IPv4 address

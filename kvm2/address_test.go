@@ -3,7 +3,9 @@ package kvm2
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,7 +28,21 @@ type fakeAnswer struct {
 type fakeAddrBackend struct {
 	answers map[libvirt.DomainInterfaceAddressesSource]fakeAnswer
 	cancel  context.CancelFunc
+	mu      sync.Mutex
 	calls   []string
+}
+
+// asked returns the sources asked, in priority order.
+func (f *fakeAddrBackend) asked() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, s := range addressSources {
+		if slices.Contains(f.calls, s.name) {
+			out = append(out, s.name)
+		}
+	}
+	return strings.Join(out, ",")
 }
 
 func (f *fakeAddrBackend) InterfaceAddresses(ctx context.Context, src libvirt.DomainInterfaceAddressesSource) ([]libvirt.DomainInterface, error) {
@@ -35,7 +51,9 @@ func (f *fakeAddrBackend) InterfaceAddresses(ctx context.Context, src libvirt.Do
 		libvirt.DomainInterfaceAddressesSrcLease: SourceLease,
 		libvirt.DomainInterfaceAddressesSrcArp:   SourceARP,
 	}[src]
+	f.mu.Lock()
 	f.calls = append(f.calls, name)
+	f.mu.Unlock()
 	a, ok := f.answers[src]
 	if !ok {
 		return nil, nil
@@ -92,7 +110,7 @@ func TestDiscoverAddress(t *testing.T) {
 		wantIP    string
 		wantSrc   string
 		wantCode  provider.ErrorCode
-		wantCalls string
+		wantCalls string         // the sources whose answer decides (all are asked)
 		wantState provider.State // for a running domain, when no error
 		wantMsg   []string       // substrings of the error
 	}{
@@ -217,8 +235,14 @@ func TestDiscoverAddress(t *testing.T) {
 			}
 			b := &fakeAddrBackend{answers: tt.answers, cancel: cancel}
 			ip, src, err := discoverAddress(ctx, b, mac)
-			if got := strings.Join(b.calls, ","); got != tt.wantCalls {
-				t.Errorf("sources asked = %q, want %q", got, tt.wantCalls)
+			// Every source is asked at once; the answers are judged in
+			// priority order (wantCalls: up to the deciding one).
+			want := "agent,lease,arp"
+			if tt.preCancel {
+				want = ""
+			}
+			if got := b.asked(); got != want {
+				t.Errorf("sources asked = %q, want %q", got, want)
 			}
 			if c := provider.Code(err); c != tt.wantCode {
 				t.Fatalf("error %v: code %v, want %v", err, c, tt.wantCode)
@@ -262,5 +286,94 @@ func TestAddressErrorUnwrap(t *testing.T) {
 	}
 	if !errors.Is(err, provider.ErrTransient) {
 		t.Error("not transient")
+	}
+}
+
+// orderedBackend answers the sources in a chosen order, each only once the
+// sources before it in that order have answered, so it proves that
+// discoverAddress asks them all at once (asked one after the other, the
+// first source would wait for one never asked, and fail after a while).
+type orderedBackend struct {
+	order   []libvirt.DomainInterfaceAddressesSource // the order of the answers
+	answers map[libvirt.DomainInterfaceAddressesSource]fakeAnswer
+	done    map[libvirt.DomainInterfaceAddressesSource]chan struct{}
+	ended   map[libvirt.DomainInterfaceAddressesSource]chan struct{} // closed when the call returned
+}
+
+func newOrderedBackend(answers map[libvirt.DomainInterfaceAddressesSource]fakeAnswer, order ...libvirt.DomainInterfaceAddressesSource) *orderedBackend {
+	b := &orderedBackend{order: order, answers: answers,
+		done:  map[libvirt.DomainInterfaceAddressesSource]chan struct{}{},
+		ended: map[libvirt.DomainInterfaceAddressesSource]chan struct{}{}}
+	for _, s := range addressSources {
+		b.done[s.src], b.ended[s.src] = make(chan struct{}), make(chan struct{})
+	}
+	return b
+}
+
+func (b *orderedBackend) InterfaceAddresses(ctx context.Context, src libvirt.DomainInterfaceAddressesSource) ([]libvirt.DomainInterface, error) {
+	defer close(b.ended[src])
+	i := slices.Index(b.order, src)
+	if i > 0 {
+		t := time.NewTimer(5 * time.Second)
+		defer t.Stop()
+		select {
+		case <-b.done[b.order[i-1]]:
+		case <-t.C:
+			return nil, errors.New("the source answering before this one was never asked (sources asked one after the other?)")
+		}
+	}
+	a := b.answers[src]
+	if a.block {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	close(b.done[src])
+	return a.ifaces, a.err
+}
+
+// TestDiscoverAddressConcurrent: the sources are asked at once, the answer
+// is still chosen by priority whatever order the answers arrive in, and a
+// decision does not wait for lower-priority sources (they are cancelled,
+// and have returned when discoverAddress returns).
+func TestDiscoverAddressConcurrent(t *testing.T) {
+	t.Parallel()
+	const mac = "52:54:00:aa:bb:cc"
+	ok := func(ip string) fakeAnswer { return fakeAnswer{ifaces: []libvirt.DomainInterface{iface(mac, ip)}} }
+	for _, tc := range []struct {
+		name    string
+		answers map[libvirt.DomainInterfaceAddressesSource]fakeAnswer
+		order   []libvirt.DomainInterfaceAddressesSource
+		wantIP  string
+		wantSrc string
+	}{
+		{"arp first, agent last: the agent's answer wins",
+			map[libvirt.DomainInterfaceAddressesSource]fakeAnswer{agentSrc: ok("192.0.2.1"), leaseSrc: ok("192.0.2.2"), arpSrc: ok("192.0.2.3")},
+			[]libvirt.DomainInterfaceAddressesSource{arpSrc, leaseSrc, agentSrc}, "192.0.2.1", SourceAgent},
+		{"agent fails last: the lease's answer wins over ARP's",
+			map[libvirt.DomainInterfaceAddressesSource]fakeAnswer{agentSrc: {err: errAgentDown}, leaseSrc: ok("192.0.2.2"), arpSrc: ok("192.0.2.3")},
+			[]libvirt.DomainInterfaceAddressesSource{arpSrc, leaseSrc, agentSrc}, "192.0.2.2", SourceLease},
+		{"agent empty, lease fails: ARP",
+			map[libvirt.DomainInterfaceAddressesSource]fakeAnswer{agentSrc: {}, leaseSrc: {err: errNoLease}, arpSrc: ok("192.0.2.3")},
+			[]libvirt.DomainInterfaceAddressesSource{leaseSrc, arpSrc, agentSrc}, "192.0.2.3", SourceARP},
+		{"agent answers while lease and ARP hang: decided at once",
+			map[libvirt.DomainInterfaceAddressesSource]fakeAnswer{agentSrc: ok("192.0.2.1"), leaseSrc: {block: true}, arpSrc: {block: true}},
+			[]libvirt.DomainInterfaceAddressesSource{agentSrc}, "192.0.2.1", SourceAgent},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newOrderedBackend(tc.answers, tc.order...)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			ip, src, err := discoverAddress(ctx, b, mac)
+			if err != nil || ip != tc.wantIP || src != tc.wantSrc {
+				t.Errorf("= %q, %q, %v; want %q from %q", ip, src, err, tc.wantIP, tc.wantSrc)
+			}
+			for _, s := range addressSources {
+				select {
+				case <-b.ended[s.src]:
+				default:
+					t.Errorf("the %s call still runs after discoverAddress returned", s.name)
+				}
+			}
+		})
 	}
 }

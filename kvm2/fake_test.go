@@ -309,6 +309,28 @@ func (f *fakeLibvirt) ConnectListAllDomains(needResults int32, flags libvirt.Con
 	return out, uint32(len(out)), f.leave("ConnectListAllDomains", "")
 }
 
+// ConnectGetAllDomainStats answers the "state" group of every domain (doms
+// nil and flags 0, as List asks), sorted by name.
+func (f *fakeLibvirt) ConnectGetAllDomainStats(doms []libvirt.Domain, stats uint32, flags uint32) ([]libvirt.DomainStatsRecord, error) {
+	if err := f.enter("ConnectGetAllDomainStats", ""); err != nil {
+		return nil, err
+	}
+	if doms != nil || flags != 0 || stats != uint32(libvirt.DomainStatsState) {
+		return nil, lvErrorf(libvirt.ErrArgumentUnsupported, "fake: only the state stats of every domain are implemented")
+	}
+	f.mu.Lock()
+	var out []libvirt.DomainStatsRecord
+	for _, d := range f.domains {
+		out = append(out, libvirt.DomainStatsRecord{Dom: d.dom, Params: []libvirt.TypedParam{
+			{Field: "state.state", Value: *libvirt.NewTypedParamValueInt(int32(d.state))},
+			{Field: "state.reason", Value: *libvirt.NewTypedParamValueInt(d.reason)},
+		}})
+	}
+	f.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Dom.Name < out[j].Dom.Name })
+	return out, f.leave("ConnectGetAllDomainStats", "")
+}
+
 func (f *fakeLibvirt) DomainLookupByName(name string) (libvirt.Domain, error) {
 	if err := f.enter("DomainLookupByName", name); err != nil {
 		return libvirt.Domain{}, err

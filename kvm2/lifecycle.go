@@ -68,20 +68,41 @@ type domainInfo struct {
 	reason int32 // of the state (e.g. libvirt.DomainShutoffReason)
 }
 
-// readDomain reads a domain's XML (metadata, MAC) and state: 2 RPCs. The
-// XML is decoded once, after the state is known. The MAC is only used to
-// look for the address of an active domain, so it is read only when the
-// caller will look (withMAC) and the domain is active; otherwise decoding
-// stops at our metadata element.
+// readDomain reads a domain's XML (metadata, MAC) and state: 2 RPCs, made
+// at once (one round trip). The XML is decoded once, after the state is
+// known. The MAC is only used to look for the address of an active domain,
+// so it is read only when the caller will look (withMAC) and the domain is
+// active; otherwise decoding stops at our metadata element.
 func (p *Provider) readDomain(l lvAPI, dom libvirt.Domain, withMAC bool) (domainInfo, error) {
-	info := domainInfo{dom: dom}
-	x, err := l.DomainGetXMLDesc(dom, 0)
+	var (
+		wg         sync.WaitGroup
+		st, reason int32
+		stErr      error
+		x          string
+		err        error
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		st, reason, stErr = l.DomainGetState(dom, 0)
+	}()
+	x, err = l.DomainGetXMLDesc(dom, 0)
+	wg.Wait()
 	if err != nil {
-		return info, fmt.Errorf("get XML of domain %q: %w", dom.Name, err)
+		return domainInfo{dom: dom}, fmt.Errorf("get XML of domain %q: %w", dom.Name, err)
 	}
-	st, reason, stErr := l.DomainGetState(dom, 0)
-	info.state, info.reason = libvirt.DomainState(st), reason
-	px := parseDomainXML(x, withMAC && stErr == nil && domainActive(info.state))
+	info := p.parseDomain(dom, x, libvirt.DomainState(st), reason, withMAC && stErr == nil)
+	if stErr != nil {
+		return info, fmt.Errorf("get state of domain %q: %w", dom.Name, stErr)
+	}
+	return info, nil
+}
+
+// parseDomain decodes the XML x of dom, in state st (with reason); the MAC
+// only when withMAC and the domain is active.
+func (p *Provider) parseDomain(dom libvirt.Domain, x string, st libvirt.DomainState, reason int32, withMAC bool) domainInfo {
+	info := domainInfo{dom: dom, state: st, reason: reason}
+	px := parseDomainXML(x, withMAC && domainActive(st))
 	switch err := px.metaErr; {
 	case err == nil:
 		info.meta = px.meta
@@ -91,10 +112,7 @@ func (p *Provider) readDomain(l lvAPI, dom libvirt.Domain, withMAC bool) (domain
 		p.log.Info("domain has malformed egressproxy metadata; treating it as not ours", "domain", dom.Name, "err", err)
 	}
 	info.mac = px.mac
-	if stErr != nil {
-		return info, fmt.Errorf("get state of domain %q: %w", dom.Name, stErr)
-	}
-	return info, nil
+	return info
 }
 
 // lookup finds the domain of ref and reads it: 3 RPCs. A missing domain is
@@ -118,6 +136,11 @@ func (p *Provider) lookup(ctx context.Context, op, name string) (domainInfo, err
 // instance builds the Instance of a domain we own, with the address when it
 // is active (discover: agent → lease → ARP).
 func (p *Provider) instance(ctx context.Context, name string, info domainInfo, discover bool) (provider.Instance, error) {
+	return p.instanceOf(ctx, name, info, discover, nil)
+}
+
+// instanceOf is instance with the address calls bounded by lim (nil: none).
+func (p *Provider) instanceOf(ctx context.Context, name string, info domainInfo, discover bool, lim limiter) (provider.Instance, error) {
 	inst := provider.Instance{
 		Ref:        provider.Ref{Name: name, UID: info.meta.UID},
 		CreatedAt:  info.meta.Created,
@@ -125,7 +148,7 @@ func (p *Provider) instance(ctx context.Context, name string, info domainInfo, d
 		SpecDigest: info.meta.SpecDigest,
 	}
 	if discover && domainActive(info.state) {
-		ip, src, err := discoverAddress(ctx, &domainAddrs{p: p, dom: info.dom}, info.mac)
+		ip, src, err := discoverAddress(ctx, &domainAddrs{p: p, dom: info.dom, lim: lim}, info.mac)
 		if err != nil {
 			return provider.Instance{}, err
 		}
@@ -139,9 +162,14 @@ func (p *Provider) instance(ctx context.Context, name string, info domainInfo, d
 type domainAddrs struct {
 	p   *Provider
 	dom libvirt.Domain
+	lim limiter // bounds the calls in flight of the operation (nil: none)
 }
 
 func (d *domainAddrs) InterfaceAddresses(ctx context.Context, src libvirt.DomainInterfaceAddressesSource) ([]libvirt.DomainInterface, error) {
+	if err := d.lim.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer d.lim.release()
 	var out []libvirt.DomainInterface
 	err := d.p.do(ctx, "kvm2.InterfaceAddresses", func(l lvAPI) error {
 		var err error
@@ -204,10 +232,22 @@ func (p *Provider) Get(ctx context.Context, ref provider.Ref) (_ provider.Instan
 	return inst, nil
 }
 
+// listInFlight bounds the libvirt calls one List has in flight on the
+// shared connection (go-libvirt multiplexes them; libvirtd answers a few
+// at a time and queues the rest), so that List of n instances takes about
+// 1 + n/listInFlight round trips instead of 1 + 2n, without crowding out
+// the other callers of the connection.
+const listInFlight = 32
+
 // List returns every instance of this entry and owner (domains carrying our
 // metadata namespace with this Entry and Owner), sorted by name. Addresses
 // are looked up best-effort: an instance whose address cannot be read is
 // listed without one (Provisioning when active).
+//
+// One call lists every domain with its state (ConnectGetAllDomainStats);
+// the XML of each domain with our name prefix is then read, and the
+// addresses of the active ones looked up, at most listInFlight calls at
+// once. A domain undefined meanwhile is skipped.
 func (p *Provider) List(ctx context.Context) (_ []provider.Instance, opErr error) {
 	ctx, end := p.start(ctx, "kvm2.List", "", false)
 	defer func() { end(opErr) }()
@@ -217,44 +257,106 @@ func (p *Provider) List(ctx context.Context) (_ []provider.Instance, opErr error
 	prefix := domainPrefix + p.cfg.Entry + "--"
 	var found []domainInfo
 	err := p.do(ctx, "kvm2.List", func(l lvAPI) error {
-		doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+		var err error
+		found, err = p.listDomains(ctx, l, prefix)
+		return err
+	})
+	if err != nil {
+		return nil, classifyRead(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
+	}
+	out := make([]provider.Instance, len(found))
+	lim := make(limiter, listInFlight)
+	err = forEach(ctx, len(found), listInFlight, func(ctx context.Context, i int) error {
+		info := found[i]
+		name := strings.TrimPrefix(info.dom.Name, prefix)
+		inst, err := p.instanceOf(ctx, name, info, true, lim)
 		if err != nil {
-			return fmt.Errorf("list domains: %w", err)
-		}
-		for _, dom := range doms {
-			if !strings.HasPrefix(dom.Name, prefix) {
-				continue // our names always have this shape; skip the RPCs
-			}
-			info, err := p.readDomain(l, dom, true)
-			if err != nil {
-				if isLibvirtCode(err, libvirt.ErrNoDomain) {
-					continue // undefined meanwhile
-				}
+			if stopsCreate(err) {
 				return err
 			}
-			if info.ours {
-				found = append(found, info)
-			}
+			inst, _ = p.instanceOf(ctx, name, info, false, nil)
 		}
+		out[i] = inst
 		return nil
 	})
 	if err != nil {
 		return nil, classifyRead(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
 	}
-	out := make([]provider.Instance, 0, len(found))
-	for _, info := range found {
-		name := strings.TrimPrefix(info.dom.Name, prefix)
-		inst, err := p.instance(ctx, name, info, true)
-		if err != nil {
-			if c := provider.Code(err); c == provider.Canceled || c == provider.DeadlineExceeded || errors.Is(err, provider.ErrClosed) {
-				return nil, err
-			}
-			inst, _ = p.instance(ctx, name, info, false)
-		}
-		out = append(out, inst)
-	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// listDomains runs on the shared connection (List's fn): it lists every
+// domain with its state in one call, then reads the XML of those named
+// with prefix, listInFlight at a time, and returns the ones that are ours.
+// It checks ctx before each call, so that an abandoned List stops at the
+// next boundary.
+func (p *Provider) listDomains(ctx context.Context, l lvAPI, prefix string) ([]domainInfo, error) {
+	recs, err := l.ConnectGetAllDomainStats(nil, uint32(libvirt.DomainStatsState), 0)
+	if err != nil {
+		return nil, fmt.Errorf("list domains: %w", err)
+	}
+	var cands []libvirt.DomainStatsRecord
+	for _, r := range recs {
+		if strings.HasPrefix(r.Dom.Name, prefix) { // our names always have this shape; skip the others' RPCs
+			cands = append(cands, r)
+		}
+	}
+	infos := make([]domainInfo, len(cands))
+	err = forEach(ctx, len(cands), listInFlight, func(ctx context.Context, i int) error {
+		dom := cands[i].Dom
+		st, reason, ok := statsState(cands[i].Params)
+		var (
+			info domainInfo
+			err  error
+		)
+		if ok {
+			var x string
+			if x, err = l.DomainGetXMLDesc(dom, 0); err == nil {
+				info = p.parseDomain(dom, x, st, reason, true)
+			} else {
+				err = fmt.Errorf("get XML of domain %q: %w", dom.Name, err)
+			}
+		} else {
+			info, err = p.readDomain(l, dom, true) // no state in the record: ask
+		}
+		switch {
+		case isLibvirtCode(err, libvirt.ErrNoDomain):
+			return nil // undefined meanwhile
+		case err != nil:
+			return err
+		}
+		infos[i] = info
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var found []domainInfo
+	for _, info := range infos {
+		if info.ours {
+			found = append(found, info)
+		}
+	}
+	return found, nil
+}
+
+// statsState reads the state and its reason from a domain's stats record
+// (the "state" group of ConnectGetAllDomainStats).
+func statsState(params []libvirt.TypedParam) (libvirt.DomainState, int32, bool) {
+	var st, reason int32
+	var haveSt, haveReason bool
+	for _, tp := range params {
+		v, isInt := tp.Value.I.(int32)
+		switch {
+		case !isInt:
+		case tp.Field == "state.state":
+			st, haveSt = v, true
+		case tp.Field == "state.reason":
+			reason, haveReason = v, true
+		}
+	}
+	return libvirt.DomainState(st), reason, haveSt && haveReason
 }
 
 // Delete removes the instance: destroys and undefines its domain (with

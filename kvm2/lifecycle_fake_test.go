@@ -225,9 +225,9 @@ func TestFakeList(t *testing.T) {
 		fault func(fakeCall) error
 		want  provider.ErrorCode
 	}{
-		{"listing fails", failOn("ConnectListAllDomains", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), provider.Transient},
-		{"a read fails", failOn("DomainGetState", e.dom("b"), false, lvErrorf(libvirt.ErrInvalidArg, "invalid argument")), provider.Transient},
-		{"link dies", failOn("ConnectListAllDomains", "", false, libvirt.ErrInterrupted), provider.Transient},
+		{"listing fails", failOn("ConnectGetAllDomainStats", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), provider.Transient},
+		{"a read fails", failOn("DomainGetXMLDesc", e.dom("b"), false, lvErrorf(libvirt.ErrInvalidArg, "invalid argument")), provider.Transient},
+		{"link dies", failOn("ConnectGetAllDomainStats", "", false, libvirt.ErrInterrupted), provider.Transient},
 	} {
 		e.lv.setFault(tc.fault)
 		_, err := e.p.List(ctx)

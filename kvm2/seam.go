@@ -23,6 +23,7 @@ type lvAPI interface {
 	ConnectGetHostname() (string, error)
 	ConnectGetLibVersion() (uint64, error)
 	ConnectListAllDomains(needResults int32, flags libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error)
+	ConnectGetAllDomainStats(doms []libvirt.Domain, stats uint32, flags uint32) ([]libvirt.DomainStatsRecord, error)
 	ConnectGetDomainCapabilities(emulatorbin, arch, machine, virttype libvirt.OptString, flags libvirt.ConnectGetDomainCapabilitiesFlags) (string, error)
 
 	DomainLookupByName(name string) (libvirt.Domain, error)

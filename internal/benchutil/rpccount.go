@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // procNames names the libvirt remote procedures kvm2 and imagecache use
@@ -21,7 +22,7 @@ var procNames = map[uint32]string{
 	93: "StorageVolCreateXML", 94: "StorageVolDelete", 95: "StorageVolLookupByName", 98: "StorageVolGetInfo",
 	99: "StorageVolGetXMLDesc", 100: "StorageVolGetPath", 157: "ConnectGetLibVersion", 208: "StorageVolUpload",
 	209: "StorageVolDownload", 212: "DomainGetState", 231: "DomainUndefineFlags", 273: "ConnectListAllDomains",
-	282: "StoragePoolListAllVolumes", 350: "DomainDefineXMLFlags", 353: "DomainInterfaceAddresses",
+	282: "StoragePoolListAllVolumes", 344: "ConnectGetAllDomainStats", 350: "DomainDefineXMLFlags", 353: "DomainInterfaceAddresses",
 	383: "StorageVolGetInfoFlags",
 }
 
@@ -37,6 +38,7 @@ type RPCCounter struct {
 
 	mu    sync.Mutex
 	calls []uint32
+	sent  []time.Time // when each CALL and each client stream finish passed (Rounds)
 	conns []net.Conn
 	wg    sync.WaitGroup
 
@@ -155,9 +157,17 @@ func (c *RPCCounter) scan(x *proxied) {
 		typ := binary.BigEndian.Uint32(hdr[16:20])
 		serial := binary.BigEndian.Uint32(hdr[20:24])
 		var fire *Interrupt
+		if typ == typeStream && n == header && binary.BigEndian.Uint32(hdr[24:28]) == 0 {
+			// The client's end of an upload stream: it waits for
+			// libvirtd's answer, a round trip like a call's.
+			c.mu.Lock()
+			c.sent = append(c.sent, time.Now())
+			c.mu.Unlock()
+		}
 		if typ == typeCall {
 			c.mu.Lock()
 			c.calls = append(c.calls, proc)
+			c.sent = append(c.sent, time.Now())
 			if c.armed != nil {
 				c.seen++
 				if c.seen == c.armed.Call {
@@ -226,8 +236,26 @@ func (c *RPCCounter) Take() []uint32 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := c.calls
-	c.calls = nil
+	c.calls, c.sent = nil, nil
 	return out
+}
+
+// Rounds returns the round trips on the critical path of the calls seen
+// since the last Take, for a client whose link adds a round-trip time well
+// above gap (e.g. through a delay proxy, with gap half its RTT): the calls
+// (and upload stream ends) that passed more than gap after the one before.
+// Calls issued together (concurrently) pass within microseconds of each
+// other and count once; each call that had to wait for an answer counts.
+func (c *RPCCounter) Rounds(gap time.Duration) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for i, t := range c.sent {
+		if i == 0 || t.Sub(c.sent[i-1]) > gap {
+			n++
+		}
+	}
+	return n
 }
 
 // Close stops the proxy, closes its connections and waits for its

@@ -1,0 +1,226 @@
+package kvm2
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// gate is a fault hook that holds the calls of op (before they take
+// effect) and counts how many are held at once. full is closed when want
+// are held together; the held calls go on when open is closed (by
+// release, or at once when the gate is full and auto is set). A gate that
+// never fills opens after gateWait, so that a test of a sequential caller
+// fails instead of hanging.
+type gate struct {
+	op   string
+	want int
+	auto bool
+
+	mu        sync.Mutex
+	held, max int
+	full      chan struct{}
+	open      chan struct{}
+	fullOnce  sync.Once
+	openOnce  sync.Once
+}
+
+const gateWait = 5 * time.Second
+
+func newGate(op string, want int, auto bool) *gate {
+	return &gate{op: op, want: want, auto: auto, full: make(chan struct{}), open: make(chan struct{})}
+}
+
+func (g *gate) release() { g.openOnce.Do(func() { close(g.open) }) }
+
+func (g *gate) maxHeld() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.max
+}
+
+func (g *gate) hook(c fakeCall) error {
+	if c.After || c.Op != g.op {
+		return nil
+	}
+	g.mu.Lock()
+	g.held++
+	g.max = max(g.max, g.held)
+	if g.held >= g.want {
+		g.fullOnce.Do(func() { close(g.full) })
+		if g.auto {
+			g.release()
+		}
+	}
+	g.mu.Unlock()
+	t := time.NewTimer(gateWait)
+	select {
+	case <-g.open:
+	case <-t.C:
+		g.release() // never filled: let every call go
+	}
+	t.Stop()
+	g.mu.Lock()
+	g.held--
+	g.mu.Unlock()
+	return nil
+}
+
+// defineStopped defines n stopped domains of ours (names s000…).
+func (e *fakeEnv) defineStopped(n int) {
+	for i := range n {
+		e.lv.defineXML(e.t, foreignXML(e.t, e.dom(fmt.Sprintf("s%03d", i)), e.cfg.Entry, e.cfg.Owner, false))
+	}
+}
+
+// TestFakeListPipelined: List reads the domains' XML listInFlight at a
+// time (never more), after one call that lists every domain with its
+// state: 1 + n RPCs, about 1 + n/listInFlight round trips.
+func TestFakeListPipelined(t *testing.T) {
+	e := newFakeEnv(t)
+	const n = 3*listInFlight + 5
+	e.defineStopped(n)
+	g := newGate("DomainGetXMLDesc", listInFlight, true)
+	e.lv.setFault(g.hook)
+	e.lv.resetCalls()
+	start := time.Now()
+	got, err := e.p.List(context.Background())
+	if err != nil || len(got) != n {
+		t.Fatalf("List = %d instances, %v; want %d", len(got), err, n)
+	}
+	if d := time.Since(start); d >= gateWait {
+		t.Errorf("List took %v: its reads did not reach %d in flight", d, listInFlight)
+	}
+	if m := g.maxHeld(); m != listInFlight {
+		t.Errorf("at most %d XML reads in flight, want %d", m, listInFlight)
+	}
+	if c, s := e.lv.callCount(""), e.lv.callCount("ConnectGetAllDomainStats"); c != n+1 || s != 1 {
+		t.Errorf("%d calls (%d listings), want %d: one listing with states, one XML read per domain", c, s, n+1)
+	}
+	for i, inst := range got {
+		if want := fmt.Sprintf("s%03d", i); inst.Name != want || inst.State != provider.StateStopped {
+			t.Errorf("List[%d] = %s %s, want %s Stopped", i, inst.Name, inst.State, want)
+		}
+	}
+}
+
+// TestFakeListAddressesBounded: the address lookups of the active
+// instances run at once too, all sources of all instances sharing List's
+// bound.
+func TestFakeListAddressesBounded(t *testing.T) {
+	e := newFakeEnv(t)
+	const n = listInFlight/3 + 2 // three address calls each: more than listInFlight
+	for i := range n {
+		e.mustCreate(fmt.Sprintf("r%02d", i))
+	}
+	g := newGate("DomainInterfaceAddresses", listInFlight, true)
+	e.lv.setFault(g.hook)
+	start := time.Now()
+	got, err := e.p.List(context.Background())
+	if err != nil || len(got) != n {
+		t.Fatalf("List = %d instances, %v; want %d", len(got), err, n)
+	}
+	if d := time.Since(start); d >= gateWait {
+		t.Errorf("List took %v: its address calls did not reach %d in flight", d, listInFlight)
+	}
+	if m := g.maxHeld(); m != listInFlight {
+		t.Errorf("at most %d address calls in flight, want %d", m, listInFlight)
+	}
+}
+
+// TestFakeListCancelled: a List whose context ends while its calls are in
+// flight returns Canceled at once, leaves none of its own goroutines
+// behind, and its abandoned reads stop at the next boundary (no further
+// call is made once the held ones return).
+func TestFakeListCancelled(t *testing.T) {
+	for _, tc := range []struct {
+		name, op string
+		setup    func(e *fakeEnv)
+	}{
+		{"during the XML reads", "DomainGetXMLDesc", func(e *fakeEnv) { e.defineStopped(3 * listInFlight) }},
+		{"during the address lookups", "DomainInterfaceAddresses", func(e *fakeEnv) {
+			for i := range listInFlight {
+				e.mustCreate(fmt.Sprintf("r%02d", i))
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+			e := newFakeEnv(t)
+			tc.setup(e)
+			g := newGate(tc.op, listInFlight, false)
+			e.lv.setFault(g.hook)
+			e.lv.resetCalls()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() {
+				select {
+				case <-g.full:
+				case <-time.After(gateWait):
+				}
+				cancel()
+			}()
+			_, err := e.p.List(ctx)
+			wantCode(t, "cancelled List", err, provider.Canceled)
+			// Only the abandoned calls (the fake's fn goroutines) remain.
+			if err := goleak.Find(goleak.IgnoreCurrent(), goleak.IgnoreAnyFunction("github.com/egressproxy/egressproxy/kvm2.(*fakeSession).Do.func1")); err != nil {
+				t.Errorf("List left goroutines behind: %v", err)
+			}
+			held := e.lv.callCount(tc.op)
+			g.release()
+			e.sess.wait()
+			if n := e.lv.callCount(tc.op); n != held {
+				t.Errorf("%d %s calls after the held ones returned, want %d: the abandoned List went on", n, tc.op, held)
+			}
+		})
+	}
+}
+
+// TestFakeGetOverlapped: Get reads the domain's XML and state at once, and
+// asks the three address sources at once (3 round trips, not 6).
+func TestFakeGetOverlapped(t *testing.T) {
+	e := newFakeEnv(t)
+	e.mustCreate("a")
+	xml := newGate("DomainGetXMLDesc", 1, false)
+	state := newGate("DomainGetState", 1, false)
+	addrs := newGate("DomainInterfaceAddresses", 3, true)
+	e.lv.setFault(faults(xml.hook, state.hook, addrs.hook))
+	go func() {
+		// Both reads held at once, or neither goes on (until gateWait).
+		for _, c := range []<-chan struct{}{xml.full, state.full} {
+			select {
+			case <-c:
+			case <-time.After(gateWait):
+			}
+		}
+		xml.release()
+		state.release()
+	}()
+	start := time.Now()
+	inst, err := e.p.Get(context.Background(), fakeSpec("a").Ref())
+	if err != nil || inst.State != provider.StateProvisioning {
+		t.Fatalf("Get = %+v, %v", inst, err)
+	}
+	if d := time.Since(start); d >= gateWait {
+		t.Errorf("Get took %v: its reads or its address sources did not overlap", d)
+	}
+	if m := addrs.maxHeld(); m != 3 {
+		t.Errorf("%d address sources in flight at once, want 3", m)
+	}
+	select {
+	case <-xml.full:
+	default:
+		t.Error("the XML was not read")
+	}
+	select {
+	case <-state.full:
+	default:
+		t.Error("the state was not read")
+	}
+}
