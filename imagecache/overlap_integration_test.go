@@ -191,4 +191,3 @@ func TestStackUploadSetupRacesDownloadSetup(t *testing.T) {
 	}
 	t.Logf("%d of %d uploads started together with a download were refused as in use", inUse, rounds)
 }
-
