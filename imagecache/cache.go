@@ -282,6 +282,9 @@ type Cache struct {
 	wg       sync.WaitGroup
 	stop     context.Context // canceled by Close
 	cancel   context.CancelFunc
+	// segment is how many bytes one upload stream of a fetch carries
+	// (segmentSize; tests make it small to get many segments).
+	segment int64
 }
 
 type flight struct {
@@ -354,6 +357,7 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 		live:     map[string]bool{},
 		stop:     stop,
 		cancel:   cancel,
+		segment:  segmentSize,
 	}, nil
 }
 
