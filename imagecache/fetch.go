@@ -386,12 +386,17 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 		read, eof, failed := src.read, src.eof, m.fail.err != nil
 		end := m.n
 		m.mu.Unlock()
-		if err != nil && !failed && read == 0 && inUse(err) && retries < inUseRetries && ctx.Err() == nil {
-			retries++
-			c.log.V(1).Info("libvirt refused an upload segment as in use; trying again", "volume", name, "offset", off, "err", err.Error())
-			if serr := sleep(ctx, time.Duration(retries)*5*time.Millisecond); serr == nil {
-				continue
+		if err != nil && !failed && read == 0 && inUse(err) {
+			if retries < inUseRetries && ctx.Err() == nil {
+				retries++
+				c.log.V(1).Info("libvirt refused an upload segment as in use; trying again", "volume", name, "offset", off, "err", err.Error())
+				if serr := sleep(ctx, time.Duration(retries)*5*time.Millisecond); serr == nil {
+					continue
+				}
 			}
+			// Another stream kept the volume busy: a later fetch may
+			// succeed (libvirt's table calls the refusal Permanent).
+			err = provider.WithCode(provider.Transient, err)
 		}
 		if err != nil || failed || eof || (total > 0 && end >= total) {
 			break

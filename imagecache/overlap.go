@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -17,7 +18,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Overlapped verification (see doc.go, "Overlapped verification"): a cold
+// Overlapped verification (see the package doc and
+// docs/overlapped-verification.md): a cold
 // fetch uploads the image in segments, one StorageVolUpload at an offset
 // each, on one dedicated connection, while a second dedicated connection
 // reads back (StorageVolDownload with offset and length) every segment
@@ -258,4 +260,6 @@ func (c *Cache) readRange(ctx context.Context, dc Dedicated, name string, h hash
 
 // inUse reports libvirt refusing a stream on a volume another stream is
 // being set up on ("volume ... is still in use").
-func inUse(err error) bool { return isLibvirtErr(err, libvirt.ErrOperationInvalid) }
+func inUse(err error) bool {
+	return isLibvirtErr(err, libvirt.ErrOperationInvalid) && strings.Contains(err.Error(), "in use")
+}

@@ -283,3 +283,25 @@ func TestFakeOverlapUploadInUseRetried(t *testing.T) {
 		t.Fatalf("%d GETs, want 1", srv.gets.Load())
 	}
 }
+
+// A volume that stays in use for another stream: the segment is tried
+// inUseRetries times more, then the fetch fails Transient (libvirt's table
+// would call the refusal Permanent) and cleans up.
+func TestFakeOverlapUploadInUseGivesUp(t *testing.T) {
+	body, _ := testImage(100 << 10)
+	srv := serve(t, body, nil)
+	c, h := newSegmentedFake(t, nil)
+	inUseErr := libvirt.Error{Code: uint32(libvirt.ErrOperationInvalid), Message: "Requested operation is not valid: volume 'v' is still in use."}
+	uploads := callCounter(h, "StorageVolUpload", func(k int64, _ libvirtfake.Call) error {
+		if k >= 2 {
+			return inUseErr
+		}
+		return nil
+	})
+	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
+	wantClass(t, err, provider.Transient, "is still in use")
+	if uploads.Load() != 2+inUseRetries {
+		t.Errorf("%d upload calls, want %d", uploads.Load(), 2+inUseRetries)
+	}
+	wantVolumes(t, h)
+}
