@@ -266,20 +266,6 @@ func (c *Cache) httpDeadline(ctx context.Context) (time.Time, error) {
 	return d, nil
 }
 
-// verifyStored checks that the volume's physical size is n and that the
-// bytes libvirt reads back from the host hash to digest.
-func (c *Cache) verifyStored(ctx context.Context, name string, n int64, digest string) (err error) {
-	ctx, span := c.start(ctx, "imagecache.Verify", name)
-	defer func() { endSpan(span, err) }()
-	var back readResult
-	back.n, back.digest, back.err = c.readBack(ctx, name)
-	if errors.Is(back.err, errStalled) && ctx.Err() == nil {
-		c.log.Info("the read-back stream made no progress; reading back once more on a fresh connection", "volume", name, "err", back.err.Error())
-		back.n, back.digest, back.err = c.readBack(ctx, name)
-	}
-	return c.judgeStored(ctx, name, n, digest, back)
-}
-
 // judgeStored checks, once n bytes with sha256 digest were uploaded, that
 // the volume's physical size on the host is n (first: a short file says
 // more than a failed read of it), then that the read-back succeeded and

@@ -4,17 +4,22 @@ package imagecache
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -190,4 +195,99 @@ func TestStackUploadSetupRacesDownloadSetup(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d uploads started together with a download were refused as in use", inUse, rounds)
+}
+
+// A cold fetch in 4 MiB segments on the real stack: it succeeds with the
+// image's digest; and when a byte of a middle segment changes in the
+// host's file after libvirt wrote it (before that segment is committed for
+// the read-back), the fetch fails Transient and leaves nothing behind.
+func TestStackSegmentedFetchCatchesHostCorruption(t *testing.T) {
+	env := teststack.Require(t)
+	lv := link(t, env)
+	img := makeQcow2(t, t.TempDir(), 24)
+	srv := newImageServer(t, serveFile(img))
+	const seg = 4 << 20
+	t.Run("intact", func(t *testing.T) {
+		entry := testEntry()
+		cleanupEntry(t, lv, env.Pool, entry)
+		c := newTestCache(t, SSH(lv), entry, env.Pool, nil)
+		c.segment = seg
+		b, err := c.Ensure(ctxT(t, 2*time.Minute), Image{Key: "img", URL: srv.URL + "/i", SHA256: img.sha256})
+		if err != nil || b.Digest != img.sha256 {
+			t.Fatalf("Ensure = %+v, %v", b, err)
+		}
+		if got := hashFile(t, filepath.Join(env.PoolPath, b.Volume)); got.sha256 != img.sha256 || got.size != img.size {
+			t.Fatalf("host file: %d bytes, sha256 %s; image %d bytes, %s", got.size, got.sha256, img.size, img.sha256)
+		}
+	})
+	t.Run("byte changed on the host", func(t *testing.T) {
+		entry := testEntry()
+		cleanupEntry(t, lv, env.Pool, entry)
+		im := Image{Key: "img", URL: srv.URL + "/i", SHA256: img.sha256}
+		path := filepath.Join(env.PoolPath, BaseName(entry, im.Key, "qcow2"))
+		const at = 3*seg + 100 // inside segment 3
+		var once sync.Once
+		var corrupted atomic.Bool
+		c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) {
+			cfg.ProgressInterval = provider.Duration(time.Millisecond)
+			cfg.Progress = func(p Progress) {
+				if p.Bytes < at+seg/4 {
+					return
+				}
+				once.Do(func() {
+					// The source is held here; libvirt writes what was sent.
+					deadline := time.Now().Add(10 * time.Second)
+					for time.Now().Before(deadline) {
+						if st, err := os.Stat(path); err == nil && st.Size() > at {
+							break
+						}
+						time.Sleep(time.Millisecond)
+					}
+					f, err := os.OpenFile(path, os.O_RDWR, 0)
+					if err != nil {
+						t.Errorf("open the staged volume: %v", err)
+						return
+					}
+					defer f.Close()
+					b := make([]byte, 1)
+					if _, err := f.ReadAt(b, at); err != nil {
+						t.Errorf("read: %v", err)
+						return
+					}
+					b[0] ^= 0x40
+					if _, err := f.WriteAt(b, at); err != nil {
+						t.Errorf("write: %v", err)
+						return
+					}
+					corrupted.Store(true)
+				})
+			}
+		})
+		c.segment = seg
+		_, err := c.Ensure(ctxT(t, 2*time.Minute), im)
+		if !corrupted.Load() {
+			t.Fatalf("the byte was not changed; Ensure: %v", err)
+		}
+		wantCode(t, err, provider.Transient)
+		if !strings.Contains(err.Error(), "the host stores") || !strings.Contains(err.Error(), "sha256 "+img.sha256+" were sent") {
+			t.Fatalf("error %q does not say the stored bytes differ", err)
+		}
+		assertClean(t, lv, env.Pool, entry)
+	})
+}
+
+// verifyStored checks that the volume's physical size is n and that the
+// bytes libvirt reads back from the host hash to digest: the checks of a
+// fetch, on a volume that is already there
+// (TestStackVerifyStoredCatchesShortAndWrongBytes).
+func (c *Cache) verifyStored(ctx context.Context, name string, n int64, digest string) (err error) {
+	ctx, span := c.start(ctx, "imagecache.Verify", name)
+	defer func() { endSpan(span, err) }()
+	var back readResult
+	back.n, back.digest, back.err = c.readBack(ctx, name)
+	if errors.Is(back.err, errStalled) && ctx.Err() == nil {
+		c.log.Info("the read-back stream made no progress; reading back once more on a fresh connection", "volume", name, "err", back.err.Error())
+		back.n, back.digest, back.err = c.readBack(ctx, name)
+	}
+	return c.judgeStored(ctx, name, n, digest, back)
 }

@@ -172,7 +172,8 @@ func TestFakeOverlapCatchesCorruptMiddleSegment(t *testing.T) {
 func TestFakeOverlapCatchesTruncatedSegment(t *testing.T) {
 	body, _ := testImage(100 << 10)
 	srv := serve(t, body, nil)
-	c, h := newSegmentedFake(t, nil)
+	// The held upload must not end as a stall (and be retried) first.
+	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = provider.Duration(time.Minute) })
 	uploads := callCounter(h, "StorageVolUpload", nil)
 	held := make(chan struct{})
 	holdLastSegment(h, uploads, held)
@@ -189,8 +190,11 @@ func TestFakeOverlapCatchesTruncatedSegment(t *testing.T) {
 	start := time.Now()
 	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
 	wantClass(t, err, provider.Transient, "were uploaded there (upload lost data; disk full?)")
-	if el := time.Since(start); el > 5*time.Second {
+	if el := time.Since(start); el > 10*time.Second {
 		t.Errorf("returned after %s", el)
+	}
+	if srv.gets.Load() != 1 {
+		t.Fatalf("%d GETs, want 1 (no retry)", srv.gets.Load())
 	}
 	wantVolumes(t, h)
 	if n := h.OpenSessions(); n != 0 {
@@ -204,7 +208,7 @@ func TestFakeOverlapCatchesTruncatedSegment(t *testing.T) {
 func TestFakeOverlapReadBackFailureStopsUpload(t *testing.T) {
 	body, _ := testImage(100 << 10)
 	srv := serve(t, body, nil)
-	c, h := newSegmentedFake(t, nil)
+	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = provider.Duration(time.Minute) })
 	uploads := callCounter(h, "StorageVolUpload", nil)
 	held := make(chan struct{})
 	holdLastSegment(h, uploads, held)
