@@ -197,16 +197,16 @@ func TestStackUploadSetupRacesDownloadSetup(t *testing.T) {
 	t.Logf("%d of %d uploads started together with a download were refused as in use", inUse, rounds)
 }
 
-// A cold fetch in 4 MiB segments on the real stack: it succeeds with the
+// A cold fetch in 16 MiB segments on the real stack: it succeeds with the
 // image's digest; and when a byte of a middle segment changes in the
 // host's file after libvirt wrote it (before that segment is committed for
 // the read-back), the fetch fails Transient and leaves nothing behind.
 func TestStackSegmentedFetchCatchesHostCorruption(t *testing.T) {
 	env := teststack.Require(t)
 	lv := link(t, env)
-	img := makeQcow2(t, t.TempDir(), 24)
+	img := makeQcow2(t, t.TempDir(), 64)
 	srv := newImageServer(t, serveFile(img))
-	const seg = 4 << 20
+	const seg = 16 << 20
 	t.Run("intact", func(t *testing.T) {
 		entry := testEntry()
 		cleanupEntry(t, lv, env.Pool, entry)
@@ -225,17 +225,22 @@ func TestStackSegmentedFetchCatchesHostCorruption(t *testing.T) {
 		cleanupEntry(t, lv, env.Pool, entry)
 		im := Image{Key: "img", URL: srv.URL + "/i", SHA256: img.sha256}
 		path := filepath.Join(env.PoolPath, BaseName(entry, im.Key, "qcow2"))
-		const at = 3*seg + 100 // inside segment 3
+		const at = seg + 100 // inside segment 1
 		var once sync.Once
 		var corrupted atomic.Bool
+		var prev int64
 		c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) {
 			cfg.ProgressInterval = provider.Duration(time.Millisecond)
 			cfg.Progress = func(p Progress) {
-				if p.Bytes < at+seg/4 {
+				// Bytes up to prev were handed to libvirt by earlier reads
+				// of segment 1; this read is still segment 1's, so the
+				// segment is not committed for the read-back yet.
+				sent := prev
+				prev = p.Bytes
+				if sent <= at || p.Bytes > 2*seg {
 					return
 				}
 				once.Do(func() {
-					// The source is held here; libvirt writes what was sent.
 					deadline := time.Now().Add(10 * time.Second)
 					for time.Now().Before(deadline) {
 						if st, err := os.Stat(path); err == nil && st.Size() > at {
