@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/provider"
@@ -46,7 +47,25 @@ type committed struct {
 	mu    sync.Mutex
 	end   int64
 	final bool          // the upload is over: end is the image's size
-	wake  chan struct{} // capacity 1: end or final changed
+	halt  bool          // the upload failed: stop after the current range
+	wake  chan struct{} // capacity 1: end, final or halt changed
+}
+
+// stop asks the read-back to end after the range it reads now.
+func (w *committed) stop() {
+	w.mu.Lock()
+	w.halt = true
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (w *committed) halted() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.halt
 }
 
 func newCommitted() *committed { return &committed{wake: make(chan struct{}, 1)} }
@@ -135,7 +154,7 @@ func (c *Cache) transfer(ctx context.Context, name string, body io.ReadCloser, t
 	rc := make(chan readResult, 1)
 	go func() {
 		r := c.readBehind(rctx, name, w)
-		if r.err != nil && rctx.Err() == nil {
+		if r.err != nil && rctx.Err() == nil && !errors.Is(r.err, errHalted) {
 			// Whatever the upload still sends is wasted: stop it.
 			readFailed.Store(true)
 			stopUpload()
@@ -147,8 +166,7 @@ func (c *Cache) transfer(ctx context.Context, name string, body io.ReadCloser, t
 		err = check(n, digest)
 	}
 	if err != nil {
-		stopRead()
-		r := <-rc
+		r := c.endReadBack(ctx, w, rc, stopRead, readFailed.Load())
 		if readFailed.Load() && ctx.Err() == nil {
 			err = r.err
 		}
@@ -160,6 +178,31 @@ func (c *Cache) transfer(ctx context.Context, name string, body io.ReadCloser, t
 	w.set(n, true)
 	return n, digest, <-rc, nil
 }
+
+// haltWait bounds how long a failed fetch lets the read-back finish the
+// range it reads (see endReadBack) before its link is killed.
+const haltWait = 2 * time.Second
+
+// endReadBack ends the read-back of a fetch whose upload failed. When ctx
+// ended or the read-back failed, its link is killed at once. Otherwise it
+// may finish the range it is reading (at most haltWait): libvirtd's reader
+// then reaches the range's end and closes the volume's file itself, while
+// a killed link leaves the file open in libvirtd until it notices the
+// client is gone, so the space of the volume deleted next would come back
+// only later.
+func (c *Cache) endReadBack(ctx context.Context, w *committed, rc <-chan readResult, stopRead context.CancelFunc, readFailed bool) readResult {
+	if ctx.Err() != nil || readFailed {
+		stopRead()
+		return <-rc
+	}
+	w.stop()
+	t := time.AfterFunc(haltWait, stopRead)
+	defer t.Stop()
+	return <-rc
+}
+
+// errHalted: the read-back stopped because the upload failed.
+var errHalted = errors.New("read-back stopped: the upload failed")
 
 // readBehind reads back, in order and on a dedicated connection of its
 // own (opened with the first committed bytes, closed before it returns),
@@ -179,6 +222,10 @@ func (c *Cache) readBehind(ctx context.Context, name string, w *committed) (res 
 	var off int64
 	retried := false
 	for {
+		if w.halted() {
+			res.n, res.err = off, errHalted
+			return res
+		}
 		end, final := w.get()
 		if off >= end {
 			if final {
