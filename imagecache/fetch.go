@@ -161,8 +161,9 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 	el := time.Since(start)
 	log.Info("published base", "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
 		"upload", uploaded, "uploadBytesPerSecond", int64(float64(n)/uploaded.Seconds()),
-		// The read-back overlaps the upload; this is what it added.
-		"verifyTail", el-uploaded)
+		// The read-back overlaps the upload: verify is what it added
+		// after the upload.
+		"verify", el-uploaded)
 	return c.published(ctx, img, name, digest)
 }
 
@@ -375,7 +376,7 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 		if err != nil && !failed && read == 0 && inUse(err) {
 			if retries < inUseRetries && ctx.Err() == nil {
 				retries++
-				c.log.V(1).Info("libvirt refused an upload segment as in use; trying again", "volume", name, "offset", off, "err", err.Error())
+				c.log.V(1).Info("libvirt refused an upload segment as in use; trying again", "volume", name, "bytes", off, "err", err.Error())
 				if serr := sleep(ctx, time.Duration(retries)*5*time.Millisecond); serr == nil {
 					continue
 				}

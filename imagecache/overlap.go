@@ -259,7 +259,7 @@ func (c *Cache) readBehind(ctx context.Context, name string, w *committed) (res 
 		got, err := c.readRange(ctx, dc, name, h, off, end-off)
 		if errors.Is(err, errStalled) && ctx.Err() == nil && !retried {
 			retried = true
-			c.log.Info("the read-back stream made no progress; reading back once more on a fresh connection", "volume", name, "offset", off, "err", err.Error())
+			c.log.Info("the read-back stream made no progress; reading back once more on a fresh connection", "volume", name, "bytes", off, "err", err.Error())
 			_ = dc.Close()
 			dc = nil
 			if uerr := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(state); uerr != nil {
