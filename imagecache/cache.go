@@ -39,6 +39,25 @@
 // ClaimTimeout (order of magnitude) and roughly synchronised clocks. Readers use only base + marker; a base without a marker is debris
 // only when nobody holds a fresh claim, so a volume another live writer is
 // still filling is never deleted.
+//
+// # Overlapped verification
+//
+// A cold fetch uploads the image in segments of 32 MiB, one StorageVolUpload
+// at the segment's offset each, on one dedicated connection; a second
+// dedicated connection reads back every segment whose upload stream has
+// finished (StorageVolDownload with offset and length) while the next one is
+// uploaded, and hashes the bytes in order. On a link the read-back's bytes
+// flow the other way, so the fetch takes about one transfer plus the
+// read-back of the last segment instead of upload plus read-back. What
+// decides is unchanged: the sha256 of the bytes read back from the host's
+// volume, the volume's physical size, and the drain before each segment's
+// end. libvirt allows it (a download refuses only a volume being built; an
+// upload refuses a volume being set up for another stream, only during that
+// setup, so a read-back starts once the next upload streams, and an upload
+// refused so before its first byte is tried again; an upload at an offset
+// neither truncates nor syncs, and its stream is confirmed only after its
+// writer wrote every byte and closed the file): see
+// docs/overlapped-verification.md for the sources and the measurements.
 package imagecache
 
 import (
@@ -282,6 +301,9 @@ type Cache struct {
 	wg       sync.WaitGroup
 	stop     context.Context // canceled by Close
 	cancel   context.CancelFunc
+	// segment is how many bytes one upload stream of a fetch carries
+	// (segmentSize; tests make it small to get many segments).
+	segment int64
 }
 
 type flight struct {
@@ -354,6 +376,7 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 		live:     map[string]bool{},
 		stop:     stop,
 		cancel:   cancel,
+		segment:  segmentSize,
 	}, nil
 }
 

@@ -129,33 +129,41 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 
 	log.Info("fetching image", "bytes", total)
 	start := time.Now()
-	n, digest, err := c.upload(ctx, name, body, total, avail)
+	var uploaded time.Duration
+	n, digest, back, err := c.transfer(ctx, name, body, total, avail, func(n int64, digest string) error {
+		uploaded = time.Since(start)
+		if n == 0 {
+			return provider.Errorf(provider.Transient, "image %q: %s served an empty body", img.Key, u)
+		}
+		if total >= 0 && n != total {
+			return provider.Errorf(provider.Transient, "image %q: the body ended after %d of the %d bytes announced", img.Key, n, total)
+		}
+		if img.SHA256 != "" && digest != img.SHA256 {
+			return provider.Errorf(provider.Permanent, "image %q from %s has sha256 %s but sha256 %s is configured; fix the URL or the configured digest (a new digest needs a new key if a base with the old one is in use)", img.Key, u, digest, img.SHA256)
+		}
+		return nil
+	})
 	_ = resp.Body.Close()
 	if err != nil {
 		return Base{}, err
 	}
-	if n == 0 {
-		return Base{}, provider.Errorf(provider.Transient, "image %q: %s served an empty body", img.Key, u)
+	err = c.judgeStored(ctx, name, n, digest, back)
+	if back.span != nil {
+		endSpan(back.span, err)
 	}
-	if total >= 0 && n != total {
-		return Base{}, provider.Errorf(provider.Transient, "image %q: the body ended after %d of the %d bytes announced", img.Key, n, total)
-	}
-	if img.SHA256 != "" && digest != img.SHA256 {
-		return Base{}, provider.Errorf(provider.Permanent, "image %q from %s has sha256 %s but sha256 %s is configured; fix the URL or the configured digest (a new digest needs a new key if a base with the old one is in use)", img.Key, u, digest, img.SHA256)
-	}
-	uploaded := time.Since(start)
-	if err := c.verifyStored(ctx, name, n, digest); err != nil {
+	if err != nil {
 		return Base{}, err
 	}
-	verified := time.Since(start) - uploaded
 	if err := c.createEmpty(ctx, MarkerName(name, digest)); err != nil {
 		return Base{}, c.classify(ctx, fmt.Errorf("create marker of %s: %w", name, err))
 	}
 	published = true
 	el := time.Since(start)
-	log.Info("published base", "bytes", n, "sha256", digest, "elapsed", el,
+	log.Info("published base", "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
 		"upload", uploaded, "uploadBytesPerSecond", int64(float64(n)/uploaded.Seconds()),
-		"verify", verified, "verifyBytesPerSecond", int64(float64(n)/verified.Seconds()))
+		// The read-back overlaps the upload: verify is what it added
+		// after the upload.
+		"verify", el-uploaded)
 	return c.published(ctx, img, name, digest)
 }
 
@@ -259,11 +267,11 @@ func (c *Cache) httpDeadline(ctx context.Context) (time.Time, error) {
 	return d, nil
 }
 
-// verifyStored checks that the volume's physical size is n and that the
-// bytes libvirt reads back from the host hash to digest.
-func (c *Cache) verifyStored(ctx context.Context, name string, n int64, digest string) (err error) {
-	ctx, span := c.start(ctx, "imagecache.Verify", name)
-	defer func() { endSpan(span, err) }()
+// judgeStored checks, once n bytes with sha256 digest were uploaded, that
+// the volume's physical size on the host is n (first: a short file says
+// more than a failed read of it), then that the read-back succeeded and
+// found the same bytes.
+func (c *Cache) judgeStored(ctx context.Context, name string, n int64, digest string, back readResult) error {
 	phys, err := c.physical(ctx, name)
 	if err != nil {
 		return c.classify(ctx, fmt.Errorf("verify %s: %w", name, err))
@@ -271,16 +279,11 @@ func (c *Cache) verifyStored(ctx context.Context, name string, n int64, digest s
 	if phys != uint64(n) {
 		return provider.Errorf(provider.Transient, "verify %s: the volume holds %d bytes on the host but %d were sent (upload lost data; disk full?)", name, phys, n)
 	}
-	rn, rd, err := c.readBack(ctx, name)
-	if errors.Is(err, errStalled) && ctx.Err() == nil {
-		c.log.Info("the read-back stream made no progress; reading back once more on a fresh connection", "volume", name, "err", err.Error())
-		rn, rd, err = c.readBack(ctx, name)
+	if back.err != nil {
+		return back.err
 	}
-	if err != nil {
-		return err
-	}
-	if rn != n || rd != digest {
-		return provider.Errorf(provider.Transient, "verify %s: the host stores %d bytes with sha256 %s but %d bytes with sha256 %s were sent", name, rn, rd, n, digest)
+	if back.n != n || back.digest != digest {
+		return provider.Errorf(provider.Transient, "verify %s: the host stores %d bytes with sha256 %s but %d bytes with sha256 %s were sent", name, back.n, back.digest, n, digest)
 	}
 	return nil
 }
@@ -303,19 +306,23 @@ func (c *Cache) poolAvailable(ctx context.Context) (uint64, error) {
 }
 
 // upload streams body into volume name on a dedicated connection, counting
-// and hashing on the way. The connection is closed before it returns; it is
-// killed at once if ctx ends.
+// and hashing on the way, one segment (c.segment bytes, StorageVolUpload at
+// its offset) per stream call; each segment's end is committed to w for
+// the read-back once the next stream has been set up. The connection is
+// closed before it returns; it is killed at once if ctx ends.
 //
 // Two guards keep libvirt from losing bytes silently (sshconn's stream
 // guard keeps go-libvirt's router from deadlocking on the packets libvirtd
-// sends after a failed stream): the source never announces
-// its end before libvirt has written every byte (the volume's size on the
-// host is polled until it matches; a size that stops short is an error the
-// source reports itself), and bytes beyond the pool's free space are
-// refused by the source before libvirt runs out of disk. If the call still
-// makes no progress for Config.StreamStall, its connection is killed and
-// the error wraps errStalled (fetch then tries once more); see runStream.
-func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, total int64, free uint64) (n int64, digest string, err error) {
+// sends after a failed stream): the source never announces the end of a
+// segment before libvirt has written every byte of it (the volume's size
+// on the host is polled until it matches; a size that stops short is an
+// error the source reports itself), and bytes beyond the pool's free space
+// are refused by the source before libvirt runs out of disk. If a call
+// still makes no progress for Config.StreamStall, its connection is killed
+// and the error wraps errStalled (fetch then tries once more); see
+// runStream. A segment libvirt refuses as in use before its first byte
+// (a read-back being set up) is tried again.
+func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, total int64, free uint64, w *committed) (n int64, digest string, err error) {
 	ctx, span := c.start(ctx, "imagecache.Upload", name)
 	defer func() {
 		span.SetAttributes(attribute.Int64("imagecache.upload.bytes", n))
@@ -328,8 +335,8 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 	defer dc.Close()
 
 	now := time.Now()
-	m := &meter{r: body, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free, stall: c.cfg.StreamStall.Duration()}
-	m.touch()
+	src := &segments{r: body, w: w}
+	m := &meter{r: src, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free, stall: c.cfg.StreamStall.Duration()}
 	// The drain must stop as soon as the call returned (e.g. with libvirt's
 	// error), or upload would wait for the Read holding m.mu.
 	dctx, stopDrain := context.WithCancel(ctx)
@@ -341,15 +348,51 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 		}
 		return err
 	}
-	err = c.runStream(ctx, dc, "upload "+name, m.stalled, func() error {
-		defer m.callDone.Store(true)
-		v, err := lookupVol(dc.Libvirt(), c.cfg.Pool, name)
-		if err != nil {
-			return err
+	var vol libvirt.StorageVol
+	looked := false
+	for retries := 0; ; {
+		m.mu.Lock()
+		off := m.n
+		src.left, src.read = c.segment, 0
+		m.mu.Unlock()
+		m.callDone.Store(false)
+		m.touch()
+		err = c.runStream(ctx, dc, "upload "+name, m.stalled, func() error {
+			defer m.callDone.Store(true)
+			if !looked {
+				v, err := lookupVol(dc.Libvirt(), c.cfg.Pool, name)
+				if err != nil {
+					return err
+				}
+				vol, looked = v, true
+			}
+			return dc.Libvirt().StorageVolUpload(vol, m, uint64(off), 0, 0)
+		})
+		m.callDone.Store(true) // also when runStream gave up on the call
+		m.mu.Lock()
+		read, eof, failed := src.read, src.eof, m.fail.err != nil
+		end := m.n
+		m.mu.Unlock()
+		if err != nil && !failed && read == 0 && inUse(err) {
+			if retries < inUseRetries && ctx.Err() == nil {
+				retries++
+				c.log.V(1).Info("libvirt refused an upload segment as in use; trying again", "volume", name, "bytes", off, "err", err.Error())
+				if serr := sleep(ctx, time.Duration(retries)*5*time.Millisecond); serr == nil {
+					continue
+				}
+			}
+			// Another stream kept the volume busy: a later fetch may
+			// succeed (libvirt's table calls the refusal Permanent).
+			err = provider.WithCode(provider.Transient, err)
 		}
-		return dc.Libvirt().StorageVolUpload(v, m, 0, 0, 0)
-	})
-	m.callDone.Store(true) // also when runStream gave up on the call
+		if err != nil || failed || eof || (total > 0 && end >= total) {
+			break
+		}
+		retries = 0
+		m.mu.Lock()
+		src.pending = end
+		m.mu.Unlock()
+	}
 	stopDrain()
 	_ = body.Close() // unblocks a Read of an abandoned call
 	m.mu.Lock()
@@ -476,6 +519,9 @@ loop:
 func (c *Cache) drained(ctx context.Context, name string, n int64) error {
 	var last uint64
 	lastChange := time.Now()
+	// Polled soon at first (the end of a segment usually needs a few
+	// milliseconds), then every drainPoll.
+	poll := min(time.Millisecond, drainPoll)
 	for {
 		phys, err := c.physical(ctx, name)
 		if err != nil {
@@ -489,9 +535,10 @@ func (c *Cache) drained(ctx context.Context, name string, n int64) error {
 		} else if time.Since(lastChange) > drainStall {
 			return fmt.Errorf("libvirt wrote only %d of %d bytes: %w", phys, n, errStalled)
 		}
-		if err := sleep(ctx, drainPoll); err != nil {
+		if err := sleep(ctx, poll); err != nil {
 			return err
 		}
+		poll = min(2*poll, drainPoll)
 	}
 }
 
@@ -503,29 +550,17 @@ func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error
 		return 0, "", c.classify(ctx, fmt.Errorf("read back %s: dedicated connection: %w", name, err))
 	}
 	defer dc.Close()
-	// The writer never fails: go-libvirt must keep draining the stream
-	// (a failing writer would end the call early, leaving packets behind
-	// for its router); ctx and stalls kill the link.
-	w := &hashWriter{h: sha256.New(), stall: c.cfg.StreamStall.Duration()}
-	w.touch()
-	err = c.runStream(ctx, dc, "read back "+name, w.stalled, func() error {
-		v, err := lookupVol(dc.Libvirt(), c.cfg.Pool, name)
-		if err != nil {
-			return err
-		}
-		return dc.Libvirt().StorageVolDownload(v, w, 0, 0, 0)
-	})
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	h := sha256.New()
+	n, err := c.readRange(ctx, dc, name, h, 0, 0)
 	if err != nil {
-		return 0, "", c.classify(ctx, fmt.Errorf("read back %s after %d bytes: %w", name, w.n, err))
+		return 0, "", err
 	}
-	return w.n, hex.EncodeToString(w.h.Sum(nil)), nil
+	return n, hex.EncodeToString(h.Sum(nil)), nil
 }
 
 type hashWriter struct {
 	mu        sync.Mutex // the call may still write while runStream gives up
-	h         hash.Hash
+	h         hash.Hash  // nil once the caller is done with it
 	n         int64
 	stall     time.Duration
 	lastWrite atomic.Int64 // unix nanos
@@ -542,7 +577,9 @@ func (w *hashWriter) Write(p []byte) (int, error) {
 	defer w.touch()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.h.Write(p)
+	if w.h != nil {
+		w.h.Write(p)
+	}
 	w.n += int64(len(p))
 	return len(p), nil
 }

@@ -1216,7 +1216,7 @@ func BenchmarkStackTransfer(b *testing.B) {
 		}
 	}
 	up := func(b *testing.B) {
-		if _, _, err := c.upload(ctx, name, open(b), size, 0); err != nil {
+		if _, _, err := c.upload(ctx, name, open(b), size, 0, newCommitted()); err != nil {
 			b.Fatal(err)
 		}
 	}

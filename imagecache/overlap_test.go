@@ -1,0 +1,311 @@
+package imagecache
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/libvirtfake"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// The fake tests of overlapped verification use segments of 32 KiB: the
+// 100 KiB test image goes up in four upload streams (32+32+32+4 KiB).
+const fakeSegment = 32 << 10
+
+func newSegmentedFake(t *testing.T, mod func(*Config)) (*Cache, *libvirtfake.Host) {
+	t.Helper()
+	c, h := newFakeCache(t, mod)
+	c.segment = fakeSegment
+	return c, h
+}
+
+// callCounter counts the calls of one method at their entry; at, when
+// set, runs at the entry of call k (1-based).
+func callCounter(h *libvirtfake.Host, method string, at func(k int64, call libvirtfake.Call) error) *atomic.Int64 {
+	var n atomic.Int64
+	h.SetHook(method, func(call libvirtfake.Call) error {
+		k := n.Add(1)
+		if at != nil {
+			return at(k, call)
+		}
+		return nil
+	})
+	return &n
+}
+
+// holdLastSegment blocks the upload stream of the fourth (last) segment
+// before its first byte until the session is killed, so that the fetch
+// can end only through the read-back's failure or the caller. Segments 0
+// and 1 are committed for the read-back then, segment 2 not.
+func holdLastSegment(h *libvirtfake.Host, calls *atomic.Int64, held chan<- struct{}) {
+	var once sync.Once
+	h.SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
+		if calls.Load() == 4 && call.Done == 0 {
+			once.Do(func() { close(held) })
+			return call.Wait(nil)
+		}
+		return nil
+	})
+}
+
+// readPosition returns a download stream hook that calls at with the
+// position in the volume the read-back has reached (downloads run in
+// order, one after the other).
+func readPosition(at func(pos int64, call libvirtfake.Call) error) libvirtfake.Hook {
+	var mu sync.Mutex
+	var base, last int64
+	return func(call libvirtfake.Call) error {
+		mu.Lock()
+		if call.Done == 0 {
+			base += last
+		}
+		last = call.Done
+		pos := base + call.Done
+		mu.Unlock()
+		return at(pos, call)
+	}
+}
+
+// The read-back runs beside the upload: the last segment's stream does not
+// start before an earlier segment was read back (it would wait 10 s and
+// fail the test), the host ends up with the image, and the digest is
+// the read-back's.
+func TestFakeOverlapReadsBehindUpload(t *testing.T) {
+	body, sum := testImage(100 << 10)
+	srv := serve(t, body, nil)
+	c, h := newSegmentedFake(t, nil)
+	uploads := callCounter(h, "StorageVolUpload", nil)
+	readBack := make(chan struct{})
+	var once sync.Once
+	downloads := callCounter(h, "StorageVolDownload", func(int64, libvirtfake.Call) error {
+		once.Do(func() { close(readBack) })
+		return nil
+	})
+	var overlapped atomic.Bool
+	h.SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
+		if uploads.Load() == 4 && call.Done == 0 {
+			select {
+			case <-readBack:
+				overlapped.Store(true)
+			case <-time.After(10 * time.Second):
+			}
+		}
+		return nil
+	})
+	b, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url, SHA256: sum})
+	if err != nil || b.Digest != sum {
+		t.Fatalf("Ensure = %+v, %v", b, err)
+	}
+	if !overlapped.Load() {
+		t.Error("no segment was read back while the last one was uploading")
+	}
+	if uploads.Load() != 4 || downloads.Load() < 2 {
+		t.Errorf("%d upload streams, %d download streams; want 4 and at least 2", uploads.Load(), downloads.Load())
+	}
+	if got, _ := h.VolumeData(fakePool, b.Volume); !slices.Equal(got, body) {
+		t.Errorf("the host holds %d bytes, not the image", len(got))
+	}
+	wantVolumes(t, h, b.Volume, MarkerName(b.Volume, sum))
+	if n := h.OpenSessions(); n != 0 {
+		t.Fatalf("%d dedicated sessions left open", n)
+	}
+}
+
+// A body without Content-Length that ends exactly at a segment boundary
+// ends with an empty upload stream; nothing is read back for it.
+func TestFakeOverlapBoundaryWithoutLength(t *testing.T) {
+	body, sum := testImage(3 * fakeSegment)
+	srv := serve(t, body, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(body[:len(body)/2])
+		w.(http.Flusher).Flush() // chunked: no Content-Length
+		_, _ = w.Write(body[len(body)/2:])
+	})
+	c, h := newSegmentedFake(t, nil)
+	uploads := callCounter(h, "StorageVolUpload", nil)
+	b, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
+	if err != nil || b.Digest != sum {
+		t.Fatalf("Ensure = %+v, %v", b, err)
+	}
+	if uploads.Load() != 4 {
+		t.Errorf("%d upload streams, want 4 (the last one empty)", uploads.Load())
+	}
+}
+
+// The host changes a byte of a middle segment after its upload stream
+// ended and before it is read back: the read-back digest differs and
+// nothing is published.
+func TestFakeOverlapCatchesCorruptMiddleSegment(t *testing.T) {
+	body, sum := testImage(100 << 10)
+	srv := serve(t, body, nil)
+	c, h := newSegmentedFake(t, nil)
+	// At the setup of segment 2's stream, segment 1 is uploaded but not yet
+	// committed, so not read back.
+	callCounter(h, "StorageVolUpload", func(k int64, call libvirtfake.Call) error {
+		if k == 3 {
+			data, _ := h.VolumeData(call.Pool, call.Volume)
+			data[fakeSegment+8<<10] ^= 0x40
+			return h.SetVolumeData(call.Pool, call.Volume, data)
+		}
+		return nil
+	})
+	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url, SHA256: sum})
+	wantClass(t, err, provider.Transient, "the host stores 102400 bytes with sha256 ")
+	if !strings.Contains(err.Error(), "but 102400 bytes with sha256 "+sum+" were sent") {
+		t.Fatalf("err = %v", err)
+	}
+	wantVolumes(t, h)
+	if srv.gets.Load() != 1 {
+		t.Fatalf("%d GETs, want 1", srv.gets.Load())
+	}
+}
+
+// The host's file is cut short inside a segment that was committed: its
+// read-back returns fewer bytes, which fails the fetch at once; the
+// upload still running is stopped for it, and nothing is left behind.
+func TestFakeOverlapCatchesTruncatedSegment(t *testing.T) {
+	body, _ := testImage(100 << 10)
+	srv := serve(t, body, nil)
+	// The held upload must not end as a stall (and be retried) first.
+	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = provider.Duration(time.Minute) })
+	uploads := callCounter(h, "StorageVolUpload", nil)
+	held := make(chan struct{})
+	holdLastSegment(h, uploads, held)
+	var once sync.Once
+	h.SetStreamHook("StorageVolDownload", readPosition(func(pos int64, call libvirtfake.Call) error {
+		if pos >= fakeSegment+fakeSegment/2 {
+			once.Do(func() {
+				data, _ := h.VolumeData(call.Pool, call.Volume)
+				_ = h.SetVolumeData(call.Pool, call.Volume, data[:pos])
+			})
+		}
+		return nil
+	}))
+	start := time.Now()
+	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
+	wantClass(t, err, provider.Transient, "were uploaded there (upload lost data; disk full?)")
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("returned after %s", el)
+	}
+	if srv.gets.Load() != 1 {
+		t.Fatalf("%d GETs, want 1 (no retry)", srv.gets.Load())
+	}
+	wantVolumes(t, h)
+	if n := h.OpenSessions(); n != 0 {
+		t.Fatalf("%d dedicated sessions left open", n)
+	}
+}
+
+// A read-back that fails stops the upload at once (the last segment's
+// stream is held until its session is killed) with the read-back's error,
+// not the upload's cancellation.
+func TestFakeOverlapReadBackFailureStopsUpload(t *testing.T) {
+	body, _ := testImage(100 << 10)
+	srv := serve(t, body, nil)
+	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = provider.Duration(time.Minute) })
+	uploads := callCounter(h, "StorageVolUpload", nil)
+	held := make(chan struct{})
+	holdLastSegment(h, uploads, held)
+	h.SetHook("StorageVolDownload", libvirtfake.Fail(errBoom))
+	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
+	wantClass(t, err, provider.Transient, "read back ")
+	if !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("err = %v", err)
+	}
+	wantVolumes(t, h)
+}
+
+// The caller's cancellation while an upload stream and a read-back stream
+// both run: Canceled at once; Close then finds both sessions closed, the
+// volume and claim removed (goleak in TestMain checks the goroutines).
+func TestFakeOverlapCancelMidOverlap(t *testing.T) {
+	body, _ := testImage(100 << 10)
+	srv := serve(t, body, nil)
+	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = provider.Duration(time.Minute) })
+	uploads := callCounter(h, "StorageVolUpload", nil)
+	upHeld := make(chan struct{})
+	holdLastSegment(h, uploads, upHeld)
+	downHeld := make(chan struct{})
+	var once sync.Once
+	h.SetStreamHook("StorageVolDownload", func(call libvirtfake.Call) error {
+		if call.Done > 0 {
+			once.Do(func() { close(downHeld) })
+			return call.Wait(nil)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Ensure(ctx, Image{Key: "k", URL: srv.url})
+		errc <- err
+	}()
+	<-upHeld
+	<-downHeld
+	if n := h.OpenSessions(); n != 2 {
+		t.Errorf("%d dedicated sessions open mid-overlap, want 2", n)
+	}
+	cancel()
+	wantClass(t, <-errc, provider.Canceled, "")
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wantVolumes(t, h)
+	if n := h.OpenSessions(); n != 0 {
+		t.Fatalf("%d dedicated sessions left open", n)
+	}
+}
+
+// libvirt refuses an upload segment as in use before its first byte (a
+// read-back was being set up on the volume): the segment is tried again
+// and the fetch succeeds.
+func TestFakeOverlapUploadInUseRetried(t *testing.T) {
+	body, sum := testImage(100 << 10)
+	srv := serve(t, body, nil)
+	c, h := newSegmentedFake(t, nil)
+	inUseErr := libvirt.Error{Code: uint32(libvirt.ErrOperationInvalid), Message: "Requested operation is not valid: volume 'v' is still in use."}
+	uploads := callCounter(h, "StorageVolUpload", func(k int64, _ libvirtfake.Call) error {
+		if k == 2 || k == 3 {
+			return inUseErr
+		}
+		return nil
+	})
+	b, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
+	if err != nil || b.Digest != sum {
+		t.Fatalf("Ensure = %+v, %v", b, err)
+	}
+	if uploads.Load() != 6 {
+		t.Errorf("%d upload calls, want 6 (4 segments, one refused twice)", uploads.Load())
+	}
+	if srv.gets.Load() != 1 {
+		t.Fatalf("%d GETs, want 1", srv.gets.Load())
+	}
+}
+
+// A volume that stays in use for another stream: the segment is tried
+// inUseRetries times more, then the fetch fails Transient (libvirt's table
+// would call the refusal Permanent) and cleans up.
+func TestFakeOverlapUploadInUseGivesUp(t *testing.T) {
+	body, _ := testImage(100 << 10)
+	srv := serve(t, body, nil)
+	c, h := newSegmentedFake(t, nil)
+	inUseErr := libvirt.Error{Code: uint32(libvirt.ErrOperationInvalid), Message: "Requested operation is not valid: volume 'v' is still in use."}
+	uploads := callCounter(h, "StorageVolUpload", func(k int64, _ libvirtfake.Call) error {
+		if k >= 2 {
+			return inUseErr
+		}
+		return nil
+	})
+	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
+	wantClass(t, err, provider.Transient, "is still in use")
+	if uploads.Load() != 2+inUseRetries {
+		t.Errorf("%d upload calls, want %d", uploads.Load(), 2+inUseRetries)
+	}
+	wantVolumes(t, h)
+}
