@@ -407,30 +407,18 @@ func (r *fleetRun) planFleet(n int) {
 func (r *fleetRun) createFleet(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := make([]error, len(r.backends))
-	var wg sync.WaitGroup
-	for i, b := range r.backends {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, m := range r.fleet {
-				if m.b != b {
-					continue
-				}
-				t0 := time.Now()
-				m.attempted = true
-				inst, err := b.client.Create(ctx, m.spec)
-				if err != nil {
-					errs[i] = err
-					cancel()
-					return
-				}
-				m.inst = inst
-				r.printf("created %s on %s in %v: %s", m.spec.Name, b.name, short(time.Since(t0)), inst.State)
-			}
-		}()
-	}
-	wg.Wait()
+	errs := r.perEntry(func(b *backend, m *member) (bool, error) {
+		t0 := time.Now()
+		m.attempted = true
+		inst, err := b.client.Create(ctx, m.spec)
+		if err != nil {
+			cancel()
+			return false, err
+		}
+		m.inst = inst
+		r.printf("created %s on %s in %v: %s", m.spec.Name, b.name, short(time.Since(t0)), inst.State)
+		return true, nil
+	})
 	// The first failure that is not the cancellation it caused.
 	var first error
 	for _, err := range errs {
@@ -445,6 +433,35 @@ func (r *fleetRun) createFleet(ctx context.Context) error {
 		return fail("%v (class %s)", first, provider.Code(first))
 	}
 	return nil
+}
+
+// perEntry runs f for every member, the entries at once (independent
+// hosts), each entry's members in order; f returns whether to go on
+// with the entry's next member and its member's error. It returns each entry's
+// first error, once every entry is done.
+func (r *fleetRun) perEntry(f func(*backend, *member) (bool, error)) []error {
+	errs := make([]error, len(r.backends))
+	var wg sync.WaitGroup
+	for i, b := range r.backends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, m := range r.fleet {
+				if m.b != b {
+					continue
+				}
+				more, err := f(b, m)
+				if errs[i] == nil {
+					errs[i] = err
+				}
+				if !more {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
 }
 
 // waitRunning polls until every member is Running, printing progress when
@@ -581,31 +598,19 @@ func (r *fleetRun) cleanUp(err error) error {
 	}
 	dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer dcancel()
-	// The entries at once, each entry's members in order.
-	derrs := make([]error, len(r.backends))
-	var wg sync.WaitGroup
-	for i, b := range r.backends {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, m := range r.fleet {
-				if m.b != b || !m.attempted {
-					continue
-				}
-				if derr := b.client.Delete(dctx, m.spec.Ref()); derr != nil {
-					fmt.Fprintf(r.stderr, "simple-fleet: cleanup: %v\n", derr)
-					if derrs[i] == nil {
-						derrs[i] = derr
-					}
-					continue
-				}
-				if err == nil {
-					r.printf("deleted %s", m.spec.Name)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	derrs := r.perEntry(func(b *backend, m *member) (bool, error) {
+		if !m.attempted {
+			return true, nil
+		}
+		if derr := b.client.Delete(dctx, m.spec.Ref()); derr != nil {
+			fmt.Fprintf(r.stderr, "simple-fleet: cleanup: %v\n", derr)
+			return true, derr // the others are still deleted
+		}
+		if err == nil {
+			r.printf("deleted %s", m.spec.Name)
+		}
+		return true, nil
+	})
 	for _, derr := range derrs {
 		if derr != nil && err == nil {
 			err = fail("deleting the fleet: %v", derr)
