@@ -37,7 +37,7 @@ func TestIntegrationImagesForeignUserAndChangedBytes(t *testing.T) {
 		t.Fatalf("ListImages = %+v, %v", listed, err)
 	}
 	img := listed[0]
-	if want := int64(len(tinyQCOW2(t))); img.SizeBytes != want {
+	if want := int64(len(teststack.TinyQCOW2(t))); img.SizeBytes != want {
 		t.Errorf("SizeBytes = %d, want the image's %d bytes", img.SizeBytes, want)
 	}
 
@@ -102,7 +102,7 @@ func TestIntegrationImagesForeignUserAndChangedBytes(t *testing.T) {
 	t.Logf("refused: %v", err)
 
 	// Change one byte of the stored base on the host.
-	bad := tinyQCOW2(t)
+	bad := teststack.TinyQCOW2(t)
 	bad[len(bad)-1] ^= 0xff
 	if err := rawLibvirt(t, func(l *libvirt.Libvirt) error {
 		sp, err := l.StoragePoolLookupByName(e.cfg.Pool)

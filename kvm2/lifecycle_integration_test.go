@@ -12,9 +12,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -25,6 +22,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/provider"
 )
 
@@ -45,20 +43,6 @@ func randSuffix(t *testing.T) string {
 	return hex.EncodeToString(b)
 }
 
-// tinyQCOW2 returns a small generated qcow2 image.
-func tinyQCOW2(t *testing.T) []byte {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "tiny.qcow2")
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", p, "32M").CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img create: %v: %s", err, out)
-	}
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 func newLifecycleEnv(t *testing.T) *lifecycleEnv {
 	t.Helper()
 	cfg := stackConfig(t)
@@ -67,7 +51,7 @@ func newLifecycleEnv(t *testing.T) *lifecycleEnv {
 	cfg.Owner = "kvm2-tests"
 	cfg.MachineTypes = map[string]MachineType{"tiny": {VCPUs: 1, MemoryMiB: 128}}
 
-	img := tinyQCOW2(t)
+	img := teststack.TinyQCOW2(t)
 	sum := sha256.Sum256(img)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", fmt.Sprint(len(img)))

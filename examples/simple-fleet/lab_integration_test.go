@@ -5,10 +5,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +17,7 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy/internal/lab"
+	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 )
 
@@ -36,7 +34,7 @@ func TestLabFleet(t *testing.T) {
 		t.Fatalf("the fleet test needs a lab of at least 2 hosts, this one has %d (scripts/lab up --hosts 2)", len(env.Hosts))
 	}
 	hosts := env.Hosts[:2]
-	url, sum := serveTinyImage(t)
+	url, sum := teststack.ServeTinyImage(t)
 
 	b := make([]byte, 3)
 	if _, err := rand.Read(b); err != nil {
@@ -181,28 +179,6 @@ func TestLabFleet(t *testing.T) {
 			t.Errorf("after run 2, %s lists %v, %v; want nothing", cfg.Entries[i].Entry, l, err)
 		}
 	}
-}
-
-// serveTinyImage serves a small generated qcow2 over HTTP on the caller's
-// 127.0.0.1 (kvm2 fetches in the caller and uploads over each host's
-// link) and returns its URL and sha256.
-func serveTinyImage(t *testing.T) (url, sum string) {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "tiny.qcow2")
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", p, "32M").CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img create: %v: %s", err, out)
-	}
-	img, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sha256.Sum256(img)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", strconv.Itoa(len(img)))
-		_, _ = w.Write(img)
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL + "/tiny.qcow2", hex.EncodeToString(h[:])
 }
 
 // openEntries opens one kvm2 provider per entry, closed at cleanup (after

@@ -5,11 +5,8 @@ package lab
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +23,7 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
@@ -52,30 +50,6 @@ type multiEntry struct {
 	cfg  kvm2.Config
 	p    *kvm2.Provider
 	base string // its base volume of image "tiny"
-}
-
-// tinyImage serves a small generated qcow2 over HTTP. kvm2 fetches images
-// in the caller's process (imagecache GETs the URL and uploads the bytes
-// over SSH), so the lab hosts never open this URL themselves: a server on
-// 127.0.0.1 of the caller's namespace suffices, and the bytes still cross
-// each host's link.
-func tinyImage(t *testing.T) imagecache.Image {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "tiny.qcow2")
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", p, "32M").CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img create: %v: %s", err, out)
-	}
-	img, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(img)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", strconv.Itoa(len(img)))
-		_, _ = w.Write(img)
-	}))
-	t.Cleanup(srv.Close)
-	return imagecache.Image{URL: srv.URL + "/tiny.qcow2", SHA256: hex.EncodeToString(sum[:])}
 }
 
 func suffix(t *testing.T) string {
@@ -304,7 +278,8 @@ func TestLabMultiHost(t *testing.T) {
 	}
 	start := time.Now()
 	sfx := suffix(t)
-	img := tinyImage(t)
+	url, sum := teststack.ServeTinyImage(t)
+	img := imagecache.Image{URL: url, SHA256: sum}
 	const owner, otherOwner = "lab-multi", "lab-multi-other"
 
 	entries := make([]*multiEntry, len(env.Hosts))
