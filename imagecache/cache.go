@@ -468,13 +468,13 @@ func (c *Cache) Ensure(ctx context.Context, img Image) (_ Base, opErr error) {
 func (c *Cache) ensure(ctx context.Context, img Image, name string) (Base, error) {
 	log := c.log.WithValues("volume", name)
 	for {
-		d, err := c.look(ctx, img, name, "")
+		d, vol, err := c.lookVol(ctx, img, name, "")
 		if err != nil {
 			return Base{}, err
 		}
 		switch d.Action {
 		case actHit:
-			return c.published(ctx, img, name, d.Digest)
+			return c.published(ctx, img, name, d.Digest, vol)
 		case actMismatch, actAmbiguous:
 			return Base{}, c.conflict(img, name, d)
 		case actWait:
@@ -488,7 +488,7 @@ func (c *Cache) ensure(ctx context.Context, img Image, name string) (Base, error
 		b, retry, err := c.underClaim(ctx, name, func(ctx context.Context, d decision) (Base, error) {
 			switch d.Action {
 			case actHit:
-				return c.published(ctx, img, name, d.Digest)
+				return c.published(ctx, img, name, d.Digest, nil)
 			case actMismatch, actAmbiguous:
 				return Base{}, c.conflict(img, name, d)
 			}
@@ -508,18 +508,32 @@ func (c *Cache) ensure(ctx context.Context, img Image, name string) (Base, error
 // look lists the pool and decides. want comes from img (empty for a
 // zero Image); ownToken is the token of the claim we hold ("" for none).
 func (c *Cache) look(ctx context.Context, img Image, name, ownToken string) (decision, error) {
-	names, err := c.listNames(ctx)
+	d, _, err := c.lookVol(ctx, img, name, ownToken)
+	return d, err
+}
+
+// lookVol is look that also returns the listing's handle of volume name
+// (nil when the pool has none), so that a hit reads the base's path
+// without looking the pool and the volume up again (two round trips less
+// on every Create of a cached image).
+func (c *Cache) lookVol(ctx context.Context, img Image, name, ownToken string) (decision, *libvirt.StorageVol, error) {
+	vols, err := c.listVols(ctx)
 	if err != nil {
-		return decision{}, err
+		return decision{}, nil, err
 	}
-	d := decide(c.snapshot(names, name, img.SHA256, ownToken))
+	d := decide(c.snapshot(volNames(vols), name, img.SHA256, ownToken))
 	if d.Action != actFetch {
 		for _, r := range d.Remove {
 			c.log.V(1).Info("removing stale volume", "volume", r)
 			c.deleteQuiet(ctx, r)
 		}
 	}
-	return d, nil
+	for i := range vols {
+		if vols[i].Name == name {
+			return d, &vols[i], nil
+		}
+	}
+	return d, nil, nil
 }
 
 // evictHint is the remedy texts give for a base that must go: the call
@@ -564,13 +578,22 @@ func (c *Cache) removeDebris(ctx context.Context, name string, d decision) error
 }
 
 // published returns the Base of a hit.
-func (c *Cache) published(ctx context.Context, img Image, name, digest string) (Base, error) {
+// vol, when not nil, is the volume's handle from the listing that found
+// the hit; otherwise the volume is looked up.
+func (c *Cache) published(ctx context.Context, img Image, name, digest string, vol *libvirt.StorageVol) (Base, error) {
 	var path string
-	err := c.doVol(ctx, name, func(l Libvirt, v libvirt.StorageVol) error {
+	getPath := func(l Libvirt, v libvirt.StorageVol) error {
 		var err error
 		path, err = l.StorageVolGetPath(v)
 		return err
-	})
+	}
+	var err error
+	if vol != nil {
+		v := *vol
+		err = c.do(ctx, func(l Libvirt) error { return getPath(l, v) })
+	} else {
+		err = c.doVol(ctx, name, getPath)
+	}
 	if err != nil {
 		return Base{}, c.classify(ctx, fmt.Errorf("look up base %s: %w", name, err))
 	}

@@ -104,7 +104,7 @@ func (c *Cache) Verify(ctx context.Context, img Image) (_ Base, opErr error) {
 	if digest != d.Digest {
 		return Base{}, provider.Errorf(provider.Permanent, "base %s: the host stores %d bytes with sha256 %s but its marker says %s; it is left untouched because running VMs may use it: delete the proxies using it, then "+evictHint, name, n, digest, d.Digest)
 	}
-	return c.published(ctx, img, name, digest)
+	return c.published(ctx, img, name, digest, nil)
 }
 
 // List returns this entry's bases in the pool, sorted by volume name, with

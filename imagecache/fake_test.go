@@ -191,10 +191,22 @@ func TestFakeFetchHitVerifyListEvict(t *testing.T) {
 		t.Fatalf("%d dedicated sessions left open", n)
 	}
 
-	// A hit: no GET, no upload, no read-back.
+	// A hit: no GET, no upload, no read-back; three calls in a row (pool
+	// lookup, the listing, the path of the listing's volume), each a round
+	// trip on a link.
 	img.SHA256 = "" // any digest is accepted
+	callsBefore := map[string]int{}
+	hitCalls := []string{"StoragePoolLookupByName", "StoragePoolListAllVolumes", "StorageVolLookupByName", "StorageVolGetPath"}
+	for _, m := range hitCalls {
+		callsBefore[m] = h.Calls(m)
+	}
 	if b2, err := c.Ensure(ctx, img); err != nil || b2 != want {
 		t.Fatalf("hit = %+v, %v", b2, err)
+	}
+	for m, want := range map[string]int{"StoragePoolLookupByName": 1, "StoragePoolListAllVolumes": 1, "StorageVolLookupByName": 0, "StorageVolGetPath": 1} {
+		if got := h.Calls(m) - callsBefore[m]; got != want {
+			t.Errorf("a hit called %s %d times, want %d", m, got, want)
+		}
 	}
 	if srv.gets.Load() != 1 || h.Calls("StorageVolUpload") != 1 || h.Calls("StorageVolDownload") != 1 {
 		t.Fatalf("hit fetched again: %d GETs, %d uploads, %d downloads", srv.gets.Load(), h.Calls("StorageVolUpload"), h.Calls("StorageVolDownload"))

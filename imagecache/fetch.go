@@ -164,7 +164,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 		// The read-back overlaps the upload: verify is what it added
 		// after the upload.
 		"verify", el-uploaded)
-	return c.published(ctx, img, name, digest)
+	return c.published(ctx, img, name, digest, nil)
 }
 
 // permanentGET reports why a failed GET cannot succeed when retried: the

@@ -97,22 +97,34 @@ func isLibvirtErr(err error, code libvirt.ErrorNumber) bool { return libvirterr.
 
 // listNames returns the names of every volume in the pool.
 func (c *Cache) listNames(ctx context.Context) ([]string, error) {
-	var names []string
+	vols, err := c.listVols(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return volNames(vols), nil
+}
+
+// listVols returns every volume of the pool (one listing call after the
+// pool's lookup).
+func (c *Cache) listVols(ctx context.Context) ([]libvirt.StorageVol, error) {
+	var vols []libvirt.StorageVol
 	err := c.doPool(ctx, func(l Libvirt, p libvirt.StoragePool) error {
-		vols, _, err := l.StoragePoolListAllVolumes(p, 1, 0)
-		if err != nil {
-			return err
-		}
-		names = names[:0]
-		for _, v := range vols {
-			names = append(names, v.Name)
-		}
-		return nil
+		var err error
+		vols, _, err = l.StoragePoolListAllVolumes(p, 1, 0)
+		return err
 	})
 	if err != nil {
 		return nil, c.classify(ctx, fmt.Errorf("list volumes of pool %s: %w", c.cfg.Pool, err))
 	}
-	return names, nil
+	return vols, nil
+}
+
+func volNames(vols []libvirt.StorageVol) []string {
+	names := make([]string, 0, len(vols))
+	for _, v := range vols {
+		names = append(names, v.Name)
+	}
+	return names
 }
 
 // volXML is the XML of a new raw file volume of capacity bytes (0: grows
