@@ -132,6 +132,16 @@ func wantVolumes(t *testing.T, h *libvirtfake.Host, want ...string) {
 	}
 }
 
+// wantLeft checks what a finished fetch left: exactly the volumes want in
+// the pool, and no dedicated session open.
+func wantLeft(t *testing.T, h *libvirtfake.Host, want ...string) {
+	t.Helper()
+	wantVolumes(t, h, want...)
+	if n := h.OpenSessions(); n != 0 {
+		t.Fatalf("%d dedicated sessions left open", n)
+	}
+}
+
 func wantClass(t *testing.T, err error, code provider.ErrorCode, text string) {
 	t.Helper()
 	if provider.Code(err) != code || !strings.Contains(fmt.Sprint(err), text) {
@@ -723,10 +733,7 @@ func TestFakeFailureShapes(t *testing.T) {
 			}
 			h.SetHook("StoragePoolListAllVolumes", nil)
 			_ = h.SetPoolActive(fakePool, true)
-			wantVolumes(t, h)
-			if n := h.OpenSessions(); n != 0 {
-				t.Fatalf("%d dedicated sessions left open", n)
-			}
+			wantLeft(t, h)
 		})
 	}
 }
@@ -789,10 +796,7 @@ func TestFakeCallerCancelDuringUpload(t *testing.T) {
 	if err := c.Close(); err != nil { // waits for the abandoned flight
 		t.Fatal(err)
 	}
-	wantVolumes(t, h)
-	if n := h.OpenSessions(); n != 0 {
-		t.Fatalf("%d dedicated sessions left open", n)
-	}
+	wantLeft(t, h)
 }
 
 // Close during a fetch cancels it, waits for it and leaves no goroutine and

@@ -112,10 +112,7 @@ func TestFakeOverlapReadsBehindUpload(t *testing.T) {
 	if got, _ := h.VolumeData(fakePool, b.Volume); !slices.Equal(got, body) {
 		t.Errorf("the host holds %d bytes, not the image", len(got))
 	}
-	wantVolumes(t, h, b.Volume, MarkerName(b.Volume, sum))
-	if n := h.OpenSessions(); n != 0 {
-		t.Fatalf("%d dedicated sessions left open", n)
-	}
+	wantLeft(t, h, b.Volume, MarkerName(b.Volume, sum))
 }
 
 // A body without Content-Length that ends exactly at a segment boundary
@@ -196,10 +193,7 @@ func TestFakeOverlapCatchesTruncatedSegment(t *testing.T) {
 	if srv.gets.Load() != 1 {
 		t.Fatalf("%d GETs, want 1 (no retry)", srv.gets.Load())
 	}
-	wantVolumes(t, h)
-	if n := h.OpenSessions(); n != 0 {
-		t.Fatalf("%d dedicated sessions left open", n)
-	}
+	wantLeft(t, h)
 }
 
 // A read-back that fails stops the upload at once (the last segment's
@@ -256,10 +250,7 @@ func TestFakeOverlapCancelMidOverlap(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	wantVolumes(t, h)
-	if n := h.OpenSessions(); n != 0 {
-		t.Fatalf("%d dedicated sessions left open", n)
-	}
+	wantLeft(t, h)
 }
 
 // libvirt refuses an upload segment as in use before its first byte (a
