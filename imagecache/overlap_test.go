@@ -2,6 +2,7 @@ package imagecache
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -173,14 +174,46 @@ func TestFakeOverlapCatchesTruncatedSegment(t *testing.T) {
 	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = provider.Duration(time.Minute) })
 	uploads := callCounter(h, "StorageVolUpload", nil)
 	held := make(chan struct{})
-	holdLastSegment(h, uploads, held)
+	reached := make(chan struct{}) // the read-back of segment 1 is at the cut
+	var holdOnce sync.Once
+	h.SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
+		switch k := uploads.Load(); {
+		case k == 3 && call.Done > 0:
+			// Segment 2's stream goes on only once the read-back of
+			// segment 1 has reached the cut: the interleaving (seen in
+			// CI under load) in which a cut made at once is then
+			// zero-filled by this stream's writes behind it.
+			select {
+			case <-reached:
+			case <-time.After(10 * time.Second):
+			}
+		case k == 4 && call.Done == 0:
+			holdOnce.Do(func() { close(held) })
+			return call.Wait(nil)
+		}
+		return nil
+	})
 	var once sync.Once
 	h.SetStreamHook("StorageVolDownload", readPosition(func(pos int64, call libvirtfake.Call) error {
 		if pos >= fakeSegment+fakeSegment/2 {
+			var err error
 			once.Do(func() {
+				close(reached)
+				// Cut only once segment 2's upload is over (the fourth
+				// stream is held before its first byte): a write of it
+				// after the cut would fill the cut range with zeros, a
+				// corruption the read-back judges only by the digest at
+				// the end, which the held stream never reaches.
+				select {
+				case <-held:
+				case <-time.After(10 * time.Second):
+					err = errors.New("the fourth upload stream never started")
+					return
+				}
 				data, _ := h.VolumeData(call.Pool, call.Volume)
-				_ = h.SetVolumeData(call.Pool, call.Volume, data[:pos])
+				err = h.SetVolumeData(call.Pool, call.Volume, data[:pos])
 			})
+			return err
 		}
 		return nil
 	}))
