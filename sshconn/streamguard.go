@@ -46,6 +46,12 @@ type streamGuard struct {
 	net.Conn
 	r       *bufio.Reader
 	pending []byte // accepted bytes not yet returned by Read
+	// through counts the body bytes of the current data packet still to be
+	// copied straight from r into Read's buffer (after its header, which
+	// is in pending): a download's data packets of a replied stream are
+	// passed on without being staged in a buffer of their own.
+	through int
+	hdr     [headerLen]byte
 
 	streams  map[int32]*guardedStream
 	ended    map[int32]struct{} // serials whose stream ended for go-libvirt
@@ -85,36 +91,80 @@ func newStreamGuard(c net.Conn) *streamGuard {
 // Read returns the bytes of accepted packets, reading and sorting as many
 // packets from the channel as needed.
 func (g *streamGuard) Read(p []byte) (int, error) {
-	for len(g.pending) == 0 {
+	for len(g.pending) == 0 && g.through == 0 {
 		if err := g.next(); err != nil {
 			return 0, err
 		}
+	}
+	if len(g.pending) == 0 {
+		if len(p) > g.through {
+			p = p[:g.through]
+		}
+		n, err := g.r.Read(p)
+		g.through -= n
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		if n > 0 {
+			err = nil // a short read is retried by the caller's next Read
+		}
+		return n, err
 	}
 	n := copy(p, g.pending)
 	g.pending = g.pending[n:]
 	return n, nil
 }
 
-// next reads one packet and queues, holds or drops it.
+// next reads one packet and queues, holds or drops it; a data packet that
+// a replied stream's call is waiting for only has its header read here
+// (the body follows through Read).
 func (g *streamGuard) next() error {
-	var lenBuf [4]byte
-	if _, err := io.ReadFull(g.r, lenBuf[:]); err != nil {
+	if _, err := io.ReadFull(g.r, g.hdr[:4]); err != nil {
 		return err
 	}
-	n := binary.BigEndian.Uint32(lenBuf[:])
+	n := binary.BigEndian.Uint32(g.hdr[:4])
 	if n < headerLen || n > maxPacket {
 		return fmt.Errorf("sshconn: libvirt packet of %d bytes: %w", n, errBadFrame)
 	}
+	if _, err := io.ReadFull(g.r, g.hdr[4:]); err != nil {
+		return unexpected(err)
+	}
+	if n > headerLen && g.passesThrough(g.hdr[4:]) {
+		g.pending = g.hdr[:]
+		g.through = int(n) - headerLen
+		return nil
+	}
 	pkt := make([]byte, n)
-	copy(pkt, lenBuf[:])
-	if _, err := io.ReadFull(g.r, pkt[4:]); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return err
+	copy(pkt, g.hdr[:])
+	if _, err := io.ReadFull(g.r, pkt[headerLen:]); err != nil {
+		return unexpected(err)
 	}
 	g.sort(pkt)
 	return nil
+}
+
+func unexpected(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// passesThrough reports whether a packet with header h and a body is a
+// data packet that sort would pass on unchanged without ending its stream:
+// a stream packet with status continue of a stream whose reply has been
+// passed on and that has not ended.
+func (g *streamGuard) passesThrough(h []byte) bool {
+	if binary.BigEndian.Uint32(h[12:16]) != socket.Stream ||
+		binary.BigEndian.Uint32(h[20:24]) != socket.StatusContinue {
+		return false
+	}
+	serial := int32(binary.BigEndian.Uint32(h[16:20]))
+	if _, ok := g.ended[serial]; ok {
+		return false
+	}
+	st := g.streams[serial]
+	return st != nil && st.replied
 }
 
 var errBadFrame = fmt.Errorf("bad frame")
