@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -83,5 +84,33 @@ func TestOptionsJSON(t *testing.T) {
 	err = yaml.UnmarshalStrict([]byte("grace: 90\n"), &gotTr)
 	if err == nil || !strings.Contains(err.Error(), "TrackerOptions.grace") || !strings.Contains(err.Error(), "nanoseconds") {
 		t.Errorf("bare number: %v", err)
+	}
+}
+
+// The option structs holding the proxy password print without it, through
+// String and every fmt verb, by value and by pointer (an embedder logging
+// its options, or a %+v in an error, must not leak the Secret), and still
+// show the plain values.
+func TestOptionsTextHasNoSecret(t *testing.T) {
+	t.Parallel()
+	const password = "pr0xy-passw0rd"
+	probe := ProbeOptions{Timeout: provider.Duration(3 * time.Second), Username: "probe", Password: password, Dialer: &net.Dialer{}}
+	all := ProbeAllOptions{Workers: 8, TargetAddr: "example.com:443", Probe: probe, Logger: logr.Discard()}
+	for name, v := range map[string]any{"ProbeOptions": probe, "*ProbeOptions": &probe, "ProbeAllOptions": all, "*ProbeAllOptions": &all} {
+		for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%q"} {
+			out := fmt.Sprintf(verb, v)
+			if strings.Contains(out, password) {
+				t.Errorf("%s with %s shows the password: %s", name, verb, out)
+			}
+			if !strings.Contains(out, "probe") || !strings.Contains(out, "3s") {
+				t.Errorf("%s with %s lacks the username or timeout: %s", name, verb, out)
+			}
+		}
+	}
+	if s := probe.String(); s != `{"timeout":"3s","username":"probe"}` {
+		t.Errorf("ProbeOptions.String() = %s", s)
+	}
+	if s := all.String(); s != `{"workers":8,"targetAddr":"example.com:443","probe":{"timeout":"3s","username":"probe"}}` {
+		t.Errorf("ProbeAllOptions.String() = %s", s)
 	}
 }

@@ -7,14 +7,16 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr/testr"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/provider"
 )
 
 // The credential fields reach sshconn: a provider configured only with
-// values (key and known_hosts as bytes, or an ssh-agent) is reachable, and
-// one whose key cannot be decrypted reports CredentialsUnavailable.
+// values (key and known_hosts as bytes, an ssh.Signer, or an ssh-agent) is
+// reachable, and one whose key cannot be decrypted reports
+// CredentialsUnavailable.
 func TestIntegrationCredentialsAsValues(t *testing.T) {
 	env := teststack.Require(t)
 	key, err := os.ReadFile(env.SSHKey)
@@ -22,6 +24,10 @@ func TestIntegrationCredentialsAsValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	knownHosts, err := os.ReadFile(env.KnownHosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := ssh.ParsePrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,6 +41,8 @@ func TestIntegrationCredentialsAsValues(t *testing.T) {
 			c.KeyFile, c.Key, c.KnownHostsFile, c.KnownHosts = "", key, "", knownHosts
 		}, provider.ReasonNone},
 		{"ssh-agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", agent }, provider.ReasonNone},
+		// The embedder's own ssh.Signer (a token, a KMS) is the only key.
+		{"signer", func(c *Config) { c.KeyFile, c.Signer = "", signer }, provider.ReasonNone},
 		{"passphrase for an unencrypted key", func(c *Config) {
 			c.KeyFile, c.Key, c.KeyPassphrase = "", key, []byte("not this key's")
 		}, provider.ReasonCredentialsUnavailable},

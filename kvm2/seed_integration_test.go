@@ -16,8 +16,8 @@ import (
 // at something no temporary file can be made in, a cold Create (the base
 // fetched too) succeeds, the guest runs, and the seed volume on the host is
 // byte for byte the in-memory image buildSeed makes for the instance; a
-// second Create of the existing instance succeeds as well. Not parallel: it
-// sets TMPDIR.
+// second Create of the existing instance succeeds as well and builds no
+// seed. Not parallel: it sets TMPDIR and reads the package's seed counter.
 func TestIntegrationCreateNoTempDir(t *testing.T) {
 	e := newLifecycleEnv(t)
 	p := openT(t, e.cfg, testr.New(t))
@@ -42,8 +42,12 @@ func TestIntegrationCreateNoTempDir(t *testing.T) {
 	}
 	t.Logf("seed: %d bytes", len(want))
 
+	built := seedsBuilt.Load()
 	if again, err := p.Create(ctx, spec); err != nil || !again.CreatedAt.Equal(inst.CreatedAt) {
 		t.Errorf("Create of the existing instance: %+v, %v", again, err)
+	}
+	if n := seedsBuilt.Load() - built; n != 0 {
+		t.Errorf("Create of the existing instance built %d seeds, want none", n)
 	}
 	if err := p.Delete(ctx, spec.Ref()); err != nil {
 		t.Fatal(err)
