@@ -304,6 +304,13 @@ type Cache struct {
 	// segment is how many bytes one upload stream of a fetch carries
 	// (segmentSize; tests make it small to get many segments).
 	segment int64
+
+	// pool is the pool's handle (name and UUID) once looked up, so that
+	// each call on the pool does not pay a lookup's round trip first (a
+	// cold fetch made 13 of them). See poolOn.
+	poolMu  sync.Mutex
+	pool    libvirt.StoragePool
+	poolSet bool
 }
 
 type flight struct {

@@ -201,9 +201,9 @@ func TestFakeFetchHitVerifyListEvict(t *testing.T) {
 		t.Fatalf("%d dedicated sessions left open", n)
 	}
 
-	// A hit: no GET, no upload, no read-back; three calls in a row (pool
-	// lookup, the listing, the path of the listing's volume), each a round
-	// trip on a link.
+	// A hit: no GET, no upload, no read-back; two calls in a row (the
+	// listing, the path of the listing's volume; the pool's handle is the
+	// one the fetch looked up), each a round trip on a link.
 	img.SHA256 = "" // any digest is accepted
 	callsBefore := map[string]int{}
 	hitCalls := []string{"StoragePoolLookupByName", "StoragePoolListAllVolumes", "StorageVolLookupByName", "StorageVolGetPath"}
@@ -213,7 +213,7 @@ func TestFakeFetchHitVerifyListEvict(t *testing.T) {
 	if b2, err := c.Ensure(ctx, img); err != nil || b2 != want {
 		t.Fatalf("hit = %+v, %v", b2, err)
 	}
-	for m, want := range map[string]int{"StoragePoolLookupByName": 1, "StoragePoolListAllVolumes": 1, "StorageVolLookupByName": 0, "StorageVolGetPath": 1} {
+	for m, want := range map[string]int{"StoragePoolLookupByName": 0, "StoragePoolListAllVolumes": 1, "StorageVolLookupByName": 0, "StorageVolGetPath": 1} {
 		if got := h.Calls(m) - callsBefore[m]; got != want {
 			t.Errorf("a hit called %s %d times, want %d", m, got, want)
 		}
@@ -1039,4 +1039,39 @@ func TestFakeEvictAndListFailures(t *testing.T) {
 	h.SetHook("ConnectListAllStoragePools", libvirtfake.Fail(errBoom))
 	_, err = c.List(ctx)
 	wantClass(t, err, provider.Transient, "list storage pools")
+}
+
+// The cache remembers the pool's handle, and libvirt finds a pool by the
+// handle's UUID: after the pool is undefined and defined again under the
+// same name, the next fetch forgets the stale handle, looks the pool up
+// again and publishes; after the pool is gone for good it fails Permanent,
+// naming the pool, as before.
+func TestFakePoolRedefinedUnderTheCache(t *testing.T) {
+	body, sum := testImage(40 << 10)
+	srv := serve(t, body, nil)
+	c, h := newFakeCache(t, nil)
+	ctx := testCtx(t, 30*time.Second)
+	if _, err := c.Ensure(ctx, Image{Key: "a", URL: srv.url, SHA256: sum}); err != nil {
+		t.Fatal(err)
+	}
+	lookups := h.Calls("StoragePoolLookupByName")
+	h.RemovePool(fakePool)
+	if err := h.AddPool(fakePool, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Ensure(ctx, Image{Key: "a", URL: srv.url, SHA256: sum})
+	if err != nil || b.Digest != sum {
+		t.Fatalf("Ensure after the pool was defined again = %+v, %v", b, err)
+	}
+	if got, _ := h.VolumeData(fakePool, b.Volume); !slices.Equal(got, body) {
+		t.Errorf("the new pool holds %d bytes, not the image", len(got))
+	}
+	if n := h.Calls("StoragePoolLookupByName") - lookups; n != 1 {
+		t.Errorf("%d pool lookups after the pool was defined again, want 1 (the stale handle forgotten once)", n)
+	}
+	h.RemovePool(fakePool)
+	_, err = c.Ensure(ctx, Image{Key: "a", URL: srv.url, SHA256: sum})
+	if provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), fakePool) {
+		t.Fatalf("Ensure with the pool gone = %v (%v), want Permanent naming %s", err, provider.Code(err), fakePool)
+	}
 }

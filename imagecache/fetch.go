@@ -360,7 +360,7 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 		err = c.runStream(ctx, dc, "upload "+name, m.stalled, func() error {
 			defer m.callDone.Store(true)
 			if !looked {
-				v, err := lookupVol(dc.Libvirt(), c.cfg.Pool, name)
+				v, err := c.lookupVol(dc.Libvirt(), name)
 				if err != nil {
 					return err
 				}
@@ -551,7 +551,8 @@ func (c *Cache) readBack(ctx context.Context, name string) (int64, string, error
 	}
 	defer dc.Close()
 	h := sha256.New()
-	n, err := c.readRange(ctx, dc, name, h, 0, 0)
+	var vol libvirt.StorageVol
+	n, err := c.readRange(ctx, dc, name, &vol, h, 0, 0)
 	if err != nil {
 		return 0, "", err
 	}

@@ -20,46 +20,62 @@ func (c *Cache) do(ctx context.Context, fn func(Libvirt) error) error {
 
 // doPool runs fn on the shared connection with the cache's pool.
 func (c *Cache) doPool(ctx context.Context, fn func(Libvirt, libvirt.StoragePool) error) error {
-	return c.do(ctx, onPool(c.cfg.Pool, fn))
+	return c.do(ctx, func(l Libvirt) error { return c.withPool(l, fn) })
 }
 
 // doVol runs fn on the shared connection with volume name of the pool.
 func (c *Cache) doVol(ctx context.Context, name string, fn func(Libvirt, libvirt.StorageVol) error) error {
-	return c.do(ctx, onVol(c.cfg.Pool, name, fn))
-}
-
-// onPool turns fn into a function of the connection that first looks up
-// pool. L is Libvirt, or *libvirt.Libvirt where a test calls sshconn
-// directly.
-func onPool[L Libvirt](pool string, fn func(L, libvirt.StoragePool) error) func(L) error {
-	return func(l L) error {
-		p, err := l.StoragePoolLookupByName(pool)
-		if err != nil {
-			return err
-		}
-		return fn(l, p)
-	}
-}
-
-// onVol turns fn into a function of the connection that first looks up
-// volume name of pool.
-func onVol[L Libvirt](pool, name string, fn func(L, libvirt.StorageVol) error) func(L) error {
-	return func(l L) error {
-		v, err := lookupVol(l, pool, name)
+	return c.do(ctx, func(l Libvirt) error {
+		v, err := c.lookupVol(l, name)
 		if err != nil {
 			return err
 		}
 		return fn(l, v)
-	}
+	})
 }
 
-// lookupVol looks up volume name of pool on l.
-func lookupVol(l Libvirt, pool, name string) (libvirt.StorageVol, error) {
-	p, err := l.StoragePoolLookupByName(pool)
-	if err != nil {
-		return libvirt.StorageVol{}, err
+// withPool runs fn on l with the pool's handle: the one remembered from an
+// earlier lookup, else a fresh lookup (then remembered). libvirt finds a
+// pool by its handle's UUID, so a pool that was undefined and defined
+// again under the same name answers a remembered handle "no storage pool
+// with matching uuid": then, and only then, the handle is forgotten and fn
+// runs once more with a fresh lookup (fn did nothing: libvirt refused the
+// handle before acting). A pool that is really gone fails that lookup, as
+// it did before handles were remembered.
+func (c *Cache) withPool(l Libvirt, fn func(Libvirt, libvirt.StoragePool) error) error {
+	c.poolMu.Lock()
+	p, remembered := c.pool, c.poolSet
+	c.poolMu.Unlock()
+	if remembered {
+		err := fn(l, p)
+		if !isLibvirtErr(err, libvirt.ErrNoStoragePool) {
+			return err
+		}
+		c.poolMu.Lock()
+		if c.pool == p {
+			c.poolSet = false
+		}
+		c.poolMu.Unlock()
 	}
-	return l.StorageVolLookupByName(p, name)
+	p, err := l.StoragePoolLookupByName(c.cfg.Pool)
+	if err != nil {
+		return err
+	}
+	c.poolMu.Lock()
+	c.pool, c.poolSet = p, true
+	c.poolMu.Unlock()
+	return fn(l, p)
+}
+
+// lookupVol looks up volume name of the pool on l (withPool's handle).
+func (c *Cache) lookupVol(l Libvirt, name string) (libvirt.StorageVol, error) {
+	var v libvirt.StorageVol
+	err := c.withPool(l, func(l Libvirt, p libvirt.StoragePool) error {
+		var err error
+		v, err = l.StorageVolLookupByName(p, name)
+		return err
+	})
+	return v, err
 }
 
 // classify gives an infrastructure error its class from the table kvm2

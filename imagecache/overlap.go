@@ -213,6 +213,7 @@ var errHalted = errors.New("read-back stopped: the upload failed")
 // fresh connection, the hash rewound to its start.
 func (c *Cache) readBehind(ctx context.Context, name string, w *committed) (res readResult) {
 	var dc Dedicated
+	var vol libvirt.StorageVol // looked up once per connection
 	defer func() {
 		if dc != nil {
 			_ = dc.Close()
@@ -256,12 +257,12 @@ func (c *Cache) readBehind(ctx context.Context, name string, w *committed) (res 
 			res.n, res.err = off, provider.WithCode(provider.Permanent, fmt.Errorf("read back %s: %w", name, err))
 			return res
 		}
-		got, err := c.readRange(ctx, dc, name, h, off, end-off)
+		got, err := c.readRange(ctx, dc, name, &vol, h, off, end-off)
 		if errors.Is(err, errStalled) && ctx.Err() == nil && !retried {
 			retried = true
 			c.log.Info("the read-back stream made no progress; reading back once more on a fresh connection", "volume", name, "bytes", off, "err", err.Error())
 			_ = dc.Close()
-			dc = nil
+			dc, vol = nil, libvirt.StorageVol{}
 			if uerr := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(state); uerr != nil {
 				res.n, res.err = off, provider.WithCode(provider.Permanent, fmt.Errorf("read back %s: %w", name, uerr))
 				return res
@@ -282,19 +283,24 @@ func (c *Cache) readBehind(ctx context.Context, name string, w *committed) (res 
 
 // readRange hashes into h the bytes libvirt reads from the volume on the
 // host at [off, off+length) (length 0: to the end) over dc, and returns how
-// many it read. A stall or ctx ending kills dc (see runStream).
-func (c *Cache) readRange(ctx context.Context, dc Dedicated, name string, h hash.Hash, off, length int64) (int64, error) {
+// many it read. A stall or ctx ending kills dc (see runStream). *vol is the
+// volume's handle on dc: looked up (pool, then volume) when still zero and
+// kept there, so the ranges of one read-back pay the lookups once.
+func (c *Cache) readRange(ctx context.Context, dc Dedicated, name string, vol *libvirt.StorageVol, h hash.Hash, off, length int64) (int64, error) {
 	// The writer never fails: go-libvirt must keep draining the stream
 	// (a failing writer would end the call early, leaving packets behind
 	// for its router); ctx and stalls kill the link.
 	w := &hashWriter{h: h, stall: c.cfg.StreamStall.Duration()}
 	w.touch()
 	err := c.runStream(ctx, dc, "read back "+name, w.stalled, func() error {
-		v, err := lookupVol(dc.Libvirt(), c.cfg.Pool, name)
-		if err != nil {
-			return err
+		if vol.Name == "" {
+			v, err := c.lookupVol(dc.Libvirt(), name)
+			if err != nil {
+				return err
+			}
+			*vol = v
 		}
-		return dc.Libvirt().StorageVolDownload(v, w, uint64(off), uint64(length), 0)
+		return dc.Libvirt().StorageVolDownload(*vol, w, uint64(off), uint64(length), 0)
 	})
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -333,3 +333,57 @@ func TestFakeOverlapUploadInUseGivesUp(t *testing.T) {
 	}
 	wantVolumes(t, h)
 }
+
+// Each dedicated connection of a segmented fetch looks the volume up once
+// (pool, then volume), not once a segment: at 50 ms of round trip every
+// lookup of a read-back range cost two round trips. Segment k's upload
+// (from the third on) waits until segment k-2, the newest committed one
+// when it starts, was read back, so the read-back reads range by range.
+func TestFakeOverlapLooksUpTheVolumeOncePerConnection(t *testing.T) {
+	body, sum := testImage(100 << 10)
+	srv := serve(t, body, nil)
+	c, h := newSegmentedFake(t, nil)
+	var mu sync.Mutex
+	lookups := map[*libvirtfake.Session]int{}
+	streams := map[*libvirtfake.Session]int{}
+	var uploads, downloads atomic.Int64
+	count := func(m map[*libvirtfake.Session]int, n *atomic.Int64) libvirtfake.Hook {
+		return func(call libvirtfake.Call) error {
+			mu.Lock()
+			m[call.Session]++
+			mu.Unlock()
+			if n != nil {
+				n.Add(1)
+			}
+			return nil
+		}
+	}
+	h.SetHook("StorageVolLookupByName", count(lookups, nil))
+	h.SetHook("StorageVolDownload", count(streams, &downloads))
+	h.SetHook("StorageVolUpload", count(streams, &uploads))
+	h.SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
+		if k := uploads.Load(); k > 2 && call.Done == 0 {
+			for deadline := time.Now().Add(3 * time.Second); downloads.Load() < k-2 && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		return nil
+	})
+	b, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url, SHA256: sum})
+	if err != nil || b.Digest != sum {
+		t.Fatalf("Ensure = %+v, %v", b, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(streams) != 2 {
+		t.Fatalf("streams ran on %d sessions, want 2 (upload, read-back)", len(streams))
+	}
+	for s, n := range streams {
+		if n < 3 {
+			t.Errorf("a session ran %d streams, want at least 3 (4 upload segments, 3 read-back ranges)", n)
+		}
+		if lookups[s] != 1 {
+			t.Errorf("a session that ran %d streams looked the volume up %d times, want 1", n, lookups[s])
+		}
+	}
+}

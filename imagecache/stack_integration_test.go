@@ -1249,3 +1249,38 @@ func BenchmarkStackTransfer(b *testing.B) {
 	}
 	b.ReportMetric(0, "ns/op")
 }
+
+// onVol turns fn into a function of the connection that first looks up
+// volume name of pool.
+func onVol[L Libvirt](pool, name string, fn func(L, libvirt.StorageVol) error) func(L) error {
+	return func(l L) error {
+		v, err := lookupVol(l, pool, name)
+		if err != nil {
+			return err
+		}
+		return fn(l, v)
+	}
+}
+
+// lookupVol looks up volume name of pool on l (for tests that drive a
+// connection directly; the cache itself uses Cache.lookupVol).
+func lookupVol(l Libvirt, pool, name string) (libvirt.StorageVol, error) {
+	p, err := l.StoragePoolLookupByName(pool)
+	if err != nil {
+		return libvirt.StorageVol{}, err
+	}
+	return l.StorageVolLookupByName(p, name)
+}
+
+// onPool turns fn into a function of the connection that first looks up
+// pool. L is Libvirt, or *libvirt.Libvirt where a test calls sshconn
+// directly.
+func onPool[L Libvirt](pool string, fn func(L, libvirt.StoragePool) error) func(L) error {
+	return func(l L) error {
+		p, err := l.StoragePoolLookupByName(pool)
+		if err != nil {
+			return err
+		}
+		return fn(l, p)
+	}
+}

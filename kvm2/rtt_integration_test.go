@@ -135,9 +135,24 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 	}
 
 	// Warm up: the cold fetch of the base, and both connections dialled.
+	// The cold Create (the base fetched, two dedicated connections dialled
+	// for the upload and its read-back) runs through the proxy and is
+	// logged with its RPCs.
 	warm := provider.Spec{Name: "warm", UID: "uid-warm"}
-	if _, err := direct.Create(ctx, warm); err != nil {
+	rc.Take()
+	coldStart := time.Now()
+	if _, err := remote.Create(ctx, warm); err != nil {
 		t.Fatal(err)
+	}
+	coldWall := time.Since(coldStart)
+	coldRounds := rc.Rounds(rtt / 2)
+	coldCalls := rc.Take()
+	t.Logf("cold Create through the proxy: %d RPCs, %d round trips, in %v (%.1f RTT): %s", len(coldCalls), coldRounds, coldWall.Round(time.Millisecond), float64(coldWall)/float64(rtt), benchutil.Summary(coldCalls))
+	// The image cache remembers the pool's handle: a cold Create looks the
+	// pool up twice (the cache's first call, kvm2's), not 13 times; 35
+	// round trips measured (46 before). Issue 20's target is 25.
+	if coldRounds > 36 {
+		t.Errorf("cold Create: %d round trips of RPCs, want ≤ 36", coldRounds)
 	}
 	if err := direct.Delete(ctx, warm.Ref()); err != nil {
 		t.Fatal(err)
@@ -219,7 +234,7 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 		op  *rttOp
 		max int // round trips on the critical path
 	}{
-		{create, 10}, // issue 20: a cache hit ≤ 10 (9 since imagecache reads the path with the listing's handle)
+		{create, 10}, // issue 20: a cache hit ≤ 10 (8 measured since the image cache remembers the pool's handle)
 		{get, 3},
 		{del, 11},
 		{list, 3 + (listN+31)/32}, // 1 + n/32 (kvm2's bound), and slack for a worker that falls a round behind

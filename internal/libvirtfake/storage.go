@@ -163,6 +163,28 @@ func (h *Host) poolLocked(name string) (*pool, error) {
 	return p, nil
 }
 
+// poolByHandleLocked finds the pool a handle names as libvirt does: by its
+// UUID, so the handle of a pool that was undefined (and perhaps defined
+// again under the same name) finds nothing.
+func (h *Host) poolByHandleLocked(hd libvirt.StoragePool) (*pool, error) {
+	p, ok := h.pools[hd.Name]
+	if !ok || p.uuid != hd.UUID {
+		return nil, lverr(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching uuid '%s' (%s)", uuidString(hd.UUID), hd.Name)
+	}
+	return p, nil
+}
+
+func (h *Host) activePoolByHandleLocked(hd libvirt.StoragePool) (*pool, error) {
+	p, err := h.poolByHandleLocked(hd)
+	if err != nil {
+		return nil, err
+	}
+	if !p.active {
+		return nil, errInactive(hd.Name)
+	}
+	return p, nil
+}
+
 func (h *Host) activePoolLocked(name string) (*pool, error) {
 	p, err := h.poolLocked(name)
 	if err != nil {
@@ -233,7 +255,7 @@ func (s *Session) StoragePoolIsActive(Pool libvirt.StoragePool) (rActive int32, 
 	}
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
-	p, err := s.h.poolLocked(Pool.Name)
+	p, err := s.h.poolByHandleLocked(Pool)
 	if err != nil {
 		return 0, err
 	}
@@ -250,7 +272,7 @@ func (s *Session) StoragePoolGetXMLDesc(Pool libvirt.StoragePool, Flags libvirt.
 	}
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
-	p, err := s.h.poolLocked(Pool.Name)
+	p, err := s.h.poolByHandleLocked(Pool)
 	if err != nil {
 		return "", err
 	}
@@ -272,7 +294,7 @@ func (s *Session) StoragePoolGetInfo(Pool libvirt.StoragePool) (rState uint8, rC
 	}
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
-	p, err := s.h.poolLocked(Pool.Name)
+	p, err := s.h.poolByHandleLocked(Pool)
 	if err != nil {
 		return 0, 0, 0, 0, err
 	}
@@ -289,7 +311,7 @@ func (s *Session) StoragePoolRefresh(Pool libvirt.StoragePool, Flags uint32) (er
 	}
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
-	_, err = s.h.activePoolLocked(Pool.Name)
+	_, err = s.h.activePoolByHandleLocked(Pool)
 	return err
 }
 
@@ -300,7 +322,7 @@ func (s *Session) StoragePoolListAllVolumes(Pool libvirt.StoragePool, NeedResult
 	}
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
-	p, err := s.h.activePoolLocked(Pool.Name)
+	p, err := s.h.activePoolByHandleLocked(Pool)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -317,7 +339,7 @@ func (s *Session) StorageVolLookupByName(Pool libvirt.StoragePool, Name string) 
 	}
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
-	p, err := s.h.activePoolLocked(Pool.Name)
+	p, err := s.h.activePoolByHandleLocked(Pool)
 	if err != nil {
 		return libvirt.StorageVol{}, err
 	}
@@ -350,7 +372,7 @@ func (s *Session) StorageVolCreateXML(Pool libvirt.StoragePool, XML string, Flag
 	}
 	s.h.mu.Lock()
 	defer s.h.mu.Unlock()
-	p, err := s.h.activePoolLocked(Pool.Name)
+	p, err := s.h.activePoolByHandleLocked(Pool)
 	if err != nil {
 		return libvirt.StorageVol{}, err
 	}
