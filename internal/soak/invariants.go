@@ -144,9 +144,13 @@ type Observed struct {
 
 // Diff compares what List returned on a host with the desired set (name
 // -> UID) and returns what differs, sorted: desired instances missing,
-// not Running or with another UID, and instances that are not desired.
-// Empty means converged.
-func Diff(desired map[string]string, actual []Observed) []string {
+// not up or with another UID, and instances that are not desired. Up
+// means in one of the states up (none given: "Running"). Empty means
+// converged.
+func Diff(desired map[string]string, actual []Observed, up ...string) []string {
+	if len(up) == 0 {
+		up = []string{"Running"}
+	}
 	var out []string
 	seen := map[string]bool{}
 	for _, a := range actual {
@@ -157,8 +161,8 @@ func Diff(desired map[string]string, actual []Observed) []string {
 			out = append(out, fmt.Sprintf("undesired %s/%s (%s)", a.Name, a.UID, a.State))
 		case uid != a.UID:
 			out = append(out, fmt.Sprintf("%s has UID %s, want %s", a.Name, a.UID, uid))
-		case a.State != "Running":
-			out = append(out, fmt.Sprintf("%s/%s is %s, want Running", a.Name, a.UID, a.State))
+		case !slices.Contains(up, a.State):
+			out = append(out, fmt.Sprintf("%s/%s is %s, want %s", a.Name, a.UID, a.State, strings.Join(up, " or ")))
 		}
 	}
 	for name, uid := range desired {

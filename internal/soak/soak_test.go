@@ -232,6 +232,12 @@ func TestDiff(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Diff = %q, want %q", got, want)
 	}
+	if d := Diff(map[string]string{"c": "c-1"}, []Observed{{"c", "c-1", "Provisioning"}}, "Running", "Provisioning"); len(d) != 0 {
+		t.Errorf("Provisioning not accepted as up: %q", d)
+	}
+	if d := Diff(map[string]string{"c": "c-1"}, []Observed{{"c", "c-1", "Stopped"}}, "Running", "Provisioning"); len(d) != 1 {
+		t.Errorf("Stopped accepted as up: %q", d)
+	}
 	if d := Diff(map[string]string{"a": "a-1"}, nil); !reflect.DeepEqual(d, []string{"missing a/a-1"}) {
 		t.Errorf("Diff of nothing = %q", d)
 	}
