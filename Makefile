@@ -258,10 +258,11 @@ bench-short:
 #             on a stack of its own in a private network namespace (as make
 #             test) with a SOAK_HOSTS-host lab, TestSoak drives 12-24 proxies
 #             through egressproxy.Client with faults from a seeded schedule
-#             (sshd frozen and killed, link down, libvirtd restarted, the image
-#             mirror failing) for SOAK (default 1h; SOAK=5m for a short run),
-#             checks its invariants all along and after a quiet period, and
-#             writes docs/soak.md. SOAK_SEED replays a run (the seed is printed
+#             (sshd frozen and killed, link down, link rate dropped to 1
+#             Mbit/s, libvirtd restarted, the image mirror answering 503,
+#             stalling, cutting the body short) for SOAK (default 1h; SOAK=5m
+#             for a short run), checks its invariants all along and after a
+#             quiet period, and writes docs/soak.md. SOAK_SEED replays a run (the seed is printed
 #             and in the report); the event log (JSON lines) goes to
 #             SOAK_EVENTS. Not part of make test or CI.
 .PHONY: soak soak-in-netns

@@ -35,6 +35,7 @@ const (
 	FaultSSHDFreeze      Kind = "sshd-freeze"      // SIGSTOP the host's sshd and its sessions, SIGCONT after Dur
 	FaultSSHDKill        Kind = "sshd-kill"        // stop the host's sshd, start it after Dur
 	FaultLinkDown        Kind = "link-down"        // the host's link down, up after Dur
+	FaultLinkSlow        Kind = "link-slow"        // the host's link rate dropped to 1 Mbit/s for Dur
 	FaultLibvirtdRestart Kind = "libvirtd-restart" // restart the host's libvirtd (Dur unused)
 	FaultMirror503       Kind = "mirror-503"       // the image mirror answers 503 for Dur
 	FaultMirrorStall     Kind = "mirror-stall"     // it stalls mid-body for Dur
@@ -44,7 +45,7 @@ const (
 // OpKinds and FaultKinds list every kind, in report order.
 var (
 	OpKinds    = []Kind{OpCreate, OpDelete, OpSpec, OpImage}
-	FaultKinds = []Kind{FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLibvirtdRestart, FaultMirror503, FaultMirrorStall, FaultMirrorShort}
+	FaultKinds = []Kind{FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLinkSlow, FaultLibvirtdRestart, FaultMirror503, FaultMirrorStall, FaultMirrorShort}
 )
 
 // IsFault reports whether k is a fault kind.
@@ -53,7 +54,7 @@ func (k Kind) IsFault() bool { return slices.Contains(FaultKinds, k) }
 // HostFault reports whether k is a fault of one lab host (not of the mirror).
 func (k Kind) HostFault() bool {
 	switch k {
-	case FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLibvirtdRestart:
+	case FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLinkSlow, FaultLibvirtdRestart:
 		return true
 	}
 	return false
@@ -115,10 +116,13 @@ func DefaultParams(seed uint64, d time.Duration, hosts int) Params {
 	return Params{
 		Seed: seed, Duration: d, Hosts: hosts,
 		MinProxies: 12, MaxProxies: 24,
-		OpEvery: 4 * time.Second, FaultEvery: 25 * time.Second,
+		OpEvery: 4 * time.Second, FaultEvery: 12 * time.Second,
 		FaultMin: 3 * time.Second, FaultMax: 15 * time.Second,
-		Quiet:  quiet,
-		Images: []string{"tiny", "tiny2"},
+		Quiet: quiet,
+		// Six keys, so that a host often has keys no proxy uses: the
+		// driver evicts those, and the next Create of one fetches it again
+		// through the mirror and its faults.
+		Images: []string{"tiny", "tiny2", "tiny3", "tiny4", "tiny5", "tiny6"},
 	}
 }
 
