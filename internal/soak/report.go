@@ -153,7 +153,7 @@ func (r Report) Write(w io.Writer) error {
 	for _, k := range OpKinds {
 		fmt.Fprintf(&b, "| %s | %d |\n", k, r.Ops[string(k)])
 	}
-	b.WriteString("\n## Faults\n\n| kind | injected | time to recover p50 | p99 | max | not recovered |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("\n## Faults\n\n| kind | injected | time to recover p50 | p99 | max | no success after |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, k := range FaultKinds {
 		ds := r.Recover[string(k)]
 		p50, p99, mx := "-", "-", "-"
@@ -162,7 +162,7 @@ func (r Report) Write(w io.Writer) error {
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d |\n", k, r.Faults[string(k)], p50, p99, mx, r.Unrecovered[string(k)])
 	}
-	b.WriteString("\nTime to recover: from the fault's end to the next successful call on its host (mirror faults: the next successful create on any host).\n")
+	b.WriteString("\nTime to recover: from the fault's end to the next successful call on its host (mirror faults: the next successful create on any host); \"no success after\" counts faults no such call followed (a mirror fault after the last create of the run).\n")
 	b.WriteString("\n## Calls\n\n| call | count | p50 | p99 | max | results |\n| --- | ---: | ---: | ---: | ---: | --- |\n")
 	for _, op := range slices.Sorted(maps.Keys(r.Calls)) {
 		s := r.Calls[op]
