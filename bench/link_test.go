@@ -105,10 +105,10 @@ func TestRenderLabAndRTT(t *testing.T) {
 	r := &report{opts: options{runs: 3, labRuns: 3, command: "make bench"},
 		lab: &labResult{hosts: 4, dir: "/s/lab", rates: []*labRate{labFixture()}},
 		rtt: &rttResult{rtt: 50 * time.Millisecond, n: 100,
-			hit:     rttOps{direct: stats(10, 100), remote: stats(10, 575), rounds: []float64{9, 9, 10}},
-			cold:    rttOps{direct: stats(44, 300), remote: stats(44, 2800), rounds: []float64{40, 41, 40}},
-			list:    rttOps{direct: stats(4, 60), remote: stats(4, 300), rounds: []float64{5, 5, 5}},
-			seqMS:   []float64{10300, 10400, 10200}, seqRPCs: 201},
+			hit:   rttOps{direct: stats(10, 100), remote: stats(10, 575), rounds: []float64{9, 9, 10}},
+			cold:  rttOps{direct: stats(44, 300), remote: stats(44, 2800), rounds: []float64{40, 41, 40}},
+			list:  rttOps{direct: stats(4, 60), remote: stats(4, 300), rounds: []float64{5, 5, 5}},
+			seqMS: []float64{10300, 10400, 10200}, seqRPCs: 201},
 	}
 	out := r.render()
 	for _, want := range []string{
