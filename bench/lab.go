@@ -56,6 +56,7 @@ type createsResult struct {
 	hosts, per int
 	one, many  []float64 // seconds
 	manyVsOne  []float64 // per-round time ratios
+	load       string    // load average just before the first run
 }
 
 // lab drives scripts/lab.
@@ -272,7 +273,7 @@ const createsPer = 5
 // every host at once, each host's entry fresh (so its base is cold: one
 // cold fetch of the image per host), interleaved over -lab-runs rounds.
 func measureCreates(ctx context.Context, o options, hosts []labHost, url string, img benchutil.Image) (*createsResult, error) {
-	res := &createsResult{hosts: len(hosts), per: createsPer}
+	res := &createsResult{hosts: len(hosts), per: createsPer, load: loadavg()}
 	for i := range o.labRuns {
 		order := []bool{false, true}
 		if i%2 == 1 {
