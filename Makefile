@@ -221,9 +221,14 @@ stack-status:
 
 # make bench   (root) start the real stack, build and run the bench tool
 #              (bench/) and write docs/benchmarks.md: uploads vs virsh and raw
-#              ssh, peak RSS, control-path RPCs, concurrent Gets, health probes,
-#              scaling to 100 instances (about 10 minutes). KEEP_STACK=1 leaves
-#              the stack running; BENCH_FLAGS adds flags (see bench -h).
+#              ssh with a CPU profile, peak RSS, control-path RPCs, concurrent
+#              Gets, health probes, scaling to 100 instances, the control path
+#              through a 50 ms delay proxy (rtt), and on a 4-host lab the bench
+#              brings up and stops itself (scripts/lab, under the stack dir)
+#              the link rows at 1 Gbit/s and 100 Mbit/s (about 40 minutes).
+#              KEEP_STACK=1 leaves the stack running; BENCH_FLAGS adds flags
+#              (see bench -h), e.g. BENCH_FLAGS='-phases lab,rtt -merge' to
+#              remeasure two phases and keep the other sections.
 # make bench-short   every Go benchmark once (-benchtime 1x) against the
 #              running stack (part of make test), so they cannot rot.
 .PHONY: bench bench-short

@@ -1,4 +1,5 @@
-// Command bench measures egressproxy on the real test stack and writes
+// Command bench measures egressproxy on the real test stack (and on a lab of
+// several hosts behind shaped links it brings up itself) and writes
 // docs/benchmarks.md: image upload (the library's cold fetch vs virsh
 // vol-upload over qemu+ssh vs cat | ssh), peak RSS of a cold fetch, the
 // control path (libvirt RPCs and wall time per operation, concurrent Gets),
@@ -18,13 +19,17 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/egressproxy/egressproxy/internal/benchutil"
+	"github.com/egressproxy/egressproxy/internal/teststack"
 )
 
 func main() {
@@ -35,13 +40,23 @@ func main() {
 	flag.StringVar(&o.scale, "scale", "1,10,50,100", "instance counts of the scaling table")
 	flag.IntVar(&o.gets, "gets", 1000, "concurrent Gets per run")
 	flag.IntVar(&o.probes, "probes", 1000, "probes per round through Squid")
-	flag.StringVar(&o.phases, "phases", "upload,control,scale,health", "phases to run")
+	flag.StringVar(&o.phases, "phases", "upload,control,scale,health,rtt,lab", "phases to run")
 	flag.StringVar(&o.analysis, "analysis", "bench/analysis.md", "hand-written reading appended to the report ('' for none)")
 	flag.StringVar(&o.command, "command", "make bench", "command recorded in the report")
 	child := flag.Bool("fetch-child", false, "internal: run one cold fetch and print its figures as JSON")
 	flag.StringVar(&o.url, "url", "", "internal (-fetch-child): image URL")
 	flag.StringVar(&o.sum, "sha256", "", "internal (-fetch-child): image digest")
 	flag.StringVar(&o.entry, "entry", "", "internal (-fetch-child): imagecache entry")
+	flag.StringVar(&o.targets, "targets", "", "internal (-fetch-child): JSON list of {Env, Entry} to cold-fetch into at once instead of the stack")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "internal (-fetch-child): write a CPU profile of the fetch here")
+	flag.StringVar(&o.labRates, "lab-rates", "1gbit:1024,100mbit:256", "lab phase: link rates and image MiB, rate:MiB,…")
+	flag.IntVar(&o.labHosts, "lab-hosts", 4, "lab phase: hosts (the concurrent rows use all of them)")
+	flag.BoolVar(&o.keepLab, "keep-lab", false, "lab phase: leave the lab running at the end")
+	flag.IntVar(&o.labRuns, "lab-runs", 3, "lab phase: interleaved rounds per figure")
+	flag.StringVar(&o.createsRate, "creates-rate", "100mbit", "lab phase: the rate at which 4 hosts x 5 concurrent Creates are measured ('' for none)")
+	flag.IntVar(&o.rttMS, "rtt-ms", 50, "rtt phase: round-trip time the delay proxy adds (ms)")
+	flag.IntVar(&o.rttList, "rtt-list", 100, "rtt phase: instances to List")
+	flag.BoolVar(&o.merge, "merge", false, "keep the sections of -out for phases this run does not measure")
 	reana := flag.Bool("reanalyse", false, "only replace the reading at the end of -out with -analysis (figures untouched)")
 	flag.Parse()
 	if *reana {
@@ -51,18 +66,14 @@ func main() {
 		return
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Minute)
 	defer cancel()
 	env, err := benchutil.LoadEnv()
 	if err != nil {
 		fatal(err)
 	}
 	if *child {
-		res, err := benchutil.LibraryFetch(ctx, env, o.entry, "bench", o.url, o.sum, true)
-		if err != nil {
-			fatal(err)
-		}
-		if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+		if err := fetchChild(ctx, env, o); err != nil {
 			fatal(err)
 		}
 		return
@@ -85,6 +96,10 @@ func main() {
 			r.scale, err = runScale(ctx, env, o)
 		case "health":
 			r.health, err = runHealth(ctx, env, o)
+		case "rtt":
+			r.rtt, err = runRTT(ctx, env, o)
+		case "lab":
+			r.lab, err = runLab(ctx, env, o)
 		case "":
 		default:
 			err = fmt.Errorf("unknown phase %q", ph)
@@ -95,7 +110,13 @@ func main() {
 	}
 	r.loads = append(r.loads, fmt.Sprintf("end %s: %s", time.Now().UTC().Format("15:04:05"), loadavg()))
 	r.finished = time.Now().UTC()
-	if err := os.WriteFile(o.out, []byte(r.render()), 0o644); err != nil {
+	doc := r.render()
+	if o.merge {
+		if old, err := os.ReadFile(o.out); err == nil {
+			doc = mergeReports(string(old), doc)
+		}
+	}
+	if err := os.WriteFile(o.out, []byte(doc), 0o644); err != nil {
 		fatal(err)
 	}
 	logf("wrote %s", o.out)
@@ -105,6 +126,59 @@ type options struct {
 	out, scale, phases, analysis, command string
 	runs, imageMiB, gets, probes          int
 	url, sum, entry                       string
+	targets, cpuprofile                   string
+	labRates, createsRate                 string
+	labHosts, labRuns, rttMS, rttList     int
+	keepLab, merge                        bool
+}
+
+// target is one cold fetch of a -fetch-child with -targets.
+type target struct {
+	Env   teststack.Env
+	Entry string
+}
+
+// fetchChild runs the cold fetch(es) of a -fetch-child and prints the
+// results as JSON: one FetchResult for the stack, a list of them (in the
+// order of -targets) with -targets, all fetched at once.
+func fetchChild(ctx context.Context, env teststack.Env, o options) error {
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	if o.targets == "" {
+		res, err := benchutil.LibraryFetch(ctx, env, o.entry, "bench", o.url, o.sum, true)
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	var ts []target
+	if err := json.Unmarshal([]byte(o.targets), &ts); err != nil {
+		return fmt.Errorf("-targets: %w", err)
+	}
+	res := make([]benchutil.FetchResult, len(ts))
+	errs := make([]error, len(ts))
+	var wg sync.WaitGroup
+	for i, t := range ts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = benchutil.LibraryFetch(ctx, t.Env, t.Entry, "bench", o.url, o.sum, true)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return json.NewEncoder(os.Stdout).Encode(res)
 }
 
 func logf(format string, args ...any) {

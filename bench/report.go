@@ -22,6 +22,8 @@ type report struct {
 	control           *controlResult
 	scale             *scaleResult
 	health            *healthResult
+	rtt               *rttResult
+	lab               *labResult
 }
 
 func firstLine(ctx context.Context, name string, args ...string) string {
@@ -100,7 +102,7 @@ func (r *report) render() string {
 	p("```")
 	p("")
 	p("(= `scripts/teststack up`, `eval \"$(scripts/teststack env)\"`, `go build -o $STACK_DIR/bench/bench ./bench`, then")
-	p("`$STACK_DIR/bench/bench -out docs/benchmarks.md -runs %d -image-mib %d -scale %s -gets %d -probes %d -phases %s`.)", r.opts.runs, r.opts.imageMiB, r.opts.scale, r.opts.gets, r.opts.probes, r.opts.phases)
+	p("`$STACK_DIR/bench/bench -out docs/benchmarks.md -runs %d -image-mib %d -scale %s -gets %d -probes %d -phases %s -lab-rates %s -lab-hosts %d -lab-runs %d -creates-rate %s -rtt-ms %d -rtt-list %d`.)", r.opts.runs, r.opts.imageMiB, r.opts.scale, r.opts.gets, r.opts.probes, r.opts.phases, r.opts.labRates, r.opts.labHosts, r.opts.labRuns, r.opts.createsRate, r.opts.rttMS, r.opts.rttList)
 	p("Run %s – %s UTC.", r.started.Format("2006-01-02 15:04"), r.finished.Format("15:04"))
 	p("")
 	p("## Machine")
@@ -126,6 +128,12 @@ func (r *report) render() string {
 	}
 	if s := r.scale; s != nil {
 		r.renderScale(p, s)
+	}
+	if l := r.lab; l != nil {
+		r.renderLab(p, l)
+	}
+	if x := r.rtt; x != nil {
+		r.renderRTT(p, x)
 	}
 	r.renderSummary(p)
 	b.WriteString(analysisMarker)
@@ -214,6 +222,9 @@ func (r *report) renderUpload(p func(string, ...any), u *uploadResult) {
 	p("")
 	p("**Median %.1f MiB** for a %.0f MB image — target ≤ 32 MiB: %s.", rss, float64(u.image.Size)/1e6, verdict(rss <= 32))
 	p("")
+	if u.prof != nil {
+		u.prof.render(p, "CPU profile of the last library cold fetch on loopback (`-cpuprofile` of the fetch child, `go tool pprof -top`; CPU-bound: where the cycles go)")
+	}
 }
 
 func mib(kib []float64) []float64 {
@@ -387,6 +398,31 @@ func (r *report) renderSummary(p func(string, ...any)) {
 		rows = append(rows,
 			row{"probes/s, 1,000 in-process proxies", fmt.Sprintf("%.0f (%.1f allocs/probe process-wide, %.1f under Probe)", rate, med(h.inproc["allocs/probe"]), med(h.inproc["probe-allocs/probe"])), "≥ 5,000/s", verdict(rate >= 5000)},
 			row{"probes/s through the real Squid", fmt.Sprintf("%.0f open, %.0f auth (%.1f allocs/probe under Probe)", med(h.squidRate), med(h.authRate), h.probeAllocs), "—", "measured"})
+	}
+	if l := r.lab; l != nil {
+		for _, lr := range l.rates {
+			for _, x := range lr.ratioRows() {
+				rows = append(rows, row{fmt.Sprintf("%s, %s link", strings.ReplaceAll(x.name, "\\|", "|"), lr.spec.rate), fmt.Sprintf("%.2f× (%s)", med(x.v), list(x.v, "%.2f")), x.target, verdict(x.ok)})
+			}
+			rss1 := med(lr.rssKiB) / 1024
+			rows = append(rows, row{fmt.Sprintf("peak RSS of one cold fetch, %s link, %d MiB", lr.spec.rate, lr.spec.imageMiB), fmt.Sprintf("%.1f MiB", rss1), fmt.Sprintf("≤ %.0f MiB", targetRSSOne), verdict(rss1 <= targetRSSOne)})
+			if len(lr.multiRSSKiB) > 0 {
+				rss4 := med(lr.multiRSSKiB) / 1024
+				rows = append(rows, row{fmt.Sprintf("peak RSS of %d concurrent cold fetches to %d hosts, %s", lr.multiHosts, lr.multiHosts, lr.spec.rate), fmt.Sprintf("%.1f MiB", rss4), fmt.Sprintf("≤ %.0f MiB", targetRSSFour), verdict(rss4 <= targetRSSFour)})
+			}
+			if c := lr.creates; c != nil {
+				ratio := med(c.manyVsOne)
+				rows = append(rows, row{fmt.Sprintf("%d hosts × %d concurrent cold Creates vs 1 × %d, %s, %d MiB", c.hosts, c.per, c.per, lr.spec.rate, lr.spec.imageMiB), fmt.Sprintf("%.2f× (%.1f vs %.1f s)", ratio, med(c.many), med(c.one)), fmt.Sprintf("≤ %.1f×", targetCreates), verdict(ratio <= targetCreates)})
+			}
+		}
+	}
+	if x := r.rtt; x != nil {
+		ms := x.rtt.Milliseconds()
+		hit, cold, listS := med(x.hit.rounds), med(x.cold.rounds), med(x.list.remote.wallMS)/1000
+		rows = append(rows,
+			row{fmt.Sprintf("List of %d at %d ms RTT (sequential: %.2f s)", x.n, ms, med(x.seqMS)/1000), fmt.Sprintf("%.2f s, %.0f RPCs, %.0f round trips", listS, med(x.list.remote.rpcs), med(x.list.rounds)), fmt.Sprintf("≤ %.1f s", targetListS), verdict(listS <= targetListS)},
+			row{fmt.Sprintf("cache-hit Create at %d ms RTT, round trips on the critical path", ms), fmt.Sprintf("%.0f (%.0f RPCs, %.1f RTT beyond loopback)", hit, med(x.hit.remote.rpcs), x.hit.beyond(x.rtt)), fmt.Sprintf("≤ %d", targetHitRTT), verdict(hit <= targetHitRTT)},
+			row{fmt.Sprintf("cold Create at %d ms RTT, round trips on the critical path", ms), fmt.Sprintf("%.0f (%.0f RPCs, %.1f RTT beyond loopback)", cold, med(x.cold.remote.rpcs), x.cold.beyond(x.rtt)), fmt.Sprintf("≤ %d + transfer", targetColdRTT), verdict(cold <= targetColdRTT)})
 	}
 	if len(rows) == 0 {
 		return

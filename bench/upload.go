@@ -1,15 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"time"
 
 	"github.com/egressproxy/egressproxy/internal/benchutil"
@@ -26,7 +22,8 @@ type uploadResult struct {
 	libFetchSpan          []float64 // seconds of imagecache.Fetch
 	virsh, ssh            []float64 // MB/s
 	rssKiB                []float64
-	upVsVirsh, wholeVsSSH []float64 // per-round ratios
+	upVsVirsh, wholeVsSSH []float64   // per-round ratios
+	prof                  *cpuProfile // of the last library run
 }
 
 var maxRSS = regexp.MustCompile(`Maximum resident set size \(kbytes\): (\d+)`)
@@ -47,40 +44,35 @@ func runUpload(ctx context.Context, env teststack.Env, o options) (*uploadResult
 	if err != nil {
 		return nil, err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	if _, err := os.Stat("/usr/bin/time"); err != nil {
 		return nil, fmt.Errorf("/usr/bin/time is missing (apt-get install time): %w", err)
 	}
 	entry := fmt.Sprintf("bench%d", time.Now().Unix()%100000)
 	res := &uploadResult{image: img, uri: benchutil.VirshURI(env, wrapper)}
 	size := img.Size
+	round := 0
 	lib := func() error {
-		cmd := exec.CommandContext(ctx, "/usr/bin/time", "-v", self, "-fetch-child", "-url", srv.URL, "-sha256", img.SHA256, "-entry", entry)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("library cold fetch: %w: %s", err, stderr.String())
+		args := []string{"-entry", entry}
+		prof := ""
+		if round == o.runs-1 {
+			prof = filepath.Join(dir, "loopback.cpu.pprof")
+			args = append(args, "-cpuprofile", prof)
 		}
-		var fr benchutil.FetchResult
-		if err := json.Unmarshal(stdout.Bytes(), &fr); err != nil {
-			return fmt.Errorf("library cold fetch output %q: %w", stdout.String(), err)
+		run, err := runFetchChild(ctx, srv.URL, img, args...)
+		if err != nil {
+			return err
 		}
-		if fr.Bytes != size {
-			return fmt.Errorf("library uploaded %d bytes, image has %d", fr.Bytes, size)
-		}
-		m := maxRSS.FindStringSubmatch(stderr.String())
-		if m == nil {
-			return fmt.Errorf("no maximum RSS in /usr/bin/time output: %s", stderr.String())
-		}
-		kib, _ := strconv.ParseFloat(m[1], 64)
+		fr, kib := run.results[0], run.rssKiB
 		res.rssKiB = append(res.rssKiB, kib)
 		res.libUpload = append(res.libUpload, benchutil.MBps(size, fr.Upload.Seconds()))
 		res.libVerify = append(res.libVerify, benchutil.MBps(size, fr.Verify.Seconds()))
 		res.libWhole = append(res.libWhole, benchutil.MBps(size, fr.Ensure.Seconds()))
 		res.libFetchSpan = append(res.libFetchSpan, fr.Fetch.Seconds())
+		if prof != "" {
+			if res.prof, err = summariseProfile(ctx, prof); err != nil {
+				logf("upload: %v", err)
+			}
+		}
 		logf("upload: library ensure %.2fs (upload %.2fs, verify %.2fs), max RSS %.0f KiB", fr.Ensure.Seconds(), fr.Upload.Seconds(), fr.Verify.Seconds(), kib)
 		return nil
 	}
@@ -103,9 +95,9 @@ func runUpload(ctx context.Context, env teststack.Env, o options) (*uploadResult
 		return nil
 	}
 	steps := []func() error{lib, virsh, raw}
-	for i := range o.runs {
+	for round = 0; round < o.runs; round++ {
 		for j := range steps {
-			if err := steps[(i+j)%len(steps)](); err != nil {
+			if err := steps[(round+j)%len(steps)](); err != nil {
 				return nil, err
 			}
 			if err := benchutil.Sync(ctx); err != nil {

@@ -34,6 +34,7 @@ type KVM struct {
 	Counter *RPCCounter
 
 	env     teststack.Env
+	cfg     kvm2.Config // the entry's configuration (Counted's socket)
 	network string
 	srv     *FileServer
 	raw     *sshconn.Libvirt
@@ -108,10 +109,42 @@ func NewKVM(ctx context.Context, env teststack.Env, dir, entry, bridge, subnet s
 		if err != nil {
 			return nil, err
 		}
+		if x.sock == k.Counter.Path() {
+			k.cfg = c
+		}
 		*x.p = p
 		k.closers = append(k.closers, func() { _ = p.Close() })
 	}
 	return k, nil
+}
+
+// OpenVia opens one more provider of the entry (counted, like Counted)
+// whose SSH connection goes to addr instead of the stack's sshd, e.g. a
+// delay proxy relaying to it: the stack's host key is pinned at addr. The
+// provider is closed by Close.
+func (k *KVM) OpenVia(ctx context.Context, addr string) (*kvm2.Provider, error) {
+	known, err := os.ReadFile(k.env.KnownHosts)
+	if err != nil {
+		return nil, err
+	}
+	c := k.cfg
+	c.Address = addr
+	c.KnownHostsFile = ""
+	c.KnownHosts = []byte(RepinKnownHosts(string(known), k.env.SSHAddr, addr))
+	p, err := kvm2.Open(ctx, c, nil)
+	if err != nil {
+		return nil, err
+	}
+	k.closers = append(k.closers, func() { _ = p.Close() })
+	return p, nil
+}
+
+// RepinKnownHosts rewrites known_hosts lines for from ("host:port") so they
+// pin the same keys at to (a relay on another port of the same host).
+func RepinKnownHosts(known, from, to string) string {
+	host, port, _ := net.SplitHostPort(from)
+	thost, tport, _ := net.SplitHostPort(to)
+	return strings.ReplaceAll(known, "["+host+"]:"+port, "["+thost+"]:"+tport)
 }
 
 // Raw runs fn on a libvirt connection of its own (not counted).

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/sdk/trace"
@@ -173,3 +174,53 @@ func SSHCat(ctx context.Context, env teststack.Env, file, remote string) (time.D
 // Sync flushes dirty pages (the stack writes to this machine's disk) so one
 // run's write-back does not slow the next.
 func Sync(ctx context.Context) error { return exec.CommandContext(ctx, "sync").Run() }
+
+// VirshVol runs one virsh command against uri (untimed housekeeping such as
+// vol-create-as and vol-delete on a host whose socket is not local).
+func VirshVol(ctx context.Context, uri string, args ...string) error {
+	a := append([]string{"-q", "-c", uri}, args...)
+	if out, err := exec.CommandContext(ctx, "virsh", a...).CombinedOutput(); err != nil {
+		return fmt.Errorf("virsh %v: %w: %s", args, err, out)
+	}
+	return nil
+}
+
+// Pipeline is one run of the equal-guarantee virsh pipeline: the upload,
+// then the read-back through the same transport hashed on the caller.
+type Pipeline struct {
+	Upload, Download time.Duration
+}
+
+// Whole is the pipeline's wall time (upload then read-back).
+func (p Pipeline) Whole() time.Duration { return p.Upload + p.Download }
+
+// VirshPipeline gives the same guarantee as the library's cold fetch with
+// stock tools: `virsh vol-upload` of file into a fresh raw volume vol, then
+// `virsh vol-download vol /dev/stdout | sha256sum`, whose digest must be
+// sum (the image's). Both go through uri (qemu+ssh); the volume is created
+// and deleted over the same URI, untimed.
+func VirshPipeline(ctx context.Context, uri, pool, file, vol, sum string) (Pipeline, error) {
+	_ = VirshVol(ctx, uri, "vol-delete", "--pool", pool, vol) // leftover of an aborted run
+	if err := VirshVol(ctx, uri, "vol-create-as", pool, vol, "0", "--format", "raw"); err != nil {
+		return Pipeline{}, err
+	}
+	defer func() { _ = VirshVol(context.WithoutCancel(ctx), uri, "vol-delete", "--pool", pool, vol) }()
+	var p Pipeline
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, "virsh", "-q", "-c", uri, "vol-upload", "--pool", pool, vol, file).CombinedOutput()
+	p.Upload = time.Since(start)
+	if err != nil {
+		return p, fmt.Errorf("virsh vol-upload: %w: %s", err, out)
+	}
+	start = time.Now()
+	script := `set -o pipefail; virsh -q -c "$1" vol-download --pool "$2" "$3" /dev/stdout | sha256sum`
+	out, err = exec.CommandContext(ctx, "bash", "-c", script, "bash", uri, pool, vol).Output()
+	p.Download = time.Since(start)
+	if err != nil {
+		return p, fmt.Errorf("virsh vol-download | sha256sum: %w", err)
+	}
+	if got, _, _ := strings.Cut(strings.TrimSpace(string(out)), " "); got != sum {
+		return p, fmt.Errorf("virsh vol-download | sha256sum: digest %q, want %s", got, sum)
+	}
+	return p, nil
+}
