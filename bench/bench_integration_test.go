@@ -210,3 +210,22 @@ func BenchmarkSquidProbe(b *testing.B) {
 	}
 	b.ReportMetric(float64(n*b.N)/wall.Seconds(), "probes/s")
 }
+
+// BenchmarkRTT runs the rtt phase once per op at a small size (3 instances
+// listed, 1 run of each operation), so `make bench-short` keeps it working.
+func BenchmarkRTT(b *testing.B) {
+	env := teststack.Require(b)
+	ctx := benchCtx(b)
+	for b.Loop() {
+		res, err := runRTT(ctx, env, options{runs: 1, rttMS: 50, rttList: 3})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(res.hit.rounds) != 1 || len(res.cold.rounds) != 1 || len(res.list.rounds) != 1 || res.seqRPCs != 1+2*3 {
+			b.Fatalf("rtt result incomplete: %+v", res)
+		}
+		b.ReportMetric(res.hit.rounds[0], "hit-create-RTTs")
+		b.ReportMetric(res.cold.rounds[0], "cold-create-RTTs")
+		b.ReportMetric(res.list.rounds[0], "list-RTTs")
+	}
+}

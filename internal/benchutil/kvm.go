@@ -51,6 +51,9 @@ func NewKVM(ctx context.Context, env teststack.Env, dir, entry, bridge, subnet s
 			k.Close()
 		}
 	}()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
 	img := filepath.Join(dir, "tiny.qcow2")
 	if _, err := os.Stat(img); err != nil {
 		if out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", img, "32M").CombinedOutput(); err != nil {
