@@ -20,7 +20,7 @@ var procNames = map[uint32]string{
 	23: "DomainLookupByName", 59: "ConnectGetHostname", 60: "ConnectSupportsFeature", 66: "AuthList",
 	83: "StoragePoolRefresh", 84: "StoragePoolLookupByName", 87: "StoragePoolGetInfo",
 	93: "StorageVolCreateXML", 94: "StorageVolDelete", 95: "StorageVolLookupByName", 98: "StorageVolGetInfo",
-	99: "StorageVolGetXMLDesc", 100: "StorageVolGetPath", 157: "ConnectGetLibVersion", 208: "StorageVolUpload",
+	99: "StorageVolGetXMLDesc", 100: "StorageVolGetPath", 157: "ConnectGetLibVersion", 208: "StorageVolUpload", 378: "StorageVolGetInfoFlags",
 	209: "StorageVolDownload", 212: "DomainGetState", 231: "DomainUndefineFlags", 273: "ConnectListAllDomains",
 	282: "StoragePoolListAllVolumes", 344: "ConnectGetAllDomainStats", 350: "DomainDefineXMLFlags", 353: "DomainInterfaceAddresses",
 	383: "StorageVolGetInfoFlags",
