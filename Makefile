@@ -264,7 +264,8 @@ bench-short:
 #             test) with a SOAK_HOSTS-host lab, TestSoak drives 12-24 proxies
 #             through egressproxy.Client with faults from a seeded schedule
 #             (sshd frozen and killed, link down, link rate dropped to 1
-#             Mbit/s, libvirtd restarted, the image mirror answering 503,
+#             Mbit/s, libvirtd restarted, the driver restarted with no memory,
+#             a second replica for a while, the image mirror answering 503,
 #             stalling, cutting the body short) for SOAK (default 1h; SOAK=5m
 #             for a short run), checks its invariants all along and after a
 #             quiet period, and writes docs/soak.md. SOAK_SEED replays a run (the seed is printed

@@ -38,6 +38,7 @@ const (
 	FaultLinkSlow        Kind = "link-slow"        // the host's link rate dropped to 1 Mbit/s for Dur
 	FaultLibvirtdRestart Kind = "libvirtd-restart" // restart the host's libvirtd (Dur unused)
 	FaultDriverRestart   Kind = "driver-restart"   // restart the host's reconciler with no memory: it must recover from List alone (Dur unused)
+	FaultReplica         Kind = "second-replica"   // a second reconciler (own entry, same owner) runs beside the host's for Dur
 	FaultMirror503       Kind = "mirror-503"       // the image mirror answers 503 for Dur
 	FaultMirrorStall     Kind = "mirror-stall"     // it stalls mid-body for Dur
 	FaultMirrorShort     Kind = "mirror-short"     // it cuts the body short for Dur
@@ -46,7 +47,7 @@ const (
 // OpKinds and FaultKinds list every kind, in report order.
 var (
 	OpKinds    = []Kind{OpCreate, OpDelete, OpSpec, OpImage}
-	FaultKinds = []Kind{FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLinkSlow, FaultLibvirtdRestart, FaultDriverRestart, FaultMirror503, FaultMirrorStall, FaultMirrorShort}
+	FaultKinds = []Kind{FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLinkSlow, FaultLibvirtdRestart, FaultDriverRestart, FaultReplica, FaultMirror503, FaultMirrorStall, FaultMirrorShort}
 )
 
 // IsFault reports whether k is a fault kind.
@@ -55,7 +56,7 @@ func (k Kind) IsFault() bool { return slices.Contains(FaultKinds, k) }
 // HostFault reports whether k is a fault of one lab host (not of the mirror).
 func (k Kind) HostFault() bool {
 	switch k {
-	case FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLinkSlow, FaultLibvirtdRestart, FaultDriverRestart:
+	case FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLinkSlow, FaultLibvirtdRestart, FaultDriverRestart, FaultReplica:
 		return true
 	}
 	return false

@@ -133,17 +133,27 @@ type host struct {
 	attempted map[string]provider.Ref  // UID -> ref of every Create made, until deleted
 	stuck     map[string]string        // UID -> Permanent error: stop, retry only on a new spec
 
+	// leader, for a second replica, is the host whose desired set it
+	// reconciles (with a memory of its own).
+	leader *host
+
 	stop func() // ends the reconciler and side load of this start
 	wg   sync.WaitGroup
 }
 
 func (h *host) snapshot() (map[string]provider.Spec, map[string]provider.Ref) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	d := make(map[string]provider.Spec, len(h.desired))
-	for k, v := range h.desired {
+	src := h
+	if h.leader != nil {
+		src = h.leader
+	}
+	src.mu.Lock()
+	d := make(map[string]provider.Spec, len(src.desired))
+	for k, v := range src.desired {
 		d[k] = v
 	}
+	src.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	a := make(map[string]provider.Ref, len(h.attempted))
 	for k, v := range h.attempted {
 		a[k] = v
@@ -463,6 +473,18 @@ func (d *driver) inject(ctx context.Context, s Step) (heal func() error, err err
 	case FaultDriverRestart:
 		err := d.restart(ctx, d.hosts[s.Host-1])
 		return func() error { return nil }, err
+	case FaultReplica:
+		l := d.hosts[s.Host-1]
+		r := &host{h: l.h, cfg: l.cfg, entry: l.entry, leader: l, attempted: map[string]provider.Ref{}, stuck: map[string]string{}}
+		if err := d.open(r); err != nil {
+			return nil, err
+		}
+		d.start(ctx, r)
+		return func() error {
+			r.stop()
+			r.wg.Wait()
+			return r.c.Close()
+		}, nil
 	case FaultLinkSlow:
 		h := d.hosts[s.Host-1].h
 		if err := d.shape(h, slowRate); err != nil {
@@ -995,7 +1017,7 @@ func TestSoak(t *testing.T) {
 			fmt.Sprintf("load: %d..%d desired proxies (tiny non-booting qcow2, 1 vCPU/64 MiB, TCG) over %d kvm2 entries, one per lab host, through egressproxy.Client; a reconciler per host (List, GC from List, Delete before Create, Transient -> backoff 0.5-8 s, Permanent -> stop and record) and Gets/Checks/ListImages/EvictImage (of an image no desired proxy of the host uses, so that cold fetches meet the mirror's faults) beside it", p.MinProxies, p.MaxProxies, len(env.Hosts)),
 			fmt.Sprintf("budgets: create %v, delete %v, list/get/check %v, +%v grace; entries: call timeout %v, dial %v, keepalive %v x %d; quiet period %v", budgetCreate, budgetDelete, budgetRead, budgetGrace, callTimeout, dialTimeout, keepalive, keepalives, p.Quiet),
 			fmt.Sprintf("planted secrets (image URL password, user-data password) checked in every log line (%d) and error", d.lines.Load()),
-			"driver-restart: in process (the host's reconciler stopped mid-call, its client closed, its memory of created UIDs dropped, a new entry opened), not a SIGKILL of a child process; not covered yet: driver SIGKILL, 400 ms RTT (the lab adds RTT only through its delay proxies, which the entries do not use), a second replica, pool filling up, health probes (no booting guest)",
+			"driver-restart: in process (the host's reconciler stopped mid-call, its client closed, its memory of created UIDs dropped, a new entry opened), not a SIGKILL of a child process; second-replica: a second reconciler with its own entry (same Entry and Owner) and memory over the host's desired set, beside the first, for the fault's duration; evict-image's Permanent results are its refusals by design of a base in use (the foreign owner's instance always uses \"tiny\"), not counted as violations; not covered yet: driver SIGKILL, 400 ms RTT (the lab adds RTT only through its delay proxies, which the entries do not use), pool filling up, health probes (no booting guest)",
 		},
 	}
 	rep := Summarize(meta, log.Events(), chk)
