@@ -78,7 +78,8 @@ type Error struct {
 	Err  error  // the underlying error (may be nil)
 }
 
-// Error formats as "sshconn: <op> <addr>: <kind>: <err>".
+// Error formats as "sshconn: <op> <addr>: <kind>: <err>" (KindForbidden
+// adds its two causes after the kind).
 // Error is valid UTF-8 and at most provider.MaxErrorText bytes, whatever
 // the address or the cause (provider.ClipMessage).
 func (e *Error) Error() string {
@@ -87,6 +88,11 @@ func (e *Error) Error() string {
 		s += " " + e.Addr
 	}
 	s += ": " + e.Kind.String()
+	if e.Kind == KindForbidden {
+		// OpenSSH answers both the same way; "forbidden" alone misled
+		// readers while libvirtd was merely restarting.
+		s += " (the user may not open the socket, or the daemon behind it is not running)"
+	}
 	if e.Err != nil {
 		s += ": " + e.Err.Error()
 	}
