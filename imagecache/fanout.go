@@ -430,7 +430,6 @@ type fanBody struct {
 	mu     sync.Mutex
 	own    io.ReadCloser // after detaching
 	closed bool
-	left   bool
 }
 
 var errBodyClosed = errors.New("http: read on closed response body")
