@@ -425,7 +425,8 @@ func TestFanoutMemoryBounded(t *testing.T) {
 }
 
 func TestProcessFanoutIsOne(t *testing.T) {
-	if ProcessFanout() == nil || ProcessFanout() != ProcessFanout() {
+	a, b := ProcessFanout(), ProcessFanout()
+	if a == nil || a != b {
 		t.Fatal("ProcessFanout is not one instance")
 	}
 }
