@@ -58,6 +58,32 @@
 // neither truncates nor syncs, and its stream is confirmed only after its
 // writer wrote every byte and closed the file): see
 // docs/overlapped-verification.md for the sources and the measurements.
+//
+// # Fan-out across hosts
+//
+// Off by default. Caches (one per entry, i.e. per host) given the same
+// Config.Fanout — ProcessFanout() for the whole process, or kvm2's
+// Options.ImageFanout — share one HTTP download of an image (same URL,
+// same configured SHA256, same HTTP client) whose cold fetches start
+// within FanoutOptions.JoinWindow (1s) of each other, or while the
+// download's first bytes are still in its window. Only the HTTP body is
+// shared: every host uploads, reads back, hashes, checks the size of and
+// marks its own base, so every promise above holds per host, and a digest
+// mismatch fails each host Permanent on its own read-back. The body
+// streams through a bounded window (8 MiB in 256 KiB chunks) that each
+// host reads at its own pace; memory is the window whatever the number of
+// hosts. A host that keeps the window full (the others a window ahead of
+// it) for DetachAfter (2s) is detached without an error: its next read
+// continues on its own download (Range with If-Range from its offset, or a
+// full GET skipping the bytes it has when the mirror announced no ranges
+// or no validator). A host whose fetch ends leaves the download to the
+// others; the last one to leave cancels it. The mirror failing mid-body
+// fails every attached host Transient (nothing is published anywhere).
+// Base.Source, the span attribute imagecache.source and the "source" key
+// of the "published base" log line say where a base came from (pool,
+// mirror, shared, detached). When byte 0 would leave the window before
+// JoinWindow ends (a mirror faster than 8 MiB/s), the download pauses
+// until then, at most JoinWindow once.
 package imagecache
 
 import (
