@@ -1,9 +1,12 @@
 package imagecache
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"net/http"
 	"net/url"
@@ -200,10 +203,9 @@ func (f *Fanout) get(key fanKey, req *http.Request) (*http.Response, func() stri
 	}
 	body.total = r.ContentLength
 	body.ranges = strings.EqualFold(strings.TrimSpace(r.Header.Get("Accept-Ranges")), "bytes")
-	if et := r.Header.Get("ETag"); et != "" && !strings.HasPrefix(et, "W/") {
-		body.validator = et
-	} else {
-		body.validator = r.Header.Get("Last-Modified")
+	body.validator = validatorOf(r)
+	if body.validator == "" {
+		body.prefix = sha256.New()
 	}
 	return resp, body.source, nil
 }
@@ -217,6 +219,15 @@ func (f *Fanout) startDownload(key fanKey, req *http.Request) *download {
 	}
 	go d.pump(req.Clone(ctx))
 	return d
+}
+
+// validatorOf is what identifies the version of r's resource: its strong
+// ETag, else its Last-Modified ("" for neither).
+func validatorOf(r *http.Response) string {
+	if et := r.Header.Get("ETag"); et != "" && !strings.HasPrefix(et, "W/") {
+		return et
+	}
+	return r.Header.Get("Last-Modified")
 }
 
 // join adds a member reading from byte 0, or returns nil when byte 0 is
@@ -425,7 +436,11 @@ type fanBody struct {
 
 	total     int64
 	ranges    bool
-	validator string
+	validator string // the shared response's ETag (strong) or Last-Modified
+	// prefix hashes the bytes read from the shared download when the
+	// response had no validator: a full GET after detaching must start
+	// with the same bytes (else the image changed on the mirror).
+	prefix hash.Hash
 
 	mu     sync.Mutex
 	own    io.ReadCloser // after detaching
@@ -466,6 +481,9 @@ func (b *fanBody) Read(p []byte) (int, error) {
 			b.m.off += int64(n)
 			d.broadcastLocked()
 			d.mu.Unlock()
+			if b.prefix != nil {
+				b.prefix.Write(p[:n])
+			}
 			return n, nil
 		}
 		if d.end != nil {
@@ -532,18 +550,44 @@ func (b *fanBody) open(off int64) (io.ReadCloser, error) {
 		}
 		return resp.Body, nil
 	case resp.StatusCode == http.StatusOK:
-		if b.total >= 0 && resp.ContentLength >= 0 && resp.ContentLength != b.total {
+		// The whole image again (no ranges, or If-Range found another
+		// version): only the same version may continue what was read.
+		if err := b.sameImage(resp, off); err != nil {
 			_ = resp.Body.Close()
-			return nil, fmt.Errorf("the image changed: %d bytes now, %d before", resp.ContentLength, b.total)
-		}
-		if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
-			_ = resp.Body.Close()
-			return nil, fmt.Errorf("skipping the %d bytes already read: %w", off, err)
+			return nil, err
 		}
 		return resp.Body, nil
 	}
 	_ = resp.Body.Close()
 	return nil, fmt.Errorf("GET: %s", serverText(resp.Status, b.req.URL.String()))
+}
+
+// sameImage checks that resp (a 200 after detaching) serves the image the
+// shared download served, and consumes its first off bytes: the same
+// validator, or without one the same first bytes (hashed); the same
+// length either way. Otherwise the image changed on the mirror during the
+// fetch, and continuing would splice two versions.
+func (b *fanBody) sameImage(resp *http.Response, off int64) error {
+	if b.total >= 0 && resp.ContentLength >= 0 && resp.ContentLength != b.total {
+		return fmt.Errorf("the image changed on the mirror during the fetch: %d bytes now, %d before", resp.ContentLength, b.total)
+	}
+	if b.validator != "" {
+		if v := validatorOf(resp); v != b.validator {
+			return fmt.Errorf("the image changed on the mirror during the fetch: validator %q now, %q before", serverText(v, b.req.URL.String()), serverText(b.validator, b.req.URL.String()))
+		}
+		if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
+			return fmt.Errorf("skipping the %d bytes already read: %w", off, err)
+		}
+		return nil
+	}
+	h := sha256.New()
+	if _, err := io.CopyN(h, resp.Body, off); err != nil {
+		return fmt.Errorf("skipping the %d bytes already read: %w", off, err)
+	}
+	if !bytes.Equal(h.Sum(nil), b.prefix.Sum(nil)) {
+		return fmt.Errorf("the image changed on the mirror during the fetch: its first %d bytes differ", off)
+	}
+	return nil
 }
 
 // Close leaves the shared download (the others go on) and unblocks a Read

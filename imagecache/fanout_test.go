@@ -153,26 +153,32 @@ func TestFanoutOffOrOtherClientDownloadsAlone(t *testing.T) {
 
 // rangeServer serves body with Last-Modified and byte ranges
 // (http.ServeContent), recording the Range header of every request; with
-// ranges false it ignores Range and announces none.
+// ranges false it ignores Range and announces neither ranges nor a
+// validator. When later is set, every request after the first gets later
+// instead (a new version of the image, newer Last-Modified).
 type rangeServer struct {
 	*served
 	mu     sync.Mutex
 	ranges []string
 }
 
-func serveRanges(t *testing.T, body []byte, ranges bool) *rangeServer {
+func serveRanges(t *testing.T, body, later []byte, ranges bool) *rangeServer {
 	rs := &rangeServer{}
 	mod := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	rs.served = serve(t, body, func(w http.ResponseWriter, r *http.Request) {
 		rs.mu.Lock()
 		rs.ranges = append(rs.ranges, r.Header.Get("Range"))
+		b, m := body, mod
+		if later != nil && len(rs.ranges) > 1 {
+			b, m = later, mod.Add(time.Hour)
+		}
 		rs.mu.Unlock()
 		if !ranges {
-			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-			_, _ = w.Write(body)
+			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+			_, _ = w.Write(b)
 			return
 		}
-		http.ServeContent(w, r, "img.qcow2", mod, bytes.NewReader(body))
+		http.ServeContent(w, r, "img.qcow2", m, bytes.NewReader(b))
 	})
 	return rs
 }
@@ -181,12 +187,23 @@ func serveRanges(t *testing.T, body []byte, ranges bool) *rangeServer {
 // is detached and the other three finish while it is still stalled; once
 // it moves again it finishes on a download of its own from where it was —
 // a Range request when the mirror serves ranges, else a full GET whose
-// first bytes are skipped — and publishes the right digest too.
+// first bytes are skipped — and publishes the right digest too. When the
+// image changed on the mirror meanwhile (a new Last-Modified, or other
+// first bytes without a validator), the detached host fails Transient
+// instead of splicing two versions, and the others are not affected.
 func TestFanoutStalledHostDetached(t *testing.T) {
-	for _, ranges := range []bool{true, false} {
-		t.Run(fmt.Sprintf("ranges=%v", ranges), func(t *testing.T) {
+	for _, tc := range []struct {
+		ranges, changed bool
+	}{{true, false}, {false, false}, {true, true}, {false, true}} {
+		ranges := tc.ranges
+		t.Run(fmt.Sprintf("ranges=%v,changed=%v", tc.ranges, tc.changed), func(t *testing.T) {
 			body, sum := testImage(1 << 20)
-			srv := serveRanges(t, body, ranges)
+			var later []byte
+			if tc.changed {
+				later = slices.Clone(body)
+				later[100] ^= 1 // within what the stalled host has read
+			}
+			srv := serveRanges(t, body, later, ranges)
 			cs, hs := fanHosts(t, 4, smallFanout(), func(i int, cfg *Config) {
 				cfg.StreamStall = provider.Duration(time.Minute) // the stall is ours
 			})
@@ -246,6 +263,11 @@ func TestFanoutStalledHostDetached(t *testing.T) {
 			}
 			close(release)
 			wg.Wait()
+			if tc.changed {
+				wantClass(t, errs[3], provider.Transient, "the image changed on the mirror")
+				wantLeft(t, hs[3])
+				return
+			}
 			if errs[3] != nil {
 				t.Fatalf("stalled host: %v", errs[3])
 			}
@@ -274,8 +296,9 @@ func TestFanoutStalledHostDetached(t *testing.T) {
 
 // The mirror dropping the connection mid-body fails every host attached to
 // the download Transient, with nothing published anywhere; a retry shares
-// one download again and succeeds. A failed GET (404) is shared too: every
-// host Permanent after one request.
+// one download again and succeeds. A digest mismatch fails every host
+// Permanent, and a failed GET (404) is shared too: every host Permanent
+// after one request.
 func TestFanoutMirrorFailures(t *testing.T) {
 	body, sum := testImage(600 << 10)
 	var cut atomic.Bool
@@ -312,6 +335,19 @@ func TestFanoutMirrorFailures(t *testing.T) {
 		t.Fatalf("%d GETs after the retry, want 2", g)
 	}
 
+	// Bytes other than the configured digest: every host Permanent on its
+	// own read-back digest, nothing published, one GET.
+	other, _ := testImage(300 << 10)
+	wrong := serve(t, other, nil)
+	_, errs = ensureAll(t, cs, Image{Key: "wrong", URL: wrong.url, SHA256: sum})
+	for i := range cs {
+		wantClass(t, errs[i], provider.Permanent, "sha256 "+sum+" is configured")
+		wantLeft(t, hs[i], cs[i].BaseName(img), MarkerName(cs[i].BaseName(img), sum))
+	}
+	if g := wrong.gets.Load(); g != 1 {
+		t.Fatalf("%d GETs of a wrong image by 4 hosts, want 1", g)
+	}
+
 	missing := serve(t, nil, func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
 	_, errs = ensureAll(t, cs, Image{Key: "gone", URL: missing.url})
 	for i := range cs {
@@ -322,34 +358,62 @@ func TestFanoutMirrorFailures(t *testing.T) {
 	}
 }
 
-// A host whose caller gives up mid-stream leaves the download; the others
-// publish and the mirror served one GET.
+// The host that started the download (its GET) gives up mid-stream: the
+// download goes on for the others (the leader is the download, not a
+// host), they publish, and the mirror served one GET.
 func TestFanoutWaiterCanceled(t *testing.T) {
 	body, sum := testImage(600 << 10)
 	srv := serve(t, body, nil)
-	cs, hs := fanHosts(t, 4, smallFanout(), nil)
+	f := smallFanout()
+	cs, hs := fanHosts(t, 4, f, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	hs[1].SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
+	members := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, d := range f.dls {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return len(d.members)
+		}
+		return 0
+	}
+	hs[0].SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
 		if call.Done >= 64<<10 {
+			// Leave once the others have joined (alone, the leader's
+			// leaving would cancel the download: nobody needs it).
+			for end := time.Now().Add(10 * time.Second); members() < 4 && time.Now().Before(end); {
+				time.Sleep(time.Millisecond)
+			}
 			cancel()
 			return call.Wait(nil) // until the fetch is canceled
 		}
 		return nil
 	})
 	img := Image{Key: "k", URL: srv.url, SHA256: sum}
-	bases, errs := ensureAll(t, cs, img, testCtx(t, 30*time.Second), ctx)
-	wantClass(t, errs[1], provider.Canceled, "")
-	for _, i := range []int{0, 2, 3} {
-		if errs[i] != nil {
-			t.Fatalf("host %d: %v", i, errs[i])
-		}
-		wantPublished(t, cs[i], hs[i], img, bases[i], body, sum)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cs[0].Ensure(ctx, img)
+		errc <- err
+	}()
+	for srv.gets.Load() == 0 { // host 0 leads
+		time.Sleep(time.Millisecond)
 	}
-	if err := cs[1].Close(); err != nil { // waits for the abandoned fetch
+	bases, errs := ensureAll(t, cs[1:], img)
+	wantClass(t, <-errc, provider.Canceled, "")
+	for i := range 3 {
+		if errs[i] != nil {
+			t.Fatalf("host %d: %v", i+1, errs[i])
+		}
+		wantPublished(t, cs[i+1], hs[i+1], img, bases[i], body, sum)
+		if bases[i].Source != SourceShared {
+			t.Fatalf("host %d: source %q, want shared", i+1, bases[i].Source)
+		}
+	}
+	if err := cs[0].Close(); err != nil { // waits for the abandoned fetch
 		t.Fatal(err)
 	}
-	wantLeft(t, hs[1])
+	wantLeft(t, hs[0])
 	if g := srv.gets.Load(); g != 1 {
 		t.Fatalf("%d GETs, want 1", g)
 	}
