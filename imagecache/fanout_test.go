@@ -75,6 +75,23 @@ func wantPublished(t *testing.T, c *Cache, h *libvirtfake.Host, img Image, b Bas
 	}
 }
 
+// waitMembers waits (at most 10 s) until f's download has n members.
+func waitMembers(f *Fanout, n int) {
+	members := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, d := range f.dls {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return len(d.members)
+		}
+		return 0
+	}
+	for end := time.Now().Add(10 * time.Second); members() < n && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func countSources(bases []Base) map[string]int {
 	m := map[string]int{}
 	for _, b := range bases {
@@ -162,7 +179,8 @@ type rangeServer struct {
 	ranges []string
 }
 
-func serveRanges(t *testing.T, body, later []byte, ranges bool) *rangeServer {
+// gate, when set, runs before the first answer.
+func serveRanges(t *testing.T, body, later []byte, ranges bool, gate func()) *rangeServer {
 	rs := &rangeServer{}
 	mod := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	rs.served = serve(t, body, func(w http.ResponseWriter, r *http.Request) {
@@ -172,7 +190,11 @@ func serveRanges(t *testing.T, body, later []byte, ranges bool) *rangeServer {
 		if later != nil && len(rs.ranges) > 1 {
 			b, m = later, mod.Add(time.Hour)
 		}
+		first := len(rs.ranges) == 1
 		rs.mu.Unlock()
+		if first && gate != nil {
+			gate()
+		}
 		if !ranges {
 			w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 			_, _ = w.Write(b)
@@ -203,8 +225,9 @@ func TestFanoutStalledHostDetached(t *testing.T) {
 				later = slices.Clone(body)
 				later[100] ^= 1 // within what the stalled host has read
 			}
-			srv := serveRanges(t, body, later, ranges)
-			cs, hs := fanHosts(t, 4, smallFanout(), func(i int, cfg *Config) {
+			f := smallFanout()
+			srv := serveRanges(t, body, later, ranges, func() { waitMembers(f, 4) })
+			cs, hs := fanHosts(t, 4, f, func(i int, cfg *Config) {
 				cfg.StreamStall = provider.Duration(time.Minute) // the stall is ours
 			})
 			release := make(chan struct{})
@@ -303,6 +326,7 @@ func TestFanoutMirrorFailures(t *testing.T) {
 	body, sum := testImage(600 << 10)
 	var cut atomic.Bool
 	cut.Store(true)
+	f := smallFanout()
 	srv := serve(t, body, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		if !cut.Load() {
@@ -311,9 +335,10 @@ func TestFanoutMirrorFailures(t *testing.T) {
 		}
 		_, _ = w.Write(body[:200<<10])
 		w.(http.Flusher).Flush()
+		waitMembers(f, 4) // cut once every host reads the download
 		panic(http.ErrAbortHandler)
 	})
-	cs, hs := fanHosts(t, 4, smallFanout(), nil)
+	cs, hs := fanHosts(t, 4, f, nil)
 	img := Image{Key: "k", URL: srv.url, SHA256: sum}
 	_, errs := ensureAll(t, cs, img)
 	for i := range cs {
@@ -338,7 +363,10 @@ func TestFanoutMirrorFailures(t *testing.T) {
 	// Bytes other than the configured digest: every host Permanent on its
 	// own read-back digest, nothing published, one GET.
 	other, _ := testImage(300 << 10)
-	wrong := serve(t, other, nil)
+	wrong := serve(t, other, func(w http.ResponseWriter, r *http.Request) {
+		waitMembers(f, 4) // answer once every host waits for the download
+		_, _ = w.Write(other)
+	})
 	_, errs = ensureAll(t, cs, Image{Key: "wrong", URL: wrong.url, SHA256: sum})
 	for i := range cs {
 		wantClass(t, errs[i], provider.Permanent, "sha256 "+sum+" is configured")
@@ -348,7 +376,10 @@ func TestFanoutMirrorFailures(t *testing.T) {
 		t.Fatalf("%d GETs of a wrong image by 4 hosts, want 1", g)
 	}
 
-	missing := serve(t, nil, func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
+	missing := serve(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		waitMembers(f, 4)
+		http.NotFound(w, r)
+	})
 	_, errs = ensureAll(t, cs, Image{Key: "gone", URL: missing.url})
 	for i := range cs {
 		wantClass(t, errs[i], provider.Permanent, "404")
@@ -368,23 +399,11 @@ func TestFanoutWaiterCanceled(t *testing.T) {
 	cs, hs := fanHosts(t, 4, f, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	members := func() int {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		for _, d := range f.dls {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			return len(d.members)
-		}
-		return 0
-	}
 	hs[0].SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
 		if call.Done >= 64<<10 {
 			// Leave once the others have joined (alone, the leader's
 			// leaving would cancel the download: nobody needs it).
-			for end := time.Now().Add(10 * time.Second); members() < 4 && time.Now().Before(end); {
-				time.Sleep(time.Millisecond)
-			}
+			waitMembers(f, 4)
 			cancel()
 			return call.Wait(nil) // until the fetch is canceled
 		}
