@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/internal/libvirtfake"
 	"github.com/egressproxy/egressproxy/provider"
 )
@@ -511,5 +512,33 @@ func TestProcessFanoutIsOne(t *testing.T) {
 	a, b := ProcessFanout(), ProcessFanout()
 	if a == nil || a != b {
 		t.Fatal("ProcessFanout is not one instance")
+	}
+}
+
+// One host's disk fills up mid-upload (libvirt fails its stream): that
+// host fails Transient with nothing left in its pool; the others publish
+// from the one download.
+func TestFanoutHostDiskFull(t *testing.T) {
+	body, sum := testImage(600 << 10)
+	f := smallFanout()
+	srv := serve(t, body, func(w http.ResponseWriter, r *http.Request) {
+		waitMembers(f, 4)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = w.Write(body)
+	})
+	cs, hs := fanHosts(t, 4, f, nil)
+	hs[2].SetStreamHook("StorageVolUpload", libvirtfake.CutAfter(128<<10, libvirt.Error{Code: uint32(libvirt.ErrSystemError), Message: "cannot write: No space left on device"}))
+	img := Image{Key: "k", URL: srv.url, SHA256: sum}
+	bases, errs := ensureAll(t, cs, img)
+	wantClass(t, errs[2], provider.Transient, "No space left on device")
+	wantLeft(t, hs[2])
+	for _, i := range []int{0, 1, 3} {
+		if errs[i] != nil {
+			t.Fatalf("host %d: %v", i, errs[i])
+		}
+		wantPublished(t, cs[i], hs[i], img, bases[i], body, sum)
+	}
+	if g := srv.gets.Load(); g != 1 {
+		t.Fatalf("%d GETs, want 1", g)
 	}
 }
