@@ -187,7 +187,7 @@ func (f *Fanout) get(key fanKey, req *http.Request) (*http.Response, func() stri
 		_ = body.Close()
 		// Shaped as net/http's error of a GET given up (fetchOnce
 		// redacts the URL).
-		return nil, nil, &url.Error{Op: "Get", URL: req.URL.String(), Err: req.Context().Err()}
+		return nil, nil, &url.Error{Op: "Get", URL: RedactURL(req.URL.String()), Err: req.Context().Err()}
 	}
 	if d.err != nil {
 		_ = body.Close()
@@ -514,7 +514,9 @@ func (b *fanBody) Read(p []byte) (int, error) {
 func (b *fanBody) resume(p []byte, off int64) (int, error) {
 	own, err := b.open(off)
 	if err != nil {
-		return 0, fmt.Errorf("detached from the shared download after %d bytes: %w", off, err)
+		// net/http's errors name the URL: redacted here, since the
+		// upload's errors are logged before fetch's own redaction.
+		return 0, fmt.Errorf("detached from the shared download after %d bytes: %w", off, redactErr(err, b.d.key.url))
 	}
 	b.mu.Lock()
 	if b.closed {
@@ -546,7 +548,7 @@ func (b *fanBody) open(off int64) (io.ReadCloser, error) {
 	case ranged && resp.StatusCode == http.StatusPartialContent:
 		if cr := resp.Header.Get("Content-Range"); !strings.HasPrefix(cr, fmt.Sprintf("bytes %d-", off)) {
 			_ = resp.Body.Close()
-			return nil, fmt.Errorf("the server answered the range from %d with Content-Range %q", off, serverText(cr, b.req.URL.String()))
+			return nil, fmt.Errorf("the server answered the range from %d with Content-Range %q", off, serverText(cr, b.d.key.url))
 		}
 		return resp.Body, nil
 	case resp.StatusCode == http.StatusOK:
@@ -559,7 +561,7 @@ func (b *fanBody) open(off int64) (io.ReadCloser, error) {
 		return resp.Body, nil
 	}
 	_ = resp.Body.Close()
-	return nil, fmt.Errorf("GET: %s", serverText(resp.Status, b.req.URL.String()))
+	return nil, fmt.Errorf("GET: %s", serverText(resp.Status, b.d.key.url))
 }
 
 // sameImage checks that resp (a 200 after detaching) serves the image the
@@ -573,7 +575,7 @@ func (b *fanBody) sameImage(resp *http.Response, off int64) error {
 	}
 	if b.validator != "" {
 		if v := validatorOf(resp); v != b.validator {
-			return fmt.Errorf("the image changed on the mirror during the fetch: validator %q now, %q before", serverText(v, b.req.URL.String()), serverText(b.validator, b.req.URL.String()))
+			return fmt.Errorf("the image changed on the mirror during the fetch: validator %q now, %q before", serverText(v, b.d.key.url), serverText(b.validator, b.d.key.url))
 		}
 		if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
 			return fmt.Errorf("skipping the %d bytes already read: %w", off, err)

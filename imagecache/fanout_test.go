@@ -20,6 +20,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/internal/libvirtfake"
 	"github.com/egressproxy/egressproxy/provider"
+	"github.com/go-logr/logr/funcr"
 )
 
 // smallFanout has a window of 8 chunks of 32 KiB, so that a test image of
@@ -540,5 +541,73 @@ func TestFanoutHostDiskFull(t *testing.T) {
 	}
 	if g := srv.gets.Load(); g != 1 {
 		t.Fatalf("%d GETs, want 1", g)
+	}
+}
+
+// A detached host whose own GET fails reports it without the URL's
+// credentials, in its error and in every log line; the other host is not
+// affected.
+func TestFanoutDetachedFailureRedacted(t *testing.T) {
+	body, sum := testImage(1 << 20)
+	f := smallFanout()
+	var n atomic.Int64
+	srv := serve(t, body, func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) > 1 { // the resume: the connection drops before an answer
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				_ = c.Close()
+			}
+			return
+		}
+		waitMembers(f, 2)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = w.Write(body)
+	})
+	const secret = "s3cr3tpass"
+	url := strings.Replace(srv.url, "http://", "http://user:"+secret+"@", 1) + "?token=" + secret
+	var mu sync.Mutex
+	var lines []string
+	log := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		lines = append(lines, args)
+		mu.Unlock()
+	}, funcr.Options{Verbosity: 9})
+	cs, hs := fanHosts(t, 2, f, func(i int, cfg *Config) {
+		cfg.Logger = log
+		cfg.StreamStall = provider.Duration(time.Minute)
+	})
+	release := make(chan struct{})
+	hs[1].SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
+		if call.Done >= 64<<10 {
+			return call.Wait(release)
+		}
+		return nil
+	})
+	img := Image{Key: "k", URL: url, SHA256: sum}
+	var b0 Base
+	var e0, e1 error
+	var wg sync.WaitGroup
+	done0 := make(chan struct{})
+	wg.Go(func() { b0, e0 = cs[0].Ensure(testCtx(t, 30*time.Second), img); close(done0) })
+	wg.Go(func() { _, e1 = cs[1].Ensure(testCtx(t, 30*time.Second), img) })
+	select { // host 0 finishes while host 1 is stalled (detached)
+	case <-done0:
+	case <-time.After(15 * time.Second):
+		t.Error("host 0 did not finish beside a stalled host")
+	}
+	close(release)
+	wg.Wait()
+	if e0 != nil {
+		t.Fatal(e0)
+	}
+	wantPublished(t, cs[0], hs[0], img, b0, body, sum)
+	wantClass(t, e1, provider.Transient, "detached from the shared download")
+	wantLeft(t, hs[1])
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range append(lines, e1.Error()) {
+		if strings.Contains(s, secret) {
+			t.Fatalf("a secret printed: %s", s)
+		}
 	}
 }
