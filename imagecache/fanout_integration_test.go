@@ -3,14 +3,17 @@
 package imagecache
 
 import (
+	"net/http"
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/egressproxy/egressproxy/internal/lab"
 	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -47,6 +50,73 @@ func fanTargets(t *testing.T) []fanTarget {
 		out = append(out, fanTarget{h.Netns, lv, h.Pool})
 	}
 	return out
+}
+
+// newFanCaches returns one cache per target (a fresh entry each, its
+// volumes deleted when the test ends), all with Fanout f.
+func newFanCaches(t *testing.T, targets []fanTarget, f *Fanout) []*Cache {
+	caches := make([]*Cache, len(targets))
+	for i, tg := range targets {
+		entry := testEntry()
+		cleanupEntry(t, tg.lv, tg.pool, entry)
+		caches[i] = newTestCache(t, SSH(tg.lv), entry, tg.pool, func(cfg *Config) { cfg.Fanout = f })
+	}
+	return caches
+}
+
+// ensureEach runs Ensure of image on every cache at once.
+func ensureEach(t *testing.T, caches []*Cache, image Image) ([]Base, []error) {
+	bases := make([]Base, len(caches))
+	errs := make([]error, len(caches))
+	var wg sync.WaitGroup
+	for i, c := range caches {
+		wg.Go(func() { bases[i], errs[i] = c.Ensure(ctxT(t, time.Minute), image) })
+	}
+	wg.Wait()
+	return bases, errs
+}
+
+// The mirror drops the connection halfway through the shared body: both
+// hosts fail Transient with nothing of their entry left in their pools;
+// the retry shares one download again and both publish.
+func TestIntegrationFanoutMirrorCut(t *testing.T) {
+	targets := fanTargets(t)
+	img := makeQcow2(t, t.TempDir(), 16)
+	f := NewFanout(FanoutOptions{})
+	var cut atomic.Bool
+	cut.Store(true)
+	srv := newImageServer(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		if !cut.Load() {
+			http.ServeFile(w, r, img.path)
+			return
+		}
+		serveHalfThen(img, func(http.ResponseWriter, *http.Request) {
+			waitMembers(f, len(targets))
+			panic(http.ErrAbortHandler)
+		})(w, r, n)
+	})
+	image := Image{Key: "fan", URL: srv.URL + "/img.qcow2", SHA256: img.sha256}
+	caches := newFanCaches(t, targets, f)
+	_, errs := ensureEach(t, caches, image)
+	for i, c := range caches {
+		wantCode(t, errs[i], provider.Transient)
+		if left := ours(t, targets[i].lv, targets[i].pool, c.cfg.Entry); len(left) > 0 {
+			t.Fatalf("%s left %q after the cut", c.cfg.Entry, left)
+		}
+	}
+	if n := srv.requests.Load(); n != 1 {
+		t.Fatalf("%d requests, want 1", n)
+	}
+	cut.Store(false)
+	bases, errs := ensureEach(t, caches, image)
+	for i, c := range caches {
+		if errs[i] != nil || bases[i].Digest != img.sha256 {
+			t.Fatalf("retry, %s: %+v, %v", c.cfg.Entry, bases[i], errs[i])
+		}
+	}
+	if n := srv.requests.Load(); n != 2 {
+		t.Fatalf("%d requests after the retry, want 2", n)
+	}
 }
 
 // Two entries (on two lab hosts) sharing a Fanout fetch a cold 16 MiB
