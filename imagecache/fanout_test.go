@@ -24,9 +24,12 @@ import (
 )
 
 // smallFanout has a window of 8 chunks of 32 KiB, so that a test image of
-// a few hundred KiB goes through many trims, and detaches after 200 ms.
+// a few hundred KiB goes through many trims, detaches after 200 ms and
+// holds byte 0 for 200 ms (tests that need every host to join gate the
+// mirror's answer with waitMembers, except TestFanoutFourHostsOneGET,
+// which relies on the default JoinWindow alone).
 func smallFanout() *Fanout {
-	return NewFanout(FanoutOptions{Window: 256 << 10, Chunk: 32 << 10, DetachAfter: 200 * time.Millisecond})
+	return NewFanout(FanoutOptions{Window: 256 << 10, Chunk: 32 << 10, DetachAfter: 200 * time.Millisecond, JoinWindow: 200 * time.Millisecond})
 }
 
 // fanHosts returns n caches (entries e0…) on n fake hosts, all with Fanout f.
@@ -109,7 +112,7 @@ func countSources(bases []Base) map[string]int {
 func TestFanoutFourHostsOneGET(t *testing.T) {
 	body, sum := testImage(600 << 10)
 	srv := serve(t, body, nil)
-	f := smallFanout()
+	f := NewFanout(FanoutOptions{Window: 256 << 10, Chunk: 32 << 10}) // JoinWindow 1 s
 	cs, hs := fanHosts(t, 4, f, nil)
 	img := Image{Key: "k", URL: srv.url, SHA256: sum}
 	bases, errs := ensureAll(t, cs, img)
@@ -396,8 +399,12 @@ func TestFanoutMirrorFailures(t *testing.T) {
 // host), they publish, and the mirror served one GET.
 func TestFanoutWaiterCanceled(t *testing.T) {
 	body, sum := testImage(600 << 10)
-	srv := serve(t, body, nil)
 	f := smallFanout()
+	srv := serve(t, body, func(w http.ResponseWriter, r *http.Request) {
+		waitMembers(f, 4)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = w.Write(body)
+	})
 	cs, hs := fanHosts(t, 4, f, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
