@@ -58,6 +58,32 @@
 // neither truncates nor syncs, and its stream is confirmed only after its
 // writer wrote every byte and closed the file): see
 // docs/overlapped-verification.md for the sources and the measurements.
+//
+// # Fan-out across hosts
+//
+// Off by default. Caches (one per entry, i.e. per host) given the same
+// Config.Fanout — ProcessFanout() for the whole process, or kvm2's
+// Options.ImageFanout — share one HTTP download of an image (same URL,
+// same configured SHA256, same HTTP client) whose cold fetches start
+// within FanoutOptions.JoinWindow (1s) of each other, or while the
+// download's first bytes are still in its window. Only the HTTP body is
+// shared: every host uploads, reads back, hashes, checks the size of and
+// marks its own base, so every promise above holds per host, and a digest
+// mismatch fails each host Permanent on its own read-back. The body
+// streams through a bounded window (8 MiB in 256 KiB chunks) that each
+// host reads at its own pace; memory is the window whatever the number of
+// hosts. A host that keeps the window full (the others a window ahead of
+// it) for DetachAfter (2s) is detached without an error: its next read
+// continues on its own download (Range with If-Range from its offset, or a
+// full GET skipping the bytes it has when the mirror announced no ranges
+// or no validator). A host whose fetch ends leaves the download to the
+// others; the last one to leave cancels it. The mirror failing mid-body
+// fails every attached host Transient (nothing is published anywhere).
+// Base.Source, the span attribute imagecache.source and the "source" key
+// of the "published base" log line say where a base came from (pool,
+// mirror, shared, detached). When byte 0 would leave the window before
+// JoinWindow ends (a mirror faster than 8 MiB/s), the download pauses
+// until then, at most JoinWindow once.
 package imagecache
 
 import (
@@ -235,6 +261,14 @@ type Config struct {
 	Logger logr.Logger `json:"-"`
 	// TracerProvider makes the fetch/upload/verify spans. Zero: no spans.
 	TracerProvider trace.TracerProvider `json:"-"`
+	// Fanout, when set, shares the HTTP download of an image among the
+	// concurrent cold fetches of every cache given the same Fanout (one
+	// per entry, i.e. per host: see Fanout and ProcessFanout); each
+	// host's upload, read-back digest, size check and marker stay its
+	// own. A cache with a Fanout and no HTTPClient uses one client shared
+	// by all such caches (downloads are shared per client). Nil: every
+	// fetch downloads on its own.
+	Fanout *Fanout `json:"-"`
 }
 
 // Progress reports a transfer.
@@ -251,6 +285,11 @@ type Base struct {
 	Path   string // volume path on the host
 	Digest string // sha256 hex of the stored bytes
 	Format string // "qcow2" or "raw"
+	// Source is where Ensure got the base from: SourcePool (already
+	// published), SourceMirror (downloaded by this fetch), SourceShared
+	// (a download shared through Config.Fanout), SourceDetached (shared,
+	// then finished on its own download). Empty from List and Verify.
+	Source string
 }
 
 // Entry is one base of this cache's entry, as found in the pool.
@@ -363,6 +402,9 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{}
+		if cfg.Fanout != nil {
+			cfg.HTTPClient = fanoutClient
+		}
 	}
 	log := cfg.Logger
 	if log.GetSink() == nil {
@@ -457,6 +499,9 @@ func (c *Cache) Ensure(ctx context.Context, img Image) (_ Base, opErr error) {
 			}
 			return Base{}, provider.Errorf(provider.Transient, "image %q: transfer budget %s exhausted: %w", img.Key, c.cfg.TransferBudget, f.err)
 		}
+		if f.err == nil {
+			span.SetAttributes(attribute.String("imagecache.source", f.base.Source))
+		}
 		return f.base, f.err
 	case <-ctx.Done():
 		c.mu.Lock()
@@ -481,7 +526,7 @@ func (c *Cache) ensure(ctx context.Context, img Image, name string) (Base, error
 		}
 		switch d.Action {
 		case actHit:
-			return c.published(ctx, img, name, d.Digest, vol)
+			return hit(c.published(ctx, img, name, d.Digest, vol))
 		case actMismatch, actAmbiguous:
 			return Base{}, c.conflict(img, name, d)
 		case actWait:
@@ -495,7 +540,7 @@ func (c *Cache) ensure(ctx context.Context, img Image, name string) (Base, error
 		b, retry, err := c.underClaim(ctx, name, func(ctx context.Context, d decision) (Base, error) {
 			switch d.Action {
 			case actHit:
-				return c.published(ctx, img, name, d.Digest, nil)
+				return hit(c.published(ctx, img, name, d.Digest, nil))
 			case actMismatch, actAmbiguous:
 				return Base{}, c.conflict(img, name, d)
 			}
@@ -582,6 +627,14 @@ func (c *Cache) removeDebris(ctx context.Context, name string, d decision) error
 		}
 	}
 	return nil
+}
+
+// hit marks the Base of a hit as SourcePool.
+func hit(b Base, err error) (Base, error) {
+	if err == nil {
+		b.Source = SourcePool
+	}
+	return b, err
 }
 
 // published returns the Base of a hit.

@@ -186,10 +186,11 @@ func TestFakeFetchHitVerifyListEvict(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := BaseName(fakeEntry, "deb.12", FormatQCOW2)
-	want := Base{Volume: name, Path: "/pools/p/" + name, Digest: sum, Format: FormatQCOW2}
+	want := Base{Volume: name, Path: "/pools/p/" + name, Digest: sum, Format: FormatQCOW2, Source: SourceMirror}
 	if b != want {
 		t.Fatalf("Ensure = %+v, want %+v", b, want)
 	}
+	want.Source = SourcePool // a hit from now on; List and Verify leave Source empty
 	wantVolumes(t, h, name, MarkerName(name, sum))
 	if got, _ := h.VolumeData(fakePool, name); !slices.Equal(got, body) {
 		t.Fatalf("stored %d bytes, not the image's %d", len(got), len(body))
@@ -222,6 +223,7 @@ func TestFakeFetchHitVerifyListEvict(t *testing.T) {
 		t.Fatalf("hit fetched again: %d GETs, %d uploads, %d downloads", srv.gets.Load(), h.Calls("StorageVolUpload"), h.Calls("StorageVolDownload"))
 	}
 
+	want.Source = ""
 	if vb, err := c.Verify(ctx, img); err != nil || vb != want {
 		t.Fatalf("Verify = %+v, %v", vb, err)
 	}

@@ -63,7 +63,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 	if err != nil {
 		return Base{}, provider.Errorf(provider.Permanent, "image %q: bad URL %s: %s", img.Key, u, parseProblem(err))
 	}
-	resp, err := c.cfg.HTTPClient.Do(req)
+	resp, source, err := c.get(req, img)
 	if err != nil {
 		// net/http's *url.Error names the URL (the last one, after
 		// redirects): redacted in place.
@@ -82,7 +82,8 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 		return Base{}, provider.Errorf(code, "image %q: GET %s: %s", img.Key, u, serverText(resp.Status, img.URL))
 	}
 	total := resp.ContentLength
-	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("imagecache.content_length", total))
+	span := trace.SpanFromContext(ctx)
+	span.SetAttributes(attribute.Int64("imagecache.content_length", total))
 
 	// An announced size the pool cannot hold is refused before waiting for
 	// the body's first bytes; then the first bytes are checked, and only
@@ -158,13 +159,31 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 		return Base{}, c.classify(ctx, fmt.Errorf("create marker of %s: %w", name, err))
 	}
 	published = true
+	src := source()
+	span.SetAttributes(attribute.String("imagecache.source", src))
 	el := time.Since(start)
-	log.Info("published base", "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
+	log.Info("published base", "source", src, "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
 		"upload", uploaded, "uploadBytesPerSecond", int64(float64(n)/uploaded.Seconds()),
 		// The read-back overlaps the upload: verify is what it added
 		// after the upload.
 		"verify", el-uploaded)
-	return c.published(ctx, img, name, digest, nil)
+	b, err := c.published(ctx, img, name, digest, nil)
+	if err == nil {
+		b.Source = src
+	}
+	return b, err
+}
+
+// get is the GET of the image: HTTPClient.Do(req) without a Fanout, else
+// through it (sharing the body with other caches' fetches of the same
+// image). source says, once the body was read, where it came from
+// (SourceMirror, SourceShared, SourceDetached).
+func (c *Cache) get(req *http.Request, img Image) (*http.Response, func() string, error) {
+	if c.cfg.Fanout == nil {
+		resp, err := c.cfg.HTTPClient.Do(req)
+		return resp, func() string { return SourceMirror }, err
+	}
+	return c.cfg.Fanout.get(fanKey{url: img.URL, sha256: img.SHA256, client: c.cfg.HTTPClient}, req)
 }
 
 // permanentGET reports why a failed GET cannot succeed when retried: the

@@ -368,14 +368,21 @@ func TestStackColdFetchHitVerifyListEvict(t *testing.T) {
 		t.Fatalf("volumes after publish: %v", names)
 	}
 
+	if b.Source != SourceMirror {
+		t.Fatalf("cold Ensure's source %q, want %q", b.Source, SourceMirror)
+	}
+	// From now on a hit (source pool); List and Verify leave Source empty.
+	hit := b
+	hit.Source = SourcePool
+	b.Source = ""
 	before := srv.requests.Load()
 	b2, err := c.Ensure(ctxT(t, time.Minute), im)
-	if err != nil || b2 != b {
+	if err != nil || b2 != hit {
 		t.Fatalf("second Ensure = %+v, %v", b2, err)
 	}
 	// Without a configured digest any well-formed marker is a hit too.
 	b3, err := c.Ensure(ctxT(t, time.Minute), Image{Key: im.Key, URL: im.URL})
-	if err != nil || b3 != b {
+	if err != nil || b3 != hit {
 		t.Fatalf("Ensure without digest = %+v, %v", b3, err)
 	}
 	if n := srv.requests.Load() - before; n != 0 {
@@ -866,6 +873,7 @@ func TestStackTwoProcessesRace(t *testing.T) {
 			if e1 != nil || e2 != nil {
 				t.Fatalf("Ensure errors: %v / %v", e1, e2)
 			}
+			r1.Source, r2.Source = "", "" // one fetched (mirror), the other found it (pool)
 			if r1 != r2 || (r1.Digest != a.sha256 && r1.Digest != b.sha256) {
 				t.Fatalf("bases differ or wrong digest: %+v vs %+v", r1, r2)
 			}

@@ -204,6 +204,15 @@ type Options struct {
 	// ImageProgressInterval is the interval of ImageProgress and of the
 	// progress log lines. Zero: imagecache's default (5s).
 	ImageProgressInterval time.Duration
+	// ImageFanout, when set, is given to the entry's image cache
+	// (imagecache.Config.Fanout): the providers of several entries (hosts)
+	// given the same Fanout — imagecache.ProcessFanout() for the whole
+	// process — share one HTTP download of an image their hosts fetch cold
+	// at the same time; each host still uploads, verifies and publishes
+	// its own base. Downloads are shared only among providers with the
+	// same HTTPClient (nil counts as one shared client). Nil: each entry
+	// downloads on its own.
+	ImageFanout *imagecache.Fanout
 }
 
 // ParseConfig decodes one entry from YAML or JSON (JSON is YAML) strictly

@@ -197,7 +197,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if c.adopted {
 		p.log.V(1).Info("create: converged on the existing domain", "instance", spec.Name, "uid", spec.UID, "domain", name)
 	} else {
-		p.log.Info("created", "instance", spec.Name, "uid", spec.UID, "domain", name, "base", c.base.Volume)
+		p.log.Info("created", "instance", spec.Name, "uid", spec.UID, "domain", name, "base", c.base.Volume, "source", c.base.Source)
 	}
 	return inst, nil
 }

@@ -101,6 +101,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		HTTPClient:       opts.HTTPClient,
 		Progress:         opts.ImageProgress,
 		ProgressInterval: provider.Duration(opts.ImageProgressInterval),
+		Fanout:           opts.ImageFanout,
 		Logger:           base,
 		TracerProvider:   tp,
 	})
