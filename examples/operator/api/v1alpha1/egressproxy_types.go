@@ -163,7 +163,3 @@ type EgressProxyList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []EgressProxy `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&EgressProxy{}, &EgressProxyList{})
-}
