@@ -156,6 +156,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if !ep.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(&ep, Finalizer) {
 		return res, err // released: the object is gone or going
 	}
+	if ctx.Err() != nil {
+		// The manager stops: the status write would fail too; the next
+		// leader's reconcile writes it.
+		return reconcile.Result{}, nil
+	}
 	if uerr := r.writeStatus(ctx, orig, &ep); uerr != nil {
 		if apierrors.IsConflict(uerr) || apierrors.IsNotFound(uerr) {
 			// A newer version exists (it brings its own reconcile) or
