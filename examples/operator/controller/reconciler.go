@@ -259,6 +259,13 @@ func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha
 		log.Info("created", "entry", ep.Spec.Provider)
 	case err != nil:
 		return r.failed(log, req, ep, err)
+	case inst.State == provider.StateStopped && (inst.SpecDigest == "" || inst.SpecDigest == digest):
+		// Get cannot tell a VM someone stopped from one an interrupted
+		// Create defined but never started; Create can: it completes the
+		// latter (and returns the former as it is).
+		if inst, err = pc.Create(ctx, spec); err != nil {
+			return r.failed(log, req, ep, err)
+		}
 	case inst.SpecDigest != "" && inst.SpecDigest != digest:
 		// Spec drift: the VM runs another spec (port, image, machine
 		// type or credentials changed). A VM's spec cannot be changed in
