@@ -1,10 +1,12 @@
-// Package operator will hold an egress-proxy operator built on the
-// egressproxy library and sigs.k8s.io/controller-runtime (issue 17). It is
+// Package operator is an egress-proxy operator built on the egressproxy
+// library and sigs.k8s.io/controller-runtime (issue 17; see README.md): the
+// API in api/v1alpha1, the logic in controller, the command in
+// cmd/egressproxy-operator. It is
 // its own Go module, so the library's module gains no Kubernetes
 // dependency; it uses the library through a replace of the repository root.
 //
-// For now it holds the proof that a real control plane runs here: the test
-// in controlplane_test.go starts kube-apiserver and etcd with
+// This package holds its tests against a real control plane: the test in
+// controlplane_test.go starts kube-apiserver and etcd with
 // controller-runtime's envtest and round-trips a ConfigMap through them.
 // The binaries come from scripts/kubestack:
 //
