@@ -63,6 +63,24 @@ func controlPlaneAssets(t *testing.T) string {
 	return dir
 }
 
+// newEnvironment is an envtest environment over the binaries in assets.
+func newEnvironment(assets string) *envtest.Environment {
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		// Two busy shared cores: the defaults (20 s) are too tight.
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	// kube-apiserver picks the address it advertises from the default
+	// route's interface; the test netns (make test) has only loopback and
+	// no route, where it exits at once. Advertising 127.0.0.1 is refused
+	// by the endpoint reconciler (it keeps the kubernetes Service's
+	// endpoints, which nothing here needs), so that is switched off.
+	env.ControlPlane.GetAPIServer().Configure().Set("advertise-address", "127.0.0.1")
+	env.ControlPlane.GetAPIServer().Configure().Set("endpoint-reconciler-type", "none")
+	return env
+}
+
 // requireLoopback fails unless u's host is a loopback IP address.
 func requireLoopback(t *testing.T, what string, u *url.URL) {
 	t.Helper()
@@ -80,12 +98,7 @@ func TestControlPlaneConfigMap(t *testing.T) {
 	assets := controlPlaneAssets(t)
 	logf.SetLogger(logr.Discard())
 
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		// Two busy shared cores: the defaults (20 s) are too tight.
-		ControlPlaneStartTimeout: 2 * time.Minute,
-		ControlPlaneStopTimeout:  time.Minute,
-	}
+	env := newEnvironment(assets)
 	t0 := time.Now()
 	cfg, err := env.Start()
 	if err != nil {

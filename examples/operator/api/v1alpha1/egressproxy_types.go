@@ -1,0 +1,165 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// EgressProxySpec is the desired proxy: which provider entry runs it, from
+// which image, on which port, with which proxy credentials.
+type EgressProxySpec struct {
+	// Provider is the name of the provider entry (a kvm2 Config's entry,
+	// configured on the operator) that runs the proxy's VM. Changing it
+	// moves the proxy: the VM on the old entry is deleted, a new one is
+	// created on the new entry.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`
+	Provider string `json:"provider"`
+
+	// Image is the image key of the entry's configured images
+	// (provider.Spec.ImageKey). Empty: the entry's default image.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$`
+	Image string `json:"image,omitempty"`
+
+	// MachineType selects vCPUs and memory from the entry's configured
+	// machine types. Empty: the entry's default.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$`
+	MachineType string `json:"machineType,omitempty"`
+
+	// Port is the port the proxy listens on in the VM. Zero: 3128.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port,omitempty"`
+
+	// CredentialsSecretRef names a Secret in the object's namespace that
+	// holds the proxy's basic-auth credentials under the keys "username"
+	// and "password". They are given to the VM in its cloud-init
+	// user-data and used by the operator's health probes. Absent: the
+	// proxy runs without authentication.
+	// +optional
+	CredentialsSecretRef *SecretReference `json:"credentialsSecretRef,omitempty"`
+}
+
+// SecretReference names a Secret in the referring object's namespace.
+type SecretReference struct {
+	// Name of the Secret.
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+}
+
+// Phase is the lifecycle phase of an EgressProxy.
+// +kubebuilder:validation:Enum=Pending;Provisioning;Running;Stopped;Failed;Deleting
+type Phase string
+
+// Phases.
+const (
+	// PhasePending: no VM yet (being created, or creation failed; see the
+	// Ready condition).
+	PhasePending Phase = "Pending"
+	// PhaseProvisioning: the VM exists and runs but has no address yet.
+	PhaseProvisioning Phase = "Provisioning"
+	// PhaseRunning: the VM runs and has an address.
+	PhaseRunning Phase = "Running"
+	// PhaseStopped: the VM exists but does not run.
+	PhaseStopped Phase = "Stopped"
+	// PhaseFailed: the backend reports the VM as crashed or broken.
+	PhaseFailed Phase = "Failed"
+	// PhaseDeleting: the object is being deleted; the VM is being removed.
+	PhaseDeleting Phase = "Deleting"
+)
+
+// Health is the proxy's health as decided by the operator's health tracker
+// (health.Tracker's states).
+// +kubebuilder:validation:Enum=Unknown;Healthy;Unhealthy
+type Health string
+
+// Health values.
+const (
+	HealthUnknown   Health = "Unknown"
+	HealthHealthy   Health = "Healthy"
+	HealthUnhealthy Health = "Unhealthy"
+)
+
+// Condition types of an EgressProxy.
+const (
+	// ConditionReady: the VM exists with the current spec and runs with
+	// an address. Reasons: Running, Provisioning, Stopped, Failed (the
+	// instance state), or the library's error class of the last failed
+	// call (Transient, Permanent, SpecConflict), or UnknownProvider,
+	// CredentialsInvalid.
+	ConditionReady = "Ready"
+	// ConditionProviderReachable: the provider entry answered its last
+	// Check. Reasons: Reachable, or the library's provider.HealthReason
+	// (Unauthorized, HostKeyUnknown, HostKeyMismatch, Forbidden,
+	// PoolNotActive, PoolNotFound, Unreachable, CredentialsUnavailable,
+	// Unknown).
+	ConditionProviderReachable = "ProviderReachable"
+	// ConditionHealthy: the proxy passed its last probes. Reasons:
+	// Healthy, NoAddress, Pending (not enough probes yet), or the probe
+	// failure kind of the last probe (health.Kind, e.g. ProbeRefused,
+	// ProbeTimeout, ProbeAuthRequired).
+	ConditionHealthy = "Healthy"
+)
+
+// EgressProxyStatus is what the operator observed.
+type EgressProxyStatus struct {
+	// Phase is the VM's lifecycle phase.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+	// Address is the proxy's host:port; empty while the VM has none.
+	// +optional
+	Address string `json:"address,omitempty"`
+	// Health is the health tracker's decision about the proxy.
+	// +optional
+	Health Health `json:"health,omitempty"`
+	// Provider is the entry the VM was created on (so a change of
+	// spec.provider can delete the VM on the old entry).
+	// +optional
+	Provider string `json:"provider,omitempty"`
+	// Instance is the instance name on the provider (derived from the
+	// namespace and name with provider.NameFromKubernetes).
+	// +optional
+	Instance string `json:"instance,omitempty"`
+	// SpecDigest is the provider.Spec digest of the VM's spec.
+	// +optional
+	SpecDigest string `json:"specDigest,omitempty"`
+	// ObservedGeneration is the generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Conditions: Ready, ProviderReachable, Healthy.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// EgressProxy is one egress proxy VM run by the operator on a provider
+// entry.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=ep
+// +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.spec.provider`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.status.address`
+// +kubebuilder:printcolumn:name="Health",type=string,JSONPath=`.status.health`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type EgressProxy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   EgressProxySpec   `json:"spec,omitempty"`
+	Status EgressProxyStatus `json:"status,omitempty"`
+}
+
+// EgressProxyList is a list of EgressProxy.
+// +kubebuilder:object:root=true
+type EgressProxyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []EgressProxy `json:"items"`
+}

@@ -1,0 +1,237 @@
+package controller
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
+	"github.com/egressproxy/egressproxy/health"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// DefaultHealthInterval is how often HealthRunnable checks the entries and
+// probes the proxies when HealthOptions.Interval is zero.
+const DefaultHealthInterval = 30 * time.Second
+
+// HealthOptions configure a HealthRunnable.
+type HealthOptions struct {
+	// Interval between rounds (zero: DefaultHealthInterval).
+	Interval time.Duration
+	// ConnectTarget is the host:port every probe CONNECTs to through the
+	// proxy. Required.
+	ConnectTarget string
+	// Tracker decides health from the probes (nil: health.NewTracker(nil)).
+	Tracker *health.Tracker
+	// Probe are the per-probe options (timeout, tunnel proof); the
+	// credentials are set per proxy.
+	Probe health.ProbeOptions
+	// Logger (zero: discard).
+	Logger logr.Logger
+}
+
+// Member is a proxy the reconciler registered for probing.
+type Member struct {
+	Key         types.NamespacedName // its EgressProxy
+	ID          string               // its instance name
+	Addr        string               // its address, "" when it has none
+	Credentials Credentials
+}
+
+// HealthRunnable is a manager Runnable: every Interval it Checks every
+// provider entry and probes every registered proxy, feeding a
+// health.Tracker, and asks for a reconcile of the objects whose health
+// changed (the reconciler copies the decision into status). It runs on the
+// leader only, like the reconciler that registers the proxies.
+type HealthRunnable struct {
+	entries map[string]*egressproxy.Client
+	opts    HealthOptions
+	tracker *health.Tracker
+	log     logr.Logger
+	notify  func(types.NamespacedName) // set by Reconciler.SetupWithManager
+
+	mu         sync.Mutex
+	members    map[string]Member // by ID
+	entryState map[string]provider.Health
+	notified   map[string]health.State
+}
+
+// NewHealthRunnable returns the runnable over entries.
+func NewHealthRunnable(entries map[string]*egressproxy.Client, opts HealthOptions) (*HealthRunnable, error) {
+	if opts.Interval <= 0 {
+		opts.Interval = DefaultHealthInterval
+	}
+	log := opts.Logger
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
+	t := opts.Tracker
+	if t == nil {
+		var err error
+		if t, err = health.NewTracker(&health.TrackerOptions{Logger: log}); err != nil {
+			return nil, err
+		}
+	}
+	if _, _, err := health.TargetFor(provider.Instance{IP: "127.0.0.1", Port: 1}, opts.ConnectTarget, "", ""); err != nil {
+		return nil, err
+	}
+	return &HealthRunnable{
+		entries: entries, opts: opts, tracker: t, log: log.WithName("health"),
+		members: map[string]Member{}, entryState: map[string]provider.Health{}, notified: map[string]health.State{},
+	}, nil
+}
+
+// NeedLeaderElection makes the runnable run on the leader only.
+func (h *HealthRunnable) NeedLeaderElection() bool { return true }
+
+// Register adds or updates a proxy to probe.
+func (h *HealthRunnable) Register(m Member) {
+	h.mu.Lock()
+	h.members[m.ID] = m
+	h.mu.Unlock()
+}
+
+// Unregister stops probing the proxy and forgets its health.
+func (h *HealthRunnable) Unregister(_ types.NamespacedName, id string) {
+	h.mu.Lock()
+	delete(h.members, id)
+	delete(h.notified, id)
+	h.mu.Unlock()
+	h.tracker.Remove(id)
+}
+
+// ProxyStatus is the health the reconciler writes into status.
+type ProxyStatus struct {
+	Health  v1alpha1.Health
+	Reason  string
+	Message string
+}
+
+// ProxyHealth returns the tracker's decision about proxy id at addr.
+func (h *HealthRunnable) ProxyHealth(id, addr string) ProxyStatus {
+	if addr == "" {
+		return ProxyStatus{Health: v1alpha1.HealthUnknown, Reason: ReasonNoAddress, Message: "the VM has no proxy address to probe"}
+	}
+	st, ok := h.tracker.Get(id)
+	if !ok {
+		return ProxyStatus{Health: v1alpha1.HealthUnknown, Reason: ReasonPending, Message: "not probed yet"}
+	}
+	switch st.State {
+	case health.StateHealthy:
+		return ProxyStatus{Health: v1alpha1.HealthHealthy, Reason: ReasonHealthy, Message: "the last probes succeeded"}
+	case health.StateUnhealthy:
+		msg := "the last probes failed"
+		if st.LastErr != nil {
+			msg = st.LastErr.Error()
+		}
+		return ProxyStatus{Health: v1alpha1.HealthUnhealthy, Reason: KindReason(st.LastKind), Message: msg}
+	}
+	return ProxyStatus{Health: v1alpha1.HealthUnknown, Reason: ReasonPending, Message: "not enough probes yet"}
+}
+
+// KindReason turns a health.Kind ("auth-required") into a condition reason
+// ("ProbeAuthRequired"): condition reasons are CamelCase, the library's
+// Kind names are lowercase with dashes.
+func KindReason(k health.Kind) string {
+	var b strings.Builder
+	b.WriteString("Probe")
+	for _, part := range strings.Split(k.String(), "-") {
+		if part != "" {
+			b.WriteString(strings.ToUpper(part[:1]) + part[1:])
+		}
+	}
+	return b.String()
+}
+
+// EntryHealth returns the last Check of entry.
+func (h *HealthRunnable) EntryHealth(entry string) (provider.Health, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	hl, ok := h.entryState[entry]
+	return hl, ok
+}
+
+// Start runs rounds until ctx ends.
+func (h *HealthRunnable) Start(ctx context.Context) error {
+	tick := time.NewTicker(h.opts.Interval)
+	defer tick.Stop()
+	for {
+		h.Round(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// Round checks every entry and probes every registered proxy once.
+func (h *HealthRunnable) Round(ctx context.Context) {
+	for entry, c := range h.entries {
+		hl, err := c.Check(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			hl = provider.Health{Reason: provider.ReasonUnknown, Message: err.Error()}
+		}
+		h.mu.Lock()
+		prev, had := h.entryState[entry]
+		h.entryState[entry] = hl
+		h.mu.Unlock()
+		if had && (prev.Reachable != hl.Reachable || prev.Reason != hl.Reason) {
+			h.log.Info("provider entry health changed", "entry", entry, "reachable", hl.Reachable, "reason", string(hl.Reason))
+		}
+	}
+
+	// One ProbeAll per set of credentials (a round's probe options are
+	// shared), then one Tracker.Update with every observation.
+	h.mu.Lock()
+	groups := map[Credentials][]health.Target{}
+	var obs []health.Observation
+	keys := map[string]types.NamespacedName{}
+	for _, m := range h.members {
+		keys[m.ID] = m.Key
+		if m.Addr == "" {
+			obs = append(obs, health.Observation{ID: m.ID})
+			continue
+		}
+		groups[m.Credentials] = append(groups[m.Credentials], health.Target{ID: m.ID, ProxyAddr: m.Addr})
+	}
+	h.mu.Unlock()
+	for creds, targets := range groups {
+		o := h.opts.Probe
+		o.Username, o.Password = creds.User, creds.Password
+		res := health.ProbeAll(ctx, targets, &health.ProbeAllOptions{TargetAddr: h.opts.ConnectTarget, Probe: o})
+		for i, r := range res {
+			obs = append(obs, health.Observation{ID: targets[i].ID, Addr: targets[i].ProxyAddr, Result: r})
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	h.tracker.Update(obs)
+
+	var changed []types.NamespacedName
+	h.mu.Lock()
+	for id, key := range keys {
+		st, _ := h.tracker.Get(id)
+		if prev, ok := h.notified[id]; !ok || prev != st.State {
+			h.notified[id] = st.State
+			if ok {
+				changed = append(changed, key)
+			}
+		}
+	}
+	h.mu.Unlock()
+	if h.notify != nil {
+		for _, k := range changed {
+			h.notify(k)
+		}
+	}
+}

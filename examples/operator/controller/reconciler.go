@@ -1,0 +1,474 @@
+// Package controller is the egress-proxy operator's logic: the EgressProxy
+// reconciler, the health runnable that probes the proxies with a
+// health.Tracker, and the orphan collector. Everything it does to a VM goes
+// through egressproxy.Client, one per provider entry.
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+// Finalizer is the finalizer the operator puts on every EgressProxy: the
+// object stays until its VM is deleted.
+const Finalizer = "egressproxy.dev/vm"
+
+// Defaults of Options.
+const (
+	DefaultBackoffBase    = time.Second
+	DefaultBackoffMax     = 5 * time.Minute
+	DefaultPollInterval   = 15 * time.Second
+	DefaultPermanentRetry = 10 * time.Minute
+)
+
+// Options configure a Reconciler.
+type Options struct {
+	// BackoffBase and BackoffMax bound the per-object exponential backoff
+	// after Transient errors (zero: DefaultBackoffBase, DefaultBackoffMax).
+	BackoffBase, BackoffMax time.Duration
+	// PollInterval is how often a VM that exists but has no address (or
+	// is not Running) is read back again (zero: DefaultPollInterval).
+	PollInterval time.Duration
+	// PermanentRetry is how long after a Permanent error the object is
+	// tried again even if nothing changed (zero: DefaultPermanentRetry):
+	// a Permanent error needs a human, who may fix the operator's entry
+	// configuration instead of the object. It is no hot loop.
+	PermanentRetry time.Duration
+}
+
+// Reconciler reconciles EgressProxy objects into VMs.
+type Reconciler struct {
+	// Client reads and writes EgressProxy objects (the manager's client).
+	Client client.Client
+	// APIReader reads Secrets straight from the apiserver (the operator
+	// does not cache every Secret of the cluster).
+	APIReader client.Reader
+	// Entries are the provider entries by entry name.
+	Entries map[string]*egressproxy.Client
+	// Health is where the reconciler registers proxies to probe and reads
+	// their health and their entries' health from.
+	Health *HealthRunnable
+
+	opts    Options
+	backoff workqueue.TypedRateLimiter[reconcile.Request]
+	events  chan event.TypedGenericEvent[*v1alpha1.EgressProxy]
+}
+
+// +kubebuilder:rbac:groups=egressproxy.dev,resources=egressproxies,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=egressproxy.dev,resources=egressproxies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=egressproxy.dev,resources=egressproxies/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+
+// SetupWithManager registers the reconciler (and its health runnable's
+// events) with mgr.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts Options) error {
+	if opts.BackoffBase <= 0 {
+		opts.BackoffBase = DefaultBackoffBase
+	}
+	if opts.BackoffMax <= 0 {
+		opts.BackoffMax = DefaultBackoffMax
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = DefaultPollInterval
+	}
+	if opts.PermanentRetry <= 0 {
+		opts.PermanentRetry = DefaultPermanentRetry
+	}
+	r.opts = opts
+	r.backoff = workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](opts.BackoffBase, opts.BackoffMax)
+	r.events = make(chan event.TypedGenericEvent[*v1alpha1.EgressProxy], 64)
+	if r.Health != nil {
+		r.Health.notify = r.notify
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.EgressProxy{}).
+		WatchesRawSource(source.Channel(r.events, &handler.TypedEnqueueRequestForObject[*v1alpha1.EgressProxy]{})).
+		Named("egressproxy").
+		Complete(r)
+}
+
+// notify asks for a reconcile of key (the health runnable calls it when a
+// proxy's or an entry's health changed). It never blocks: a full channel
+// means reconciles are pending anyway, and the poll catches up.
+func (r *Reconciler) notify(key types.NamespacedName) {
+	ev := event.TypedGenericEvent[*v1alpha1.EgressProxy]{Object: &v1alpha1.EgressProxy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}
+	select {
+	case r.events <- ev:
+	default:
+	}
+}
+
+// InstanceName is the instance name of the EgressProxy namespace/name.
+func InstanceName(key types.NamespacedName) string {
+	return provider.NameFromKubernetes(key.Namespace, key.Name)
+}
+
+// Reconcile drives one EgressProxy towards its spec. The outcome of every
+// library call is decided by its error class (see Outcome).
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	log := logf.FromContext(ctx)
+	var ep v1alpha1.EgressProxy
+	if err := r.Client.Get(ctx, req.NamespacedName, &ep); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.backoff.Forget(req)
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	if ep.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(&ep, Finalizer) {
+		// The finalizer goes on before any VM exists, so no VM can
+		// outlive its object unnoticed (the orphan collector is the
+		// safety net for the rest).
+		controllerutil.AddFinalizer(&ep, Finalizer)
+		if err := r.Client.Update(ctx, &ep); err != nil {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				log.V(1).Info("finalizer not added", "err", err)
+				return reconcile.Result{RequeueAfter: r.opts.BackoffBase}, nil
+			}
+			return reconcile.Result{}, err
+		}
+	}
+	orig := ep.DeepCopy()
+	res, err := r.reconcile(ctx, log, &ep)
+	if !ep.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(&ep, Finalizer) {
+		return res, err // released: the object is gone or going
+	}
+	if ctx.Err() != nil {
+		// The manager stops: the status write would fail too; the next
+		// leader's reconcile writes it.
+		return reconcile.Result{}, nil
+	}
+	if uerr := r.writeStatus(ctx, orig, &ep); uerr != nil {
+		if apierrors.IsConflict(uerr) || apierrors.IsNotFound(uerr) {
+			// A newer version exists (it brings its own reconcile) or
+			// the object went away.
+			log.V(1).Info("status not written", "err", uerr)
+			return reconcile.Result{RequeueAfter: r.opts.BackoffBase}, nil
+		}
+		return reconcile.Result{}, uerr
+	}
+	return res, err
+}
+
+func (r *Reconciler) writeStatus(ctx context.Context, orig, ep *v1alpha1.EgressProxy) error {
+	if statusEqual(orig.Status, ep.Status) {
+		return nil
+	}
+	return r.Client.Status().Patch(ctx, ep, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+}
+
+func statusEqual(a, b v1alpha1.EgressProxyStatus) bool {
+	if a.Phase != b.Phase || a.Address != b.Address || a.Health != b.Health || a.Provider != b.Provider ||
+		a.Instance != b.Instance || a.SpecDigest != b.SpecDigest || a.ObservedGeneration != b.ObservedGeneration ||
+		len(a.Conditions) != len(b.Conditions) {
+		return false
+	}
+	for i := range a.Conditions {
+		x, y := a.Conditions[i], b.Conditions[i]
+		if x.Type != y.Type || x.Status != y.Status || x.Reason != y.Reason || x.Message != y.Message || x.ObservedGeneration != y.ObservedGeneration {
+			return false
+		}
+	}
+	return true
+}
+
+// reconcile does the work on ep (whose status it edits in place).
+func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha1.EgressProxy) (reconcile.Result, error) {
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(ep)}
+	name := InstanceName(req.NamespacedName)
+	ref := provider.Ref{Name: name, UID: string(ep.UID)}
+	log = log.WithValues("instance", name)
+
+	if !ep.DeletionTimestamp.IsZero() {
+		return r.finalize(ctx, log, req, ep, ref)
+	}
+	ep.Status.Instance = name
+	ep.Status.ObservedGeneration = ep.Generation
+
+	// A changed spec.provider moves the proxy: the VM on the old entry
+	// goes first (a failure there is handled like any other).
+	if old := ep.Status.Provider; old != "" && old != ep.Spec.Provider {
+		if oc, ok := r.Entries[old]; ok {
+			if err := oc.Delete(ctx, ref); err != nil && provider.Code(err) != provider.NotFound {
+				return r.failed(log, req, ep, err)
+			}
+		}
+		log.Info("moved off the old provider entry", "entry", old)
+		r.forgetHealth(req.NamespacedName, name)
+		ep.Status.Provider, ep.Status.SpecDigest, ep.Status.Address = "", "", ""
+	}
+
+	pc, ok := r.Entries[ep.Spec.Provider]
+	if !ok {
+		ep.Status.Phase = v1alpha1.PhasePending
+		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonUnknownProvider,
+			fmt.Sprintf("the operator has no provider entry %q", ep.Spec.Provider))
+		r.backoff.Forget(req)
+		// An operator restarted with the entry configured reconciles
+		// every object anyway; the slow retry covers the rest.
+		return reconcile.Result{RequeueAfter: r.opts.PermanentRetry}, nil
+	}
+	r.providerCondition(ep, ep.Spec.Provider)
+
+	spec, creds, err := r.desiredSpec(ctx, ep, name)
+	if err != nil {
+		ep.Status.Phase = v1alpha1.PhasePending
+		if provider.Code(err) == provider.Transient {
+			return r.failed(log, req, ep, err)
+		}
+		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonCredentialsInvalid, err.Error())
+		r.backoff.Forget(req)
+		return reconcile.Result{RequeueAfter: r.opts.PermanentRetry}, nil
+	}
+	digest := spec.Digest()
+
+	inst, err := pc.Get(ctx, ref)
+	switch {
+	case provider.Code(err) == provider.NotFound:
+		ep.Status.Provider = ep.Spec.Provider // from now on a VM may exist there
+		// A SpecConflict here (another spec's VM appeared between Get
+		// and Create) is left to failed: Permanent, no hot loop; the
+		// next reconcile's Get sees the drift and recreates.
+		inst, err = pc.Create(ctx, spec)
+		if err != nil {
+			return r.failed(log, req, ep, err)
+		}
+		log.Info("created", "entry", ep.Spec.Provider)
+	case err != nil:
+		return r.failed(log, req, ep, err)
+	case inst.State == provider.StateStopped && (inst.SpecDigest == "" || inst.SpecDigest == digest):
+		// Get cannot tell a VM someone stopped from one an interrupted
+		// Create defined but never started; Create can: it completes the
+		// latter (and returns the former as it is).
+		if inst, err = pc.Create(ctx, spec); err != nil {
+			return r.failed(log, req, ep, err)
+		}
+	case inst.SpecDigest != "" && inst.SpecDigest != digest:
+		// Spec drift: the VM runs another spec (port, image, machine
+		// type or credentials changed). A VM's spec cannot be changed in
+		// place, so the choice is to recreate: delete now, create on the
+		// next reconcile.
+		return r.recreate(ctx, log, req, ep, pc, ref)
+	}
+	ep.Status.Provider = ep.Spec.Provider
+	ep.Status.SpecDigest = digest
+	r.backoff.Forget(req)
+	return r.observed(req.NamespacedName, ep, inst, creds), nil
+}
+
+// recreate deletes the VM that runs an outdated spec; the next reconcile
+// creates it anew.
+func (r *Reconciler) recreate(ctx context.Context, log logr.Logger, req reconcile.Request, ep *v1alpha1.EgressProxy, pc *egressproxy.Client, ref provider.Ref) (reconcile.Result, error) {
+	log.Info("spec drift: deleting the VM to recreate it", "entry", ep.Spec.Provider)
+	r.forgetHealth(req.NamespacedName, ref.Name)
+	ep.Status.Phase = v1alpha1.PhasePending
+	ep.Status.Address, ep.Status.SpecDigest = "", ""
+	if err := pc.Delete(ctx, ref); err != nil {
+		return r.failed(log, req, ep, err)
+	}
+	r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRecreating, "the spec changed; the VM was deleted and is created again")
+	return reconcile.Result{RequeueAfter: time.Millisecond}, nil
+}
+
+// finalize deletes the VM of an object being deleted, then drops the
+// finalizer.
+func (r *Reconciler) finalize(ctx context.Context, log logr.Logger, req reconcile.Request, ep *v1alpha1.EgressProxy, ref provider.Ref) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(ep, Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	ep.Status.Phase = v1alpha1.PhaseDeleting
+	for _, entry := range uniq(ep.Status.Provider, ep.Spec.Provider) {
+		pc, ok := r.Entries[entry]
+		if !ok {
+			continue // no such entry: nothing of ours can be there
+		}
+		// Delete of a missing instance succeeds; NotFound is done too.
+		if err := pc.Delete(ctx, ref); err != nil && provider.Code(err) != provider.NotFound {
+			return r.failed(log, req, ep, err)
+		}
+	}
+	r.forgetHealth(req.NamespacedName, ref.Name)
+	controllerutil.RemoveFinalizer(ep, Finalizer)
+	if err := r.Client.Update(ctx, ep); err != nil {
+		if apierrors.IsNotFound(err) {
+			return reconcile.Result{}, nil
+		}
+		if apierrors.IsConflict(err) {
+			return reconcile.Result{RequeueAfter: r.opts.BackoffBase}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	r.backoff.Forget(req)
+	log.Info("deleted")
+	return reconcile.Result{}, nil
+}
+
+func uniq(a, b string) []string {
+	switch {
+	case a == "":
+		return []string{b}
+	case a == b || b == "":
+		return []string{a}
+	}
+	return []string{a, b}
+}
+
+// failed records err on ep and decides the requeue by err's class (see
+// Outcome).
+func (r *Reconciler) failed(log logr.Logger, req reconcile.Request, ep *v1alpha1.EgressProxy, err error) (reconcile.Result, error) {
+	o := Outcome(err)
+	r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionFalse, o.Reason, err.Error())
+	if ep.Status.Phase == "" {
+		ep.Status.Phase = v1alpha1.PhasePending
+	}
+	switch {
+	case o.Stop:
+		// The manager is stopping (our context ended): no requeue; the
+		// next leader reconciles every object.
+		return reconcile.Result{}, nil
+	case o.Backoff:
+		d := r.backoff.When(req)
+		log.V(1).Info("retrying with backoff", "err", err, "after", d)
+		return reconcile.Result{RequeueAfter: d}, nil
+	default:
+		r.backoff.Forget(req)
+		log.Info("needs a human: not retried until the object changes", "err", err, "retryAfter", r.opts.PermanentRetry)
+		return reconcile.Result{RequeueAfter: r.opts.PermanentRetry}, nil
+	}
+}
+
+// observed writes what inst says into ep's status and registers the proxy
+// with the health runnable.
+func (r *Reconciler) observed(key types.NamespacedName, ep *v1alpha1.EgressProxy, inst provider.Instance, creds Credentials) reconcile.Result {
+	ep.Status.Address = inst.Address()
+	switch inst.State {
+	case provider.StateRunning:
+		ep.Status.Phase = v1alpha1.PhaseRunning
+	case provider.StateProvisioning:
+		ep.Status.Phase = v1alpha1.PhaseProvisioning
+	case provider.StateStopped:
+		ep.Status.Phase = v1alpha1.PhaseStopped
+	case provider.StateFailed:
+		ep.Status.Phase = v1alpha1.PhaseFailed
+	}
+	reason := string(inst.State)
+	if reason == "" {
+		reason = "Unknown"
+	}
+	if inst.State == provider.StateRunning && ep.Status.Address != "" {
+		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionTrue, reason, "the VM runs the current spec at "+ep.Status.Address)
+	} else {
+		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionFalse, reason, "the VM exists but has no proxy address yet")
+	}
+	if r.Health != nil {
+		r.Health.Register(Member{Key: key, ID: inst.Name, Addr: ep.Status.Address, Credentials: creds})
+		h := r.Health.ProxyHealth(inst.Name, ep.Status.Address)
+		ep.Status.Health = h.Health
+		st := metav1.ConditionFalse
+		if h.Health == v1alpha1.HealthHealthy {
+			st = metav1.ConditionTrue
+		}
+		r.setCondition(ep, v1alpha1.ConditionHealthy, st, h.Reason, h.Message)
+	}
+	if ep.Status.Phase == v1alpha1.PhaseRunning && ep.Status.Address != "" {
+		return reconcile.Result{RequeueAfter: 4 * r.opts.PollInterval}
+	}
+	return reconcile.Result{RequeueAfter: r.opts.PollInterval}
+}
+
+func (r *Reconciler) forgetHealth(key types.NamespacedName, name string) {
+	if r.Health != nil {
+		r.Health.Unregister(key, name)
+	}
+}
+
+// providerCondition copies the entry's last Check into ep's conditions.
+func (r *Reconciler) providerCondition(ep *v1alpha1.EgressProxy, entry string) {
+	if r.Health == nil {
+		return
+	}
+	h, ok := r.Health.EntryHealth(entry)
+	if !ok {
+		return
+	}
+	if h.Reachable {
+		r.setCondition(ep, v1alpha1.ConditionProviderReachable, metav1.ConditionTrue, ReasonReachable, "entry "+entry+" answered")
+		return
+	}
+	reason := string(h.Reason)
+	if reason == "" {
+		reason = string(provider.ReasonUnknown)
+	}
+	r.setCondition(ep, v1alpha1.ConditionProviderReachable, metav1.ConditionFalse, reason, h.Message)
+}
+
+func (r *Reconciler) setCondition(ep *v1alpha1.EgressProxy, typ string, st metav1.ConditionStatus, reason, msg string) {
+	if len(msg) > 1024 {
+		msg = msg[:1024]
+	}
+	meta.SetStatusCondition(&ep.Status.Conditions, metav1.Condition{
+		Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: ep.Generation,
+	})
+}
+
+// desiredSpec is the provider.Spec of ep, with the proxy credentials read
+// from its Secret.
+func (r *Reconciler) desiredSpec(ctx context.Context, ep *v1alpha1.EgressProxy, name string) (provider.Spec, Credentials, error) {
+	var creds Credentials
+	if ref := ep.Spec.CredentialsSecretRef; ref != nil {
+		var s corev1.Secret
+		key := types.NamespacedName{Namespace: ep.Namespace, Name: ref.Name}
+		if err := r.APIReader.Get(ctx, key, &s); err != nil {
+			if apierrors.IsNotFound(err) {
+				return provider.Spec{}, creds, provider.Errorf(provider.Permanent, "proxy credentials Secret %s not found", key)
+			}
+			return provider.Spec{}, creds, provider.Errorf(provider.Transient, "read proxy credentials Secret %s: %w", key, err)
+		}
+		creds = Credentials{User: string(s.Data["username"]), Password: string(s.Data["password"])}
+		if err := creds.validate(); err != nil {
+			return provider.Spec{}, creds, provider.Errorf(provider.Permanent, "proxy credentials Secret %s: %w", key, err)
+		}
+	}
+	spec := provider.Spec{
+		Name:        name,
+		UID:         string(ep.UID),
+		Port:        int(ep.Spec.Port),
+		ImageKey:    ep.Spec.Image,
+		MachineType: ep.Spec.MachineType,
+		UserData:    UserData(spec0Port(ep), creds),
+	}
+	if err := spec.Validate(); err != nil {
+		return provider.Spec{}, creds, err
+	}
+	return spec, creds, nil
+}
+
+func spec0Port(ep *v1alpha1.EgressProxy) int {
+	if ep.Spec.Port == 0 {
+		return provider.DefaultPort
+	}
+	return int(ep.Spec.Port)
+}

@@ -1,0 +1,71 @@
+package controller
+
+import (
+	"time"
+
+	"github.com/go-logr/logr"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/egressproxy/egressproxy"
+)
+
+// Config is everything Setup needs besides the manager.
+type Config struct {
+	Entries    map[string]*egressproxy.Client
+	Reconciler Options
+	Health     HealthOptions
+	GC         GCOptions
+	Logger     logr.Logger
+}
+
+// Setup adds the reconciler, the health runnable and the orphan collector
+// to mgr. The manager should run with leader election: all three run on the
+// leader only.
+func Setup(mgr ctrl.Manager, cfg Config) (*Reconciler, *OrphanCollector, error) {
+	log := cfg.Logger
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
+	ho := cfg.Health
+	if ho.Logger.GetSink() == nil {
+		ho.Logger = log
+	}
+	hr, err := NewHealthRunnable(cfg.Entries, ho)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Entries: cfg.Entries, Health: hr}
+	if err := r.SetupWithManager(mgr, cfg.Reconciler); err != nil {
+		return nil, nil, err
+	}
+	if err := mgr.Add(hr); err != nil {
+		return nil, nil, err
+	}
+	gco := cfg.GC
+	if gco.Logger.GetSink() == nil {
+		gco.Logger = log
+	}
+	gc := NewOrphanCollector(cfg.Entries, mgr.GetAPIReader(), gco)
+	if err := mgr.Add(gc); err != nil {
+		return nil, nil, err
+	}
+	return r, gc, nil
+}
+
+// LeaderElectionID is the Lease name the operator's replicas compete for.
+const LeaderElectionID = "egressproxy-operator.egressproxy.dev"
+
+// ManagerOptions returns the operator's manager options: leader election
+// on, released on cancel (a stopped replica hands over at once instead of
+// after the lease duration).
+func ManagerOptions(leaderNamespace string) ctrl.Options {
+	return ctrl.Options{
+		LeaderElection:                true,
+		LeaderElectionID:              LeaderElectionID,
+		LeaderElectionNamespace:       leaderNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		GracefulShutdownTimeout:       durationPtr(30 * time.Second),
+	}
+}
+
+func durationPtr(d time.Duration) *time.Duration { return &d }

@@ -1,0 +1,472 @@
+//go:build integration
+
+package operator_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
+	"github.com/egressproxy/egressproxy/examples/operator/controller"
+	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/lab"
+	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/kvm2"
+	"github.com/egressproxy/egressproxy/provider"
+)
+
+const (
+	operatorNS = "egressproxy-system"
+	owner      = "ep-operator-e2e"
+)
+
+// e2eHost is one hypervisor the test's entries run on.
+type e2eHost struct {
+	addr, user, keyFile, knownHosts string
+	socket, uri, pool, poolPath     string
+	network                         string
+}
+
+// e2eHosts returns two hosts: the lab's first two when a lab runs with at
+// least two hosts, else the single stack twice (two entries on one host).
+func e2eHosts(t *testing.T) []e2eHost {
+	t.Helper()
+	if os.Getenv(lab.VarHosts) != "" {
+		env := lab.Require(t)
+		if len(env.Hosts) >= 2 {
+			var out []e2eHost
+			for _, h := range env.Hosts[:2] {
+				out = append(out, e2eHost{h.SSHAddr, h.SSHUser, h.SSHKey, h.KnownHosts, h.LibvirtSocket, h.LibvirtURI, h.Pool, h.PoolPath, h.Network})
+			}
+			return out
+		}
+	}
+	env := teststack.Require(t)
+	h := e2eHost{env.SSHAddr, env.SSHUser, env.SSHKey, env.KnownHosts, env.LibvirtSocket, env.LibvirtURI, env.Pool, env.PoolPath, ""}
+	return []e2eHost{h, h}
+}
+
+func suffix(t *testing.T) string {
+	b := make([]byte, 3)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// entryConfig is the kvm2 Config of entry on h, without credentials (they
+// come from a Secret).
+func entryConfig(h e2eHost, entry, own string, img imagecache.Image) kvm2.Config {
+	return kvm2.Config{
+		Entry: entry, Owner: own,
+		Address: h.addr, User: h.user,
+		LibvirtSocket: h.socket, LibvirtURI: h.uri, Pool: h.pool, Network: h.network,
+		Images:       map[string]imagecache.Image{"tiny": img},
+		MachineTypes: map[string]kvm2.MachineType{"tiny": {VCPUs: 1, MemoryMiB: 128}},
+		DialTimeout:  provider.Duration(10 * time.Second),
+		DomainType:   "qemu", // KVM hangs in firmware on the test machines (docs/config.md)
+	}
+}
+
+// sideProvider opens a provider of cfg with file credentials, for the
+// test's own look behind the operator's back.
+func sideProvider(t *testing.T, h e2eHost, cfg kvm2.Config) *kvm2.Provider {
+	t.Helper()
+	cfg.KeyFile, cfg.KnownHostsFile = h.keyFile, h.knownHosts
+	p, err := kvm2.Open(context.Background(), cfg, &kvm2.Options{Logger: testr.New(t)})
+	if err != nil {
+		t.Fatalf("open %s: %v", cfg.Entry, err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+type operatorRun struct {
+	cancel context.CancelFunc
+	done   chan error
+	close  func() error
+}
+
+// startOperator runs one operator replica (its own providers, its own
+// manager) until stop.
+func startOperator(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, entries []byte, log logr.Logger) *operatorRun {
+	t.Helper()
+	direct, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cfgs, err := controller.LoadEntries(ctx, direct, entries)
+	if err != nil {
+		cancel()
+		t.Fatalf("LoadEntries: %v", err)
+	}
+	clients, err := controller.OpenEntries(ctx, cfgs, log)
+	if err != nil {
+		cancel()
+		t.Fatalf("OpenEntries: %v", err)
+	}
+	opts := controller.ManagerOptions(operatorNS)
+	opts.Scheme = scheme
+	opts.Metrics = metricsserver.Options{BindAddress: "0"}
+	opts.HealthProbeBindAddress = "0"
+	skip := true
+	opts.Controller.SkipNameValidation = &skip // several managers in one test process
+	mgr, err := ctrl.NewManager(cfg, opts)
+	if err != nil {
+		cancel()
+		t.Fatalf("manager: %v", err)
+	}
+	if _, _, err := controller.Setup(mgr, controller.Config{
+		Entries:    clients,
+		Reconciler: controller.Options{BackoffBase: 200 * time.Millisecond, BackoffMax: 5 * time.Second, PollInterval: 2 * time.Second},
+		Health:     controller.HealthOptions{Interval: time.Second, ConnectTarget: "127.0.0.1:9"},
+		GC:         controller.GCOptions{Interval: 2 * time.Second},
+		Logger:     log,
+	}); err != nil {
+		cancel()
+		t.Fatalf("setup: %v", err)
+	}
+	r := &operatorRun{cancel: cancel, done: make(chan error, 1), close: func() error { return controller.CloseEntries(clients) }}
+	go func() { r.done <- mgr.Start(ctx) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+func (r *operatorRun) stop(t *testing.T) {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.cancel = nil
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Error("manager did not stop within a minute")
+	}
+	if err := r.close(); err != nil {
+		t.Errorf("closing the entries: %v", err)
+	}
+}
+
+// eventually polls cond every 250 ms until it returns "" or d passes, then
+// fails with its last message.
+func eventually(t *testing.T, d time.Duration, what string, cond func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		msg := cond()
+		if msg == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v: %s", what, d, msg)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// TestOperatorEndToEnd runs the operator against a real kube-apiserver and
+// etcd (envtest, binaries from scripts/kubestack) and real kvm2 entries
+// (the lab's two hosts, or the single stack).
+func TestOperatorEndToEnd(t *testing.T) {
+	assets := controlPlaneAssets(t)
+	hosts := e2eHosts(t)
+	log := testr.NewWithOptions(t, testr.Options{Verbosity: 0})
+	logf.SetLogger(log)
+
+	env := newEnvironment(assets)
+	env.CRDDirectoryPaths = []string{filepath.Join("config", "crd")}
+	env.ErrorIfCRDPathMissing = true
+	t0 := time.Now()
+	restCfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("control plane: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("stopping the control plane: %v", err)
+		}
+	})
+	t.Logf("control plane with the CRD up in %v", time.Since(t0).Round(time.Millisecond))
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	sfx := suffix(t)
+	imgURL, imgSum := teststack.ServeTinyImage(t)
+	img := imagecache.Image{URL: imgURL, SHA256: imgSum}
+	entryNames := []string{"ope" + sfx + "a", "ope" + sfx + "b"}
+
+	// The entries' SSH credentials live in Secrets; the entries file
+	// names them.
+	for _, ns := range []string{operatorNS, "proxies"} {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ef controller.EntriesFile
+	side := map[string]*kvm2.Provider{}
+	for i, h := range hosts {
+		key, err := os.ReadFile(h.keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kh, err := os.ReadFile(h.knownHosts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := "ssh-" + entryNames[i]
+		if err := c.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: operatorNS, Name: name},
+			Type:       corev1.SecretTypeSSHAuth,
+			Data:       map[string][]byte{controller.SecretKeySSHPrivateKey: key, controller.SecretKeyKnownHosts: kh},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		cfg := entryConfig(h, entryNames[i], owner, img)
+		ef.Entries = append(ef.Entries, controller.EntryConfig{CredentialsSecret: operatorNS + "/" + name, Config: cfg})
+		side[entryNames[i]] = sideProvider(t, h, cfg)
+	}
+	entriesYAML, err := json.Marshal(ef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "proxies", Name: "proxy-creds"},
+		Data:       map[string][]byte{"username": []byte("alice"), "password": []byte("s3cret")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	op := startOperator(t, restCfg, scheme, entriesYAML, log)
+
+	newEP := func(name, entry string) *v1alpha1.EgressProxy {
+		return &v1alpha1.EgressProxy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "proxies", Name: name},
+			Spec: v1alpha1.EgressProxySpec{Provider: entry, Image: "tiny", MachineType: "tiny", Port: 3128,
+				CredentialsSecretRef: &v1alpha1.SecretReference{Name: "proxy-creds"}},
+		}
+	}
+	eps := []*v1alpha1.EgressProxy{newEP("alpha", entryNames[0]), newEP("beta", entryNames[1])}
+	for _, ep := range eps {
+		if err := c.Create(ctx, ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// vm reads an object's VM on its entry behind the operator's back.
+	vm := func(ep *v1alpha1.EgressProxy) (provider.Instance, error) {
+		key := types.NamespacedName{Namespace: ep.Namespace, Name: ep.Name}
+		return side[ep.Spec.Provider].Get(ctx, provider.Ref{Name: controller.InstanceName(key), UID: string(ep.UID)})
+	}
+	get := func(ep *v1alpha1.EgressProxy) (*v1alpha1.EgressProxy, error) {
+		var got v1alpha1.EgressProxy
+		err := c.Get(ctx, client.ObjectKeyFromObject(ep), &got)
+		return &got, err
+	}
+	// converged checks that ep's VM runs its current spec and that status
+	// says so honestly.
+	converged := func(ep *v1alpha1.EgressProxy, wantPort int) string {
+		got, err := get(ep)
+		if err != nil {
+			return err.Error()
+		}
+		inst, err := vm(got)
+		if err != nil {
+			return "VM: " + err.Error()
+		}
+		if inst.State != provider.StateProvisioning && inst.State != provider.StateRunning {
+			return fmt.Sprintf("VM state %s", inst.State)
+		}
+		if inst.Port != wantPort {
+			return fmt.Sprintf("VM port %d, want %d", inst.Port, wantPort)
+		}
+		st := got.Status
+		if st.ObservedGeneration != got.Generation || st.SpecDigest != inst.SpecDigest || st.Provider != got.Spec.Provider {
+			return fmt.Sprintf("status generation %d/%d digest %s/%s provider %q", st.ObservedGeneration, got.Generation, st.SpecDigest, inst.SpecDigest, st.Provider)
+		}
+		if st.Address != inst.Address() {
+			return fmt.Sprintf("status address %q, VM %q", st.Address, inst.Address())
+		}
+		pr := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProviderReachable)
+		if pr == nil || pr.Status != metav1.ConditionTrue {
+			return fmt.Sprintf("ProviderReachable %+v", pr)
+		}
+		hc := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionHealthy)
+		if st.Address == "" {
+			// The tiny image does not boot: no address, so nothing to
+			// probe; status must say exactly that.
+			if st.Phase != v1alpha1.PhaseProvisioning || st.Health != v1alpha1.HealthUnknown || hc == nil || hc.Reason != controller.ReasonNoAddress {
+				return fmt.Sprintf("no address but phase %q health %q Healthy %+v", st.Phase, st.Health, hc)
+			}
+		} else if st.Phase != v1alpha1.PhaseRunning || hc == nil {
+			return fmt.Sprintf("address %s but phase %q Healthy %+v", st.Address, st.Phase, hc)
+		}
+		return ""
+	}
+	for _, ep := range eps {
+		eventually(t, 4*time.Minute, "VM of "+ep.Name, func() string {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(ep), ep); err != nil {
+				return err.Error()
+			}
+			return converged(ep, 3128)
+		})
+	}
+	t.Logf("both VMs defined and started, status converged, after %v", time.Since(t0).Round(time.Second))
+	before, err := vm(eps[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Drift: a new port recreates alpha's VM. The operator is killed
+	// while it works on it and a new replica converges.
+	alpha, err := get(eps[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	alpha.Spec.Port = 8080
+	if err := c.Update(ctx, alpha); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the recreate to start", func() string {
+		if inst, err := vm(alpha); err == nil && inst.SpecDigest == before.SpecDigest {
+			return "old VM still there"
+		}
+		return ""
+	})
+	// A third object, so the kill also hits a first Create.
+	gamma := newEP("gamma", entryNames[1])
+	if err := c.Create(ctx, gamma); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "gamma's reconcile to start", func() string {
+		got, err := get(gamma)
+		if err != nil || len(got.Finalizers) == 0 {
+			return "no finalizer yet"
+		}
+		return ""
+	})
+	op.stop(t)
+	gammaAtKill, err := get(gamma)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, vmErr := vm(gammaAtKill)
+	t.Logf("operator stopped mid-reconcile: gamma's status phase %q digest %q, its VM then: %v (nil: created before the stop)",
+		gammaAtKill.Status.Phase, gammaAtKill.Status.SpecDigest, vmErr)
+	// While no operator runs: an owned VM without an object (to be
+	// collected) and a VM of another owner on the same entry (never to be
+	// touched) are created behind its back.
+	orphan := provider.Spec{Name: "orphan-" + sfx, UID: "no-such-object-" + sfx, ImageKey: "tiny", MachineType: "tiny"}
+	if _, err := side[entryNames[0]].Create(ctx, orphan); err != nil {
+		t.Fatalf("create the orphan: %v", err)
+	}
+	foreignCfg := entryConfig(hosts[0], entryNames[0], "someone-else", img)
+	foreign := sideProvider(t, hosts[0], foreignCfg)
+	fspec := provider.Spec{Name: "foreign-" + sfx, UID: "foreign-" + sfx, ImageKey: "tiny", MachineType: "tiny"}
+	if _, err := foreign.Create(ctx, fspec); err != nil {
+		t.Fatalf("create the foreign VM: %v", err)
+	}
+	t.Cleanup(func() { _ = foreign.Delete(context.Background(), provider.Ref{Name: fspec.Name, UID: fspec.UID}) })
+	startOperator(t, restCfg, scheme, entriesYAML, log) // the new replica; stopped by its cleanup
+	eventually(t, 4*time.Minute, "alpha converged on port 8080 after the restart", func() string { return converged(alpha, 8080) })
+	eventually(t, 4*time.Minute, "gamma converged after the restart", func() string { return converged(gamma, 3128) })
+	eps = append(eps, gamma)
+	if inst, _ := vm(alpha); inst.SpecDigest == before.SpecDigest {
+		t.Errorf("alpha's VM still has the old spec digest")
+	}
+
+	// GC: the owned orphan is collected, the foreign VM is not.
+	eventually(t, time.Minute, "the orphan collected", func() string {
+		if _, err := side[entryNames[0]].Get(ctx, provider.Ref{Name: orphan.Name, UID: orphan.UID}); provider.Code(err) != provider.NotFound {
+			return fmt.Sprintf("orphan Get: %v", err)
+		}
+		return ""
+	})
+	time.Sleep(5 * time.Second) // two more GC rounds
+	if _, err := foreign.Get(ctx, provider.Ref{Name: fspec.Name, UID: fspec.UID}); err != nil {
+		t.Errorf("the foreign VM after GC: %v (want it untouched)", err)
+	}
+	for _, ep := range eps {
+		if _, err := vm(ep); err != nil {
+			t.Errorf("%s's VM after GC: %v", ep.Name, err)
+		}
+	}
+
+	// Delete every object: the finalizer deletes the VMs and their
+	// volumes, then the objects go.
+	for _, ep := range eps {
+		if err := c.Delete(ctx, ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ep := range eps {
+		eventually(t, 2*time.Minute, "deletion of "+ep.Name, func() string {
+			if _, err := get(ep); !apierrors.IsNotFound(err) {
+				return fmt.Sprintf("object: %v", err)
+			}
+			if _, err := vm(ep); provider.Code(err) != provider.NotFound {
+				return fmt.Sprintf("VM: %v", err)
+			}
+			return ""
+		})
+	}
+	for i, h := range hosts {
+		l, err := side[entryNames[i]].List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l) != 0 {
+			t.Errorf("entry %s still lists %d instances: %+v", entryNames[i], len(l), l)
+		}
+		files, err := os.ReadDir(h.poolPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			for _, ep := range eps {
+				if strings.Contains(f.Name(), entryNames[i]+"--"+controller.InstanceName(client.ObjectKeyFromObject(ep))) {
+					t.Errorf("volume %s of %s left in pool %s", f.Name(), ep.Name, h.pool)
+				}
+			}
+		}
+	}
+	t.Logf("end to end in %v", time.Since(t0).Round(time.Second))
+}
