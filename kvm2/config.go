@@ -222,13 +222,17 @@ type Options struct {
 // field and the rule, one *provider.FieldError each. Every error is
 // Permanent. The Config is returned as written, without the defaults Open
 // fills in, so marshalling it gives the file back (image URLs redacted).
-// Credential fields cannot come from the file: set them before Open.
+// Credential values (Key, KeyPassphrase, Signer, KnownHosts) cannot come
+// from the file: set them before Open. So a file may leave out the key
+// source, the known_hosts source or both (an operator fills them from a
+// Secret); Open requires them. The sources a file does give (keyFile,
+// agentSocket, knownHostsFile) are checked: at most one of each kind.
 func ParseConfig(data []byte) (Config, error) {
 	var c Config
 	if err := yaml.UnmarshalStrict(data, &c); err != nil {
 		return Config{}, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", decodeError(err)))
 	}
-	if _, err := c.validate(); err != nil {
+	if _, err := c.validateAs(false); err != nil {
 		return Config{}, err
 	}
 	return c, nil
@@ -282,9 +286,10 @@ func fieldErr(field, value, rule string) error {
 }
 
 // validateCredentials checks the key and known_hosts sources: exactly one
-// of each, a passphrase only for a key it can decrypt. No FieldError
-// carries a secret: Value names a path at most.
-func (c Config) validateCredentials() error {
+// of each (at most one when require is false: ParseConfig leaves absent
+// sources to the embedder), a passphrase only for a key it can decrypt. No
+// FieldError carries a secret: Value names a path at most.
+func (c Config) validateCredentials(require bool) error {
 	var errs []error
 	oneOf := func(names []string, set []bool, missing, rule string) {
 		var given []string
@@ -294,7 +299,7 @@ func (c Config) validateCredentials() error {
 			}
 		}
 		switch {
-		case len(given) == 0:
+		case len(given) == 0 && require:
 			errs = append(errs, fieldErr(missing, "", rule))
 		case len(given) > 1:
 			for _, g := range given {
@@ -344,7 +349,11 @@ func keyField(field, key string) string { return field + "[" + provider.Quote(ke
 
 // validate checks c and returns it with defaults applied. The error is classed
 // Permanent and joins one *provider.FieldError per violation.
-func (c Config) validate() (Config, error) {
+func (c Config) validate() (Config, error) { return c.validateAs(true) }
+
+// validateAs is validate; with requireCredentials false a Config without a
+// key source or without a known_hosts source passes (ParseConfig).
+func (c Config) validateAs(requireCredentials bool) (Config, error) {
 	var errs []error
 	add := func(err error) {
 		if err != nil {
@@ -368,7 +377,7 @@ func (c Config) validate() (Config, error) {
 	} else if strings.ContainsAny(c.User, " \t\r\n@:/") {
 		add(fieldErr("User", c.User, "must not contain spaces, '@', ':' or '/'"))
 	}
-	add(c.validateCredentials())
+	add(c.validateCredentials(requireCredentials))
 	if c.LibvirtSocket == "" {
 		c.LibvirtSocket = DefaultLibvirtSocket
 	} else if !path.IsAbs(c.LibvirtSocket) {

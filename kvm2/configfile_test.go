@@ -290,6 +290,25 @@ func TestParseConfig(t *testing.T) {
 			t.Errorf("ParseConfig(%q) = %v, want Permanent", doc, err)
 		}
 	}
+	// A file without credential sources parses (an operator sets Key and
+	// KnownHosts from a Secret before Open); Open's validation still
+	// requires them, and a file that gives two key sources is refused.
+	const noCreds = "entry: lab-1\nowner: operator-a\naddress: hv1:22\nuser: root\npool: default\n"
+	nc, err := ParseConfig([]byte(noCreds))
+	if err != nil {
+		t.Fatalf("ParseConfig without credential sources = %v, want nil", err)
+	}
+	if _, err := nc.validate(); !hasField(err, "KeyFile") || !hasField(err, "KnownHostsFile") {
+		t.Errorf("Open's validation of a config without credentials = %v, want FieldErrors for KeyFile and KnownHostsFile", err)
+	}
+	nc.Key, nc.KnownHosts = []byte("-----BEGIN OPENSSH PRIVATE KEY-----\n"), []byte("hv1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
+	if _, err := nc.validate(); hasField(err, "KeyFile") || hasField(err, "KnownHostsFile") {
+		t.Errorf("validation with Key and KnownHosts set = %v, want no credential source error", err)
+	}
+	if _, err := ParseConfig([]byte(noCreds + "keyFile: /k\nagentSocket: /run/agent.sock\n")); !hasField(err, "KeyFile") || !hasField(err, "AgentSocket") {
+		t.Errorf("ParseConfig with two key sources = %v, want FieldErrors for both", err)
+	}
+
 	// A long unknown key leaves the error bounded.
 	_, err = ParseConfig([]byte(valid + strings.Repeat("x", 5000) + ": 1\n"))
 	if err == nil || len(err.Error()) > provider.MaxErrorText {
@@ -410,4 +429,14 @@ func TestConfigCredentialFieldsHidden(t *testing.T) {
 	if len(bad) > 0 {
 		t.Errorf("credential fields are marshalled: %v (tag them json:\"-\"); hidden: %v", bad, hidden)
 	}
+}
+
+// hasField reports whether err holds a *provider.FieldError for field.
+func hasField(err error, field string) bool {
+	for _, fe := range provider.FieldErrors(err) {
+		if fe.Field == field {
+			return true
+		}
+	}
+	return false
 }
