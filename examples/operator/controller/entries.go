@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -46,17 +47,27 @@ type EntryConfig struct {
 	Config            kvm2.Config `json:"config"`
 }
 
-// LoadEntries decodes an EntriesFile strictly and fills each entry's
-// credentials from its Secret, read through r. The returned configs are
-// validated by kvm2.Open (OpenEntries).
-//
-// kvm2.ParseConfig cannot be used for the config part: it validates the
-// credentials, which a file whose credentials live in a Secret does not
-// have yet.
+// LoadEntries decodes an EntriesFile strictly, each entry's config with
+// kvm2.ParseConfig (every problem at once, each naming its key or field),
+// and fills each entry's credentials from its Secret, read through r.
+// kvm2.Open validates the filled configs again (OpenEntries).
 func LoadEntries(ctx context.Context, r client.Reader, data []byte) ([]kvm2.Config, error) {
-	var f EntriesFile
-	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+	var raw struct {
+		Entries []struct {
+			CredentialsSecret string          `json:"credentialsSecret"`
+			Config            json.RawMessage `json:"config"`
+		} `json:"entries"`
+	}
+	if err := yaml.UnmarshalStrict(data, &raw); err != nil {
 		return nil, fmt.Errorf("entries: %w", err)
+	}
+	f := EntriesFile{Entries: make([]EntryConfig, len(raw.Entries))}
+	for i, e := range raw.Entries {
+		cfg, err := kvm2.ParseConfig(e.Config)
+		if err != nil {
+			return nil, fmt.Errorf("entries[%d].config: %w", i, err)
+		}
+		f.Entries[i] = EntryConfig{CredentialsSecret: e.CredentialsSecret, Config: cfg}
 	}
 	if len(f.Entries) == 0 {
 		return nil, errors.New("entries: none configured")
