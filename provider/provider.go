@@ -64,7 +64,11 @@ const (
 	StateProvisioning State = "Provisioning"
 	// StateRunning: the instance runs and has an address.
 	StateRunning State = "Running"
-	// StateStopped: the instance exists but does not run.
+	// StateStopped: the instance exists but does not run: stopped by
+	// someone, or left defined but never started by a Create that was
+	// interrupted. Either way, Create with the same spec starts it (Create
+	// converges), so a reconciler that wants the instance running calls
+	// Create again for a Stopped instance rather than waiting.
 	StateStopped State = "Stopped"
 	// StateFailed: the backend reports the instance as crashed or broken.
 	StateFailed State = "Failed"
