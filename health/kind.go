@@ -69,6 +69,30 @@ func (k Kind) String() string {
 	return "kind(" + strconv.Itoa(int(k)) + ")"
 }
 
+var kindReasons = [...]string{
+	KindNone:         "None",
+	KindRefused:      "Refused",
+	KindTimeout:      "Timeout",
+	KindDNS:          "DNS",
+	KindAuthRequired: "AuthRequired",
+	KindProxyStatus:  "ProxyStatus",
+	KindMalformed:    "Malformed",
+	KindTunnelFailed: "TunnelFailed",
+	KindCanceled:     "Canceled",
+	KindNetwork:      "Network",
+	KindBadInput:     "BadInput",
+}
+
+// Reason returns the kind's name in CamelCase ("AuthRequired"), stable and
+// valid as a Kubernetes condition reason, which String's lowercase names
+// with dashes are not.
+func (k Kind) Reason() string {
+	if k < kindCount {
+		return kindReasons[k]
+	}
+	return "Kind" + strconv.Itoa(int(k))
+}
+
 // Error makes a Kind usable as an errors.Is target. It returns the same
 // text as String, so a Kind formats the same with %v and %s.
 func (k Kind) Error() string { return k.String() }
