@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
@@ -134,19 +133,9 @@ func (h *HealthRunnable) ProxyHealth(id, addr string) ProxyStatus {
 	return ProxyStatus{Health: v1alpha1.HealthUnknown, Reason: ReasonPending, Message: "not enough probes yet"}
 }
 
-// KindReason turns a health.Kind ("auth-required") into a condition reason
-// ("ProbeAuthRequired"): condition reasons are CamelCase, the library's
-// Kind names are lowercase with dashes.
-func KindReason(k health.Kind) string {
-	var b strings.Builder
-	b.WriteString("Probe")
-	for _, part := range strings.Split(k.String(), "-") {
-		if part != "" {
-			b.WriteString(strings.ToUpper(part[:1]) + part[1:])
-		}
-	}
-	return b.String()
-}
+// KindReason turns a health.Kind into a condition reason:
+// "Probe" + its CamelCase Reason ("ProbeAuthRequired").
+func KindReason(k health.Kind) string { return "Probe" + k.Reason() }
 
 // EntryHealth returns the last Check of entry.
 func (h *HealthRunnable) EntryHealth(entry string) (provider.Health, bool) {
