@@ -17,7 +17,11 @@
 #               integration- and e2e-tagged ones against it (the e2e package
 #               as a step of its own, verbose, so every run logs its boot,
 #               address source and timings; its guest boots on lab host 1,
-#               so the lab must be up before it), bench-short,
+#               so the lab must be up before it), the example operator's
+#               vet, staticcheck and tests against a real kube-apiserver and
+#               etcd (operator-test; scripts/kubestack builds them before the
+#               namespace, cached per recipe), the 5-minute chaos soak on the
+#               lab (CI_SOAK, fixed CI_SOAK_SEED), bench-short,
 #               fuzz-short, then stop the stack again (always, even when a step
 #               failed). The tests run even when vet fails, for the full
 #               picture; the first failing step's exit status is kept.
@@ -58,17 +62,27 @@ KEEP_STACK ?=
 #               STRESS_COUNT times (default 20) with -race while
 #               scripts/cpuburn keeps every core busy. goleak in each
 #               package's TestMain fails any run that leaves a goroutine.
-#               make test runs the same step with CI_STRESS_COUNT=2 and
+#               make test runs the same step with CI_STRESS_COUNT=1 and
 #               STRESS_FLAGS=-short as its run of those packages (-short
 #               samples the exhaustive tables: 4 of kvm2's Create
 #               interruption boundaries per kind from a logged seed, 2
 #               replica rounds, no 1 GiB fetch), to stay within CI's time
 #               (a -short run of the three packages took ~740 s under
-#               load on 2026-12-02, and CI must stay under 45 minutes).
+#               load on 2026-12-02, and CI must stay under 45 minutes:
+#               one run, not two, since make test also builds the
+#               operator's control plane on a new machine and runs the
+#               5-minute soak, which keeps the same packages busy under
+#               faults; make stress is the repeated proof).
 STRESS_PKGS := ./sshconn ./imagecache ./kvm2
 STRESS_COUNT ?= 20
 STRESS_FLAGS ?=
-CI_STRESS_COUNT ?= 2
+CI_STRESS_COUNT ?= 1
+# make test ends its tests with the chaos soak of issue 22 (make soak,
+# docs/soak.md) for CI_SOAK on the LAB_HOSTS-host lab, with a fixed seed
+# so that a red run replays exactly (make soak SOAK=5m SOAK_SEED=...
+# SOAK_HOSTS=2); its report is printed, not written to docs/.
+CI_SOAK ?= 5m
+CI_SOAK_SEED ?= 20261202
 STRESS_TIMEOUT ?= 120m
 
 # Every go test -fuzz target, as package:Target. fuzz-short runs each briefly
@@ -151,6 +165,10 @@ test-in-netns:
 		echo "+ $(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e"; \
 		$(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		$(MAKE) --no-print-directory operator-test || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+		echo "+ SOAK=$(CI_SOAK) SOAK_SEED=$(CI_SOAK_SEED) $(GO) test -tags integration -count=1 -run '^TestSoak$$' -v ./internal/soak   (on the $(LAB_HOSTS)-host lab)"; \
+		SOAK=$(CI_SOAK) SOAK_SEED=$(CI_SOAK_SEED) SOAK_REPORT=$$EGRESSPROXY_STACK_DIR/soak.md SOAK_EVENTS=$$EGRESSPROXY_STACK_DIR/soak-events.jsonl \
+			$(GO) test -tags integration -count=1 -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' -v ./internal/soak || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+		[ ! -f "$$EGRESSPROXY_STACK_DIR/soak.md" ] || cat "$$EGRESSPROXY_STACK_DIR/soak.md"; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
 		$(MAKE) --no-print-directory bench-short || rc=$$?; \
