@@ -79,11 +79,11 @@ func SSHDPidT(t *testing.T) int {
 // per-connection processes), so every SSH link to the stack dies at once.
 // It does not use t beyond Helper, so it may run on any goroutine.
 func KillSSHSessions(t *testing.T, sshdPid int) error {
-	tree := processTree(t, sshdPid)
-	if len(tree) < 2 {
+	sessions := teststack.Descendants(sshdPid)
+	if len(sessions) == 0 {
 		return fmt.Errorf("sshd %d has no session process to kill", sshdPid)
 	}
-	for _, pid := range tree[1:] {
+	for _, pid := range sessions {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
 			return fmt.Errorf("kill sshd session %d: %w", pid, err)
 		}

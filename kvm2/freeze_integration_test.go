@@ -4,10 +4,7 @@ package kvm2
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -17,47 +14,6 @@ import (
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/provider"
 )
-
-// processTree returns pid and all its descendants.
-func processTree(t *testing.T, root int) []int {
-	t.Helper()
-	parent := map[int]int{}
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(s[i+1:])
-		if len(fields) < 2 {
-			continue
-		}
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-		ppid, _ := strconv.Atoi(fields[1])
-		parent[pid] = ppid
-	}
-	out := []int{root}
-	for changed := true; changed; {
-		changed = false
-		for pid, pp := range parent {
-			in, has := false, false
-			for _, o := range out {
-				in = in || o == pp
-				has = has || o == pid
-			}
-			if in && !has {
-				out = append(out, pid)
-				changed = true
-			}
-		}
-	}
-	return out
-}
 
 // TestIntegrationFrozenSSHD: with sshd and its session processes stopped
 // (SIGSTOP), a Check returns within its context budget, Close returns
@@ -76,7 +32,7 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	frozen := processTree(t, pid)
+	frozen := append([]int{pid}, teststack.Descendants(pid)...)
 	thaw := func() {
 		for _, p := range frozen {
 			_ = syscall.Kill(p, syscall.SIGCONT)

@@ -163,38 +163,6 @@ func removeEntries(h Host, entries ...string) error {
 	})
 }
 
-// descendants returns the pids of root's descendants, read from /proc (the
-// lab hosts share the caller's pid namespace).
-func descendants(root int) []int {
-	children := map[int][]int{}
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(s[i+1:])
-		if len(fields) < 2 {
-			continue
-		}
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-		ppid, _ := strconv.Atoi(fields[1])
-		children[ppid] = append(children[ppid], pid)
-	}
-	var out []int
-	for todo := children[root]; len(todo) > 0; {
-		pid := todo[0]
-		todo = append(todo[1:], children[pid]...)
-		out = append(out, pid)
-	}
-	return out
-}
-
 // freezeSSHD stops (SIGSTOP) host h's sshd listener, read from the pid file
 // in its teststack dir (what `scripts/teststack sshd-pid` reads), and every
 // process under it: the sessions carrying the library's connections. It
@@ -241,7 +209,7 @@ func freezeSSHD(t *testing.T, h Host) (thaw func()) {
 	stop(listener)
 	for {
 		n := len(frozen)
-		for _, pid := range descendants(listener) {
+		for _, pid := range teststack.Descendants(listener) {
 			stop(pid)
 		}
 		if len(frozen) == n {

@@ -560,7 +560,7 @@ func freezeSSHD(h lab.Host) (thaw func(), err error) {
 	stop(listener)
 	for {
 		n := len(frozen)
-		for _, pid := range descendants(listener) {
+		for _, pid := range teststack.Descendants(listener) {
 			stop(pid)
 		}
 		if len(frozen) == n {
@@ -572,36 +572,6 @@ func freezeSSHD(h lab.Host) (thaw func(), err error) {
 			_ = syscall.Kill(pid, syscall.SIGCONT)
 		}
 	}, nil
-}
-
-func descendants(root int) []int {
-	children := map[int][]int{}
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(s[i+1:])
-		if len(fields) < 2 {
-			continue
-		}
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-		ppid, _ := strconv.Atoi(fields[1])
-		children[ppid] = append(children[ppid], pid)
-	}
-	var out []int
-	for todo := children[root]; len(todo) > 0; {
-		pid := todo[0]
-		todo = append(todo[1:], children[pid]...)
-		out = append(out, pid)
-	}
-	return out
 }
 
 // hostLibvirt runs fn on a libvirt connection of its own to host h.
