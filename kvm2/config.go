@@ -223,20 +223,34 @@ type Options struct {
 // Permanent. The Config is returned as written, without the defaults Open
 // fills in, so marshalling it gives the file back (image URLs redacted).
 // Credential values (Key, KeyPassphrase, Signer, KnownHosts) cannot come
-// from the file: set them before Open. So a file may leave out the key
-// source, the known_hosts source or both (an operator fills them from a
-// Secret); Open requires them. The sources a file does give (keyFile,
-// agentSocket, knownHostsFile) are checked: at most one of each kind.
-func ParseConfig(data []byte) (Config, error) {
+// from the file: set them before Open. With CredentialsLater the file may
+// leave out the key source, the known_hosts source or both (an operator
+// fills them from a Secret; Open requires them); the sources a file does
+// give (keyFile, agentSocket, knownHostsFile) are checked either way.
+func ParseConfig(data []byte, opts ...ParseOption) (Config, error) {
+	var o parseOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	var c Config
 	if err := yaml.UnmarshalStrict(data, &c); err != nil {
 		return Config{}, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", decodeError(err)))
 	}
-	if _, err := c.validateAs(false); err != nil {
+	if _, err := c.validateAs(!o.credentialsLater); err != nil {
 		return Config{}, err
 	}
 	return c, nil
 }
+
+// ParseOption changes what ParseConfig requires.
+type ParseOption func(*parseOptions)
+
+type parseOptions struct{ credentialsLater bool }
+
+// CredentialsLater makes ParseConfig accept an entry without a key source
+// or without a known_hosts source: the program sets them (Key and
+// KnownHosts from a Secret, say) before Open, which requires them.
+func CredentialsLater() ParseOption { return func(o *parseOptions) { o.credentialsLater = true } }
 
 // decodeError turns a decoding error that names a key into a
 // *provider.FieldError; other errors (syntax) are returned as they are.

@@ -290,13 +290,17 @@ func TestParseConfig(t *testing.T) {
 			t.Errorf("ParseConfig(%q) = %v, want Permanent", doc, err)
 		}
 	}
-	// A file without credential sources parses (an operator sets Key and
-	// KnownHosts from a Secret before Open); Open's validation still
-	// requires them, and a file that gives two key sources is refused.
+	// A file without credential sources is refused naming both, as Open
+	// would; with CredentialsLater it parses (an operator sets Key and
+	// KnownHosts from a Secret before Open), and a file that gives two key
+	// sources is still refused.
 	const noCreds = "entry: lab-1\nowner: operator-a\naddress: hv1:22\nuser: root\npool: default\n"
-	nc, err := ParseConfig([]byte(noCreds))
+	if _, err := ParseConfig([]byte(noCreds)); !hasField(err, "KeyFile") || !hasField(err, "KnownHostsFile") {
+		t.Errorf("ParseConfig without credential sources = %v, want FieldErrors for KeyFile and KnownHostsFile", err)
+	}
+	nc, err := ParseConfig([]byte(noCreds), CredentialsLater())
 	if err != nil {
-		t.Fatalf("ParseConfig without credential sources = %v, want nil", err)
+		t.Fatalf("ParseConfig(CredentialsLater) without credential sources = %v, want nil", err)
 	}
 	if _, err := nc.validate(); !hasField(err, "KeyFile") || !hasField(err, "KnownHostsFile") {
 		t.Errorf("Open's validation of a config without credentials = %v, want FieldErrors for KeyFile and KnownHostsFile", err)
@@ -305,8 +309,8 @@ func TestParseConfig(t *testing.T) {
 	if _, err := nc.validate(); hasField(err, "KeyFile") || hasField(err, "KnownHostsFile") {
 		t.Errorf("validation with Key and KnownHosts set = %v, want no credential source error", err)
 	}
-	if _, err := ParseConfig([]byte(noCreds + "keyFile: /k\nagentSocket: /run/agent.sock\n")); !hasField(err, "KeyFile") || !hasField(err, "AgentSocket") {
-		t.Errorf("ParseConfig with two key sources = %v, want FieldErrors for both", err)
+	if _, err := ParseConfig([]byte(noCreds+"keyFile: /k\nagentSocket: /run/agent.sock\n"), CredentialsLater()); !hasField(err, "KeyFile") || !hasField(err, "AgentSocket") {
+		t.Errorf("ParseConfig(CredentialsLater) with two key sources = %v, want FieldErrors for both", err)
 	}
 
 	// A long unknown key leaves the error bounded.

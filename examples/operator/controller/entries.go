@@ -48,7 +48,8 @@ type EntryConfig struct {
 }
 
 // LoadEntries decodes an EntriesFile strictly, each entry's config with
-// kvm2.ParseConfig (every problem at once, each naming its key or field),
+// kvm2.ParseConfig and CredentialsLater (every problem at once, each naming
+// its key or field; the credentials come from the Secret),
 // and fills each entry's credentials from its Secret, read through r.
 // kvm2.Open validates the filled configs again (OpenEntries).
 func LoadEntries(ctx context.Context, r client.Reader, data []byte) ([]kvm2.Config, error) {
@@ -63,7 +64,7 @@ func LoadEntries(ctx context.Context, r client.Reader, data []byte) ([]kvm2.Conf
 	}
 	f := EntriesFile{Entries: make([]EntryConfig, len(raw.Entries))}
 	for i, e := range raw.Entries {
-		cfg, err := kvm2.ParseConfig(e.Config)
+		cfg, err := kvm2.ParseConfig(e.Config, kvm2.CredentialsLater())
 		if err != nil {
 			return nil, fmt.Errorf("entries[%d].config: %w", i, err)
 		}
