@@ -11,12 +11,18 @@
 package lab
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/digitalocean/go-libvirt"
+
+	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // Env describes a running lab. Every field is set when Require returns.
@@ -159,4 +165,41 @@ func parseRTT(v string) (time.Duration, error) {
 		return 0, fmt.Errorf("must be 0 or a duration such as 50ms")
 	}
 	return d, nil
+}
+
+// Libvirt runs fn on a libvirt connection of its own to host h, over its
+// link (bounded by 30 s): what a test reads or plants behind the library's
+// back.
+func (h Host) Libvirt(fn func(*libvirt.Libvirt) error) error {
+	pool, err := sshconn.New(sshconn.Config{Addr: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{Socket: h.LibvirtSocket, URI: h.LibvirtURI})
+	defer lv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return lv.Do(ctx, fn)
+}
+
+// PoolVolumes lists every volume of host h's pool, after a refresh, sorted.
+func (h Host) PoolVolumes() ([]string, error) {
+	var names []string
+	err := h.Libvirt(func(l *libvirt.Libvirt) error {
+		pool, err := l.StoragePoolLookupByName(h.Pool)
+		if err != nil {
+			return err
+		}
+		if err := l.StoragePoolRefresh(pool, 0); err != nil {
+			return err
+		}
+		vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
+		for _, v := range vols {
+			names = append(names, v.Name)
+		}
+		return err
+	})
+	sort.Strings(names)
+	return names, err
 }

@@ -26,7 +26,6 @@ import (
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // The budgets of the entry whose host is frozen, then cut off: a dead link
@@ -86,42 +85,6 @@ func openEntry(t *testing.T, cfg kvm2.Config) *kvm2.Provider {
 	return p
 }
 
-// hostLibvirt runs fn on a libvirt connection of its own to host h, over
-// its link.
-func hostLibvirt(h Host, fn func(*libvirt.Libvirt) error) error {
-	pool, err := sshconn.New(sshconn.Config{Addr: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts})
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{Socket: h.LibvirtSocket, URI: h.LibvirtURI})
-	defer lv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	return lv.Do(ctx, fn)
-}
-
-// poolVolumes lists every volume of host h's pool, after a refresh.
-func poolVolumes(h Host) ([]string, error) {
-	var names []string
-	err := hostLibvirt(h, func(l *libvirt.Libvirt) error {
-		pool, err := l.StoragePoolLookupByName(h.Pool)
-		if err != nil {
-			return err
-		}
-		if err := l.StoragePoolRefresh(pool, 0); err != nil {
-			return err
-		}
-		vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
-		for _, v := range vols {
-			names = append(names, v.Name)
-		}
-		return err
-	})
-	sort.Strings(names)
-	return names, err
-}
-
 // ofEntry reports whether a libvirt domain or volume name belongs to entry
 // (kvm2 and imagecache join the entry and what follows with "--").
 func ofEntry(name, entry string) bool { return strings.Contains(name, entry+"--") }
@@ -132,7 +95,7 @@ func removeEntries(h Host, entries ...string) error {
 	mine := func(name string) bool {
 		return slices.ContainsFunc(entries, func(e string) bool { return ofEntry(name, e) })
 	}
-	return hostLibvirt(h, func(l *libvirt.Libvirt) error {
+	return h.Libvirt(func(l *libvirt.Libvirt) error {
 		doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
 		if err != nil {
 			return err
@@ -269,7 +232,7 @@ func TestLabMultiHost(t *testing.T) {
 			if err := removeEntries(h, e.cfg.Entry); err != nil {
 				t.Errorf("cleanup host %d: %v", h.N, err)
 			}
-			if vols, err := poolVolumes(h); err != nil || slices.ContainsFunc(vols, func(v string) bool { return ofEntry(v, e.cfg.Entry) }) {
+			if vols, err := h.PoolVolumes(); err != nil || slices.ContainsFunc(vols, func(v string) bool { return ofEntry(v, e.cfg.Entry) }) {
 				t.Errorf("host %d: volumes of %s left after cleanup (%v): %v", h.N, e.cfg.Entry, err, vols)
 			}
 		})
@@ -336,7 +299,7 @@ func TestLabMultiHost(t *testing.T) {
 	// Every domain runs on its own host, and only there.
 	for _, e := range entries {
 		var running []string
-		err := hostLibvirt(e.host, func(l *libvirt.Libvirt) error {
+		err := e.host.Libvirt(func(l *libvirt.Libvirt) error {
 			doms, _, err := l.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive)
 			for _, d := range doms {
 				running = append(running, d.Name)
@@ -402,7 +365,7 @@ func TestLabMultiHost(t *testing.T) {
 			if len(imgs) != 1 || !imgs[0].Present || imgs[0].Name != e.base || len(imgs[0].InUseBy) != 2 {
 				t.Errorf("ListImages on host %d = %+v, want %s present, used by 2", e.host.N, imgs, e.base)
 			}
-			vols, err := poolVolumes(e.host)
+			vols, err := e.host.PoolVolumes()
 			if err != nil {
 				t.Fatalf("host %d: list pool %s: %v", e.host.N, e.host.Pool, err)
 			}

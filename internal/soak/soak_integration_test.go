@@ -28,7 +28,6 @@ import (
 	"testing"
 	"time"
 
-	libvirt "github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
@@ -38,7 +37,6 @@ import (
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // Budgets of the soak's calls (their context deadlines) and the grace a
@@ -574,40 +572,6 @@ func freezeSSHD(h lab.Host) (thaw func(), err error) {
 	}, nil
 }
 
-// hostLibvirt runs fn on a libvirt connection of its own to host h.
-func hostLibvirt(h lab.Host, fn func(*libvirt.Libvirt) error) error {
-	pool, err := sshconn.New(sshconn.Config{Addr: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts})
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{Socket: h.LibvirtSocket, URI: h.LibvirtURI})
-	defer lv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	return lv.Do(ctx, fn)
-}
-
-func poolVolumes(h lab.Host) ([]string, error) {
-	var names []string
-	err := hostLibvirt(h, func(l *libvirt.Libvirt) error {
-		pool, err := l.StoragePoolLookupByName(h.Pool)
-		if err != nil {
-			return err
-		}
-		if err := l.StoragePoolRefresh(pool, 0); err != nil {
-			return err
-		}
-		vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
-		for _, v := range vols {
-			names = append(names, v.Name)
-		}
-		return err
-	})
-	sort.Strings(names)
-	return names, err
-}
-
 func rss() int64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
@@ -955,7 +919,7 @@ func TestSoak(t *testing.T) {
 	// No orphans: the pool holds the overlay of every desired instance
 	// and no volume of an undesired one; foreign objects untouched.
 	for i, h := range d.hosts {
-		vols, err := poolVolumes(h.h)
+		vols, err := h.h.PoolVolumes()
 		if err != nil {
 			t.Errorf("host %d: list volumes: %v", h.h.N, err)
 			continue
