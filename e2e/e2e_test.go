@@ -5,15 +5,10 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,89 +110,6 @@ func requireNetns(t *testing.T) {
 }
 
 func randHex(t *testing.T, n int) string { return guesttest.RandHex(t, n) }
-
-// countingFileServer serves one file over HTTP and counts the requests.
-type countingFileServer struct {
-	*httptest.Server
-	requests atomic.Int64
-}
-
-func serveImage(t *testing.T, path string) *countingFileServer {
-	t.Helper()
-	s := &countingFileServer{}
-	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.requests.Add(1)
-		if r.URL.Path != "/guest.qcow2" {
-			http.NotFound(w, r)
-			return
-		}
-		http.ServeFile(w, r, path)
-	}))
-	t.Cleanup(s.Close)
-	return s
-}
-
-// connectTarget is a CONNECT target: an HTTP server on an address the
-// guest reaches that answers every request with a token and records who
-// asked.
-type connectTarget struct {
-	addr  string
-	token string
-	mu    sync.Mutex
-	peers []string
-}
-
-func serveTarget(t *testing.T, ip string) *connectTarget {
-	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatalf("listen on %s for the CONNECT target: %v", ip, err)
-	}
-	ct := &connectTarget{addr: ln.Addr().String(), token: "egp-e2e-" + randHex(t, 8)}
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			host, _, _ := net.SplitHostPort(r.RemoteAddr)
-			ct.mu.Lock()
-			ct.peers = append(ct.peers, host)
-			ct.mu.Unlock()
-			_, _ = io.WriteString(w, ct.token)
-		}),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	t.Cleanup(func() {
-		_ = srv.Close()
-		<-done
-	})
-	return ct
-}
-
-func (ct *connectTarget) seen() []string {
-	ct.mu.Lock()
-	defer ct.mu.Unlock()
-	return append([]string(nil), ct.peers...)
-}
-
-// consoleLog returns the serial console log of a domain (the tail when it
-// is long), for failure output.
-func consoleLog(dir, domain string) string {
-	p := filepath.Join(dir, domain+".log")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return fmt.Sprintf("(no serial console log: %v)", err)
-	}
-	const max = 48 << 10
-	head := fmt.Sprintf("--- serial console of %s (%s, %d bytes) ---\n", domain, p, len(b))
-	if len(b) > max {
-		head += fmt.Sprintf("[… first %d bytes left out …]\n", len(b)-max)
-		b = b[len(b)-max:]
-	}
-	return head + string(b) + "\n--- end of serial console ---"
-}
 
 func domainName(entry, name string) string { return "ep-" + entry + "--" + name }
 
@@ -310,11 +222,11 @@ func TestE2EProxyGuest(t *testing.T) {
 		}
 	})
 
-	img := serveImage(t, g.image)
-	target := serveTarget(t, site.targetIP)
-	var beyond *connectTarget
+	img := guesttest.ServeFile(t, "/guest.qcow2", g.image)
+	target := guesttest.ServeTarget(t, site.targetIP)
+	var beyond *guesttest.Target
 	if site.beyondIP != "" {
-		beyond = serveTarget(t, site.beyondIP)
+		beyond = guesttest.ServeTarget(t, site.beyondIP)
 	}
 	consoleDir := t.TempDir()
 	dumped := false
@@ -324,7 +236,7 @@ func TestE2EProxyGuest(t *testing.T) {
 		}
 		ents, _ := os.ReadDir(consoleDir)
 		for _, e := range ents {
-			t.Log(consoleLog(consoleDir, strings.TrimSuffix(e.Name(), ".log")))
+			t.Log(guesttest.ConsoleLog(consoleDir, strings.TrimSuffix(e.Name(), ".log")))
 		}
 	})
 
@@ -388,7 +300,7 @@ func TestE2EProxyGuest(t *testing.T) {
 		t.Fatalf("Create %s: %v", specA.Name, err)
 	}
 	created := time.Now()
-	fetches := img.requests.Load()
+	fetches := img.Requests.Load()
 	t.Logf("Create %s returned after %s (state %s; %d HTTP request(s) at the image server)", specA.Name, created.Sub(t0).Round(time.Millisecond), inst.State, fetches)
 	if fetches < 1 {
 		t.Fatalf("first Create made no HTTP request at the image server: the base did not come from it")
@@ -397,7 +309,7 @@ func TestE2EProxyGuest(t *testing.T) {
 	failNoAnswer := func(format string, args ...any) {
 		t.Helper()
 		dumped = true
-		t.Fatalf("%s\n%s", fmt.Sprintf(format, args...), consoleLog(consoleDir, domA))
+		t.Fatalf("%s\n%s", fmt.Sprintf(format, args...), guesttest.ConsoleLog(consoleDir, domA))
 	}
 
 	// Wait for Running with an address.
@@ -436,29 +348,29 @@ func TestE2EProxyGuest(t *testing.T) {
 	// caller's end of host 1's link).
 	var res health.Result
 	for {
-		res = health.Probe(ctx, inst.Address(), target.addr, &health.ProbeOptions{Timeout: provider.Duration(15 * time.Second), Exchange: health.HTTPGet(target.addr, target.token)})
+		res = health.Probe(ctx, inst.Address(), target.Addr, &health.ProbeOptions{Timeout: provider.Duration(15 * time.Second), Exchange: health.HTTPGet(target.Addr, target.Token)})
 		if res.OK {
 			break
 		}
 		if time.Since(created) > squidBound {
-			failNoAnswer("Squid in guest %s never answered a CONNECT to %s with 2xx within %s of Create: last probe %v (status %d)", domA, target.addr, squidBound, res.Err, res.StatusCode)
+			failNoAnswer("Squid in guest %s never answered a CONNECT to %s with 2xx within %s of Create: last probe %v (status %d)", domA, target.Addr, squidBound, res.Err, res.StatusCode)
 		}
 		time.Sleep(pollEvery)
 	}
-	t.Logf("boot to Squid answering: %s; CONNECT %s via %s → %d in %s", time.Since(created).Round(time.Millisecond), target.addr, inst.Address(), res.StatusCode, res.Total.Round(time.Millisecond))
+	t.Logf("boot to Squid answering: %s; CONNECT %s via %s → %d in %s", time.Since(created).Round(time.Millisecond), target.Addr, inst.Address(), res.StatusCode, res.Total.Round(time.Millisecond))
 	if res.StatusCode < 200 || res.StatusCode > 299 {
 		t.Fatalf("probe OK with status %d", res.StatusCode)
 	}
-	if peers := target.seen(); len(peers) == 0 || peers[len(peers)-1] != inst.IP {
+	if peers := target.Seen(); len(peers) == 0 || peers[len(peers)-1] != inst.IP {
 		t.Fatalf("target saw requests from %v, want the last from the guest %s", peers, inst.IP)
 	}
 	if beyond != nil {
 		// The lab's isolation: the same Squid cannot reach an address of
 		// the caller's behind another host's link.
-		r := health.Probe(ctx, inst.Address(), beyond.addr, &health.ProbeOptions{Timeout: provider.Duration(15 * time.Second), Exchange: health.HTTPGet(beyond.addr, beyond.token)})
-		t.Logf("CONNECT %s (beyond host 1) via %s → ok %v, %v, status %d in %s", beyond.addr, inst.Address(), r.OK, r.Kind, r.StatusCode, r.Total.Round(time.Millisecond))
-		if r.OK || r.Kind != health.KindProxyStatus || len(beyond.seen()) != 0 {
-			t.Fatalf("CONNECT through the guest to %s, beyond its host: ok %v, kind %v, status %d, err %v, target saw %v; want a proxy error status and no request", beyond.addr, r.OK, r.Kind, r.StatusCode, r.Err, beyond.seen())
+		r := health.Probe(ctx, inst.Address(), beyond.Addr, &health.ProbeOptions{Timeout: provider.Duration(15 * time.Second), Exchange: health.HTTPGet(beyond.Addr, beyond.Token)})
+		t.Logf("CONNECT %s (beyond host 1) via %s → ok %v, %v, status %d in %s", beyond.Addr, inst.Address(), r.OK, r.Kind, r.StatusCode, r.Total.Round(time.Millisecond))
+		if r.OK || r.Kind != health.KindProxyStatus || len(beyond.Seen()) != 0 {
+			t.Fatalf("CONNECT through the guest to %s, beyond its host: ok %v, kind %v, status %d, err %v, target saw %v; want a proxy error status and no request", beyond.Addr, r.OK, r.Kind, r.StatusCode, r.Err, beyond.Seen())
 		}
 	}
 
@@ -513,14 +425,14 @@ func TestE2EProxyGuest(t *testing.T) {
 	// A second Create, by a freshly opened provider, is a cache hit: the
 	// base is taken from the pool, not fetched again.
 	client2 := open()
-	before := img.requests.Load()
+	before := img.Requests.Load()
 	specB := provider.Spec{Name: "proxy-b", UID: "uid-b-" + randHex(t, 6), Port: squidPort, ImageKey: imageKey, UserData: userData}
 	t1 := time.Now()
 	instB, err := client2.Create(ctx, specB)
 	if err != nil {
 		t.Fatalf("second Create %s: %v", specB.Name, err)
 	}
-	if n := img.requests.Load() - before; n != 0 {
+	if n := img.Requests.Load() - before; n != 0 {
 		t.Fatalf("second Create made %d HTTP request(s) at the image server, want 0 (cache hit)", n)
 	}
 	t.Logf("second Create %s (cache hit, 0 HTTP requests) returned after %s, state %s", specB.Name, time.Since(t1).Round(time.Millisecond), instB.State)
