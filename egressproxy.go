@@ -22,8 +22,10 @@ const TracerName = "github.com/egressproxy/egressproxy"
 
 // Options configure a Client. A nil *Options is valid.
 type Options struct {
-	// Logger receives one line per operation (V(1) for success, error
-	// level for failures). Zero value: discard.
+	// Logger receives one line per operation: V(1) for success and for
+	// expected outcomes (NotFound, validation, the caller's cancellation, a
+	// closed client), Info for Transient failures (retryable), Error for
+	// the rest. Zero value: discard.
 	Logger logr.Logger
 	// TracerProvider creates one span per operation. Nil: no-op.
 	TracerProvider trace.TracerProvider
@@ -206,9 +208,15 @@ func (c *Client) runTarget(ctx context.Context, op string, tg target, fn func(ct
 		who = []any{"image", key}
 	}
 	if err != nil {
-		if expected(ctx, err) {
+		switch {
+		case expected(ctx, err):
 			c.log.V(1).Info("operation failed as expected", append(append([]any{"op", op}, who...), "code", provider.Code(err).String(), "elapsed", elapsed, "err", err)...)
-		} else {
+		case provider.Code(err) == provider.Transient:
+			// A retry is the answer (the caller's backoff, a requeue):
+			// visible at Info, but nothing for anyone to act on yet; the
+			// caller that gives up decides whether it is an error.
+			c.log.Info("operation failed, retryable", append(append([]any{"op", op}, who...), "code", provider.Code(err).String(), "elapsed", elapsed, "err", err)...)
+		default:
 			c.log.Error(err, "operation failed", append(append([]any{"op", op}, who...), "code", provider.Code(err).String(), "elapsed", elapsed)...)
 		}
 	} else {
@@ -220,7 +228,8 @@ func (c *Client) runTarget(ctx context.Context, op string, tg target, fn func(ct
 // expected reports whether err is an outcome a reconcile loop expects
 // rather than a failure someone must act on: a missing instance, input that
 // failed validation, the caller's own context ending, or a closed client.
-// Those are logged at V(1), everything else at Error.
+// Those are logged at V(1), Transient failures at Info, everything else at
+// Error.
 func expected(ctx context.Context, err error) bool {
 	var fe *provider.FieldError
 	switch {

@@ -293,7 +293,8 @@ func TestOneSpanAndOneLogLinePerOperation(t *testing.T) {
 
 // Expected outcomes of a reconcile loop — a missing instance, input that
 // fails validation, the caller's own cancellation, a closed client — log at
-// V(1); failures someone must act on log at Error.
+// V(1); Transient failures, which a retry answers, at Info (V(0), not
+// Error); failures someone must act on log at Error.
 func TestLogLevelsOfOutcomes(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -311,14 +312,14 @@ func TestLogLevelsOfOutcomes(t *testing.T) {
 		name  string
 		err   error
 		call  func(c *Client) error
-		error bool // logged at Error
+		level string // "v1", "info" (V(0), not Error) or "error"
 	}{
-		{"not found", provider.Errorf(provider.NotFound, "no such instance"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, false},
-		{"validation", nil, func(c *Client) error { _, err := c.Create(context.Background(), bad); return err }, false},
-		{"caller cancelled", nil, func(c *Client) error { _, err := c.Get(cancelled, goodSpec().Ref()); return err }, false},
-		{"closed", nil, func(c *Client) error { c.Close(); _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, false},
-		{"transient", provider.Errorf(provider.Transient, "host unreachable"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, true},
-		{"permanent", provider.Errorf(provider.Permanent, "name taken"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, true},
+		{"not found", provider.Errorf(provider.NotFound, "no such instance"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, "v1"},
+		{"validation", nil, func(c *Client) error { _, err := c.Create(context.Background(), bad); return err }, "v1"},
+		{"caller cancelled", nil, func(c *Client) error { _, err := c.Get(cancelled, goodSpec().Ref()); return err }, "v1"},
+		{"closed", nil, func(c *Client) error { c.Close(); _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, "v1"},
+		{"transient", provider.Errorf(provider.Transient, "host unreachable"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, "info"},
+		{"permanent", provider.Errorf(provider.Permanent, "name taken"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, "error"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mu.Lock()
@@ -331,17 +332,19 @@ func TestLogLevelsOfOutcomes(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			var failed []string
-			for _, l := range lines {
-				if strings.Contains(l, `"error"=`) {
-					failed = append(failed, l)
-				}
+			if len(lines) != 1 {
+				t.Fatalf("want one line, got %d: %v", len(lines), lines)
 			}
-			if tc.error && len(failed) != 1 {
-				t.Fatalf("want one Error line, got %d: %v", len(failed), lines)
+			l := lines[0]
+			got := "info"
+			switch {
+			case strings.Contains(l, `"error"=`):
+				got = "error"
+			case strings.Contains(l, `"level"=1`):
+				got = "v1"
 			}
-			if !tc.error && len(failed) != 0 {
-				t.Fatalf("an expected outcome was logged at Error: %v", failed)
+			if got != tc.level {
+				t.Fatalf("logged at %s, want %s: %s", got, tc.level, l)
 			}
 		})
 	}
