@@ -24,13 +24,26 @@ const tracerName = "github.com/egressproxy/egressproxy/health"
 // Target is one proxy to probe.
 type Target struct {
 	// ID identifies the proxy for the embedder (copied to Result.ID).
-	ID string
+	ID string `json:"id"`
 	// ProxyAddr is the proxy's host:port.
-	ProxyAddr string
+	ProxyAddr string `json:"proxyAddr"`
 	// TargetAddr is the CONNECT target (host:port). Empty: the round's
 	// ProbeAllOptions.TargetAddr.
-	TargetAddr string
+	TargetAddr string `json:"targetAddr,omitempty"`
+	// Username and Password are this proxy's own basic-auth credentials,
+	// sent instead of the round's Probe.Username and Probe.Password when
+	// Username is set (proxies with credentials of their own probed in one
+	// round). Empty Username: the round's credentials. Password never
+	// reaches a log line, error or span (String leaves it out).
+	Username string `json:"username,omitempty"`
+	Password string `json:"-"`
 }
+
+// String returns the target as its JSON form, without the password.
+func (t Target) String() string { return optionsText(t) }
+
+// GoString is String for %#v.
+func (t Target) GoString() string { return "health.Target" + t.String() }
 
 // ProbeAllOptions configures ProbeAll. A nil *ProbeAllOptions is valid and
 // means the zero value of every field.
@@ -112,7 +125,13 @@ func ProbeAll(ctx context.Context, targets []Target, opts *ProbeAllOptions) []Re
 					r = Result{Proxy: t.ProxyAddr, Target: dst, Start: time.Now()}
 					r = r.fail(classify(ctx, err), "dial", context.Cause(ctx))
 				} else {
-					r = Probe(ctx, t.ProxyAddr, dst, &o.Probe)
+					po := &o.Probe
+					if t.Username != "" {
+						own := o.Probe
+						own.Username, own.Password = t.Username, t.Password
+						po = &own
+					}
+					r = Probe(ctx, t.ProxyAddr, dst, po)
 				}
 				r.ID = t.ID
 				if !r.OK {

@@ -11,15 +11,15 @@ import (
 
 // TargetFor turns a provider instance and its proxy credentials into what a
 // probe of its proxy needs: the Target (ID the instance name, ProxyAddr its
-// address inst.Address(), TargetAddr connectTarget) and the ProbeOptions
-// carrying the credentials (user empty: none are sent; the other fields are
-// zero, to be set by the caller). Probe one with
+// address inst.Address(), TargetAddr connectTarget, and the credentials as
+// its own Username and Password) and the ProbeOptions carrying the same
+// credentials (user empty: none are sent; the other fields are zero, to be
+// set by the caller). Probe one with
 //
 //	t, o, err := health.TargetFor(inst, "example.com:443", user, password)
 //	res := health.Probe(ctx, t.ProxyAddr, t.TargetAddr, &o)
 //
-// or give many Targets to ProbeAll or Tracker.Round (with o as
-// ProbeAllOptions.Probe when the proxies share credentials).
+// or give many Targets, each with its own credentials, to ProbeAll.
 //
 // An instance without an address is an error: Transient when it is
 // Provisioning (it gets one as it boots; probe it later), Permanent in any
@@ -55,6 +55,6 @@ func TargetFor(inst provider.Instance, connectTarget, user, password string) (Ta
 	if len(errs) > 0 {
 		return Target{}, ProbeOptions{}, provider.WithCode(provider.Permanent, errors.Join(errs...))
 	}
-	t := Target{ID: inst.Name, ProxyAddr: inst.Address(), TargetAddr: connectTarget}
+	t := Target{ID: inst.Name, ProxyAddr: inst.Address(), TargetAddr: connectTarget, Username: user, Password: password}
 	return t, ProbeOptions{Username: user, Password: password}, nil
 }

@@ -3,6 +3,7 @@ package health_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -29,7 +30,7 @@ func TestTargetFor(t *testing.T) {
 		field          string // the FieldError expected, if any
 	}{
 		{name: "running", inst: running, target: "example.com:443", user: "probe", password: "s3cret",
-			want: health.Target{ID: "proxy-a", ProxyAddr: "10.0.0.5:3128", TargetAddr: "example.com:443"}},
+			want: health.Target{ID: "proxy-a", ProxyAddr: "10.0.0.5:3128", TargetAddr: "example.com:443", Username: "probe", Password: "s3cret"}},
 		{name: "no credentials", inst: running, target: "example.com:443",
 			want: health.Target{ID: "proxy-a", ProxyAddr: "10.0.0.5:3128", TargetAddr: "example.com:443"}},
 		{name: "ipv6", inst: v6, target: "[fd00::1]:80",
@@ -66,6 +67,11 @@ func TestTargetFor(t *testing.T) {
 			}
 			if got != tc.want {
 				t.Errorf("Target = %+v, want %+v", got, tc.want)
+			}
+			for _, text := range []string{fmt.Sprint(got), fmt.Sprintf("%+v", got), fmt.Sprintf("%#v", got)} {
+				if tc.password != "" && strings.Contains(text, tc.password) {
+					t.Errorf("the Target printed shows the password: %s", text)
+				}
 			}
 			if opts.Username != tc.user || opts.Password != tc.password {
 				t.Errorf("ProbeOptions credentials = %q/%q, want %q/%q", opts.Username, opts.Password, tc.user, tc.password)
@@ -107,5 +113,35 @@ func TestTargetForProbesInstance(t *testing.T) {
 	res := health.ProbeAll(ctx, []health.Target{tg}, &health.ProbeAllOptions{Probe: opts})
 	if len(res) != 1 || res[0].OK || res[0].Kind != health.KindAuthRequired || res[0].ID != "proxy-a" {
 		t.Fatalf("probe without credentials: %+v, want one auth-required result for proxy-a", res)
+	}
+
+	// One round, each target with credentials of its own: the right ones
+	// get through, the wrong ones get 407, and a target without any takes
+	// the round's (here: none).
+	good, _, _ := health.TargetFor(inst, target, "probe", "pw")
+	wrong, _, _ := health.TargetFor(inst, target, "probe", "not-pw")
+	none, _, _ := health.TargetFor(inst, target, "", "")
+	good.ID, wrong.ID, none.ID = "good", "wrong", "none"
+	res = health.ProbeAll(ctx, []health.Target{good, wrong, none}, &health.ProbeAllOptions{Probe: health.ProbeOptions{Exchange: health.HTTPGet(target, body)}})
+	if len(res) != 3 || !res[0].OK || res[1].Kind != health.KindAuthRequired || res[2].Kind != health.KindAuthRequired {
+		t.Fatalf("one round with per-target credentials: %+v, want good OK, wrong and none auth-required", res)
+	}
+	// The round's credentials stand in for a target without its own.
+	res = health.ProbeAll(ctx, []health.Target{none, wrong}, &health.ProbeAllOptions{Probe: health.ProbeOptions{Username: "probe", Password: "pw", Exchange: health.HTTPGet(target, body)}})
+	if len(res) != 2 || !res[0].OK || res[1].Kind != health.KindAuthRequired {
+		t.Fatalf("round credentials with a target's own wrong ones: %+v, want none OK (round's), wrong auth-required (its own win)", res)
+	}
+	// Tracker.Round passes a member's credentials to its probe.
+	tr, err := health.NewTracker(&health.TrackerOptions{Rise: 1, Fall: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res = tr.Round(ctx, []health.Member{{ID: "good", Addr: inst.Address(), Username: "probe", Password: "pw"}, {ID: "wrong", Addr: inst.Address(), Username: "probe", Password: "x"}},
+		&health.ProbeAllOptions{TargetAddr: target, Probe: health.ProbeOptions{Exchange: health.HTTPGet(target, body)}})
+	if len(res) != 2 || !res[0].OK || res[1].Kind != health.KindAuthRequired {
+		t.Fatalf("Tracker.Round with member credentials: %+v", res)
+	}
+	if st, _ := tr.Get("good"); st.State != health.StateHealthy {
+		t.Errorf("member with the right credentials: %v, want healthy", st.State)
 	}
 }

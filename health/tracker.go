@@ -100,6 +100,10 @@ type Observation struct {
 type Member struct {
 	ID   string
 	Addr string
+	// Username and Password are the proxy's own credentials for Round's
+	// probe (Target.Username and Password); empty Username: the round's.
+	Username string
+	Password string
 }
 
 // TrackerOptions configures a Tracker. A nil *TrackerOptions is valid and
@@ -314,7 +318,7 @@ func (t *Tracker) Round(ctx context.Context, members []Member, opts *ProbeAllOpt
 	targets := make([]Target, 0, len(members))
 	for _, m := range members {
 		if m.Addr != "" {
-			targets = append(targets, Target{ID: m.ID, ProxyAddr: m.Addr})
+			targets = append(targets, Target{ID: m.ID, ProxyAddr: m.Addr, Username: m.Username, Password: m.Password})
 		}
 	}
 	results := ProbeAll(ctx, targets, &o)

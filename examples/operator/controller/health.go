@@ -178,10 +178,10 @@ func (h *HealthRunnable) Round(ctx context.Context) {
 		}
 	}
 
-	// One ProbeAll per set of credentials (a round's probe options are
-	// shared), then one Tracker.Update with every observation.
+	// One ProbeAll for every proxy, each with its own credentials, then
+	// one Tracker.Update with every observation.
 	h.mu.Lock()
-	groups := map[Credentials][]health.Target{}
+	var targets []health.Target
 	var obs []health.Observation
 	keys := map[string]types.NamespacedName{}
 	for _, m := range h.members {
@@ -190,16 +190,14 @@ func (h *HealthRunnable) Round(ctx context.Context) {
 			obs = append(obs, health.Observation{ID: m.ID})
 			continue
 		}
-		groups[m.Credentials] = append(groups[m.Credentials], health.Target{ID: m.ID, ProxyAddr: m.Addr})
+		targets = append(targets, health.Target{ID: m.ID, ProxyAddr: m.Addr, Username: m.Credentials.User, Password: m.Credentials.Password})
 	}
 	h.mu.Unlock()
-	for creds, targets := range groups {
-		o := h.opts.Probe
-		o.Username, o.Password = creds.User, creds.Password
-		res := health.ProbeAll(ctx, targets, &health.ProbeAllOptions{TargetAddr: h.opts.ConnectTarget, Probe: o})
-		for i, r := range res {
-			obs = append(obs, health.Observation{ID: targets[i].ID, Addr: targets[i].ProxyAddr, Result: r})
-		}
+	po := h.opts.Probe
+	po.Username, po.Password = "", "" // per proxy only: none for a proxy without
+	res := health.ProbeAll(ctx, targets, &health.ProbeAllOptions{TargetAddr: h.opts.ConnectTarget, Probe: po})
+	for i, r := range res {
+		obs = append(obs, health.Observation{ID: targets[i].ID, Addr: targets[i].ProxyAddr, Result: r})
 	}
 	if ctx.Err() != nil {
 		return
