@@ -31,7 +31,9 @@ import (
 
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
+	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/guesttest"
 	"github.com/egressproxy/egressproxy/internal/lab"
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
@@ -112,7 +114,7 @@ type operatorRun struct {
 
 // startOperator runs one operator replica (its own providers, its own
 // manager) until stop.
-func startOperator(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, entries []byte, log logr.Logger) *operatorRun {
+func startOperator(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, entries []byte, healthTarget string, log logr.Logger) *operatorRun {
 	t.Helper()
 	direct, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
@@ -143,7 +145,7 @@ func startOperator(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, entri
 	if _, _, err := controller.Setup(mgr, controller.Config{
 		Entries:    clients,
 		Reconciler: controller.Options{BackoffBase: 200 * time.Millisecond, BackoffMax: 5 * time.Second, PollInterval: 2 * time.Second},
-		Health:     controller.HealthOptions{Interval: time.Second, ConnectTarget: "127.0.0.1:9"},
+		Health:     controller.HealthOptions{Interval: time.Second, ConnectTarget: healthTarget},
 		GC:         controller.GCOptions{Interval: 2 * time.Second},
 		Logger:     log,
 	}); err != nil {
@@ -264,6 +266,29 @@ func TestOperatorEndToEnd(t *testing.T) {
 		ef.Entries = append(ef.Entries, controller.EntryConfig{CredentialsSecret: operatorNS + "/" + name, Config: cfg})
 		side[entryNames[i]] = sideProvider(t, h, cfg)
 	}
+	// The booting guest: a third entry on the first host, with the
+	// project's proxy guest image (direct kernel boot, docs/e2e.md), and
+	// the CONNECT target the operator's probes reach through it.
+	healthTarget := "127.0.0.1:9" // nothing listens: only the guest is probed
+	g := bootingGuest(t)
+	var guestEntry string
+	if g != nil {
+		guestEntry = "ope" + sfx + "c"
+		cfg := entryConfig(hosts[0], guestEntry, owner, img)
+		cfg.Images = map[string]imagecache.Image{"guest": {URL: guesttest.ServeFile(t, "/guest.qcow2", g.image).URL + "/guest.qcow2", SHA256: g.sha256, Format: "qcow2"}}
+		cfg.MachineTypes = map[string]kvm2.MachineType{"small": {VCPUs: 1, MemoryMiB: 512}}
+		cfg.Kernel, cfg.Initrd, cfg.Cmdline = g.kernel, g.initrd, g.cmdline
+		cfg.ConsoleLogDir = t.TempDir()
+		ef.Entries = append(ef.Entries, controller.EntryConfig{CredentialsSecret: operatorNS + "/ssh-" + entryNames[0], Config: cfg})
+		side[guestEntry] = sideProvider(t, hosts[0], cfg)
+		target := guesttest.ServeTarget(t, g.targetIP)
+		healthTarget = target.Addr
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Log(guesttest.ConsoleLog(cfg.ConsoleLogDir, "ep-"+guestEntry+"--"+controller.InstanceName(types.NamespacedName{Namespace: "proxies", Name: "delta"})))
+			}
+		})
+	}
 	entriesYAML, err := json.Marshal(ef)
 	if err != nil {
 		t.Fatal(err)
@@ -275,7 +300,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	op := startOperator(t, restCfg, scheme, entriesYAML, log)
+	op := startOperator(t, restCfg, scheme, entriesYAML, healthTarget, log)
 
 	newEP := func(name, entry string) *v1alpha1.EgressProxy {
 		return &v1alpha1.EgressProxy{
@@ -285,7 +310,17 @@ func TestOperatorEndToEnd(t *testing.T) {
 		}
 	}
 	eps := []*v1alpha1.EgressProxy{newEP("alpha", entryNames[0]), newEP("beta", entryNames[1])}
-	for _, ep := range eps {
+	var delta *v1alpha1.EgressProxy
+	if g != nil {
+		// delta boots, so its status gets an address and a real probe
+		// result (through the credentials its user-data configures).
+		delta = newEP("delta", guestEntry)
+		delta.Spec.Image, delta.Spec.MachineType = "guest", "small"
+	}
+	for _, ep := range append(eps, delta) {
+		if ep == nil {
+			continue
+		}
 		if err := c.Create(ctx, ep); err != nil {
 			t.Fatal(err)
 		}
@@ -350,6 +385,10 @@ func TestOperatorEndToEnd(t *testing.T) {
 		})
 	}
 	t.Logf("both VMs defined and started, status converged, after %v", time.Since(t0).Round(time.Second))
+	if delta != nil {
+		healthyGuest(t, ctx, c, delta, g, converged)
+		t.Logf("delta's guest booted and its status says Running and Healthy after %v", time.Since(t0).Round(time.Second))
+	}
 	before, err := vm(eps[0])
 	if err != nil {
 		t.Fatal(err)
@@ -405,10 +444,15 @@ func TestOperatorEndToEnd(t *testing.T) {
 		t.Fatalf("create the foreign VM: %v", err)
 	}
 	t.Cleanup(func() { _ = foreign.Delete(context.Background(), provider.Ref{Name: fspec.Name, UID: fspec.UID}) })
-	startOperator(t, restCfg, scheme, entriesYAML, log) // the new replica; stopped by its cleanup
+	startOperator(t, restCfg, scheme, entriesYAML, healthTarget, log) // the new replica; stopped by its cleanup
 	eventually(t, 4*time.Minute, "alpha converged on port 8080 after the restart", func() string { return converged(alpha, 8080) })
 	eventually(t, 4*time.Minute, "gamma converged after the restart", func() string { return converged(gamma, 3128) })
 	eps = append(eps, gamma)
+	if delta != nil {
+		// The new replica probes the booted guest again.
+		healthyGuest(t, ctx, c, delta, g, converged)
+		eps = append(eps, delta)
+	}
 	if inst, _ := vm(alpha); inst.SpecDigest == before.SpecDigest {
 		t.Errorf("alpha's VM still has the old spec digest")
 	}
@@ -448,13 +492,25 @@ func TestOperatorEndToEnd(t *testing.T) {
 			return ""
 		})
 	}
+	type entryOn struct {
+		entry string
+		h     e2eHost
+	}
+	var all []entryOn
 	for i, h := range hosts {
-		l, err := side[entryNames[i]].List(ctx)
+		all = append(all, entryOn{entryNames[i], h})
+	}
+	if guestEntry != "" {
+		all = append(all, entryOn{guestEntry, hosts[0]})
+	}
+	for _, e := range all {
+		h := e.h
+		l, err := side[e.entry].List(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(l) != 0 {
-			t.Errorf("entry %s still lists %d instances: %+v", entryNames[i], len(l), l)
+			t.Errorf("entry %s still lists %d instances: %+v", e.entry, len(l), l)
 		}
 		files, err := os.ReadDir(h.poolPath)
 		if err != nil {
@@ -462,11 +518,73 @@ func TestOperatorEndToEnd(t *testing.T) {
 		}
 		for _, f := range files {
 			for _, ep := range eps {
-				if strings.Contains(f.Name(), entryNames[i]+"--"+controller.InstanceName(client.ObjectKeyFromObject(ep))) {
+				if strings.Contains(f.Name(), e.entry+"--"+controller.InstanceName(client.ObjectKeyFromObject(ep))) {
 					t.Errorf("volume %s of %s left in pool %s", f.Name(), ep.Name, h.pool)
 				}
 			}
 		}
 	}
 	t.Logf("end to end in %v", time.Since(t0).Round(time.Second))
+}
+
+// guestImage is the project's proxy guest (scripts/guestimage env) and
+// where, on the first lab host, the guest reaches the test.
+type guestImage struct {
+	image, sha256, kernel, initrd, cmdline string
+	targetIP                               string // the caller's end of lab host 1's link
+}
+
+// bootingGuest returns the guest to boot on the first lab host, or nil
+// (logged) when the guest image or the lab is absent outside CI; under
+// CI=true both must be there.
+func bootingGuest(t *testing.T) *guestImage {
+	t.Helper()
+	g := &guestImage{
+		image: os.Getenv("EGRESSPROXY_GUEST_IMAGE"), sha256: os.Getenv("EGRESSPROXY_GUEST_IMAGE_SHA256"),
+		kernel: os.Getenv("EGRESSPROXY_GUEST_KERNEL"), initrd: os.Getenv("EGRESSPROXY_GUEST_INITRD"), cmdline: os.Getenv("EGRESSPROXY_GUEST_CMDLINE"),
+	}
+	missing := g.image == "" || g.sha256 == "" || g.kernel == "" || g.initrd == "" || g.cmdline == ""
+	noLab := os.Getenv(lab.VarHosts) == ""
+	if missing || noLab {
+		why := "no guest image (eval \"$(scripts/guestimage env)\")"
+		if !missing {
+			why = "no lab (the guest needs a lab host's routed network; docs/lab.md)"
+		}
+		if lab.InCI() {
+			t.Fatalf("CI=true: %s: the booting guest's status and health cannot be shown", why)
+		}
+		t.Logf("%s: no booting guest; status address and health are shown only for the non-booting image", why)
+		return nil
+	}
+	g.targetIP = lab.Require(t).Hosts[0].CallerAddr
+	return g
+}
+
+// healthyGuest waits until ep's guest has booted and the operator's status
+// says so: an address in the lab's guest network, phase Running and the
+// Healthy condition True from a real CONNECT probe through Squid with the
+// proxy credentials. A probe of the test's own without credentials is
+// refused with 407, so the credentials the user-data configures are the
+// ones Squid requires.
+func healthyGuest(t *testing.T, ctx context.Context, c client.Client, ep *v1alpha1.EgressProxy, g *guestImage, converged func(*v1alpha1.EgressProxy, int) string) {
+	t.Helper()
+	var got v1alpha1.EgressProxy
+	eventually(t, 8*time.Minute, "delta's guest Running and Healthy", func() string {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(ep), &got); err != nil {
+			return err.Error()
+		}
+		if msg := converged(&got, 3128); msg != "" {
+			return msg
+		}
+		hc := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionHealthy)
+		if got.Status.Address == "" || got.Status.Phase != v1alpha1.PhaseRunning || got.Status.Health != v1alpha1.HealthHealthy ||
+			hc == nil || hc.Status != metav1.ConditionTrue || hc.Reason != controller.ReasonHealthy {
+			return fmt.Sprintf("address %q phase %q health %q Healthy %+v", got.Status.Address, got.Status.Phase, got.Status.Health, hc)
+		}
+		return ""
+	})
+	res := health.Probe(ctx, got.Status.Address, g.targetIP+":9", &health.ProbeOptions{Timeout: provider.Duration(15 * time.Second)})
+	if res.OK || res.Kind != health.KindAuthRequired {
+		t.Fatalf("a probe of %s without credentials: ok %v kind %v status %d err %v; want AuthRequired (407)", got.Status.Address, res.OK, res.Kind, res.StatusCode, res.Err)
+	}
 }

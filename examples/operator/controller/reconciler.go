@@ -452,13 +452,17 @@ func (r *Reconciler) desiredSpec(ctx context.Context, ep *v1alpha1.EgressProxy, 
 			return provider.Spec{}, creds, provider.Errorf(provider.Permanent, "proxy credentials Secret %s: %w", key, err)
 		}
 	}
+	userData, err := UserData(spec0Port(ep), creds, SaltFor(string(ep.UID)))
+	if err != nil {
+		return provider.Spec{}, creds, provider.Errorf(provider.Permanent, "proxy credentials Secret: %w", err)
+	}
 	spec := provider.Spec{
 		Name:        name,
 		UID:         string(ep.UID),
 		Port:        int(ep.Spec.Port),
 		ImageKey:    ep.Spec.Image,
 		MachineType: ep.Spec.MachineType,
-		UserData:    UserData(spec0Port(ep), creds),
+		UserData:    userData,
 	}
 	if err := spec.Validate(); err != nil {
 		return provider.Spec{}, creds, err
