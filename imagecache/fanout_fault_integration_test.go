@@ -216,6 +216,12 @@ func TestIntegrationFanoutLinkCut(t *testing.T) {
 		t.Fatalf("host 1 beside the cut: %+v, %v", res[0].base, res[0].err)
 	}
 	wantCode(t, res[1].err, provider.Transient)
+	// Its fetch fails once its session is declared dead; Ensure returns
+	// when the cleanup got through (after the link is back) or gave up
+	// (cleanupRetryFor), plus one dial.
+	if after, bound := time.Since(*cutTime.Load()), down+cleanupRetryFor+10*time.Second; after > bound {
+		t.Fatalf("host 2 failed %v after the cut, want < %v", after, bound)
+	}
 	if left := entryVolumes(t, hosts[1], targets[1].pool, caches[1].cfg.Entry); len(left) > 0 {
 		t.Fatalf("host 2 holds %q after its link is back", left)
 	}
@@ -362,8 +368,14 @@ func TestIntegrationFanoutHandoverRace(t *testing.T) {
 	img := makeQcow2(t, t.TempDir(), 64)
 	srv := newImageServer(t, serveFile(img))
 	image := Image{Key: "handover", URL: srv.URL + "/img.qcow2"}
-	for _, cutAt := range []int64{8 << 20, 40 << 20} {
+	// 8 MiB: within the first 32 MiB segment; 56 MiB: while the second
+	// one uploads and the first is read back. Not just past 32 MiB: a
+	// session torn down while it connects (the read-back's connection is
+	// opened once the first segment is uploaded) trips go-libvirt's known
+	// data race in ConnectToURI under -race (docs/upstream.md).
+	for _, cutAt := range []int64{8 << 20, 56 << 20} {
 		t.Run(fmt.Sprintf("leader closed at %d MiB", cutAt>>20), func(t *testing.T) {
+			gets := srv.requests.Load()
 			entries := []string{testEntry(), testEntry()}
 			var leaderOnce sync.Once
 			leader := make(chan int, 1)
@@ -415,7 +427,7 @@ func TestIntegrationFanoutHandoverRace(t *testing.T) {
 					t.Logf("process %d, host %d: %v, source %q, %v", q, hosts[i].N, r.took.Round(time.Millisecond), r.base.Source, r.err)
 				}
 			}
-			t.Logf("process %d closed mid-stream; %d GETs in all", p, srv.requests.Load())
+			t.Logf("process %d closed mid-stream; %d GETs in all", p, srv.requests.Load()-gets)
 			for i, r := range res[p] {
 				if r.err == nil && r.base.Digest != img.sha256 {
 					t.Fatalf("the closed process got a base with digest %s on host %d, want %s", r.base.Digest, hosts[i].N, img.sha256)
