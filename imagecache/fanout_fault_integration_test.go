@@ -113,6 +113,7 @@ type fanResult struct {
 	base Base
 	err  error
 	took time.Duration
+	end  time.Time
 }
 
 // ensureTimed runs Ensure of image on every cache at once (each under its
@@ -128,7 +129,8 @@ func ensureTimed(t *testing.T, caches []*Cache, ctxs []context.Context, image Im
 		wg.Go(func() {
 			start := time.Now()
 			out[i].base, out[i].err = c.Ensure(ctx, image)
-			out[i].took = time.Since(start)
+			out[i].end = time.Now()
+			out[i].took = out[i].end.Sub(start)
 		})
 	}
 	wg.Wait()
@@ -144,6 +146,25 @@ func cutAfter(n int64, cut func(Progress)) func(Progress) {
 			once.Do(func() { cut(p) })
 		}
 	}
+}
+
+// faultCaches returns a cache per target (a fresh entry each, its volumes
+// deleted when the test ends), all with Fanout f; the second one's upload
+// calls fault once, from its goroutine, when 16 MiB are through.
+func faultCaches(t *testing.T, targets []fanTarget, f *Fanout, fault func(Progress)) []*Cache {
+	caches := make([]*Cache, len(targets))
+	for i, tg := range targets {
+		entry := testEntry()
+		cleanupEntry(t, tg.lv, tg.pool, entry)
+		caches[i] = newTestCache(t, SSH(tg.lv), entry, tg.pool, func(cfg *Config) {
+			cfg.Fanout = f
+			if i == 1 {
+				cfg.ProgressInterval = provider.Duration(time.Millisecond)
+				cfg.Progress = cutAfter(16<<20, fault)
+			}
+		})
+	}
+	return caches
 }
 
 // Host 2's link is pulled 16 MiB into a shared 64 MiB download and is back
@@ -173,45 +194,35 @@ func TestIntegrationFanoutLinkCut(t *testing.T) {
 	var cutAt atomic.Int64
 	var cutTime atomic.Pointer[time.Time]
 	upAgain := make(chan struct{})
-	caches := make([]*Cache, len(targets))
-	for i, tg := range targets {
-		entry := testEntry()
-		cleanupEntry(t, tg.lv, tg.pool, entry)
-		caches[i] = newTestCache(t, SSH(tg.lv), entry, tg.pool, func(cfg *Config) {
-			cfg.Fanout = f
-			if i != 1 {
-				return
+	caches := faultCaches(t, targets, f, func(p Progress) {
+		if err := labScript(env, "link", n, "down"); err != nil {
+			t.Error(err)
+			close(upAgain)
+			return
+		}
+		now := time.Now()
+		cutTime.Store(&now)
+		cutAt.Store(p.Bytes)
+		go func() {
+			defer close(upAgain)
+			time.Sleep(down)
+			if err := labScript(env, "link", n, "up"); err != nil {
+				t.Error(err)
 			}
-			cfg.ProgressInterval = provider.Duration(time.Millisecond)
-			cfg.Progress = cutAfter(16<<20, func(p Progress) {
-				if err := labScript(env, "link", n, "down"); err != nil {
-					t.Error(err)
-					close(upAgain)
-					return
-				}
-				now := time.Now()
-				cutTime.Store(&now)
-				cutAt.Store(p.Bytes)
-				go func() {
-					defer close(upAgain)
-					time.Sleep(down)
-					if err := labScript(env, "link", n, "up"); err != nil {
-						t.Error(err)
-					}
-				}()
-			})
-		})
-	}
+		}()
+	})
 	// Runs before the entries' cleanups (LIFO): the link is up for them.
 	t.Cleanup(func() { _ = labScript(env, "link", n, "up") })
 	res := ensureTimed(t, caches, nil, image)
-	<-upAgain
+	// The cut ran, if at all, before host 2's upload (and Ensure) ended.
 	if cutTime.Load() == nil {
 		t.Fatalf("the link was never cut (host 2: %+v, %v)", res[1].base, res[1].err)
 	}
+	<-upAgain
+	afterCut := res[1].end.Sub(*cutTime.Load())
 	t.Logf("host 2's link cut after %d of %d bytes, for %v", cutAt.Load(), img.size, down)
 	t.Logf("host 1: %v, %+v, %v", res[0].took.Round(time.Millisecond), res[0].base, res[0].err)
-	t.Logf("host 2: %v (%v after the cut), %v", res[1].took.Round(time.Millisecond), time.Since(*cutTime.Load()).Round(time.Millisecond), res[1].err)
+	t.Logf("host 2: %v (%v after the cut), %v", res[1].took.Round(time.Millisecond), afterCut.Round(time.Millisecond), res[1].err)
 	if res[0].err != nil || res[0].base.Digest != img.sha256 {
 		t.Fatalf("host 1 beside the cut: %+v, %v", res[0].base, res[0].err)
 	}
@@ -219,8 +230,8 @@ func TestIntegrationFanoutLinkCut(t *testing.T) {
 	// Its fetch fails once its session is declared dead; Ensure returns
 	// when the cleanup got through (after the link is back) or gave up
 	// (cleanupRetryFor), plus one dial.
-	if after, bound := time.Since(*cutTime.Load()), down+cleanupRetryFor+10*time.Second; after > bound {
-		t.Fatalf("host 2 failed %v after the cut, want < %v", after, bound)
+	if bound := down + cleanupRetryFor + 10*time.Second; afterCut > bound {
+		t.Fatalf("host 2 failed %v after the cut, want < %v", afterCut, bound)
 	}
 	if left := entryVolumes(t, hosts[1], targets[1].pool, caches[1].cfg.Entry); len(left) > 0 {
 		t.Fatalf("host 2 holds %q after its link is back", left)
@@ -306,25 +317,13 @@ func TestIntegrationFanoutHostDiskFull(t *testing.T) {
 	fill := int64(free) - img.size + 8<<20
 	n := strconv.Itoa(hosts[1].N)
 	var filled atomic.Bool
-	caches := make([]*Cache, len(targets))
-	for i, tg := range targets {
-		entry := testEntry()
-		cleanupEntry(t, tg.lv, tg.pool, entry)
-		caches[i] = newTestCache(t, SSH(tg.lv), entry, tg.pool, func(cfg *Config) {
-			cfg.Fanout = f
-			if i != 1 {
-				return
-			}
-			cfg.ProgressInterval = provider.Duration(time.Millisecond)
-			cfg.Progress = cutAfter(16<<20, func(Progress) {
-				if err := labScript(env, "exec", n, "fallocate", "-l", strconv.FormatInt(fill, 10), filler); err != nil {
-					t.Error(err)
-					return
-				}
-				filled.Store(true)
-			})
-		})
-	}
+	caches := faultCaches(t, targets, f, func(Progress) {
+		if err := labScript(env, "exec", n, "fallocate", "-l", strconv.FormatInt(fill, 10), filler); err != nil {
+			t.Error(err)
+			return
+		}
+		filled.Store(true)
+	})
 	res := ensureTimed(t, caches, nil, image)
 	t.Logf("host 1: %v, %+v, %v", res[0].took.Round(time.Millisecond), res[0].base, res[0].err)
 	t.Logf("host 2: %v, %v", res[1].took.Round(time.Millisecond), res[1].err)
