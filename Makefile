@@ -102,31 +102,31 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 test:
 	@rc=0; t0=$$SECONDS; \
-	echo "+ $(TESTSTACK) deps"; \
+	echo "+ [$$(date -u +%T)] $(TESTSTACK) deps"; \
 	$(TESTSTACK) deps || rc=$$?; \
 	if [ $$rc -eq 0 ]; then \
-		echo "+ $(GUESTIMAGE) build"; t1=$$SECONDS; \
+		echo "+ [$$(date -u +%T)] $(GUESTIMAGE) build"; t1=$$SECONDS; \
 		$(GUESTIMAGE) build >/dev/null || rc=$$?; \
 		echo "make test: guest image ready in $$((SECONDS - t1))s"; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
-		echo "+ $(KUBESTACK) build"; t1=$$SECONDS; \
+		echo "+ [$$(date -u +%T)] $(KUBESTACK) build"; t1=$$SECONDS; \
 		$(KUBESTACK) build >/dev/null || rc=$$?; \
 		echo "make test: kube control plane ready in $$((SECONDS - t1))s"; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
-		echo "+ $(GO) mod download (and in $(OPERATOR))"; \
+		echo "+ [$$(date -u +%T)] $(GO) mod download (and in $(OPERATOR))"; \
 		$(GO) mod download && (cd $(OPERATOR) && $(GO) mod download) || rc=$$?; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
-		echo "+ $(GO) install $(STATICCHECK)"; \
+		echo "+ [$$(date -u +%T)] $(GO) install $(STATICCHECK)"; \
 		GOBIN=$$($(GO) env GOPATH)/bin $(GO) install $(STATICCHECK) || rc=$$?; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
 		stackdir=$$(mktemp -d /tmp/egp-test-stack.XXXXXX) || rc=$$?; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
-		echo "+ EGRESSPROXY_STACK_DIR=$$stackdir GOPROXY=off $(NETNS) run -- $(MAKE) test-in-netns"; \
+		echo "+ [$$(date -u +%T)] EGRESSPROXY_STACK_DIR=$$stackdir GOPROXY=off $(NETNS) run -- $(MAKE) test-in-netns"; \
 		EGRESSPROXY_STACK_DIR=$$stackdir GOPROXY=off \
 			$(NETNS) run --name egp-test-$$$$ -- $(MAKE) --no-print-directory test-in-netns </dev/null || rc=$$?; \
 		rm -rf "$$stackdir"; \
@@ -149,23 +149,23 @@ test-in-netns:
 	fi; \
 	export EGRESSPROXY_LAB_DIR="$$EGRESSPROXY_STACK_DIR/lab"; \
 	if [ $$rc -eq 0 ]; then \
-		echo "+ $(LAB) up --hosts $(LAB_HOSTS)"; \
+		echo "+ [$$(date -u +%T)] $(LAB) up --hosts $(LAB_HOSTS)"; \
 		$(LAB) up --hosts $(LAB_HOSTS) && labenv=$$($(LAB) env) && eval "$$labenv" || rc=$$?; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
-		echo "+ $(GO) vet ./..."; \
+		echo "+ [$$(date -u +%T)] $(GO) vet ./..."; \
 		$(GO) vet ./... && $(GO) vet -tags integration,e2e ./... || rc=$$?; \
-		echo "+ staticcheck ./... && staticcheck -tags integration,e2e ./..."; \
+		echo "+ [$$(date -u +%T)] staticcheck ./... && staticcheck -tags integration,e2e ./..."; \
 		sc=$$($(GO) env GOPATH)/bin/staticcheck; \
 		$$sc ./... && $$sc -tags integration,e2e ./... || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		pkgs=$$($(GO) list ./... | grep -v '/e2e$$' | grep -v -x -F -f <($(GO) list $(STRESS_PKGS))) || rc=$$?; \
-		echo "+ $(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) <every package but ./e2e and $(STRESS_PKGS)>"; \
+		echo "+ [$$(date -u +%T)] $(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) <every package but ./e2e and $(STRESS_PKGS)>"; \
 		$(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) $$pkgs || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		$(MAKE) --no-print-directory stress-run STRESS_COUNT=$(CI_STRESS_COUNT) STRESS_FLAGS=-short || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
-		echo "+ $(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e"; \
+		echo "+ [$$(date -u +%T)] $(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e"; \
 		$(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		$(MAKE) --no-print-directory operator-test || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
-		echo "+ SOAK=$(CI_SOAK) SOAK_SEED=$(CI_SOAK_SEED) $(GO) test -tags integration -count=1 -run '^TestSoak$$' -v ./internal/soak   (on the $(LAB_HOSTS)-host lab)"; \
+		echo "+ [$$(date -u +%T)] SOAK=$(CI_SOAK) SOAK_SEED=$(CI_SOAK_SEED) $(GO) test -tags integration -count=1 -run '^TestSoak$$' -v ./internal/soak   (on the $(LAB_HOSTS)-host lab)"; \
 		SOAK=$(CI_SOAK) SOAK_SEED=$(CI_SOAK_SEED) SOAK_REPORT=$$EGRESSPROXY_STACK_DIR/soak.md SOAK_EVENTS=$$EGRESSPROXY_STACK_DIR/soak-events.jsonl \
 			$(GO) test -tags integration -count=1 -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' -v ./internal/soak || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		[ ! -f "$$EGRESSPROXY_STACK_DIR/soak.md" ] || cat "$$EGRESSPROXY_STACK_DIR/soak.md"; \
@@ -185,14 +185,19 @@ test-in-netns:
 # the end-to-end one against a real kube-apiserver + etcd (envtest, binaries
 # from $(KUBESTACK)) and the stack/lab already up. Run inside the netns by
 # test-in-netns; CI=true makes a missing control plane or stack fail.
+# go vet runs once, with -tags integration: the module has no file that only
+# a plain build selects, and each tag set makes go vet recompute its facts
+# for the whole Kubernetes dependency graph (minutes on a fresh machine).
+# The plain build, test files included, is still compiled (go test -vet=off
+# -run '^$$': compiles are shared through the build cache whatever the tags).
 operator-test:
 	@rc=0; t0=$$SECONDS; \
 	kubeenv=$$($(KUBESTACK) env) && eval "$$kubeenv" || rc=$$?; \
 	if [ $$rc -eq 0 ]; then \
 		sc=$$($(GO) env GOPATH)/bin/staticcheck; \
-		echo "+ (cd $(OPERATOR) && go vet && staticcheck, plain and -tags integration)"; \
-		(cd $(OPERATOR) && $(GO) vet ./... && $(GO) vet -tags integration ./... && $$sc ./... && $$sc -tags integration ./...) || rc=$$?; \
-		echo "+ (cd $(OPERATOR) && $(GO) test -p 1 -tags integration -count=1 -timeout $(TEST_TIMEOUT) -v ./...)"; \
+		echo "+ [$$(date -u +%T)] (cd $(OPERATOR) && go vet -tags integration && staticcheck, -tags integration and plain; plain test files compiled)"; \
+		(cd $(OPERATOR) && $(GO) vet -tags integration ./... && $(GO) test -vet=off -count=1 -run '^$$' ./... >/dev/null && $$sc -tags integration ./... && $$sc ./...) || rc=$$?; \
+		echo "+ [$$(date -u +%T)] (cd $(OPERATOR) && $(GO) test -p 1 -tags integration -count=1 -timeout $(TEST_TIMEOUT) -v ./...)"; \
 		(cd $(OPERATOR) && $(GO) test -p 1 -tags integration -count=1 -timeout $(TEST_TIMEOUT) -v ./...) || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	fi; \
 	echo "make operator-test: $$((SECONDS - t0))s"; \
@@ -231,7 +236,7 @@ stress-in-netns:
 # STRESS_COUNT runs, one go test process each (so every run is a fresh
 # process and a line per run says how it went), all under scripts/cpuburn.
 stress-run:
-	@echo "+ scripts/cpuburn -- $(STRESS_COUNT) x $(GO) test -race -p 1 -tags integration -count=1 $(STRESS_FLAGS) -timeout $(STRESS_TIMEOUT) $(STRESS_PKGS)"; \
+	@echo "+ [$$(date -u +%T)] scripts/cpuburn -- $(STRESS_COUNT) x $(GO) test -race -p 1 -tags integration -count=1 $(STRESS_FLAGS) -timeout $(STRESS_TIMEOUT) $(STRESS_PKGS)"; \
 	scripts/cpuburn -- bash -c 't0=$$SECONDS; failed=0; \
 		for i in $$(seq 1 $(STRESS_COUNT)); do \
 			t1=$$SECONDS; \
@@ -244,7 +249,7 @@ stress-run:
 fuzz-short:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \
-		echo "+ $(GO) test -run '^$$' -fuzz '^$$fn$$' -fuzztime $(FUZZTIME) $$pkg"; \
+		echo "+ [$$(date -u +%T)] $(GO) test -run '^$$' -fuzz '^$$fn$$' -fuzztime $(FUZZTIME) $$pkg"; \
 		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg; \
 	done
 
@@ -290,7 +295,7 @@ bench:
 	fi; \
 	if [ $$rc -eq 0 ]; then \
 		bin="$$EGRESSPROXY_STACK_DIR/bench/bench"; mkdir -p "$${bin%/*}"; \
-		echo "+ $(GO) build -o $$bin ./bench && $$bin -out docs/benchmarks.md $(BENCH_FLAGS)"; \
+		echo "+ [$$(date -u +%T)] $(GO) build -o $$bin ./bench && $$bin -out docs/benchmarks.md $(BENCH_FLAGS)"; \
 		$(GO) build -o "$$bin" ./bench && "$$bin" -out docs/benchmarks.md $(BENCH_FLAGS) || rc=$$?; \
 	fi; \
 	if [ -z "$(KEEP_STACK)" ]; then \
@@ -301,7 +306,7 @@ bench:
 
 bench-short:
 	@pkgs=$$(grep -rl --include='*_test.go' '^func Benchmark' . | xargs -n1 dirname | sort -u); \
-	echo "+ $(GO) test -tags integration -p 1 -run '^$$' -bench . -benchtime 1x" $$pkgs; \
+	echo "+ [$$(date -u +%T)] $(GO) test -tags integration -p 1 -run '^$$' -bench . -benchtime 1x" $$pkgs; \
 	$(GO) test -tags integration -p 1 -run '^$$' -bench . -benchtime 1x $$pkgs
 
 # make soak   (root) the chaos soak of issue 22 (internal/soak, docs/soak.md):
@@ -351,11 +356,11 @@ soak-in-netns:
 	fi; \
 	export EGRESSPROXY_LAB_DIR="$$EGRESSPROXY_STACK_DIR/lab"; \
 	if [ $$rc -eq 0 ]; then \
-		echo "+ $(LAB) up --hosts $(SOAK_HOSTS)"; \
+		echo "+ [$$(date -u +%T)] $(LAB) up --hosts $(SOAK_HOSTS)"; \
 		$(LAB) up --hosts $(SOAK_HOSTS) && labenv=$$($(LAB) env) && eval "$$labenv" || rc=$$?; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
-		echo "+ SOAK=$(SOAK) SOAK_SEED=$(SOAK_SEED) $(GO) test -tags integration -count=1 -run '^TestSoak$$' -v ./internal/soak"; \
+		echo "+ [$$(date -u +%T)] SOAK=$(SOAK) SOAK_SEED=$(SOAK_SEED) $(GO) test -tags integration -count=1 -run '^TestSoak$$' -v ./internal/soak"; \
 		SOAK=$(SOAK) SOAK_SEED=$(SOAK_SEED) SOAK_REPORT=$(CURDIR)/docs/soak.md SOAK_EVENTS=$(SOAK_EVENTS) \
 			$(GO) test -tags integration -count=1 -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' -v ./internal/soak || rc=$$?; \
 	fi; \
