@@ -146,8 +146,10 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 	}
 	coldWall := time.Since(coldStart)
 	coldRounds := rc.Rounds(rtt / 2)
+	coldTimeline := rc.Timeline(rtt / 2)
 	coldCalls := rc.Take()
 	t.Logf("cold Create through the proxy: %d RPCs, %d round trips, in %v (%.1f RTT): %s", len(coldCalls), coldRounds, coldWall.Round(time.Millisecond), float64(coldWall)/float64(rtt), benchutil.Summary(coldCalls))
+	t.Logf("cold Create's calls (* starts a round trip): %s", coldTimeline)
 	// The image cache remembers the pool's handle: a cold Create looks the
 	// pool up twice (the cache's first call, kvm2's), not 13 times; 35
 	// round trips measured (46 before). Issue 20's target is 25.
@@ -170,6 +172,7 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 		err := fn(p)
 		d := time.Since(start)
 		rounds := rc.Rounds(rtt / 2)
+		timeline := rc.Timeline(rtt / 2)
 		calls := rc.Take()
 		if err != nil {
 			t.Fatalf("%s: %v", o.name, err)
@@ -181,6 +184,7 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 			o.remote = append(o.remote, d)
 			o.rounds = append(o.rounds, rounds)
 			t.Logf("%s through the proxy: %d RPCs, %d round trips, in %v: %s", o.name, len(calls), rounds, d.Round(time.Millisecond), benchutil.Summary(calls))
+			t.Logf("%s: calls (* starts a round trip): %s", o.name, timeline)
 		}
 	}
 	create := &rttOp{name: "cache-hit Create"}
