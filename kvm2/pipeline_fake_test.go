@@ -299,3 +299,50 @@ func TestFakeCreateGivesThePoolToTheCache(t *testing.T) {
 		t.Fatalf("pools given to the cache: %+v, want the handle of %q", ps, e.cfg.Pool)
 	}
 }
+
+// TestFakeEntriesCreateConcurrently: nothing in kvm2 serialises the
+// providers of different entries (hosts): Creates on four providers, each
+// on its own fakes, have their overlays created, their domains defined
+// and started at once (each call held until all four providers made it).
+func TestFakeEntriesCreateConcurrently(t *testing.T) {
+	const hosts = 4
+	var gates []*gate
+	for _, op := range []string{"StorageVolCreateXML", "DomainDefineXMLFlags", "DomainCreate"} {
+		want := hosts
+		if op == "StorageVolCreateXML" {
+			want = 2 * hosts // overlay and seed of each
+		}
+		gates = append(gates, newGate(op, want, true))
+	}
+	envs := make([]*fakeEnv, hosts)
+	for i := range envs {
+		envs[i] = newFakeEnv(t, func(c *Config) { c.Entry = fmt.Sprintf("hv%d", i+1) })
+		var hooks []func(fakeCall) error
+		for _, g := range gates {
+			hooks = append(hooks, g.hook)
+		}
+		envs[i].lv.setFault(faults(hooks...))
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, hosts)
+	for i, e := range envs {
+		wg.Go(func() {
+			_, errs[i] = e.p.Create(context.Background(), fakeSpec("a"))
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("entry %d: %v", i+1, err)
+		}
+	}
+	if d := time.Since(start); d >= gateWait {
+		t.Errorf("the Creates took %v: some of their calls did not overlap across entries", d)
+	}
+	for _, g := range gates {
+		if m := g.maxHeld(); m != g.want {
+			t.Errorf("at most %d %s calls in flight across the entries, want %d", m, g.op, g.want)
+		}
+	}
+}
