@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
@@ -57,6 +58,52 @@ type createsResult struct {
 	one, many  []float64 // seconds
 	manyVsOne  []float64 // per-round time ratios
 	load       string    // load average just before the first run
+	// Where the time goes, per run (index as one and many): the machine's
+	// CPU busy over the run (0-1 of all its cores, /proc/stat), the bench
+	// process's own CPU seconds (the library: SSH cipher, hashing,
+	// libvirt RPC), and in the many runs each host's time until its last
+	// Create returned (a library that serialised hosts would finish them
+	// one after another; independent hosts finish together).
+	busyOne, busyMany []float64
+	cpuOne, cpuMany   []float64
+	hostDone          [][]float64
+}
+
+// cpuSample is the machine's CPU time (/proc/stat, all cores: busy and
+// total jiffies) and this process's (user + system seconds).
+type cpuSample struct {
+	busy, total uint64
+	self        float64
+}
+
+func sampleCPU() cpuSample {
+	var s cpuSample
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+		for i, x := range f[1:] {
+			var v uint64
+			fmt.Sscan(x, &v)
+			s.total += v
+			if i != 3 && i != 4 { // idle, iowait
+				s.busy += v
+			}
+		}
+	}
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		s.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	}
+	return s
+}
+
+// since returns the machine's busy fraction and this process's CPU
+// seconds between s0 and s.
+func (s cpuSample) since(s0 cpuSample) (busy, self float64) {
+	if s.total > s0.total {
+		busy = float64(s.busy-s0.busy) / float64(s.total-s0.total)
+	}
+	return busy, s.self - s0.self
 }
 
 // lab drives scripts/lab.
@@ -284,16 +331,23 @@ func measureCreates(ctx context.Context, o options, hosts []labHost, url string,
 			if many {
 				hs = hosts
 			}
-			d, err := createsOnce(ctx, hs, url, img, i)
+			c0 := sampleCPU()
+			d, done, err := createsOnce(ctx, hs, url, img, i)
 			if err != nil {
 				return nil, err
 			}
+			busy, self := sampleCPU().since(c0)
 			if many {
 				res.many = append(res.many, d.Seconds())
+				res.busyMany = append(res.busyMany, busy)
+				res.cpuMany = append(res.cpuMany, self)
+				res.hostDone = append(res.hostDone, done)
 			} else {
 				res.one = append(res.one, d.Seconds())
+				res.busyOne = append(res.busyOne, busy)
+				res.cpuOne = append(res.cpuOne, self)
 			}
-			logf("lab: %d host(s) × %d concurrent cold Creates in %.2fs", len(hs), createsPer, d.Seconds())
+			logf("lab: %d host(s) × %d concurrent cold Creates in %.2fs (hosts done at %s s), machine CPU %.0f%% busy, this process %.1f CPU s", len(hs), createsPer, d.Seconds(), list(done, "%.1f"), 100*busy, self)
 			if err := benchutil.Sync(ctx); err != nil {
 				return nil, err
 			}
@@ -305,8 +359,9 @@ func measureCreates(ctx context.Context, o options, hosts []labHost, url string,
 
 // createsOnce opens a fresh entry on each host (cold base), starts
 // createsPer Creates per host at once and returns the time until the last
-// returned; then deletes the instances and the entry's base (untimed).
-func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil.Image, round int) (time.Duration, error) {
+// returned, and for each host the seconds until its last returned; then
+// deletes the instances and the entry's base (untimed).
+func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil.Image, round int) (time.Duration, []float64, error) {
 	type entry struct {
 		p     *kvm2.Provider
 		name  string
@@ -330,7 +385,7 @@ func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil
 			DomainType:   "qemu",
 		}, nil)
 		if err != nil {
-			return 0, fmt.Errorf("open entry on host %d: %w", h.n, err)
+			return 0, nil, fmt.Errorf("open entry on host %d: %w", h.n, err)
 		}
 		e := &entry{p: p, name: name, h: h}
 		for i := range createsPer {
@@ -341,22 +396,25 @@ func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var errs []error
+	done := make([]float64, len(es))
 	start := time.Now()
-	for _, e := range es {
+	for i, e := range es {
 		for _, s := range e.specs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if _, err := e.p.Create(ctx, s); err != nil {
-					mu.Lock()
+				_, err := e.p.Create(ctx, s)
+				mu.Lock()
+				defer mu.Unlock()
+				done[i] = max(done[i], time.Since(start).Seconds())
+				if err != nil {
 					errs = append(errs, fmt.Errorf("host %d Create %s: %w", e.h.n, s.Name, err))
-					mu.Unlock()
 				}
 			}()
 		}
 	}
 	wg.Wait()
-	return time.Since(start), errors.Join(errs...)
+	return time.Since(start), done, errors.Join(errs...)
 }
 
 // cleanupEntry deletes the entry's instances, closes its provider and
