@@ -244,7 +244,7 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 	}{
 		{create, 9}, // issue 20: a cache hit ≤ 10 (8 measured since the image cache remembers the pool's handle)
 		{get, 3},
-		{del, 7}, // 6 measured since Delete overlaps its lookups and deletions (11 before)
+		{del, 7},                  // 6 measured since Delete overlaps its lookups and deletions (11 before)
 		{list, 3 + (listN+31)/32}, // 1 + n/32 (kvm2's bound), and slack for a worker that falls a round behind
 	} {
 		t.Logf("%v", b.op)
