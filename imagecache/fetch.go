@@ -743,14 +743,9 @@ func errString(err error) string {
 	return err.Error()
 }
 
-// physical returns the volume's size on the host (the file size for a dir
-// pool) as libvirt reports it now.
-func (c *Cache) physical(ctx context.Context, name string) (uint64, error) {
-	return c.physicalHandle(ctx, name, nil)
-}
-
-// physicalHandle is physical with the volume's handle when known (nil:
-// looked up; see doHandle).
+// physicalHandle returns the volume's size on the host (the file size for
+// a dir pool) as libvirt reports it now; vol is its handle when known
+// (nil: looked up; see doHandle).
 func (c *Cache) physicalHandle(ctx context.Context, name string, vol *libvirt.StorageVol) (uint64, error) {
 	var phys uint64
 	err := c.doHandle(ctx, name, vol, func(l Libvirt, v libvirt.StorageVol) error {
