@@ -192,8 +192,9 @@ type readResult struct {
 //     found (its error included, for the caller to weigh after the
 //     volume's size).
 //
-// vol is the volume's handle (see doHandle); ahead, when not nil, is the
-// upload's connection being opened ahead (see dialAhead).
+// vol is the volume's handle as its creation answered it (see doHandle);
+// ahead, when not nil, is the upload's connection being opened ahead (see
+// dialAhead).
 func (c *Cache) transfer(ctx context.Context, vol libvirt.StorageVol, ahead *dialing, body io.ReadCloser, total int64, free uint64, check func(n int64, digest string) error) (n int64, digest string, back readResult, err error) {
 	name := vol.Name
 	w := newCommitted()
@@ -231,10 +232,11 @@ func (c *Cache) transfer(ctx context.Context, vol libvirt.StorageVol, ahead *dia
 		}
 		return n, digest, readResult{}, err
 	}
-	if !w.offer(dc) {
-		_ = dc.Close() // the read-back has its own; it reads the last range meanwhile
-	}
+	offered := w.offer(dc)
 	w.set(n, true)
+	if !offered {
+		_ = dc.Close() // the read-back has its own and reads the last range meanwhile
+	}
 	back = <-rc
 	if dc := w.untaken(); dc != nil {
 		_ = dc.Close()
@@ -275,11 +277,11 @@ var errHalted = errors.New("read-back stopped: the upload failed")
 // an error at once. A range whose stream stalls is read once more on a
 // fresh connection, the hash rewound to its start.
 //
-// vol is the volume's handle, good on any connection (see doHandle); a
-// zero vol is looked up once per connection. The first connection is the
-// upload's when it offers it (an image of one segment, see committed);
-// after a read-back that succeeded the connection closes in the
-// background (readResult.closed).
+// known is the volume's handle as its creation answered it, good on any
+// connection (see doHandle). The first connection is the upload's when it
+// offers it (an image of one segment, see committed); after a read-back
+// that succeeded the connection closes in the background
+// (readResult.closed).
 func (c *Cache) readBehind(ctx context.Context, known libvirt.StorageVol, w *committed) (res readResult) {
 	name := known.Name
 	var dc Dedicated
