@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
@@ -57,6 +58,64 @@ type createsResult struct {
 	one, many  []float64 // seconds
 	manyVsOne  []float64 // per-round time ratios
 	load       string    // load average just before the first run
+	// Where the time goes, per run (index as one and many).
+	runsOne, runsMany []createsRun
+}
+
+// createsRun is one run's figures: the machine's CPU over the run (0-1 of
+// all its cores, /proc/stat: busy, and waiting for I/O), the bench
+// process's own CPU seconds (the library: SSH cipher, hashing, libvirt
+// RPC), and per host the seconds until its first Create returned (its cold
+// fetch done, plus a few calls) and until its last did (its 5 guests
+// started). A library that serialised hosts would finish them a fetch's
+// time apart; independent hosts finish together.
+type createsRun struct {
+	busy, iowait, cpu float64
+	first, last       []float64
+}
+
+// cpuSample is the machine's CPU time (/proc/stat, all cores: busy,
+// waiting for I/O and total jiffies) and this process's (user + system
+// seconds).
+type cpuSample struct {
+	busy, iowait, total uint64
+	self                float64
+}
+
+func sampleCPU() cpuSample {
+	var s cpuSample
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+		for i, x := range f[1:] {
+			var v uint64
+			fmt.Sscan(x, &v)
+			s.total += v
+			switch i {
+			case 3: // idle
+			case 4:
+				s.iowait += v
+			default:
+				s.busy += v
+			}
+		}
+	}
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		s.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	}
+	return s
+}
+
+// since returns the run's figures between s0 and s: the machine's busy
+// and I/O-wait fractions and this process's CPU seconds.
+func (s cpuSample) since(s0 cpuSample) createsRun {
+	r := createsRun{cpu: s.self - s0.self}
+	if t := float64(s.total - s0.total); t > 0 {
+		r.busy = float64(s.busy-s0.busy) / t
+		r.iowait = float64(s.iowait-s0.iowait) / t
+	}
+	return r
 }
 
 // lab drives scripts/lab.
@@ -233,7 +292,11 @@ func measureRate(ctx context.Context, o options, sp labRateSpec, hosts []labHost
 		return nil, err
 	}
 	lr.multiHosts = len(all)
-	for round = 0; round < o.labRuns; round++ {
+	rounds := o.labRuns
+	if o.createsOnly {
+		rounds = 0
+	}
+	for round = 0; round < rounds; round++ {
 		for j := range steps {
 			if err := steps[(round+j)%len(steps)](); err != nil {
 				return nil, err
@@ -284,16 +347,22 @@ func measureCreates(ctx context.Context, o options, hosts []labHost, url string,
 			if many {
 				hs = hosts
 			}
-			d, err := createsOnce(ctx, hs, url, img, i)
+			c0 := sampleCPU()
+			d, first, last, err := createsOnce(ctx, hs, url, img, i)
 			if err != nil {
 				return nil, err
 			}
+			run := sampleCPU().since(c0)
+			run.first, run.last = first, last
 			if many {
 				res.many = append(res.many, d.Seconds())
+				res.runsMany = append(res.runsMany, run)
 			} else {
 				res.one = append(res.one, d.Seconds())
+				res.runsOne = append(res.runsOne, run)
 			}
-			logf("lab: %d host(s) × %d concurrent cold Creates in %.2fs", len(hs), createsPer, d.Seconds())
+			logf("lab: %d host(s) × %d concurrent cold Creates in %.2fs (per host, first Create returned at %s s, last at %s s), machine CPU %.0f%% busy and %.0f%% waiting for I/O, this process %.1f CPU s",
+				len(hs), createsPer, d.Seconds(), list(first, "%.1f"), list(last, "%.1f"), 100*run.busy, 100*run.iowait, run.cpu)
 			if err := benchutil.Sync(ctx); err != nil {
 				return nil, err
 			}
@@ -305,8 +374,9 @@ func measureCreates(ctx context.Context, o options, hosts []labHost, url string,
 
 // createsOnce opens a fresh entry on each host (cold base), starts
 // createsPer Creates per host at once and returns the time until the last
+// returned, and for each host the seconds until its first and its last
 // returned; then deletes the instances and the entry's base (untimed).
-func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil.Image, round int) (time.Duration, error) {
+func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil.Image, round int) (time.Duration, []float64, []float64, error) {
 	type entry struct {
 		p     *kvm2.Provider
 		name  string
@@ -330,7 +400,7 @@ func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil
 			DomainType:   "qemu",
 		}, nil)
 		if err != nil {
-			return 0, fmt.Errorf("open entry on host %d: %w", h.n, err)
+			return 0, nil, nil, fmt.Errorf("open entry on host %d: %w", h.n, err)
 		}
 		e := &entry{p: p, name: name, h: h}
 		for i := range createsPer {
@@ -341,22 +411,29 @@ func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var errs []error
+	first, last := make([]float64, len(es)), make([]float64, len(es))
 	start := time.Now()
-	for _, e := range es {
+	for i, e := range es {
 		for _, s := range e.specs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if _, err := e.p.Create(ctx, s); err != nil {
-					mu.Lock()
+				_, err := e.p.Create(ctx, s)
+				mu.Lock()
+				defer mu.Unlock()
+				at := time.Since(start).Seconds()
+				if first[i] == 0 {
+					first[i] = at
+				}
+				last[i] = max(last[i], at)
+				if err != nil {
 					errs = append(errs, fmt.Errorf("host %d Create %s: %w", e.h.n, s.Name, err))
-					mu.Unlock()
 				}
 			}()
 		}
 	}
 	wg.Wait()
-	return time.Since(start), errors.Join(errs...)
+	return time.Since(start), first, last, errors.Join(errs...)
 }
 
 // cleanupEntry deletes the entry's instances, closes its provider and

@@ -97,7 +97,17 @@ func labFixture() *labRate {
 		wholeVsSSH: []float64{0.78, 0.80, 0.79}, wholeVsPipe: []float64{1.58, 1.61, 1.60}, upVsSSH: []float64{0.96, 0.97, 0.96},
 		rssKiB: []float64{30000, 31000, 32000}, multiRSSKiB: []float64{70000, 71000, 72000}, multiWallS: []float64{40, 41, 42}, multiHosts: 4,
 		libTx: []float64{0.8, 0.8, 0.8}, libRx: []float64{0.75, 0.75, 0.75}, sshTx: []float64{0.94, 0.94, 0.94}, libSeconds: []float64{11.8, 11.7, 11.9},
-		creates: &createsResult{hosts: 4, per: 5, one: []float64{30, 31, 32}, many: []float64{36, 37, 38}, manyVsOne: []float64{1.2, 1.19, 1.19}},
+		creates: &createsResult{hosts: 4, per: 5, one: []float64{30, 31, 32}, many: []float64{36, 37, 38}, manyVsOne: []float64{1.2, 1.19, 1.19},
+			runsOne: []createsRun{
+				{busy: 0.5, iowait: 0.01, cpu: 4, first: []float64{27.5}, last: []float64{30}},
+				{busy: 0.52, iowait: 0.02, cpu: 4.1, first: []float64{28}, last: []float64{31}},
+				{busy: 0.51, iowait: 0.01, cpu: 4.2, first: []float64{29}, last: []float64{32}},
+			},
+			runsMany: []createsRun{
+				{busy: 0.97, iowait: 0.02, cpu: 16, first: []float64{33, 33.2, 34, 33.5}, last: []float64{35.1, 35.5, 36, 35.8}},
+				{busy: 0.98, iowait: 0.01, cpu: 16.5, first: []float64{34, 34.1, 34.2, 34}, last: []float64{36.2, 37, 36.5, 36.9}},
+				{busy: 0.99, iowait: 0.03, cpu: 17, first: []float64{35, 35.5, 35.2, 35.1}, last: []float64{38, 37.5, 37.9, 37.1}},
+			}},
 	}
 }
 
@@ -119,6 +129,9 @@ func TestRenderLabAndRTT(t *testing.T) {
 		"median **69.3 MiB** (target ≤ 64 MiB: **MISSED**)",
 		"Reading (generated): where the time goes", "80% / 80% / 80% of 1gbit up",
 		"median **1.19×**", "target ≤ 1.3×: **met**",
+		"1 host × 5: its first Create returned (the cold fetch done) at 27.5 / 28.0 / 29.0 s, its last at 30.0 / 31.0 / 32.0 s (per run).",
+		"last at 35.1 / 35.5 / 36.0 / 35.8; 36.2 / 37.0 / 36.5 / 36.9; 38.0 / 37.5 / 37.9 / 37.1 s (per run): the hosts finish within 2% of the run's time of each other",
+		"50 / 52 / 51% busy and 1 / 2 / 1% waiting for I/O during 1 host × 5, 97 / 98 / 99% busy and 2 / 1 / 3% waiting during 4 hosts × 5",
 		"| Create, cache hit (starts the domain) | 10 | 100 | 575 | 575 / 575 / 575 | 9 (9 / 9 / 10) | 9.5 | ≤ 10 RTT | **met** |",
 		"≤ 25 RTT + transfer | **MISSED** |",
 		"| List of 100 (powered off) | 4 | 60 | 300 |",

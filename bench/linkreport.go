@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -118,6 +119,10 @@ func (r *report) renderLab(p func(string, ...any), l *labResult) {
 			p("")
 			p("Time ratio %d hosts / 1 host (paired): median **%.2f×** (%s, spread %.0f%%) — target ≤ %.1f×: %s.", c.hosts, ratio, list(c.manyVsOne, "%.2f"), spread(c.manyVsOne), targetCreates, verdict(ratio <= targetCreates))
 			p("")
+			if w := c.where(); w != "" {
+				p("Where the time goes (generated): %s", w)
+				p("")
+			}
 			if ratio > targetCreates {
 				p("Reading (generated): %s", c.reading(med(lr.libSeconds)))
 				p("")
@@ -126,10 +131,75 @@ func (r *report) renderLab(p func(string, ...any), l *labResult) {
 	}
 }
 
+// where says, from each run's CPU figures and each host's finish times,
+// whether the hosts waited for each other (a library that serialised them
+// would finish them a fetch's time apart) and how busy the machine was;
+// "" when the run recorded none (an older report).
+func (c *createsResult) where() string {
+	if len(c.runsMany) == 0 || len(c.runsOne) == 0 {
+		return ""
+	}
+	hosts := func(runs []createsRun, what func(createsRun) []float64) string {
+		var out []string
+		for _, r := range runs {
+			out = append(out, list(what(r), "%.1f"))
+		}
+		if len(runs) > 0 && len(what(runs[0])) == 1 {
+			return strings.Join(out, " / ") // one host: one figure per run
+		}
+		return strings.Join(out, "; ")
+	}
+	first := func(r createsRun) []float64 { return r.first }
+	last := func(r createsRun) []float64 { return r.last }
+	worst := 0.0
+	for i, r := range c.runsMany {
+		if i < len(c.many) && c.many[i] > 0 && len(r.last) > 0 {
+			worst = max(worst, (slices.Max(r.last)-slices.Min(r.last))/c.many[i])
+		}
+	}
+	field := func(runs []createsRun, f func(createsRun) float64, scale float64, format string) string {
+		v := make([]float64, len(runs))
+		for i, r := range runs {
+			v[i] = scale * f(r)
+		}
+		return list(v, format)
+	}
+	busy := func(r createsRun) float64 { return r.busy }
+	iowait := func(r createsRun) float64 { return r.iowait }
+	cpu := func(r createsRun) float64 { return r.cpu }
+	return fmt.Sprintf("1 host × %d: its first Create returned (the cold fetch done) at %s s, its last at %s s (per run). %d hosts × %d, hosts 1–%d: first at %s s, last at %s s (per run): the hosts finish within %.0f%% of the run's time of each other, so none waited for another's fetch (serialised fetches would finish a fetch's time apart). The machine's CPU (all cores, /proc/stat) was %s%% busy and %s%% waiting for I/O during 1 host × %d, %s%% busy and %s%% waiting during %d hosts × %d; this process (the library: SSH cipher, hashing, libvirt RPC) used %s CPU s and %s CPU s.",
+		c.per, hosts(c.runsOne, first), hosts(c.runsOne, last),
+		c.hosts, c.per, c.hosts, hosts(c.runsMany, first), hosts(c.runsMany, last), 100*worst,
+		field(c.runsOne, busy, 100, "%.0f"), field(c.runsOne, iowait, 100, "%.0f"), c.per,
+		field(c.runsMany, busy, 100, "%.0f"), field(c.runsMany, iowait, 100, "%.0f"), c.hosts, c.per,
+		field(c.runsOne, cpu, 1, "%.1f"), field(c.runsMany, cpu, 1, "%.1f"))
+}
+
 // reading says where the time of the concurrent Creates goes, given the
 // median wall time of one cold fetch alone on the same link.
 func (c *createsResult) reading(fetchS float64) string {
 	one, many := med(c.one), med(c.many)
+	if len(c.runsMany) > 0 && len(c.runsOne) > 0 {
+		busy := func(runs []createsRun) float64 {
+			v := make([]float64, len(runs))
+			for i, r := range runs {
+				v[i] = r.busy
+			}
+			return med(v)
+		}
+		cpu := "the machine's cores were not saturated either, so the time is neither CPU nor the links: look at the per-host finish times above"
+		if b := busy(c.runsMany); b >= 0.9 {
+			cpu = fmt.Sprintf("the machine's cores were %.0f%% busy over the %d-host runs (%.0f%% over the 1-host runs), so the limit is CPU: %d TCG guests starting, %d fetches' SSH cipher and hashing and %d sshd/libvirtd pairs on the same cores (load average before the runs: %s)",
+				100*b, c.hosts, 100*busy(c.runsOne), c.hosts*c.per, c.hosts, c.hosts, c.load)
+		}
+		var firstOne []float64
+		for _, r := range c.runsOne {
+			firstOne = append(firstOne, r.first...)
+		}
+		fetch := med(firstOne)
+		return fmt.Sprintf("1 host × %d takes %.1f s, of which %.1f s until its first Create returned (the cold fetch, plus a few calls) and about %.1f s more for the Creates' own work after it (volumes, define, start of %d TCG guests); %d hosts × %d take %.1f s more than 1 × %d. Each host has its own link and the hosts finish together (above): %s.",
+			c.per, one, fetch, one-fetch, c.per, c.hosts, c.per, many-one, c.per, cpu)
+	}
 	return fmt.Sprintf("one cold fetch alone takes %.1f s on this link (library rows above); 1 host × %d takes %.1f s, so about %.1f s are the Creates' own work after the fetch (volumes, define, start of %d TCG guests); %d hosts × %d take %.1f s more than 1 × %d. Each host has its own link, so the links do not add up: the extra time is CPU — %d TCG guests starting, %d fetches' SSH cipher and hashing and %d sshd/libvirtd pairs on 2 cores shared with other jobs (load average before the runs: %s). Compare with a quieter rerun before looking for serialisation in the library.",
 		fetchS, c.per, one, one-fetchS, c.per, c.hosts, c.per, many-one, c.per, c.hosts*c.per, c.hosts, c.hosts, c.load)
 }
@@ -165,8 +235,12 @@ func (r *report) renderRTT(p func(string, ...any), x *rttResult) {
 	p("")
 	p("RPCs made (through the proxy): cache-hit Create %s; cold Create %s; List %s.", x.hit.remote.typical(), x.cold.remote.typical(), x.list.remote.typical())
 	p("")
+	if x.coldTimeline != "" {
+		p("Calls of the last cold Create through the proxy, in order (`*` starts a round trip; +ms since the call before): %s.", x.coldTimeline)
+		p("")
+	}
 	if cold > targetColdRTT {
-		p("Reading (generated): the cold Create waits for %.0f answers one after another (%.0f RPCs in all, %s): each of them costs a round trip through the proxy; the calls the cold fetch makes on its dedicated connection (pool lookup, volume creation, upload and read-back streams) come one after another, and that connection's SSH and libvirt handshakes add round trips that the counter does not see but the wall time does (%.1f RTT beyond loopback).", cold, med(x.cold.remote.rpcs), x.cold.remote.typical(), x.cold.beyond(x.rtt))
+		p("Reading (generated): the cold Create waits for %.0f answers one after another (%.0f RPCs in all, %s): each of them costs a round trip through the proxy, and the SSH handshake of the upload's dedicated connection (dialled while the claim is taken) adds round trips that the counter does not see but the wall time does when it outlasts the calls it overlaps (%.1f RTT beyond loopback).", cold, med(x.cold.remote.rpcs), x.cold.remote.typical(), x.cold.beyond(x.rtt))
 		p("")
 	}
 }

@@ -53,6 +53,7 @@ func main() {
 	flag.IntVar(&o.labHosts, "lab-hosts", 4, "lab phase: hosts (the concurrent rows use all of them)")
 	flag.BoolVar(&o.keepLab, "keep-lab", false, "lab phase: leave the lab running at the end")
 	flag.IntVar(&o.labRuns, "lab-runs", 3, "lab phase: interleaved rounds per figure")
+	flag.BoolVar(&o.createsOnly, "creates-only", false, "lab phase, diagnostic: measure only the concurrent Creates rows (at -creates-rate), none of the single-link and 4-fetch rows")
 	flag.StringVar(&o.createsRate, "creates-rate", "100mbit", "lab phase: the rate at which 4 hosts x 5 concurrent Creates are measured ('' for none)")
 	flag.IntVar(&o.rttMS, "rtt-ms", 50, "rtt phase: round-trip time the delay proxy adds (ms)")
 	flag.IntVar(&o.rttList, "rtt-list", 100, "rtt phase: instances to List")
@@ -129,7 +130,7 @@ type options struct {
 	targets, cpuprofile                   string
 	labRates, createsRate                 string
 	labHosts, labRuns, rttMS, rttList     int
-	keepLab, merge                        bool
+	keepLab, merge, createsOnly           bool
 }
 
 // target is one cold fetch of a -fetch-child with -targets.

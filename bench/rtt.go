@@ -36,6 +36,9 @@ type rttResult struct {
 	list      rttOps
 	seqMS     []float64 // sequential List (1 + 2n calls one after another) through the proxy
 	seqRPCs   int
+	// coldTimeline is the last cold Create's calls through the proxy in
+	// order, those that start a round trip marked (RPCCounter.Timeline).
+	coldTimeline string
 }
 
 // runRTT measures the control path on the stack through an in-process
@@ -60,12 +63,14 @@ func runRTT(ctx context.Context, env teststack.Env, o options) (*rttResult, erro
 	paddr := px.Addr().String()
 	res := &rttResult{rtt: rtt, n: o.rttList}
 	gap := rtt / 2
+	var timeline string // of the last call measured
 	measure := func(k *benchutil.KVM, s *opStats, rounds *[]float64, fn func() error) error {
 		k.Counter.Take()
 		t0 := time.Now()
 		err := fn()
 		d := time.Since(t0)
 		r := k.Counter.Rounds(gap)
+		timeline = k.Counter.Timeline(gap)
 		calls := k.Counter.Take()
 		s.add(benchutil.Op{Wall: d, RPCs: len(calls), Calls: benchutil.Summary(calls)})
 		if rounds != nil {
@@ -99,6 +104,9 @@ func runRTT(ctx context.Context, env teststack.Env, o options) (*rttResult, erro
 		k.Close()
 		if err != nil {
 			return nil, fmt.Errorf("cold Create: %w", err)
+		}
+		if remote {
+			res.coldTimeline = timeline
 		}
 	}
 	logf("rtt: cold Create loopback %v ms, through the proxy %v ms, %v round trips", res.cold.direct.wallMS, res.cold.remote.wallMS, res.cold.rounds)

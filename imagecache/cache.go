@@ -46,7 +46,9 @@
 // at the segment's offset each, on one dedicated connection; a second
 // dedicated connection reads back every segment whose upload stream has
 // finished (StorageVolDownload with offset and length) while the next one is
-// uploaded, and hashes the bytes in order. On a link the read-back's bytes
+// uploaded, and hashes the bytes in order. (An image of one segment has
+// nothing to read back while it uploads: its read-back takes the upload's
+// connection over once the upload is over, rather than dialling one.) On a link the read-back's bytes
 // flow the other way, so the fetch takes about one transfer plus the
 // read-back of the last segment instead of upload plus read-back. What
 // decides is unchanged: the sha256 of the bytes read back from the host's
@@ -58,6 +60,19 @@
 // neither truncates nor syncs, and its stream is confirmed only after its
 // writer wrote every byte and closed the file): see
 // docs/overlapped-verification.md for the sources and the measurements.
+//
+// # Round trips
+//
+// On a link with real round-trip time every call is a round trip, so a cold
+// fetch overlaps what does not depend on each other: once a look at the
+// pool says the base must be fetched, the upload's connection is dialled
+// (its SSH and libvirt handshakes) and the pool's free space read while the
+// claim is taken; every call on the new base uses the handle its creation
+// answered (libvirtd resolves a volume handle by pool and volume name, on
+// any connection), so nothing is looked up; the volume's size is asked for
+// while the last range is read back, and the base's path while the marker
+// is created. Nothing moves across the protocol's order: the marker is
+// still created after the checks, and the claim released after the marker.
 //
 // # Fan-out across hosts
 //
@@ -536,7 +551,10 @@ func (c *Cache) ensure(ctx context.Context, img Image, name string) (Base, error
 			}
 			continue
 		}
-		// actAcquire: take a claim and decide again.
+		// actAcquire: take a claim and decide again. The base will most
+		// likely be fetched: its upload's connection is dialled and the
+		// pool's free space read meanwhile (see startAhead).
+		a := c.startAhead(ctx)
 		b, retry, err := c.underClaim(ctx, name, func(ctx context.Context, d decision) (Base, error) {
 			switch d.Action {
 			case actHit:
@@ -548,8 +566,10 @@ func (c *Cache) ensure(ctx context.Context, img Image, name string) (Base, error
 			if err := c.removeDebris(ctx, name, d); err != nil {
 				return Base{}, err
 			}
-			return c.fetch(ctx, img, name)
+			a.stale = len(d.Remove) > 0 // space freed: the free space read ahead is too low
+			return c.fetch(ctx, img, name, a)
 		})
+		a.end()
 		if retry {
 			continue
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/provider"
 )
 
@@ -48,12 +49,13 @@ func (c *Cache) underClaim(ctx context.Context, name string, fn func(context.Con
 	c.live[tok] = true
 	c.mu.Unlock()
 	claim := claimName(name, timeNow(), tok)
-	if err := c.createEmpty(ctx, claim); err != nil {
+	vol, err := c.createEmptyVol(ctx, claim)
+	if err != nil {
 		c.release(tok)
 		return Base{}, false, c.classify(ctx, fmt.Errorf("create claim %s: %w", claim, err))
 	}
 	hctx, cancel := context.WithCancelCause(ctx)
-	hb := &heartbeat{c: c, base: name, tok: tok, cur: claim, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{})}
+	hb := &heartbeat{c: c, base: name, tok: tok, cur: vol, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{})}
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -62,7 +64,7 @@ func (c *Cache) underClaim(ctx context.Context, name string, fn func(context.Con
 	defer func() {
 		cur := hb.end()
 		cancel(nil)
-		c.deleteQuiet(ctx, cur)
+		c.deleteQuietHandle(ctx, cur.Name, &cur)
 		c.release(tok)
 	}()
 	d, err := c.look(hctx, Image{}, name, tok)
@@ -71,7 +73,8 @@ func (c *Cache) underClaim(ctx context.Context, name string, fn func(context.Con
 	}
 	if d.Action == actBackOff {
 		c.log.V(1).Info("another writer claimed the base too; backing off", "volume", name, "claims", d.Others)
-		c.deleteQuiet(ctx, hb.end())
+		cur := hb.end()
+		c.deleteQuietHandle(ctx, cur.Name, &cur)
 		if err := sleep(ctx, pollInterval/2+time.Duration(mrand.Int64N(int64(pollInterval)))); err != nil {
 			return Base{}, false, provider.Errorf(provider.Transient, "base %s: contended by %s: %w", name, strings.Join(d.Others, ", "), err)
 		}
@@ -103,7 +106,7 @@ type heartbeat struct {
 	cancel context.CancelCauseFunc
 	stop   chan struct{}
 	done   chan struct{}
-	cur    string // the claim volume now (owned by run until done)
+	cur    libvirt.StorageVol // the claim volume now, as created (owned by run until done)
 }
 
 // errClaimLost ends the work of a holder that could not refresh its claim.
@@ -125,7 +128,7 @@ func (h *heartbeat) run(ctx context.Context) {
 		}
 		next := claimName(h.base, timeNow(), h.tok)
 		rctx, cancel := context.WithTimeout(ctx, iv)
-		err := h.c.createEmpty(rctx, next)
+		vol, err := h.c.createEmptyVol(rctx, next)
 		cancel()
 		if err != nil {
 			h.c.log.V(1).Info("could not refresh the claim; trying again", "volume", h.base, "err", err.Error())
@@ -138,13 +141,13 @@ func (h *heartbeat) run(ctx context.Context) {
 		}
 		lastOK = time.Now()
 		prev := h.cur
-		h.cur = next
-		h.c.deleteQuiet(ctx, prev)
+		h.cur = vol
+		h.c.deleteQuietHandle(ctx, prev.Name, &prev)
 	}
 }
 
 // end stops the heartbeat and returns the claim volume it left.
-func (h *heartbeat) end() string {
+func (h *heartbeat) end() libvirt.StorageVol {
 	select {
 	case <-h.stop:
 	default:

@@ -30,7 +30,10 @@ import (
 // stored and publishes it with its marker. The caller holds the only claim
 // and has removed any previous base. On any failure the volume is deleted
 // (after the transfer connection is closed) and nothing is published.
-func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err error) {
+//
+// a, when not nil, is what was started ahead (see startAhead): the first
+// attempt uses it.
+func (c *Cache) fetch(ctx context.Context, img Image, name string, a *ahead) (_ Base, err error) {
 	ctx, span := c.start(ctx, "imagecache.Fetch", name, attribute.String("url.full", RedactURL(img.URL)))
 	defer func() {
 		// fetchOnce builds its errors from redacted parts; this is the
@@ -38,18 +41,26 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string) (_ Base, err 
 		err = redactErr(err, img.URL)
 		endSpan(span, err)
 	}()
-	b, err := c.fetchOnce(ctx, img, name)
+	b, err := c.fetchOnce(ctx, img, name, a)
 	if errors.Is(err, errStalled) && ctx.Err() == nil {
 		// The stream hung (its connection is discarded and the staged
 		// volume deleted by now): once more, on fresh connections.
 		c.log.Info("a libvirt stream made no progress; fetching once more on a fresh connection", "volume", name, "err", err.Error())
-		b, err = c.fetchOnce(ctx, img, name)
+		b, err = c.fetchOnce(ctx, img, name, nil)
 	}
 	return b, err
 }
 
 // fetchOnce is one attempt of fetch: GET, upload, verify, publish.
-func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, err error) {
+//
+// The calls that do not depend on each other overlap: the upload's
+// connection is dialled and the free space read ahead (see startAhead,
+// when a is not nil), the base's handle from its
+// creation is used for every later call on it (no lookups, see
+// doHandle), its physical size is asked for while the last range is read
+// back, the read-back's connection closes while the marker is created,
+// and the base's path is read together with the marker's creation.
+func (c *Cache) fetchOnce(ctx context.Context, img Image, name string, a *ahead) (_ Base, err error) {
 	u := RedactURL(img.URL) // the only form of the URL ever printed
 	log := c.log.WithValues("volume", name, "url", u)
 
@@ -90,7 +101,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 	// then is anything created in the pool.
 	var avail uint64
 	if total > 0 {
-		if avail, err = c.poolAvailable(ctx); err != nil {
+		if avail, err = c.available(ctx, a); err != nil {
 			return Base{}, err
 		}
 		if uint64(total) > avail {
@@ -102,7 +113,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 		return Base{}, err
 	}
 	if total <= 0 {
-		if avail, err = c.poolAvailable(ctx); err != nil {
+		if avail, err = c.available(ctx, a); err != nil {
 			return Base{}, err
 		}
 	}
@@ -111,27 +122,34 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 	if err != nil {
 		return Base{}, provider.WithCode(provider.Permanent, err)
 	}
-	err = c.doPool(ctx, func(l Libvirt, p libvirt.StoragePool) error {
-		_, err := l.StorageVolCreateXML(p, x, 0)
-		return err
-	})
+	vol, err := c.createVol(ctx, x)
 	if err != nil {
 		return Base{}, c.classify(ctx, fmt.Errorf("create volume %s: %w", name, err))
 	}
 	published := false
+	var (
+		closed   <-chan struct{}        // the read-back's connection, closing in the background
+		physical func() (uint64, error) // the volume's size, asked for once the upload is over
+	)
 	defer func() {
+		if closed != nil {
+			<-closed
+		}
+		if physical != nil {
+			_, _ = physical() // ends with ctx at the latest
+		}
 		if !published {
 			// upload and readBack have closed their dedicated connections
 			// by now, so libvirtd has let go of the volume.
 			log.Info("discarding the unverified volume", "err", errString(err))
-			c.deleteQuiet(ctx, name)
+			c.deleteQuietHandle(ctx, name, &vol)
 		}
 	}()
 
 	log.Info("fetching image", "bytes", total)
 	start := time.Now()
 	var uploaded time.Duration
-	n, digest, back, err := c.transfer(ctx, name, body, total, avail, func(n int64, digest string) error {
+	n, digest, back, err := c.transfer(ctx, vol, a.dialed(), body, total, avail, func(n int64, digest string) error {
 		uploaded = time.Since(start)
 		if n == 0 {
 			return provider.Errorf(provider.Transient, "image %q: %s served an empty body", img.Key, u)
@@ -142,20 +160,28 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 		if img.SHA256 != "" && digest != img.SHA256 {
 			return provider.Errorf(provider.Permanent, "image %q from %s has sha256 %s but sha256 %s is configured; fix the URL or the configured digest (a new digest needs a new key if a base with the old one is in use)", img.Key, u, digest, img.SHA256)
 		}
+		// Every upload stream has been confirmed: the size on the host
+		// is final, so it is asked for while the last range is read back.
+		physical = c.physicalAhead(ctx, vol)
 		return nil
 	})
 	_ = resp.Body.Close()
+	closed = back.closed
 	if err != nil {
 		return Base{}, err
 	}
-	err = c.judgeStored(ctx, name, n, digest, back)
+	err = c.judgeStored(ctx, name, n, digest, physical, back)
 	if back.span != nil {
 		endSpan(back.span, err)
 	}
 	if err != nil {
 		return Base{}, err
 	}
+	// The path does not depend on the marker: read together (one round
+	// trip), used once the marker is there.
+	pathOf := c.pathAhead(ctx, vol)
 	if err := c.createEmpty(ctx, MarkerName(name, digest)); err != nil {
+		_, _ = pathOf()
 		return Base{}, c.classify(ctx, fmt.Errorf("create marker of %s: %w", name, err))
 	}
 	published = true
@@ -167,11 +193,11 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string) (_ Base, 
 		// The read-back overlaps the upload: verify is what it added
 		// after the upload.
 		"verify", el-uploaded)
-	b, err := c.published(ctx, img, name, digest, nil)
-	if err == nil {
-		b.Source = src
+	path, err := pathOf()
+	if err != nil {
+		return Base{}, c.classify(ctx, fmt.Errorf("look up base %s: %w", name, err))
 	}
-	return b, err
+	return Base{Volume: name, Path: path, Digest: digest, Format: img.format(), Source: src}, nil
 }
 
 // get is the GET of the image: HTTPClient.Do(req) without a Fanout, else
@@ -290,8 +316,10 @@ func (c *Cache) httpDeadline(ctx context.Context) (time.Time, error) {
 // the volume's physical size on the host is n (first: a short file says
 // more than a failed read of it), then that the read-back succeeded and
 // found the same bytes.
-func (c *Cache) judgeStored(ctx context.Context, name string, n int64, digest string, back readResult) error {
-	phys, err := c.physical(ctx, name)
+//
+// physical answers the volume's size (physicalAhead).
+func (c *Cache) judgeStored(ctx context.Context, name string, n int64, digest string, physical func() (uint64, error), back readResult) error {
+	phys, err := physical()
 	if err != nil {
 		return c.classify(ctx, fmt.Errorf("verify %s: %w", name, err))
 	}
@@ -328,7 +356,11 @@ func (c *Cache) poolAvailable(ctx context.Context) (uint64, error) {
 // and hashing on the way, one segment (c.segment bytes, StorageVolUpload at
 // its offset) per stream call; each segment's end is committed to w for
 // the read-back once the next stream has been set up. The connection is
-// closed before it returns; it is killed at once if ctx ends.
+// ahead's when not nil (dialled ahead, see dialAhead), else opened now;
+// it is killed at once if ctx ends, closed before upload returns an
+// error, and returned open after a successful upload, for the caller to
+// offer to the read-back (see committed) or close. vol is the volume's
+// handle (nil: looked up on the connection, see doHandle).
 //
 // Two guards keep libvirt from losing bytes silently (sshconn's stream
 // guard keeps go-libvirt's router from deadlocking on the packets libvirtd
@@ -341,17 +373,22 @@ func (c *Cache) poolAvailable(ctx context.Context) (uint64, error) {
 // and the error wraps errStalled (fetch then tries once more); see
 // runStream. A segment libvirt refuses as in use before its first byte
 // (a read-back being set up) is tried again.
-func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, total int64, free uint64, w *committed) (n int64, digest string, err error) {
+func (c *Cache) upload(ctx context.Context, name string, vol *libvirt.StorageVol, ahead *dialing, body io.ReadCloser, total int64, free uint64, w *committed) (n int64, digest string, dc Dedicated, err error) {
 	ctx, span := c.start(ctx, "imagecache.Upload", name)
 	defer func() {
 		span.SetAttributes(attribute.Int64("imagecache.upload.bytes", n))
 		endSpan(span, err)
 	}()
-	dc, err := c.conn.Dedicated(ctx)
+	conn, err := c.dedicated(ctx, ahead)
 	if err != nil {
-		return 0, "", c.classify(ctx, fmt.Errorf("upload %s: dedicated connection: %w", name, err))
+		return 0, "", nil, c.classify(ctx, fmt.Errorf("upload %s: dedicated connection: %w", name, err))
 	}
-	defer dc.Close()
+	defer func() {
+		if err != nil {
+			_ = conn.Close()
+		}
+	}()
+	dc = conn
 
 	now := time.Now()
 	src := &segments{r: body, w: w}
@@ -361,14 +398,17 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 	dctx, stopDrain := context.WithCancel(ctx)
 	defer stopDrain()
 	m.drain = func() error {
-		err := c.drained(dctx, name, m.n)
+		err := c.drained(dctx, name, vol, m.n)
 		if err != nil && dctx.Err() != nil && ctx.Err() == nil {
 			return errDrainStopped
 		}
 		return err
 	}
-	var vol libvirt.StorageVol
-	looked := false
+	var handle libvirt.StorageVol
+	looked := vol != nil
+	if looked {
+		handle = *vol
+	}
 	for retries := 0; ; {
 		m.mu.Lock()
 		off := m.n
@@ -383,9 +423,9 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 				if err != nil {
 					return err
 				}
-				vol, looked = v, true
+				handle, looked = v, true
 			}
-			return dc.Libvirt().StorageVolUpload(vol, m, uint64(off), 0, 0)
+			return dc.Libvirt().StorageVolUpload(handle, m, uint64(off), 0, 0)
 		})
 		m.callDone.Store(true) // also when runStream gave up on the call
 		m.mu.Lock()
@@ -418,9 +458,9 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 	defer m.mu.Unlock()
 	m.report(true)
 	if err := uploadCause(name, m.n, m.fail, err); err != nil {
-		return m.n, "", c.classify(ctx, err)
+		return m.n, "", nil, c.classify(ctx, err)
 	}
-	return m.n, hex.EncodeToString(m.h.Sum(nil)), nil
+	return m.n, hex.EncodeToString(m.h.Sum(nil)), conn, nil
 }
 
 // Where the meter's first error came from.
@@ -535,14 +575,16 @@ loop:
 // drained waits until the volume's size on the host reaches n, i.e.
 // libvirt has written everything sent so far. A size that stops growing for
 // drainStall is an error.
-func (c *Cache) drained(ctx context.Context, name string, n int64) error {
+//
+// vol is the volume's handle (nil: looked up; see doHandle).
+func (c *Cache) drained(ctx context.Context, name string, vol *libvirt.StorageVol, n int64) error {
 	var last uint64
 	lastChange := time.Now()
 	// Polled soon at first (the end of a segment usually needs a few
 	// milliseconds), then every drainPoll.
 	poll := min(time.Millisecond, drainPoll)
 	for {
-		phys, err := c.physical(ctx, name)
+		phys, err := c.physicalHandle(ctx, name, vol)
 		if err != nil {
 			return fmt.Errorf("waiting for libvirt to write %d bytes: %w", n, err)
 		}
@@ -701,11 +743,12 @@ func errString(err error) string {
 	return err.Error()
 }
 
-// physical returns the volume's size on the host (the file size for a dir
-// pool) as libvirt reports it now.
-func (c *Cache) physical(ctx context.Context, name string) (uint64, error) {
+// physicalHandle returns the volume's size on the host (the file size for
+// a dir pool) as libvirt reports it now; vol is its handle when known
+// (nil: looked up; see doHandle).
+func (c *Cache) physicalHandle(ctx context.Context, name string, vol *libvirt.StorageVol) (uint64, error) {
 	var phys uint64
-	err := c.doVol(ctx, name, func(l Libvirt, v libvirt.StorageVol) error {
+	err := c.doHandle(ctx, name, vol, func(l Libvirt, v libvirt.StorageVol) error {
 		var err error
 		_, _, phys, err = l.StorageVolGetInfoFlags(v, uint32(libvirt.StorageVolGetPhysical))
 		return err

@@ -77,7 +77,7 @@ func TestHTTPDeadlineIsFlightDeadlineMinusGrace(t *testing.T) {
 			rec.mu.Lock()
 			rec.deadlines = nil
 			rec.mu.Unlock()
-			_, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage))
+			_, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage), nil)
 			if !errors.Is(err, errRecorded) {
 				t.Fatalf("fetchOnce = %v, want the transport's error", err)
 			}
@@ -97,7 +97,7 @@ func TestHTTPDeadlineIsFlightDeadlineMinusGrace(t *testing.T) {
 		rec.mu.Lock()
 		rec.deadlines = nil
 		rec.mu.Unlock()
-		_, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage))
+		_, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage), nil)
 		if provider.Code(err) != provider.Transient || !strings.Contains(err.Error(), "HTTPGrace") {
 			t.Fatalf("fetchOnce = %v, want Transient naming HTTPGrace", err)
 		}
@@ -206,7 +206,7 @@ func TestFetchGETFailuresHideSecrets(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = c.Close() })
 			img := Image{Key: "k", URL: tt.url}
-			_, err = c.fetch(context.Background(), img, c.BaseName(img))
+			_, err = c.fetch(context.Background(), img, c.BaseName(img), nil)
 			if err == nil {
 				t.Fatal("fetch succeeded")
 			}
@@ -292,7 +292,7 @@ func TestGETAndContentChecks(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = c.Close() })
 			img := Image{Key: "k", URL: tt.url, Format: tt.format}
-			_, err = c.fetch(context.Background(), img, c.BaseName(img))
+			_, err = c.fetch(context.Background(), img, c.BaseName(img), nil)
 			t.Logf("%v", err)
 			if tt.libvirt {
 				if f.calls.Load() == 0 || !strings.Contains(errString(err), "libvirt reached") {

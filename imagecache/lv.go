@@ -67,6 +67,24 @@ func (c *Cache) withPool(l Libvirt, fn func(Libvirt, libvirt.StoragePool) error)
 	return fn(l, p)
 }
 
+// UsePool gives the cache a handle of its pool that the caller looked up
+// on the same libvirtd (kvm2 looks the entry's pool up together with the
+// domain, in one round trip), so that the cache's first call does not
+// look it up again. A handle of another pool is ignored, and a handle the
+// cache remembers already is kept. A handle that has gone stale meanwhile
+// costs what a remembered one does: libvirt refuses it and the pool is
+// looked up (withPool).
+func (c *Cache) UsePool(p libvirt.StoragePool) {
+	if p.Name != c.cfg.Pool {
+		return
+	}
+	c.poolMu.Lock()
+	defer c.poolMu.Unlock()
+	if !c.poolSet {
+		c.pool, c.poolSet = p, true
+	}
+}
+
 // lookupVol looks up volume name of the pool on l (withPool's handle).
 func (c *Cache) lookupVol(l Libvirt, name string) (libvirt.StorageVol, error) {
 	var v libvirt.StorageVol
@@ -162,19 +180,59 @@ func volXML(name string, capacity int64) (string, error) {
 // createEmpty creates a 0-byte volume; it fails if the name exists
 // (libvirt's create is atomic on the name).
 func (c *Cache) createEmpty(ctx context.Context, name string) error {
+	_, err := c.createEmptyVol(ctx, name)
+	return err
+}
+
+// createEmptyVol is createEmpty returning the new volume's handle (see
+// doHandle).
+func (c *Cache) createEmptyVol(ctx context.Context, name string) (libvirt.StorageVol, error) {
 	x, err := volXML(name, 0)
 	if err != nil {
-		return err
+		return libvirt.StorageVol{}, err
 	}
-	return c.doPool(ctx, func(l Libvirt, p libvirt.StoragePool) error {
-		_, err := l.StorageVolCreateXML(p, x, 0)
+	return c.createVol(ctx, x)
+}
+
+// createVol creates a volume of the pool from its XML and returns the
+// handle libvirt answered with.
+func (c *Cache) createVol(ctx context.Context, x string) (libvirt.StorageVol, error) {
+	var v libvirt.StorageVol
+	err := c.doPool(ctx, func(l Libvirt, p libvirt.StoragePool) error {
+		var err error
+		v, err = l.StorageVolCreateXML(p, x, 0)
 		return err
 	})
+	if err != nil {
+		return libvirt.StorageVol{}, err // fn may still be running: never read what it writes
+	}
+	return v, nil
+}
+
+// doHandle runs fn on the shared connection with volume name: vol when it
+// is a handle libvirt gave (a create's answer, a listing's entry), else
+// looked up first. A handle is good on any connection, without a lookup:
+// libvirtd resolves a volume handle by its pool's name and its own name
+// (not by connection, nor by key), so it names the volume that has that
+// name in that pool when the call runs, as a lookup followed by the call
+// would. Each known handle spares a lookup's round trip.
+func (c *Cache) doHandle(ctx context.Context, name string, vol *libvirt.StorageVol, fn func(Libvirt, libvirt.StorageVol) error) error {
+	if vol == nil || vol.Name != name {
+		return c.doVol(ctx, name, fn)
+	}
+	v := *vol
+	return c.do(ctx, func(l Libvirt) error { return fn(l, v) })
 }
 
 // deleteVolume deletes a volume; a volume already gone is fine.
 func (c *Cache) deleteVolume(ctx context.Context, name string) error {
-	err := c.doVol(ctx, name, func(l Libvirt, v libvirt.StorageVol) error {
+	return c.deleteHandle(ctx, name, nil)
+}
+
+// deleteHandle is deleteVolume with the volume's handle when known (nil:
+// looked up; see doHandle).
+func (c *Cache) deleteHandle(ctx context.Context, name string, vol *libvirt.StorageVol) error {
+	err := c.doHandle(ctx, name, vol, func(l Libvirt, v libvirt.StorageVol) error {
 		return l.StorageVolDelete(v, libvirt.StorageVolDeleteNormal)
 	})
 	if err == nil || isLibvirtErr(err, libvirt.ErrNoStorageVol) {
@@ -193,12 +251,18 @@ var cleanupRetryFor = 5 * time.Second
 // cleanupRetryFor (each retry runs on a fresh session when the last one
 // died, e.g. libvirtd restarted or briefly gone), and only logs a failure.
 func (c *Cache) deleteQuiet(ctx context.Context, name string) {
+	c.deleteQuietHandle(ctx, name, nil)
+}
+
+// deleteQuietHandle is deleteQuiet with the volume's handle when known
+// (nil: looked up; see doHandle).
+func (c *Cache) deleteQuietHandle(ctx context.Context, name string, vol *libvirt.StorageVol) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	wait := 250 * time.Millisecond
 	until := time.Now().Add(cleanupRetryFor)
 	for {
-		err := c.deleteVolume(cctx, name)
+		err := c.deleteHandle(cctx, name, vol)
 		if err == nil {
 			return
 		}

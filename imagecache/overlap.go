@@ -49,6 +49,48 @@ type committed struct {
 	final bool          // the upload is over: end is the image's size
 	halt  bool          // the upload failed: stop after the current range
 	wake  chan struct{} // capacity 1: end, final or halt changed
+
+	// The upload's connection, offered to the read-back when the upload
+	// is over and the read-back has none yet (an image of one segment:
+	// nothing was read back while it uploaded), so that the read-back
+	// does not dial a connection of its own (an SSH and a libvirt
+	// handshake: several round trips) after the upload. reader: the
+	// read-back has (or is opening) a connection; offers are refused.
+	offered Dedicated
+	reader  bool
+}
+
+// offer hands the upload's connection dc to the read-back; false when the
+// read-back has a connection of its own (the caller closes dc).
+func (w *committed) offer(dc Dedicated) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.reader || w.offered != nil {
+		return false
+	}
+	w.offered = dc
+	return true
+}
+
+// take returns the offered connection (nil when none) and marks the
+// read-back as having a connection from now on: it uses the one returned,
+// or opens its own.
+func (w *committed) take() Dedicated {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	dc := w.offered
+	w.offered, w.reader = nil, true
+	return dc
+}
+
+// untaken returns a connection offered and never taken (the read-back
+// ended before it needed one), for the caller to close.
+func (w *committed) untaken() Dedicated {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	dc := w.offered
+	w.offered = nil
+	return dc
 }
 
 // stop asks the read-back to end after the range it reads now.
@@ -126,12 +168,17 @@ func (s *segments) Read(p []byte) (int, error) {
 // readResult is what the read-back found: the bytes it read from the
 // host and their sha256, or why it failed. span is imagecache.Verify,
 // started with the first read-back and ended by the caller of transfer
-// once the stored bytes are judged.
+// once the stored bytes are judged. closed, when not nil, is closed once
+// the read-back's connection is: after a read-back that succeeded the
+// connection closes in the background (its polite libvirt close costs a
+// round trip, which then overlaps the checks that follow), and the
+// caller waits for it before it returns, and before it deletes the volume.
 type readResult struct {
 	n      int64
 	digest string
 	err    error
 	span   trace.Span
+	closed <-chan struct{}
 }
 
 // transfer runs the upload of body into volume name (upload) and, beside
@@ -144,7 +191,12 @@ type readResult struct {
 //   - otherwise the upload's count and digest and what the read-back
 //     found (its error included, for the caller to weigh after the
 //     volume's size).
-func (c *Cache) transfer(ctx context.Context, name string, body io.ReadCloser, total int64, free uint64, check func(n int64, digest string) error) (n int64, digest string, back readResult, err error) {
+//
+// vol is the volume's handle as its creation answered it (see doHandle);
+// ahead, when not nil, is the upload's connection being opened ahead (see
+// dialAhead).
+func (c *Cache) transfer(ctx context.Context, vol libvirt.StorageVol, ahead *dialing, body io.ReadCloser, total int64, free uint64, check func(n int64, digest string) error) (n int64, digest string, back readResult, err error) {
+	name := vol.Name
 	w := newCommitted()
 	uctx, stopUpload := context.WithCancel(ctx)
 	defer stopUpload()
@@ -153,7 +205,7 @@ func (c *Cache) transfer(ctx context.Context, name string, body io.ReadCloser, t
 	var readFailed atomic.Bool
 	rc := make(chan readResult, 1)
 	go func() {
-		r := c.readBehind(rctx, name, w)
+		r := c.readBehind(rctx, vol, w)
 		if r.err != nil && rctx.Err() == nil && !errors.Is(r.err, errHalted) {
 			// Whatever the upload still sends is wasted: stop it.
 			readFailed.Store(true)
@@ -161,12 +213,17 @@ func (c *Cache) transfer(ctx context.Context, name string, body io.ReadCloser, t
 		}
 		rc <- r
 	}()
-	n, digest, err = c.upload(uctx, name, body, total, free, w)
+	n, digest, dc, err := c.upload(uctx, name, &vol, ahead, body, total, free, w)
 	if err == nil {
-		err = check(n, digest)
+		if err = check(n, digest); err != nil {
+			_ = dc.Close()
+		}
 	}
 	if err != nil {
 		r := c.endReadBack(ctx, w, rc, stopRead, readFailed.Load())
+		if r.closed != nil {
+			<-r.closed // not expected: a read-back ends with an error here
+		}
 		if readFailed.Load() && ctx.Err() == nil {
 			err = r.err
 		}
@@ -175,8 +232,16 @@ func (c *Cache) transfer(ctx context.Context, name string, body io.ReadCloser, t
 		}
 		return n, digest, readResult{}, err
 	}
+	offered := w.offer(dc)
 	w.set(n, true)
-	return n, digest, <-rc, nil
+	if !offered {
+		_ = dc.Close() // the read-back has its own and reads the last range meanwhile
+	}
+	back = <-rc
+	if dc := w.untaken(); dc != nil {
+		_ = dc.Close()
+	}
+	return n, digest, back, nil
 }
 
 // haltWait bounds how long a failed fetch lets the read-back finish the
@@ -211,11 +276,22 @@ var errHalted = errors.New("read-back stopped: the upload failed")
 // its first error; a range that returns fewer bytes than were committed is
 // an error at once. A range whose stream stalls is read once more on a
 // fresh connection, the hash rewound to its start.
-func (c *Cache) readBehind(ctx context.Context, name string, w *committed) (res readResult) {
+//
+// known is the volume's handle as its creation answered it, good on any
+// connection (see doHandle). The first connection is the upload's when it
+// offers it (an image of one segment, see committed); after a read-back
+// that succeeded the connection closes in the background
+// (readResult.closed).
+func (c *Cache) readBehind(ctx context.Context, known libvirt.StorageVol, w *committed) (res readResult) {
+	name := known.Name
 	var dc Dedicated
-	var vol libvirt.StorageVol // looked up once per connection
+	vol := known
 	defer func() {
-		if dc != nil {
+		switch {
+		case dc == nil:
+		case res.err == nil:
+			res.closed = c.closeAside(dc)
+		default:
 			_ = dc.Close()
 		}
 	}()
@@ -245,11 +321,13 @@ func (c *Cache) readBehind(ctx context.Context, name string, w *committed) (res 
 			_, res.span = c.start(ctx, "imagecache.Verify", name)
 		}
 		if dc == nil {
-			var err error
-			if dc, err = c.conn.Dedicated(ctx); err != nil {
-				dc = nil
-				res.n, res.err = off, c.classify(ctx, fmt.Errorf("read back %s: dedicated connection: %w", name, err))
-				return res
+			if dc = w.take(); dc == nil {
+				var err error
+				if dc, err = c.conn.Dedicated(ctx); err != nil {
+					dc = nil
+					res.n, res.err = off, c.classify(ctx, fmt.Errorf("read back %s: dedicated connection: %w", name, err))
+					return res
+				}
 			}
 		}
 		state, err := h.(encoding.BinaryMarshaler).MarshalBinary()
@@ -262,7 +340,7 @@ func (c *Cache) readBehind(ctx context.Context, name string, w *committed) (res 
 			retried = true
 			c.log.Info("the read-back stream made no progress; reading back once more on a fresh connection", "volume", name, "bytes", off, "err", err.Error())
 			_ = dc.Close()
-			dc, vol = nil, libvirt.StorageVol{}
+			dc, vol = nil, known
 			if uerr := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(state); uerr != nil {
 				res.n, res.err = off, provider.WithCode(provider.Permanent, fmt.Errorf("read back %s: %w", name, uerr))
 				return res

@@ -297,5 +297,5 @@ func (c *Cache) verifyStored(ctx context.Context, name string, n int64, digest s
 		c.log.Info("the read-back stream made no progress; reading back once more on a fresh connection", "volume", name, "err", back.err.Error())
 		back.n, back.digest, back.err = c.readBack(ctx, name)
 	}
-	return c.judgeStored(ctx, name, n, digest, back)
+	return c.judgeStored(ctx, name, n, digest, func() (uint64, error) { return c.physicalHandle(ctx, name, nil) }, back)
 }

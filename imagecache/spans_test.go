@@ -159,7 +159,7 @@ func TestFetchSpanOnHTTPFailure(t *testing.T) {
 	t.Cleanup(srv.Close)
 	c, rec := newTracedFake(t, &fakeConn{})
 	img := Image{Key: "deb.12", URL: strings.Replace(srv.URL, "http://", "http://op:"+pass+"@", 1) + "/x.qcow2"}
-	if _, err := c.fetch(context.Background(), img, c.BaseName(img)); provider.Code(err) != provider.Permanent {
+	if _, err := c.fetch(context.Background(), img, c.BaseName(img), nil); provider.Code(err) != provider.Permanent {
 		t.Fatalf("fetch = %v, want Permanent", err)
 	}
 	spans := rec.Ended()

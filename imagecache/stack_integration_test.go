@@ -1224,9 +1224,11 @@ func BenchmarkStackTransfer(b *testing.B) {
 		}
 	}
 	up := func(b *testing.B) {
-		if _, _, err := c.upload(ctx, name, open(b), size, 0, newCommitted()); err != nil {
+		_, _, dc, err := c.upload(ctx, name, nil, nil, open(b), size, 0, newCommitted())
+		if err != nil {
 			b.Fatal(err)
 		}
+		_ = dc.Close()
 	}
 	back := func(b *testing.B) {
 		if n, _, err := c.readBack(ctx, name); err != nil || n != size {

@@ -283,6 +283,7 @@ func (c *creation) lookup(ctx context.Context) (domainInfo, error) {
 				c.mu.Lock()
 				c.poolH = &pool
 				c.mu.Unlock()
+				c.p.cache.UsePool(pool) // the cache's first listing needs no lookup of its own
 			} // else c.pool asks again, and reports the failure where it always did
 		}()
 		dom, err := l.DomainLookupByName(c.name)
@@ -726,7 +727,7 @@ func (c *creation) start(l lvAPI) error {
 // a retried Create reuses it and Delete removes it.
 func (p *Provider) undo(ctx context.Context, c *creation) {
 	c.mu.Lock()
-	m, dom := c.made, c.dom
+	m, dom, pool := c.made, c.dom, c.poolH
 	c.mu.Unlock()
 	if !m.overlay && !m.seed && !m.domain {
 		return
@@ -746,7 +747,7 @@ func (p *Provider) undo(ctx context.Context, c *creation) {
 		if m.seed {
 			vols = append(vols, seedVolume(c.name))
 		}
-		return p.deleteUnusedVolumes(l, c.name, vols...)
+		return p.deleteUnusedVolumes(l, c.name, pool, vols...)
 	}, attribute.String("domain", c.name))
 	if err != nil {
 		p.log.Error(err, "create failed and what it made could not all be removed; a retried Create reuses it, Delete removes it", "domain", c.name)

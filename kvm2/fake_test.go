@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -962,6 +963,7 @@ type fakeImages struct {
 	mu      sync.Mutex
 	err     error
 	ensured []string
+	pools   []libvirt.StoragePool // given by UsePool
 	closed  int
 	block   chan struct{} // when set, Ensure waits for it or ctx
 	entered chan struct{} // when set, closed by the first Ensure
@@ -1002,6 +1004,18 @@ func (c *fakeImages) Ensure(ctx context.Context, img imagecache.Image) (imagecac
 	}
 	v, _ := c.lv.vol(c.pool, name)
 	return imagecache.Base{Volume: name, Path: v.path, Digest: "0123456789abcdef", Format: format}, nil
+}
+
+func (c *fakeImages) UsePool(p libvirt.StoragePool) {
+	c.mu.Lock()
+	c.pools = append(c.pools, p)
+	c.mu.Unlock()
+}
+
+func (c *fakeImages) usedPools() []libvirt.StoragePool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.pools)
 }
 
 func (c *fakeImages) Close() error {

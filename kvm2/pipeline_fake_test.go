@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,5 +223,126 @@ func TestFakeGetOverlapped(t *testing.T) {
 	case <-state.full:
 	default:
 		t.Error("the state was not read")
+	}
+}
+
+// TestFakeDeletePipelined: Delete of a running instance looks the pool up
+// together with the domain, then (after destroy and undefine) looks its
+// two volumes up together with the check that no domain of its name was
+// defined meanwhile, and deletes both volumes at once: 6 round trips, not
+// 11. Each pair is held until both of its calls have arrived.
+func TestFakeDeletePipelined(t *testing.T) {
+	e := newFakeEnv(t)
+	e.mustCreate("a")
+	pool := newGate("StoragePoolLookupByName", 1, false)
+	dom := newGate("DomainLookupByName", 1, false)
+	vols := newGate("StorageVolLookupByName", 2, false)
+	dels := newGate("StorageVolDelete", 2, true)
+	checked := make(chan struct{})
+	var lookups atomic.Int32
+	check := func(c fakeCall) error {
+		if c.Op == "DomainLookupByName" && !c.After && lookups.Add(1) == 2 {
+			close(checked) // the second lookup: the check before the volumes go
+		}
+		return nil
+	}
+	e.lv.setFault(faults(check, pool.hook, dom.hook, vols.hook, dels.hook))
+	go func() {
+		for _, c := range []<-chan struct{}{pool.full, dom.full} {
+			select {
+			case <-c:
+			case <-time.After(gateWait):
+			}
+		}
+		pool.release()
+		dom.release()
+	}()
+	go func() {
+		for _, c := range []<-chan struct{}{vols.full, checked} {
+			select {
+			case <-c:
+			case <-time.After(gateWait):
+			}
+		}
+		vols.release()
+	}()
+	e.lv.resetCalls()
+	start := time.Now()
+	if err := e.p.Delete(context.Background(), fakeSpec("a").Ref()); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d >= gateWait {
+		t.Errorf("Delete took %v: its independent calls did not overlap", d)
+	}
+	if m := dels.maxHeld(); m != 2 {
+		t.Errorf("%d volume deletions in flight at once, want 2", m)
+	}
+	if n, p := e.lv.callCount("DomainLookupByName"), e.lv.callCount("StoragePoolLookupByName"); n != 2 || p != 1 {
+		t.Errorf("%d domain lookups and %d pool lookups, want 2 and 1", n, p)
+	}
+	if vs := e.lv.volNames(e.cfg.Pool); len(vs) != 1 {
+		t.Errorf("volumes left: %v, want only the base", vs)
+	}
+	if _, ok := e.lv.domain(e.dom("a")); ok {
+		t.Error("the domain is still defined")
+	}
+}
+
+// TestFakeCreateGivesThePoolToTheCache: the pool handle Create looks up
+// with the domain goes to the image cache, whose first listing then needs
+// no lookup of its own.
+func TestFakeCreateGivesThePoolToTheCache(t *testing.T) {
+	e := newFakeEnv(t)
+	e.mustCreate("a")
+	ps := e.images.usedPools()
+	if len(ps) != 1 || ps[0].Name != e.cfg.Pool {
+		t.Fatalf("pools given to the cache: %+v, want the handle of %q", ps, e.cfg.Pool)
+	}
+}
+
+// TestFakeEntriesCreateConcurrently: nothing in kvm2 serialises the
+// providers of different entries (hosts): Creates on four providers, each
+// on its own fakes, have their overlays created, their domains defined
+// and started at once (each call held until all four providers made it).
+func TestFakeEntriesCreateConcurrently(t *testing.T) {
+	const hosts = 4
+	var gates []*gate
+	for _, op := range []string{"StorageVolCreateXML", "DomainDefineXMLFlags", "DomainCreate"} {
+		want := hosts
+		if op == "StorageVolCreateXML" {
+			want = 2 * hosts // overlay and seed of each
+		}
+		gates = append(gates, newGate(op, want, true))
+	}
+	envs := make([]*fakeEnv, hosts)
+	for i := range envs {
+		envs[i] = newFakeEnv(t, func(c *Config) { c.Entry = fmt.Sprintf("hv%d", i+1) })
+		var hooks []func(fakeCall) error
+		for _, g := range gates {
+			hooks = append(hooks, g.hook)
+		}
+		envs[i].lv.setFault(faults(hooks...))
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, hosts)
+	for i, e := range envs {
+		wg.Go(func() {
+			_, errs[i] = e.p.Create(context.Background(), fakeSpec("a"))
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("entry %d: %v", i+1, err)
+		}
+	}
+	if d := time.Since(start); d >= gateWait {
+		t.Errorf("the Creates took %v: some of their calls did not overlap across entries", d)
+	}
+	for _, g := range gates {
+		if m := g.maxHeld(); m != g.want {
+			t.Errorf("at most %d %s calls in flight across the entries, want %d", m, g.op, g.want)
+		}
 	}
 }

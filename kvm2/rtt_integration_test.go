@@ -146,13 +146,19 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 	}
 	coldWall := time.Since(coldStart)
 	coldRounds := rc.Rounds(rtt / 2)
+	coldTimeline := rc.Timeline(rtt / 2)
 	coldCalls := rc.Take()
 	t.Logf("cold Create through the proxy: %d RPCs, %d round trips, in %v (%.1f RTT): %s", len(coldCalls), coldRounds, coldWall.Round(time.Millisecond), float64(coldWall)/float64(rtt), benchutil.Summary(coldCalls))
-	// The image cache remembers the pool's handle: a cold Create looks the
-	// pool up twice (the cache's first call, kvm2's), not 13 times; 35
-	// round trips measured (46 before). Issue 20's target is 25.
-	if coldRounds > 36 {
-		t.Errorf("cold Create: %d round trips of RPCs, want ≤ 36", coldRounds)
+	t.Logf("cold Create's calls (* starts a round trip): %s", coldTimeline)
+	// 21 round trips measured (35 before the image cache used the handles
+	// its creations answer, dialled the upload's connection and read the
+	// free space ahead, read back a one-segment image on the upload's
+	// connection and overlapped its last checks; 46 before it remembered
+	// the pool's handle), 2 of them the shared connection's own connect
+	// (AuthList, ConnectOpen: this is its first call). Issue 20's target
+	// is 25; the bound leaves room for one more drain poll.
+	if coldRounds > 23 {
+		t.Errorf("cold Create: %d round trips of RPCs, want ≤ 23", coldRounds)
 	}
 	if err := direct.Delete(ctx, warm.Ref()); err != nil {
 		t.Fatal(err)
@@ -170,6 +176,7 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 		err := fn(p)
 		d := time.Since(start)
 		rounds := rc.Rounds(rtt / 2)
+		timeline := rc.Timeline(rtt / 2)
 		calls := rc.Take()
 		if err != nil {
 			t.Fatalf("%s: %v", o.name, err)
@@ -181,6 +188,7 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 			o.remote = append(o.remote, d)
 			o.rounds = append(o.rounds, rounds)
 			t.Logf("%s through the proxy: %d RPCs, %d round trips, in %v: %s", o.name, len(calls), rounds, d.Round(time.Millisecond), benchutil.Summary(calls))
+			t.Logf("%s: calls (* starts a round trip): %s", o.name, timeline)
 		}
 	}
 	create := &rttOp{name: "cache-hit Create"}
@@ -234,9 +242,9 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 		op  *rttOp
 		max int // round trips on the critical path
 	}{
-		{create, 10}, // issue 20: a cache hit ≤ 10 (8 measured since the image cache remembers the pool's handle)
+		{create, 9}, // issue 20: a cache hit ≤ 10 (8 measured since the image cache remembers the pool's handle)
 		{get, 3},
-		{del, 11},
+		{del, 7},                  // 6 measured since Delete overlaps its lookups and deletions (11 before)
 		{list, 3 + (listN+31)/32}, // 1 + n/32 (kvm2's bound), and slack for a worker that falls a round behind
 	} {
 		t.Logf("%v", b.op)

@@ -79,6 +79,9 @@ func (s *sshSession) Close() error {
 // imageCache is what kvm2 needs of the entry's *imagecache.Cache.
 type imageCache interface {
 	Ensure(ctx context.Context, img imagecache.Image) (imagecache.Base, error)
+	// UsePool hands the cache the entry's pool handle kvm2 looked up, so
+	// that the cache's first call does not look it up again.
+	UsePool(pool libvirt.StoragePool)
 	// List, Verify and Evict serve provider.ImageManager (imagemgr.go).
 	List(ctx context.Context) ([]imagecache.Entry, error)
 	Verify(ctx context.Context, img imagecache.Image) (imagecache.Base, error)

@@ -38,7 +38,7 @@ type RPCCounter struct {
 
 	mu    sync.Mutex
 	calls []uint32
-	sent  []time.Time // when each CALL and each client stream finish passed (Rounds)
+	sent  []Event // each CALL and each client stream finish, when it passed (Rounds, Timeline)
 	conns []net.Conn
 	wg    sync.WaitGroup
 
@@ -161,13 +161,13 @@ func (c *RPCCounter) scan(x *proxied) {
 			// The client's end of an upload stream: it waits for
 			// libvirtd's answer, a round trip like a call's.
 			c.mu.Lock()
-			c.sent = append(c.sent, time.Now())
+			c.sent = append(c.sent, Event{At: time.Now(), Name: procName(proc) + " end"})
 			c.mu.Unlock()
 		}
 		if typ == typeCall {
 			c.mu.Lock()
 			c.calls = append(c.calls, proc)
-			c.sent = append(c.sent, time.Now())
+			c.sent = append(c.sent, Event{At: time.Now(), Name: procName(proc)})
 			if c.armed != nil {
 				c.seen++
 				if c.seen == c.armed.Call {
@@ -250,8 +250,8 @@ func (c *RPCCounter) Rounds(gap time.Duration) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
-	for i, t := range c.sent {
-		if i == 0 || t.Sub(c.sent[i-1]) > gap {
+	for i, e := range c.sent {
+		if i == 0 || e.At.Sub(c.sent[i-1].At) > gap {
 			n++
 		}
 	}
@@ -272,15 +272,47 @@ func (c *RPCCounter) Close() error {
 	return err
 }
 
+// Event is a call (or the client's end of an upload stream, Name with
+// " end") that passed the counter, and when.
+type Event struct {
+	At   time.Time
+	Name string
+}
+
+// Timeline returns the calls and upload stream ends seen since the last
+// Take, in the order they passed, with a mark before each that starts a
+// new round trip by Rounds' rule (more than gap after the one before):
+// "+12ms Name" starts a round, "  +0ms Name" was issued together with the
+// one before. For logs: it shows which calls are on the critical path.
+func (c *RPCCounter) Timeline(gap time.Duration) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var b strings.Builder
+	for i, e := range c.sent {
+		d, mark := time.Duration(0), "*"
+		if i > 0 {
+			d = e.At.Sub(c.sent[i-1].At)
+			if d <= gap {
+				mark = " "
+			}
+		}
+		fmt.Fprintf(&b, "%s+%dms %s; ", mark, d.Milliseconds(), e.Name)
+	}
+	return strings.TrimSuffix(b.String(), "; ")
+}
+
+func procName(p uint32) string {
+	if name := procNames[p]; name != "" {
+		return name
+	}
+	return fmt.Sprintf("proc-%d", p)
+}
+
 // Summary renders calls as "Name×count" sorted by name.
 func Summary(calls []uint32) string {
 	count := map[string]int{}
 	for _, p := range calls {
-		name := procNames[p]
-		if name == "" {
-			name = fmt.Sprintf("proc-%d", p)
-		}
-		count[name]++
+		count[procName(p)]++
 	}
 	var parts []string
 	for k, v := range count {
