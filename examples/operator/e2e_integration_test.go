@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -41,6 +42,13 @@ import (
 const (
 	operatorNS = "egressproxy-system"
 	owner      = "ep-operator-e2e"
+	// claimTimeout is every entry's image cache claim timeout: the
+	// Lease's duration (controller-runtime's default, 15 s), as the
+	// README advises, so that the replica taking over from a killed one
+	// finds the killed fetch's claim stale (at most claimTimeout after the
+	// kill) by the time it holds the Lease. With the default (2m) it waited
+	// up to 2 minutes more.
+	claimTimeout = 15 * time.Second
 )
 
 // e2eHost is one hypervisor the test's entries run on.
@@ -87,6 +95,7 @@ func entryConfig(h e2eHost, entry, own string, img imagecache.Image) kvm2.Config
 		Images:       map[string]imagecache.Image{"tiny": img},
 		MachineTypes: map[string]kvm2.MachineType{"tiny": {VCPUs: 1, MemoryMiB: 128}},
 		DialTimeout:  provider.Duration(10 * time.Second),
+		ClaimTimeout: provider.Duration(claimTimeout),
 		DomainType:   "qemu", // KVM hangs in firmware on the test machines (docs/config.md)
 	}
 }
@@ -413,6 +422,12 @@ func TestOperatorEndToEnd(t *testing.T) {
 	atKill := poolVolumes(t, hosts[1].poolPath, "")
 	op1.kill(t)
 	killedAt := time.Now()
+	// What the killed fetch left (listed after the kill: until then its
+	// heartbeat replaced its claim volume every claimTimeout/4).
+	killedClaims := poolVolumes(t, hosts[1].poolPath, claimPrefix)
+	if len(killedClaims) == 0 {
+		t.Fatalf("no claim volume %s* in the pool after the kill: %v", claimPrefix, poolVolumes(t, hosts[1].poolPath, ""))
+	}
 	t.Logf("operator-1 (Lease holder %s) killed mid-reconcile after %v; host 2's pool then: %s", holder1, time.Since(t0).Round(time.Second), strings.Join(atKill, " "))
 	if h, _, _, err := leaseHolder(ctx, c); err != nil || h != holder1 {
 		t.Fatalf("after the kill the Lease says holder %q (%v); want the killed %s (a killed leader releases nothing)", h, err, holder1)
@@ -458,11 +473,34 @@ func TestOperatorEndToEnd(t *testing.T) {
 	}
 
 	// operator-2's Create of gamma finds the killed fetch's claim; it
-	// takes the image over once that claim is stale (the image cache's
-	// claim timeout after the last refresh), and its own fetch is held
-	// too, until the end of the next step.
+	// takes the image over once that claim is stale (the entries' claim
+	// timeout after its last refresh, so by now or within seconds), and
+	// its own fetch is held too, until the end of the next step. The
+	// takeover is operator-2's: its log says it removed each claim volume
+	// the killed fetch left, and they are gone from the pool. It comes well
+	// before the default claim timeout (2m, refreshed every 30 s) could
+	// have let it: that would be at least 90 s after the kill.
 	held.waitGET(t, 4*time.Minute, "operator-2's fetch of gamma's image, after the killed fetch's claim went stale")
-	t.Logf("operator-2 fetches gamma's image %v after the kill (the killed fetch's claim had to go stale first)", time.Since(killedAt).Round(time.Second))
+	refetch := time.Since(killedAt)
+	t.Logf("operator-2 fetches gamma's image %v after the kill (claim timeout %v, lease %v)", refetch.Round(time.Second), claimTimeout, leaseDur)
+	if limit := 90 * time.Second; refetch >= limit {
+		t.Errorf("operator-2's fetch of gamma's image came %v after the kill, not before %v: the entries' claim timeout (%v) did not apply", refetch.Round(time.Second), limit, claimTimeout)
+	}
+	now := poolVolumes(t, hosts[1].poolPath, claimPrefix)
+	for _, cl := range killedClaims {
+		if slices.Contains(now, cl) {
+			t.Errorf("the killed fetch's claim %s is still in the pool while operator-2 fetches (pool: %v)", cl, now)
+		}
+		removed := false
+		for _, line := range op2.grep(cl) {
+			// imagecache's "removing stale volume" (V(1)) or, once
+			// under its own claim, "removing debris".
+			removed = removed || strings.Contains(line, "removing stale volume") || strings.Contains(line, "removing debris")
+		}
+		if !removed {
+			t.Errorf("operator-2's log does not say it removed the killed fetch's stale claim %s", cl)
+		}
+	}
 
 	// While gamma's reconcile waits on its image, other objects are
 	// reconciled: beta (on the same entry) is updated and converges.
