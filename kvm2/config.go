@@ -39,6 +39,13 @@ const (
 	maxLibvirtObjectNameBytes = 255
 )
 
+// MinClaimTimeout is the shortest non-zero Config.ClaimTimeout: a claim
+// is then refreshed every 2.5 s and given up after 5 s without a refresh.
+// Much shorter would let one slow libvirt call cost a fetch, and leave
+// little room for clock skew between the processes sharing a pool (they
+// must agree to within ClaimTimeout/2).
+const MinClaimTimeout = 10 * time.Second
+
 // MachineType is the size of a VM.
 type MachineType struct {
 	// VCPUs is the number of virtual CPUs, 1–256.
@@ -129,6 +136,21 @@ type Config struct {
 	// TransferBudget bounds one cold image fetch (see imagecache.Config).
 	// Zero: imagecache's default (20m).
 	TransferBudget provider.Duration `json:"transferBudget,omitempty"`
+	// ClaimTimeout is the image cache's claim timeout
+	// (imagecache.Config.ClaimTimeout). A process fetching a base into
+	// Pool holds a claim on it and refreshes it every ClaimTimeout/4; a
+	// claim not refreshed for ClaimTimeout is stale and another process
+	// takes it over. So it is how long an image stays blocked on this
+	// host after the process fetching it died (a replica killed mid-fetch):
+	// an operator with leader election sets it near its lease duration,
+	// so the next leader's Create does not wait on the dead one's claim
+	// much longer than on its Lease. A holder that could not refresh for
+	// ClaimTimeout/2 gives its fetch up (Transient), so a claim is never
+	// taken over while its holder works; that needs the clocks of the
+	// processes sharing the pool to agree to well within ClaimTimeout/2.
+	// Every process sharing the pool should use the same value. Zero:
+	// imagecache's default (2m); otherwise at least 10s.
+	ClaimTimeout provider.Duration `json:"claimTimeout,omitempty"`
 
 	// MachineTypes maps a machine type name (provider.Spec.MachineType) to
 	// its size. Zero: {"small": {VCPUs: 1, MemoryMiB: 512}}.
@@ -482,6 +504,9 @@ func (c Config) validateAs(requireCredentials bool) (Config, error) {
 	}
 	if c.TransferBudget < 0 {
 		add(fieldErr("TransferBudget", c.TransferBudget.String(), "must not be negative (zero means the imagecache default)"))
+	}
+	if c.ClaimTimeout != 0 && c.ClaimTimeout < provider.Duration(MinClaimTimeout) {
+		add(fieldErr("ClaimTimeout", c.ClaimTimeout.String(), fmt.Sprintf("must be zero (imagecache's default, 2m) or at least %s (the claim is refreshed every ClaimTimeout/4)", provider.Duration(MinClaimTimeout))))
 	}
 	if c.CallTimeout < 0 {
 		add(fieldErr("CallTimeout", c.CallTimeout.String(), "must not be negative (zero means 2m)"))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/provider"
@@ -101,6 +102,8 @@ func TestConfigValidate(t *testing.T) {
 		}, "DefaultImage", "key of Images"},
 		{"console log dir relative", func(c *Config) { c.ConsoleLogDir = "logs" }, "ConsoleLogDir", "absolute"},
 		{"transfer budget negative", func(c *Config) { c.TransferBudget = -1 }, "TransferBudget", "negative"},
+		{"claim timeout negative", func(c *Config) { c.ClaimTimeout = -1 }, "ClaimTimeout", "zero (imagecache's default, 2m) or at least 10s"},
+		{"claim timeout too short", func(c *Config) { c.ClaimTimeout = provider.Duration(MinClaimTimeout - time.Millisecond) }, "ClaimTimeout", "at least 10s"},
 		{"call timeout negative", func(c *Config) { c.CallTimeout = -1 }, "CallTimeout", "negative"},
 		{"dial timeout negative", func(c *Config) { c.DialTimeout = -1 }, "DialTimeout", "negative"},
 		{"keepalive count negative", func(c *Config) { c.KeepaliveCount = -1 }, "KeepaliveCount", "negative"},
@@ -146,12 +149,16 @@ func TestConfigValidOptions(t *testing.T) {
 	c.Bridge = "br0"
 	c.DomainType = "kvm"
 	c.Kernel, c.Initrd, c.Cmdline = "/boot/vmlinuz", "/boot/initrd", "console=ttyS0 root=/dev/vda"
+	c.ClaimTimeout = provider.Duration(MinClaimTimeout)
 	got, err := c.validate()
 	if err != nil {
 		t.Fatalf("validate: %v", err)
 	}
 	if got.Network != "" {
 		t.Errorf("Network = %q with Bridge set, want empty", got.Network)
+	}
+	if got.ClaimTimeout.Duration() != MinClaimTimeout {
+		t.Errorf("ClaimTimeout = %v, want %v kept", got.ClaimTimeout, MinClaimTimeout)
 	}
 	img := validConfig()
 	img.Images = map[string]imagecache.Image{"debian-12": {URL: "https://example.com/d.qcow2"}}

@@ -40,6 +40,7 @@ func fullConfig() Config {
 		},
 		DefaultImage:       "debian-12",
 		TransferBudget:     provider.Duration(30 * time.Minute),
+		ClaimTimeout:       provider.Duration(20 * time.Second),
 		MachineTypes:       map[string]MachineType{"small": {VCPUs: 1, MemoryMiB: 512}, "large": {VCPUs: 4, MemoryMiB: 4096}},
 		DefaultMachineType: "small",
 		Network:            "default",
@@ -145,7 +146,7 @@ func TestConfigJSONRoundTrip(t *testing.T) {
 			t.Errorf("marshalled config lacks %q: %s", name, b)
 		}
 	}
-	for name, want := range map[string]string{"callTimeout": "1m30s", "transferBudget": "30m0s", "dialTimeout": "15s", "keepaliveInterval": "10s"} {
+	for name, want := range map[string]string{"callTimeout": "1m30s", "transferBudget": "30m0s", "claimTimeout": "20s", "dialTimeout": "15s", "keepaliveInterval": "10s"} {
 		if m[name] != want {
 			t.Errorf("%s = %#v, want %q", name, m[name], want)
 		}
@@ -195,6 +196,7 @@ images:
     format: raw
 defaultImage: debian-12
 transferBudget: 30m
+claimTimeout: 20s
 machineTypes:
   small: {vcpus: 1, memoryMiB: 512}
   large: {vcpus: 4, memoryMiB: 4096}
@@ -265,6 +267,7 @@ func TestParseConfig(t *testing.T) {
 		{"wrong type", valid + "keepaliveCount: three\n", "keepaliveCount", []string{"got string", "want int"}},
 		{"wrong nested type", valid + "machineTypes:\n  small: {vcpus: two, memoryMiB: 512}\n", "machineTypes.vcpus", []string{"want int"}},
 		{"validation (Go field name)", valid + "callTimeout: -1s\n", "CallTimeout", []string{"must not be negative"}},
+		{"claim timeout below its minimum", valid + "claimTimeout: 5s\n", "ClaimTimeout", []string{"at least 10s", "ClaimTimeout/4"}},
 		{"validation of an image", valid + "images:\n  deb:\n    url: ftp://h/x\n", `Images["deb"].URL`, []string{"http"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

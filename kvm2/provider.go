@@ -98,6 +98,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		Entry:            cfg.Entry,
 		Pool:             cfg.Pool,
 		TransferBudget:   cfg.TransferBudget,
+		ClaimTimeout:     cfg.ClaimTimeout,
 		HTTPClient:       opts.HTTPClient,
 		Progress:         opts.ImageProgress,
 		ProgressInterval: provider.Duration(opts.ImageProgressInterval),

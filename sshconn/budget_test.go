@@ -3,6 +3,7 @@ package sshconn
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -120,5 +121,48 @@ func TestContextError(t *testing.T) {
 	<-ctx3.Done()
 	if err := ContextError(ctx3); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("caller's deadline: %v", err)
+	}
+}
+
+// A dial the caller cancels mid-handshake is the caller's cancellation,
+// not the host's failure: it matches context.Canceled (provider.Canceled),
+// is not KindUnreachable (which kvm2 and imagecache take for a dead link),
+// and its text says the handshake was canceled, without the "i/o timeout"
+// of the connection deadline the cancel sets to cut the handshake. The
+// pool does not back off for it (Dead stays false).
+func TestDialCanceledIsNotUnreachable(t *testing.T) {
+	f := newFixture(t)
+	f.srv.Freeze() // TCP accepts, the SSH handshake gets no answer
+	defer f.srv.Thaw()
+	cfg := f.config()
+	cfg.DialTimeout = provider.Duration(10 * time.Second)
+	p := newPool(t, cfg)
+	dials := map[string]func(context.Context) error{
+		"Dedicated": func(ctx context.Context) error { _, err := p.Dedicated(ctx); return err },
+		"Client":    func(ctx context.Context) error { _, err := p.Client(ctx); return err },
+	}
+	for name, dial := range dials {
+		for i := range 4 {
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(100*time.Millisecond, cancel)
+			err := dial(ctx)
+			cancel()
+			msg := fmt.Sprint(err)
+			if !errors.Is(err, context.Canceled) || provider.Code(err) != provider.Canceled || KindOf(err) == KindUnreachable {
+				t.Fatalf("%s %d: %v (kind %v, code %v), want the caller's context.Canceled, not unreachable", name, i, err, KindOf(err), provider.Code(err))
+			}
+			if !strings.Contains(msg, "ssh handshake "+cfg.Addr+": canceled") || strings.Contains(msg, "unreachable") || strings.Contains(msg, "i/o timeout") {
+				t.Fatalf("%s %d: %q, want it to say the handshake was canceled, nothing of a network failure", name, i, msg)
+			}
+		}
+	}
+	if p.Dead() {
+		t.Error("canceled dials made the pool back off as if the host had failed")
+	}
+	// Canceled before the dial: the same words.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := p.Client(ctx); !errors.Is(err, context.Canceled) || !strings.Contains(fmt.Sprint(err), "dial "+cfg.Addr+": canceled: context canceled") {
+		t.Fatalf("Client with a canceled context: %v", err)
 	}
 }

@@ -401,6 +401,9 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		if p.closeCtx.Err() != nil {
 			return nil, p.closedError("dial ssh-agent")
 		}
+		if cerr := canceledDial(dctx, cfg.Addr, "dial ssh-agent"); cerr != nil {
+			return nil, cerr
+		}
 		return nil, err
 	}
 	defer closeAgent()
@@ -410,6 +413,9 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	if err != nil {
 		if p.closeCtx.Err() != nil {
 			return nil, p.closedError("dial")
+		}
+		if cerr := canceledDial(dctx, cfg.Addr, "dial"); cerr != nil {
+			return nil, cerr
 		}
 		if ctxErr := ContextError(dctx); ctxErr != nil {
 			// net's timeout error matches context.DeadlineExceeded even
@@ -458,6 +464,11 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 			}
 			t.Stop()
 		}
+		if k == KindUnreachable {
+			if cerr := canceledDial(dctx, cfg.Addr, "ssh handshake"); cerr != nil {
+				return nil, cerr
+			}
+		}
 		if ctxErr := ContextError(dctx); ctxErr != nil && k == KindUnreachable {
 			// The caller's deadline (context.DeadlineExceeded) or our
 			// DialTimeout (*TimeoutError, which is not the caller's).
@@ -487,6 +498,24 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	p.log.V(1).Info("ssh connected", "user", cfg.User, "dedicated", dedicated,
 		"elapsed", time.Since(start))
 	return l, nil
+}
+
+// canceledDial returns the error of a dial step cut short because the
+// caller canceled its context, or nil when that is not why dctx ended (the
+// pool's Close is closedError, our DialTimeout a *TimeoutError and the
+// caller's deadline KindUnreachable: the host did not answer in time). A
+// cancellation says nothing about the host, so it is not KindUnreachable
+// (which reads as a network failure, and which kvm2 and imagecache take
+// for a dead link) but unclassified like every cancellation in this
+// package (ctxError): context.Canceled, with text saying the step was
+// canceled. The error the cancel provoked is left out: the handshake is cut
+// by an expired connection deadline, whose "i/o timeout" would again read
+// as the host's fault.
+func canceledDial(dctx context.Context, addr, op string) error {
+	if err := ContextError(dctx); errors.Is(err, context.Canceled) {
+		return ctxError(addr, op, err)
+	}
+	return nil
 }
 
 // testWrapConn, when set by a test, wraps every TCP connection a link is

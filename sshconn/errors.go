@@ -14,7 +14,10 @@ import (
 type Kind int
 
 const (
-	// KindUnknown is any error this package did not classify.
+	// KindUnknown is any error this package did not classify, including
+	// the caller's cancellation (it matches context.Canceled, and its text
+	// says "canceled" where the kind would be): it says nothing about the
+	// server.
 	KindUnknown Kind = iota
 	// KindConfig is an invalid Config or LibvirtConfig; nothing was touched.
 	KindConfig
@@ -79,7 +82,8 @@ type Error struct {
 }
 
 // Error formats as "sshconn: <op> <addr>: <kind>: <err>" (KindForbidden
-// adds its two causes after the kind).
+// adds its two causes after the kind; an unclassified cancellation says
+// "canceled" in place of the kind).
 // Error is valid UTF-8 and at most provider.MaxErrorText bytes, whatever
 // the address or the cause (provider.ClipMessage).
 func (e *Error) Error() string {
@@ -87,7 +91,11 @@ func (e *Error) Error() string {
 	if e.Addr != "" {
 		s += " " + e.Addr
 	}
-	s += ": " + e.Kind.String()
+	if e.Kind == KindUnknown && errors.Is(e.Err, context.Canceled) {
+		s += ": canceled"
+	} else {
+		s += ": " + e.Kind.String()
+	}
 	if e.Kind == KindForbidden {
 		// OpenSSH answers both the same way; "forbidden" alone misled
 		// readers while libvirtd was merely restarting.

@@ -10,11 +10,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -23,11 +24,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
@@ -43,6 +42,13 @@ import (
 const (
 	operatorNS = "egressproxy-system"
 	owner      = "ep-operator-e2e"
+	// claimTimeout is every entry's image cache claim timeout: the
+	// Lease's duration (controller-runtime's default, 15 s), as the
+	// README advises, so that the replica taking over from a killed one
+	// finds the killed fetch's claim stale (at most claimTimeout after the
+	// kill) by the time it holds the Lease. With the default (2m) it waited
+	// up to 2 minutes more.
+	claimTimeout = 15 * time.Second
 )
 
 // e2eHost is one hypervisor the test's entries run on.
@@ -89,6 +95,7 @@ func entryConfig(h e2eHost, entry, own string, img imagecache.Image) kvm2.Config
 		Images:       map[string]imagecache.Image{"tiny": img},
 		MachineTypes: map[string]kvm2.MachineType{"tiny": {VCPUs: 1, MemoryMiB: 128}},
 		DialTimeout:  provider.Duration(10 * time.Second),
+		ClaimTimeout: provider.Duration(claimTimeout),
 		DomainType:   "qemu", // KVM hangs in firmware on the test machines (docs/config.md)
 	}
 }
@@ -104,77 +111,6 @@ func sideProvider(t *testing.T, h e2eHost, cfg kvm2.Config) *kvm2.Provider {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	return p
-}
-
-type operatorRun struct {
-	cancel context.CancelFunc
-	done   chan error
-	close  func() error
-}
-
-// startOperator runs one operator replica (its own providers, its own
-// manager) until stop.
-func startOperator(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, entries []byte, healthTarget string, log logr.Logger) *operatorRun {
-	t.Helper()
-	direct, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cfgs, err := controller.LoadEntries(ctx, direct, entries)
-	if err != nil {
-		cancel()
-		t.Fatalf("LoadEntries: %v", err)
-	}
-	clients, err := controller.OpenEntries(ctx, cfgs, log)
-	if err != nil {
-		cancel()
-		t.Fatalf("OpenEntries: %v", err)
-	}
-	opts := controller.ManagerOptions(operatorNS)
-	opts.Scheme = scheme
-	opts.Metrics = metricsserver.Options{BindAddress: "0"}
-	opts.HealthProbeBindAddress = "0"
-	skip := true
-	opts.Controller.SkipNameValidation = &skip // several managers in one test process
-	mgr, err := ctrl.NewManager(cfg, opts)
-	if err != nil {
-		cancel()
-		t.Fatalf("manager: %v", err)
-	}
-	if _, _, err := controller.Setup(mgr, controller.Config{
-		Entries:    clients,
-		Reconciler: controller.Options{BackoffBase: 200 * time.Millisecond, BackoffMax: 5 * time.Second, PollInterval: 2 * time.Second},
-		Health:     controller.HealthOptions{Interval: time.Second, ConnectTarget: healthTarget},
-		GC:         controller.GCOptions{Interval: 2 * time.Second},
-		Logger:     log,
-	}); err != nil {
-		cancel()
-		t.Fatalf("setup: %v", err)
-	}
-	r := &operatorRun{cancel: cancel, done: make(chan error, 1), close: func() error { return controller.CloseEntries(clients) }}
-	go func() { r.done <- mgr.Start(ctx) }()
-	t.Cleanup(func() { r.stop(t) })
-	return r
-}
-
-func (r *operatorRun) stop(t *testing.T) {
-	if r.cancel == nil {
-		return
-	}
-	r.cancel()
-	r.cancel = nil
-	select {
-	case err := <-r.done:
-		if err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	case <-time.After(time.Minute):
-		t.Error("manager did not stop within a minute")
-	}
-	if err := r.close(); err != nil {
-		t.Errorf("closing the entries: %v", err)
-	}
 }
 
 // eventually polls cond every 250 ms until it returns "" or d passes, then
@@ -196,7 +132,10 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() string) 
 
 // TestOperatorEndToEnd runs the operator against a real kube-apiserver and
 // etcd (envtest, binaries from scripts/kubestack) and real kvm2 entries
-// (the lab's two hosts, or the single stack).
+// (the lab's two hosts, or the single stack). The operator is the command
+// cmd/egressproxy-operator, run as OS processes of its own with the RBAC
+// of config/rbac and leader election: the first is killed (SIGKILL) while
+// a reconcile is provably in flight, and a second takes over.
 func TestOperatorEndToEnd(t *testing.T) {
 	assets := controlPlaneAssets(t)
 	hosts := e2eHosts(t)
@@ -230,10 +169,15 @@ func TestOperatorEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	kubeconfig := operatorKubeconfig(t, ctx, env, c)
+	bin := buildOperator(t)
 
 	sfx := suffix(t)
 	imgURL, imgSum := teststack.ServeTinyImage(t)
 	img := imagecache.Image{URL: imgURL, SHA256: imgSum}
+	// The image gamma uses on the second entry: its mirror is held, so
+	// that the first operator is killed in the middle of its cold fetch.
+	held := serveHeldImage(t, teststack.TinyQCOW2(t), "held.qcow2")
 	entryNames := []string{"ope" + sfx + "a", "ope" + sfx + "b"}
 
 	// The entries' SSH credentials live in Secrets; the entries file
@@ -263,6 +207,10 @@ func TestOperatorEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := entryConfig(h, entryNames[i], owner, img)
+		if i == 1 {
+			cfg.Images["held"] = imagecache.Image{URL: held.url, SHA256: held.sha256}
+			cfg.DefaultImage = "tiny"
+		}
 		ef.Entries = append(ef.Entries, controller.EntryConfig{CredentialsSecret: operatorNS + "/" + name, Config: cfg})
 		side[entryNames[i]] = sideProvider(t, h, cfg)
 	}
@@ -289,8 +237,13 @@ func TestOperatorEndToEnd(t *testing.T) {
 			}
 		})
 	}
-	entriesYAML, err := json.Marshal(ef)
+	entriesJSON, err := json.Marshal(ef)
 	if err != nil {
+		t.Fatal(err)
+	}
+	runDir := t.TempDir()
+	entriesFile := filepath.Join(runDir, "entries.yaml")
+	if err := os.WriteFile(entriesFile, entriesJSON, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Create(ctx, &corev1.Secret{
@@ -300,7 +253,29 @@ func TestOperatorEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	op := startOperator(t, restCfg, scheme, entriesYAML, healthTarget, log)
+	// Each replica is the command with the test's short intervals, as
+	// operatorUser; its log (V(1) included) is shown when the test fails.
+	args := []string{
+		"--kubeconfig=" + kubeconfig, "--entries=" + entriesFile,
+		"--leader-election-namespace=" + operatorNS, "--connect-target=" + healthTarget,
+		"--health-interval=1s", "--gc-interval=2s", "--poll-interval=2s",
+		"--backoff-base=200ms", "--backoff-max=5s", "--metrics-bind-address=0",
+		"--zap-log-level=debug", "--zap-encoder=console",
+	}
+	var procs []*operatorProcess
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, p := range procs {
+				t.Logf("the last lines of %s's log:\n%s", p.name, p.tail(150))
+			}
+		}
+	})
+	start := func(name string) *operatorProcess {
+		p := startOperatorProcess(t, bin, name, runDir, args)
+		procs = append(procs, p)
+		return p
+	}
+	op1 := start("operator-1")
 
 	newEP := func(name, entry string) *v1alpha1.EgressProxy {
 		return &v1alpha1.EgressProxy{
@@ -394,8 +369,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Drift: a new port recreates alpha's VM. The operator is killed
-	// while it works on it and a new replica converges.
+	// Drift: a new port recreates alpha's VM.
 	alpha, err := get(eps[0])
 	if err != nil {
 		t.Fatal(err)
@@ -410,26 +384,55 @@ func TestOperatorEndToEnd(t *testing.T) {
 		}
 		return ""
 	})
-	// A third object, so the kill also hits a first Create.
+
+	// The kill. gamma is a new object on the second entry whose image is
+	// not in that host's pool yet: its Create fetches it from the held
+	// mirror. The operator is killed once that reconcile is provably in
+	// flight: the object has the finalizer, the mirror has sent half the
+	// image, the fetch's claim volume is in the host's pool, no VM exists
+	// and status has not converged.
 	gamma := newEP("gamma", entryNames[1])
+	gamma.Spec.Image = "held"
 	if err := c.Create(ctx, gamma); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "gamma's reconcile to start", func() string {
+	held.waitGET(t, 2*time.Minute, "the first operator's cold fetch of gamma's image")
+	heldBase := imagecache.BaseName(entryNames[1], "held", imagecache.FormatQCOW2)
+	claimPrefix := "claim-" + strings.TrimPrefix(heldBase, "base-") + "."
+	eventually(t, time.Minute, "gamma's reconcile in flight", func() string {
 		got, err := get(gamma)
-		if err != nil || len(got.Finalizers) == 0 {
-			return "no finalizer yet"
+		if err != nil || !controllerutil.ContainsFinalizer(got, controller.Finalizer) {
+			return fmt.Sprintf("no finalizer yet (%v)", err)
+		}
+		if got.Status.SpecDigest != "" {
+			return "status already says " + got.Status.SpecDigest
+		}
+		if cl := poolVolumes(t, hosts[1].poolPath, claimPrefix); len(cl) == 0 {
+			return "no claim volume " + claimPrefix + "* in the pool"
+		}
+		if _, err := vm(got); provider.Code(err) != provider.NotFound {
+			return fmt.Sprintf("gamma's VM: %v (want NotFound)", err)
 		}
 		return ""
 	})
-	op.stop(t)
-	gammaAtKill, err := get(gamma)
-	if err != nil {
-		t.Fatal(err)
+	holder1, leaseDur, transitions1, err := leaseHolder(ctx, c)
+	if err != nil || holder1 == "" {
+		t.Fatalf("the Lease before the kill: holder %q, %v", holder1, err)
 	}
-	_, vmErr := vm(gammaAtKill)
-	t.Logf("operator stopped mid-reconcile: gamma's status phase %q digest %q, its VM then: %v (nil: created before the stop)",
-		gammaAtKill.Status.Phase, gammaAtKill.Status.SpecDigest, vmErr)
+	atKill := poolVolumes(t, hosts[1].poolPath, "")
+	op1.kill(t)
+	killedAt := time.Now()
+	// What the killed fetch left (listed after the kill: until then its
+	// heartbeat replaced its claim volume every claimTimeout/4).
+	killedClaims := poolVolumes(t, hosts[1].poolPath, claimPrefix)
+	if len(killedClaims) == 0 {
+		t.Fatalf("no claim volume %s* in the pool after the kill: %v", claimPrefix, poolVolumes(t, hosts[1].poolPath, ""))
+	}
+	t.Logf("operator-1 (Lease holder %s) killed mid-reconcile after %v; host 2's pool then: %s", holder1, time.Since(t0).Round(time.Second), strings.Join(atKill, " "))
+	if h, _, _, err := leaseHolder(ctx, c); err != nil || h != holder1 {
+		t.Fatalf("after the kill the Lease says holder %q (%v); want the killed %s (a killed leader releases nothing)", h, err, holder1)
+	}
+
 	// While no operator runs: an owned VM without an object (to be
 	// collected) and a VM of another owner on the same entry (never to be
 	// touched) are created behind its back.
@@ -444,9 +447,79 @@ func TestOperatorEndToEnd(t *testing.T) {
 		t.Fatalf("create the foreign VM: %v", err)
 	}
 	t.Cleanup(func() { _ = foreign.Delete(context.Background(), provider.Ref{Name: fspec.Name, UID: fspec.UID}) })
-	startOperator(t, restCfg, scheme, entriesYAML, healthTarget, log) // the new replica; stopped by its cleanup
-	eventually(t, 4*time.Minute, "alpha converged on port 8080 after the restart", func() string { return converged(alpha, 8080) })
+
+	// The new replica: it gets the Lease only once the killed holder's
+	// has run out.
+	op2 := start("operator-2")
+	var holder2 string
+	eventually(t, 2*time.Minute, "operator-2 to acquire the Lease", func() string {
+		h, _, tr, err := leaseHolder(ctx, c)
+		if err != nil {
+			return err.Error()
+		}
+		if h == holder1 || h == "" {
+			return "holder " + h
+		}
+		if tr <= transitions1 {
+			return fmt.Sprintf("new holder %s but leaseTransitions %d (was %d)", h, tr, transitions1)
+		}
+		holder2 = h
+		return ""
+	})
+	took := time.Since(killedAt)
+	t.Logf("operator-2 (%s) acquired the Lease %v after the kill (lease duration %v)", holder2, took.Round(100*time.Millisecond), leaseDur)
+	if took < leaseDur {
+		t.Errorf("the Lease changed hands %v after the kill, before its duration %v ran out", took, leaseDur)
+	}
+
+	// operator-2's Create of gamma finds the killed fetch's claim; it
+	// takes the image over once that claim is stale (the entries' claim
+	// timeout after its last refresh, so by now or within seconds), and
+	// its own fetch is held too, until the end of the next step. The
+	// takeover is operator-2's: its log says it removed each claim volume
+	// the killed fetch left, and they are gone from the pool. It comes well
+	// before the default claim timeout (2m, refreshed every 30 s) could
+	// have let it: that would be at least 90 s after the kill.
+	held.waitGET(t, 4*time.Minute, "operator-2's fetch of gamma's image, after the killed fetch's claim went stale")
+	refetch := time.Since(killedAt)
+	t.Logf("operator-2 fetches gamma's image %v after the kill (claim timeout %v, lease %v)", refetch.Round(time.Second), claimTimeout, leaseDur)
+	if limit := 90 * time.Second; refetch >= limit {
+		t.Errorf("operator-2's fetch of gamma's image came %v after the kill, not before %v: the entries' claim timeout (%v) did not apply", refetch.Round(time.Second), limit, claimTimeout)
+	}
+	now := poolVolumes(t, hosts[1].poolPath, claimPrefix)
+	for _, cl := range killedClaims {
+		if slices.Contains(now, cl) {
+			t.Errorf("the killed fetch's claim %s is still in the pool while operator-2 fetches (pool: %v)", cl, now)
+		}
+		removed := false
+		for _, line := range op2.grep(cl) {
+			// imagecache's "removing stale volume" (V(1)) or, once
+			// under its own claim, "removing debris".
+			removed = removed || strings.Contains(line, "removing stale volume") || strings.Contains(line, "removing debris")
+		}
+		if !removed {
+			t.Errorf("operator-2's log does not say it removed the killed fetch's stale claim %s", cl)
+		}
+	}
+
+	// While gamma's reconcile waits on its image, other objects are
+	// reconciled: beta (on the same entry) is updated and converges.
+	beta, err := get(eps[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	beta.Spec.Port = 8081
+	if err := c.Update(ctx, beta); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 90*time.Second, "beta converged on port 8081 while gamma's fetch is held", func() string { return converged(beta, 8081) })
+	if _, err := vm(gamma); provider.Code(err) != provider.NotFound {
+		t.Fatalf("gamma's VM while its image is still held: %v (want NotFound)", err)
+	}
+	held.unblock()
+
 	eventually(t, 4*time.Minute, "gamma converged after the restart", func() string { return converged(gamma, 3128) })
+	eventually(t, 4*time.Minute, "alpha converged on port 8080 after the restart", func() string { return converged(alpha, 8080) })
 	eps = append(eps, gamma)
 	if delta != nil {
 		// The new replica probes the booted guest again.
@@ -456,6 +529,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 	if inst, _ := vm(alpha); inst.SpecDigest == before.SpecDigest {
 		t.Errorf("alpha's VM still has the old spec digest")
 	}
+	t.Logf("every object converged after the restart, %v after the kill", time.Since(killedAt).Round(time.Second))
 
 	// GC: the owned orphan is collected, the foreign VM is not.
 	eventually(t, time.Minute, "the orphan collected", func() string {
@@ -468,9 +542,29 @@ func TestOperatorEndToEnd(t *testing.T) {
 	if _, err := foreign.Get(ctx, provider.Ref{Name: fspec.Name, UID: fspec.UID}); err != nil {
 		t.Errorf("the foreign VM after GC: %v (want it untouched)", err)
 	}
+	// Exactly one VM per object, each on its object's entry: the kill
+	// and the takeover made no second one.
+	want := map[string][]string{}
 	for _, ep := range eps {
-		if _, err := vm(ep); err != nil {
-			t.Errorf("%s's VM after GC: %v", ep.Name, err)
+		got, err := get(ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[ep.Spec.Provider] = append(want[ep.Spec.Provider], controller.InstanceName(client.ObjectKeyFromObject(ep))+"/"+string(got.UID))
+	}
+	for entry, p := range side {
+		l, err := p.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var have []string
+		for _, inst := range l {
+			have = append(have, inst.Name+"/"+inst.UID)
+		}
+		sort.Strings(have)
+		sort.Strings(want[entry])
+		if strings.Join(have, " ") != strings.Join(want[entry], " ") {
+			t.Errorf("entry %s lists %v, want exactly %v", entry, have, want[entry])
 		}
 	}
 
@@ -512,16 +606,34 @@ func TestOperatorEndToEnd(t *testing.T) {
 		if len(l) != 0 {
 			t.Errorf("entry %s still lists %d instances: %+v", e.entry, len(l), l)
 		}
-		files, err := os.ReadDir(h.poolPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range files {
+		for _, f := range poolVolumes(t, h.poolPath, "") {
 			for _, ep := range eps {
-				if strings.Contains(f.Name(), e.entry+"--"+controller.InstanceName(client.ObjectKeyFromObject(ep))) {
-					t.Errorf("volume %s of %s left in pool %s", f.Name(), ep.Name, h.pool)
+				if strings.Contains(f, e.entry+"--"+controller.InstanceName(client.ObjectKeyFromObject(ep))) {
+					t.Errorf("volume %s of %s left in pool %s", f, ep.Name, h.pool)
 				}
 			}
+		}
+		// No image cache debris either: the killed fetch's claim and
+		// partial base were taken over, and every claim was released.
+		if cl := poolVolumes(t, h.poolPath, "claim-"+e.entry+"--"); len(cl) != 0 {
+			t.Errorf("claim volumes left in pool %s: %v", h.pool, cl)
+		}
+	}
+	if vols := poolVolumes(t, hosts[1].poolPath, heldBase); len(vols) != 2 || vols[0] != heldBase || vols[1] != imagecache.MarkerName(heldBase, held.sha256) {
+		t.Errorf("gamma's image in pool %s: %v, want exactly the base %s and its marker", hosts[1].pool, vols, heldBase)
+	}
+
+	// A graceful stop: exit status 0 and the Lease released at once.
+	if err := op2.terminate(time.Minute); err != nil {
+		t.Errorf("operator-2 on SIGTERM: %v", err)
+	}
+	if h, _, _, err := leaseHolder(ctx, c); err != nil || h != "" {
+		t.Errorf("after operator-2's graceful stop the Lease says holder %q (%v); want it released", h, err)
+	}
+	// The operator ran with exactly the README's RBAC.
+	for _, p := range procs {
+		if lines := p.grep("is forbidden: User"); len(lines) > 0 {
+			t.Errorf("%s was refused by the apiserver (the ClusterRole of config/rbac lacks a permission the code needs):\n%s", p.name, strings.Join(lines, "\n"))
 		}
 	}
 	t.Logf("end to end in %v", time.Since(t0).Round(time.Second))

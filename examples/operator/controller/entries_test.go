@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,5 +32,15 @@ func TestLoadEntries(t *testing.T) {
 	_, err = LoadEntries(context.Background(), r, []byte(strings.Replace(entry, "%s", ", callTimeout: 30", 1)))
 	if err == nil || !strings.Contains(err.Error(), "entries[0].config") || !strings.Contains(err.Error(), "callTimeout") || !strings.Contains(err.Error(), "nanoseconds") {
 		t.Fatalf("LoadEntries with a bare-number duration = %v, want an error naming entries[0].config, callTimeout and the rule", err)
+	}
+	// The image cache's claim timeout is set per entry (README: keep it
+	// near the lease duration), with kvm2's lower bound.
+	cfgs, err = LoadEntries(context.Background(), r, []byte(strings.Replace(entry, "%s", ", claimTimeout: 15s", 1)))
+	if err != nil || len(cfgs) != 1 || cfgs[0].ClaimTimeout.Duration() != 15*time.Second {
+		t.Fatalf("LoadEntries with claimTimeout 15s = %+v, %v", cfgs, err)
+	}
+	_, err = LoadEntries(context.Background(), r, []byte(strings.Replace(entry, "%s", ", claimTimeout: 2s", 1)))
+	if err == nil || !strings.Contains(err.Error(), "entries[0].config") || !strings.Contains(err.Error(), "ClaimTimeout") || !strings.Contains(err.Error(), "at least 10s") {
+		t.Fatalf("LoadEntries with claimTimeout 2s = %v, want an error naming entries[0].config, ClaimTimeout and its minimum", err)
 	}
 }

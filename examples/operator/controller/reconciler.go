@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -40,6 +41,11 @@ const (
 	DefaultBackoffMax     = 5 * time.Minute
 	DefaultPollInterval   = 15 * time.Second
 	DefaultPermanentRetry = 10 * time.Minute
+	// DefaultMaxConcurrentReconciles: one object's long call (a cold
+	// image fetch, or the wait for another writer's claim on that image,
+	// up to the image cache's claim timeout when a killed replica left
+	// one) must not hold up every other object's reconcile.
+	DefaultMaxConcurrentReconciles = 4
 )
 
 // Options configure a Reconciler.
@@ -55,6 +61,10 @@ type Options struct {
 	// a Permanent error needs a human, who may fix the operator's entry
 	// configuration instead of the object. It is no hot loop.
 	PermanentRetry time.Duration
+	// MaxConcurrentReconciles is how many objects are reconciled at once
+	// (zero: DefaultMaxConcurrentReconciles). controller-runtime never
+	// reconciles one object twice at the same time.
+	MaxConcurrentReconciles int
 }
 
 // Reconciler reconciles EgressProxy objects into VMs.
@@ -97,6 +107,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	if opts.PermanentRetry <= 0 {
 		opts.PermanentRetry = DefaultPermanentRetry
 	}
+	if opts.MaxConcurrentReconciles <= 0 {
+		opts.MaxConcurrentReconciles = DefaultMaxConcurrentReconciles
+	}
 	r.opts = opts
 	r.backoff = workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](opts.BackoffBase, opts.BackoffMax)
 	r.events = make(chan event.TypedGenericEvent[*v1alpha1.EgressProxy], 64)
@@ -107,6 +120,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts Options) error {
 		For(&v1alpha1.EgressProxy{}).
 		WatchesRawSource(source.Channel(r.events, &handler.TypedEnqueueRequestForObject[*v1alpha1.EgressProxy]{})).
 		Named("egressproxy").
+		WithOptions(crcontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}).
 		Complete(r)
 }
 

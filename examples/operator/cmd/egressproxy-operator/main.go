@@ -23,6 +23,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
@@ -41,6 +42,12 @@ func run() error {
 	target := flag.String("connect-target", "example.com:443", "host:port the health probes CONNECT to through each proxy")
 	healthEvery := flag.Duration("health-interval", controller.DefaultHealthInterval, "interval of health rounds")
 	gcEvery := flag.Duration("gc-interval", controller.DefaultGCInterval, "interval of orphan collection")
+	poll := flag.Duration("poll-interval", controller.DefaultPollInterval, "how often a VM without an address is read back (every 4 intervals once it has one)")
+	backoffBase := flag.Duration("backoff-base", controller.DefaultBackoffBase, "first requeue delay after a Transient error (doubling per object)")
+	backoffMax := flag.Duration("backoff-max", controller.DefaultBackoffMax, "longest requeue delay after Transient errors")
+	permanentRetry := flag.Duration("permanent-retry", controller.DefaultPermanentRetry, "retry interval of an object whose last error was Permanent")
+	workers := flag.Int("max-concurrent-reconciles", controller.DefaultMaxConcurrentReconciles, "how many objects are reconciled at once")
+	metricsAddr := flag.String("metrics-bind-address", "0", `address of the metrics endpoint (e.g. ":8080"); "0" serves none`)
 	zo := zap.Options{}
 	zo.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -89,15 +96,20 @@ func run() error {
 
 	opts := controller.ManagerOptions(*leaderNS)
 	opts.Scheme = scheme
+	opts.Metrics = metricsserver.Options{BindAddress: *metricsAddr}
 	mgr, err := ctrl.NewManager(restCfg, opts)
 	if err != nil {
 		return err
 	}
 	if _, _, err := controller.Setup(mgr, controller.Config{
 		Entries: clients,
-		Health:  controller.HealthOptions{Interval: *healthEvery, ConnectTarget: *target},
-		GC:      controller.GCOptions{Interval: *gcEvery},
-		Logger:  log,
+		Reconciler: controller.Options{
+			BackoffBase: *backoffBase, BackoffMax: *backoffMax, PollInterval: *poll,
+			PermanentRetry: *permanentRetry, MaxConcurrentReconciles: *workers,
+		},
+		Health: controller.HealthOptions{Interval: *healthEvery, ConnectTarget: *target},
+		GC:     controller.GCOptions{Interval: *gcEvery},
+		Logger: log,
 	}); err != nil {
 		return err
 	}
