@@ -360,8 +360,9 @@ func (c *Cache) upload(ctx context.Context, name string, body io.ReadCloser, tot
 	// error), or upload would wait for the Read holding m.mu.
 	dctx, stopDrain := context.WithCancel(ctx)
 	defer stopDrain()
+	var drainVol libvirt.StorageVol // the polls' handle, looked up once
 	m.drain = func() error {
-		err := c.drained(dctx, name, m.n)
+		err := c.drained(dctx, name, &drainVol, m.n)
 		if err != nil && dctx.Err() != nil && ctx.Err() == nil {
 			return errDrainStopped
 		}
@@ -534,15 +535,17 @@ loop:
 
 // drained waits until the volume's size on the host reaches n, i.e.
 // libvirt has written everything sent so far. A size that stops growing for
-// drainStall is an error.
-func (c *Cache) drained(ctx context.Context, name string, n int64) error {
+// drainStall is an error. *vol is the volume's handle for the polls: looked
+// up when still zero and kept, so that each poll is one call (a fetch
+// drains before every segment's end).
+func (c *Cache) drained(ctx context.Context, name string, vol *libvirt.StorageVol, n int64) error {
 	var last uint64
 	lastChange := time.Now()
 	// Polled soon at first (the end of a segment usually needs a few
 	// milliseconds), then every drainPoll.
 	poll := min(time.Millisecond, drainPoll)
 	for {
-		phys, err := c.physical(ctx, name)
+		phys, err := c.physicalOf(ctx, name, vol)
 		if err != nil {
 			return fmt.Errorf("waiting for libvirt to write %d bytes: %w", n, err)
 		}
@@ -699,6 +702,34 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// physicalOf is physical with the volume's handle *vol, looked up first
+// when it is still zero (and then kept there).
+func (c *Cache) physicalOf(ctx context.Context, name string, vol *libvirt.StorageVol) (uint64, error) {
+	if vol.Name == "" {
+		var v libvirt.StorageVol
+		err := c.do(ctx, func(l Libvirt) error {
+			var err error
+			v, err = c.lookupVol(l, name)
+			return err
+		})
+		if err != nil {
+			return 0, err // fn may still be running: never read what it writes
+		}
+		*vol = v
+	}
+	v := *vol
+	var phys uint64
+	err := c.do(ctx, func(l Libvirt) error {
+		var err error
+		_, _, phys, err = l.StorageVolGetInfoFlags(v, uint32(libvirt.StorageVolGetPhysical))
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return phys, nil
 }
 
 // physical returns the volume's size on the host (the file size for a dir
