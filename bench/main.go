@@ -49,6 +49,9 @@ func main() {
 	flag.StringVar(&o.entry, "entry", "", "internal (-fetch-child): imagecache entry")
 	flag.StringVar(&o.targets, "targets", "", "internal (-fetch-child): JSON list of {Env, Entry} to cold-fetch into at once instead of the stack")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "internal (-fetch-child): write a CPU profile of the fetch here")
+	flag.StringVar(&o.memprofile, "memprofile", "", "internal (-fetch-child): write an allocation profile of the fetch here (after it)")
+	flag.DurationVar(&o.heapAt, "heapat", 0, "internal (-fetch-child, with -memprofile): also write the live heap this long into the fetch to <memprofile>.inuse")
+	flag.BoolVar(&o.memstats, "memstats", false, "internal (-fetch-child): print the Go heap's peaks (sampled every 5 ms) and totals to stderr as JSON")
 	flag.StringVar(&o.labRates, "lab-rates", "1gbit:1024,100mbit:256", "lab phase: link rates and image MiB, rate:MiB,…")
 	flag.IntVar(&o.labHosts, "lab-hosts", 4, "lab phase: hosts (the concurrent rows use all of them)")
 	flag.BoolVar(&o.keepLab, "keep-lab", false, "lab phase: leave the lab running at the end")
@@ -127,7 +130,9 @@ type options struct {
 	out, scale, phases, analysis, command string
 	runs, imageMiB, gets, probes          int
 	url, sum, entry                       string
-	targets, cpuprofile                   string
+	targets, cpuprofile, memprofile       string
+	memstats                              bool
+	heapAt                                time.Duration
 	labRates, createsRate                 string
 	labHosts, labRuns, rttMS, rttList     int
 	keepLab, merge, createsOnly           bool
@@ -153,6 +158,25 @@ func fetchChild(ctx context.Context, env teststack.Env, o options) error {
 			return err
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	if o.memprofile != "" && o.heapAt > 0 {
+		t := time.AfterFunc(o.heapAt, func() {
+			if err := writeHeapProfile(o.memprofile + ".inuse"); err != nil {
+				logf("fetch child: %v", err)
+			}
+		})
+		defer t.Stop()
+	}
+	if o.memprofile != "" {
+		defer func() {
+			if err := writeAllocProfile(o.memprofile); err != nil {
+				logf("fetch child: %v", err)
+			}
+		}()
+	}
+	if o.memstats {
+		stop := sampleMem()
+		defer func() { logf("memstats %s", stop()) }()
 	}
 	if o.targets == "" {
 		res, err := benchutil.LibraryFetch(ctx, env, o.entry, "bench", o.url, o.sum, true)

@@ -97,9 +97,25 @@ func (s sshConn) Dedicated(ctx context.Context) (Dedicated, error) {
 	return sshDedicated{d}, nil
 }
 
-// sshDedicated is a *sshconn.DedicatedConn as a Dedicated.
+// sshDedicated is a *sshconn.DedicatedConn as a Dedicated: go-libvirt's
+// calls, except the two stream calls, which sshconn makes itself without
+// go-libvirt's per-packet and per-call buffers (the cold fetch's memory).
 type sshDedicated struct{ d *sshconn.DedicatedConn }
 
-func (s sshDedicated) Libvirt() Libvirt { return s.d.L }
-func (s sshDedicated) Close() error     { return s.d.Close() }
-func (s sshDedicated) Kill()            { s.d.Kill() }
+func (s sshDedicated) Libvirt() Libvirt { return dedicatedLibvirt{s.d.L, s.d} }
+
+type dedicatedLibvirt struct {
+	*libvirt.Libvirt
+	d *sshconn.DedicatedConn
+}
+
+func (l dedicatedLibvirt) StorageVolUpload(vol libvirt.StorageVol, src io.Reader, offset, length uint64, flags libvirt.StorageVolUploadFlags) error {
+	return l.d.StorageVolUpload(vol, src, offset, length, flags)
+}
+
+func (l dedicatedLibvirt) StorageVolDownload(vol libvirt.StorageVol, w io.Writer, offset, length uint64, flags libvirt.StorageVolDownloadFlags) error {
+	return l.d.StorageVolDownload(vol, w, offset, length, flags)
+}
+
+func (s sshDedicated) Close() error { return s.d.Close() }
+func (s sshDedicated) Kill()        { s.d.Kill() }

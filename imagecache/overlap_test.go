@@ -388,3 +388,32 @@ func TestFakeOverlapUsesTheCreatedHandle(t *testing.T) {
 		t.Errorf("a session (dedicated: %v) looked the volume up %d times, want none", streams[s] > 0, n)
 	}
 }
+
+// TestFakeDrainLooksUpOnce: the drain before each segment's end polls the
+// volume's size with one call per poll; the volume is looked up once per
+// fetch for them, not once per poll (a lookup is a round trip: at 50 ms
+// RTT each poll cost two). So the lookups of a fetch do not grow with its
+// segments.
+func TestFakeDrainLooksUpOnce(t *testing.T) {
+	var counts []int64
+	for _, seg := range []int64{fakeSegment, fakeSegment / 4} {
+		c, h := newFakeCache(t, nil)
+		c.segment = seg
+		body, sum := testImage(100 << 10)
+		srv := serve(t, body, nil)
+		lookups := callCounter(h, "StorageVolLookupByName", nil)
+		infos := callCounter(h, "StorageVolGetInfoFlags", nil)
+		if _, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url, SHA256: sum}); err != nil {
+			t.Fatal(err)
+		}
+		segments := (int64(len(body)) + seg - 1) / seg
+		t.Logf("segments of %d bytes: %d segments, %d size polls, %d volume lookups", seg, segments, infos.Load(), lookups.Load())
+		if infos.Load() < segments {
+			t.Fatalf("%d size polls for %d segments: the drain did not poll", infos.Load(), segments)
+		}
+		counts = append(counts, lookups.Load())
+	}
+	if counts[1] != counts[0] {
+		t.Errorf("volume lookups grew with the segments: %d for 4 segments, %d for 13", counts[0], counts[1])
+	}
+}

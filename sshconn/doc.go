@@ -26,6 +26,11 @@
 //   - A stream guard between go-libvirt and every channel, which keeps
 //     go-libvirt's reply router from deadlocking on the stream packet orders
 //     libvirtd really sends (see streamguard.go and docs/upstream.md).
+//   - DedicatedConn.StorageVolUpload and StorageVolDownload: the two stream
+//     calls made by sshconn itself on the dedicated connection's channel,
+//     beside go-libvirt, without go-libvirt's buffer per packet and per
+//     upload call, so a transfer's memory does not grow with its bytes
+//     (ownstream.go).
 //   - Error classes: every classified failure is an *Error whose Kind says
 //     why: key unreadable, auth refused, host unknown, host key mismatch,
 //     unreachable, forbidden (the remote socket channel was refused), closed,

@@ -560,7 +560,9 @@ func (l *Libvirt) Close() error {
 
 // DedicatedConn is a libvirt connection on its own SSH connection, for long
 // transfers (image uploads). L may be used directly (no Do wrapper); to
-// abandon a blocked call, Kill the connection.
+// abandon a blocked call, Kill the connection. Its StorageVolUpload and
+// StorageVolDownload make those stream calls with sshconn's own stream code
+// (ownstream.go), which moves the bytes without go-libvirt's buffers.
 type DedicatedConn struct {
 	L *libvirt.Libvirt
 
@@ -626,6 +628,11 @@ func (d *DedicatedConn) Close() error {
 		d.link.kill(errors.New("dedicated connection closed")) // dead first, then the TCP conn
 		_ = d.link.client.Close()
 		if g := d.guard; g != nil {
+			// An upload's sender ends when its source's Read returns
+			// (its writes fail now that the link is gone).
+			if !waitBounded(&g.own.senders, ownSenderWait) {
+				d.log.Info("an upload's source is still being read after its connection closed", "waited", ownSenderWait)
+			}
 			if held, dropped := g.heldPackets.Load(), g.droppedPackets.Load(); held+dropped > 0 {
 				d.log.V(1).Info("stream guard kept go-libvirt's router from deadlocking",
 					"heldBeforeReply", held, "droppedAfterEnd", dropped)

@@ -6,8 +6,10 @@ import (
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/pem"
+	"hash"
 	"io"
 	"net"
 	"os"
@@ -307,11 +309,50 @@ type fakeLibvirtd struct {
 	// download answers StorageVolDownload with these packets (nil: the
 	// reply, then the data "0123456789" in two packets, then end of file).
 	download atomic.Pointer[[]fakePacket]
+	// upload says how StorageVolUpload is answered (nil: accepted).
+	upload atomic.Pointer[uploadScript]
 
 	mu     sync.Mutex
+	calls  map[uint32][]byte // proc -> the last CALL packet (header and args)
+	done   []uploadDone      // finished or aborted uploads, in order
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
 	closed bool
+}
+
+// uploadScript: how the fake libvirtd answers an upload.
+type uploadScript struct {
+	callErr   string // answer the call with this error
+	failAfter int64  // > 0: once this many data bytes arrived, fail the stream (a REPLY with status error, as libvirtd does when a write fails)
+	failMsg   string
+	finishErr string // answer the finish with this error
+}
+
+// uploadDone is one upload stream as the fake libvirtd saw it end.
+type uploadDone struct {
+	n       int64
+	sum     [32]byte
+	aborted bool // the client sent an abort
+	failed  bool // the fake failed it
+}
+
+// uploadState is an upload stream in progress on one connection.
+type uploadState struct {
+	n      int64
+	h      hash.Hash
+	failed bool
+}
+
+func (f *fakeLibvirtd) uploads() []uploadDone {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]uploadDone(nil), f.done...)
+}
+
+func (f *fakeLibvirtd) lastCall(proc uint32) []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[proc]
 }
 
 const (
@@ -334,7 +375,7 @@ func startLibvirtd(t *testing.T, hostname string) *fakeLibvirtd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeLibvirtd{Path: p, ln: ln, hostname: hostname, conns: map[net.Conn]struct{}{}}
+	f := &fakeLibvirtd{Path: p, ln: ln, hostname: hostname, conns: map[net.Conn]struct{}{}, calls: map[uint32][]byte{}}
 	f.wg.Add(1)
 	go f.serve()
 	t.Cleanup(f.Close)
@@ -432,19 +473,88 @@ func (f *fakeLibvirtd) handle(c net.Conn) {
 		f.mu.Unlock()
 	}()
 	r := bufio.NewReader(c)
+	ups := map[uint32]*uploadState{} // by serial
+	send := func(call [28]byte, p fakePacket) bool {
+		_, err := c.Write(p.frame(call))
+		return err == nil
+	}
 	for {
 		var hdr [28]byte
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			return
 		}
 		n := binary.BigEndian.Uint32(hdr[0:4])
-		if n < 28 {
+		if n < 28 || n > 32<<20 {
 			return
 		}
-		if _, err := io.CopyN(io.Discard, r, int64(n-28)); err != nil {
+		body := make([]byte, n-28)
+		if _, err := io.ReadFull(r, body); err != nil {
 			return
 		}
 		proc := binary.BigEndian.Uint32(hdr[12:16])
+		typ := binary.BigEndian.Uint32(hdr[16:20])
+		serial := binary.BigEndian.Uint32(hdr[20:24])
+		if typ == 0 {
+			f.mu.Lock()
+			f.calls[proc] = append(hdr[:], body...)
+			f.mu.Unlock()
+		}
+		if proc == procStorageVolUpload {
+			sc := f.upload.Load()
+			if sc == nil {
+				sc = &uploadScript{}
+			}
+			if typ == 0 { // the call
+				if sc.callErr != "" {
+					if !send(hdr, fakePacket{typ: 1, status: 1, payload: xdrError(sc.callErr)}) {
+						return
+					}
+					continue
+				}
+				ups[serial] = &uploadState{h: sha256.New()}
+				if !send(hdr, reply()) {
+					return
+				}
+				continue
+			}
+			u := ups[serial]
+			if typ != 3 || u == nil || u.failed {
+				continue // libvirtd drops stream packets of a stream it closed
+			}
+			status := binary.BigEndian.Uint32(hdr[24:28])
+			switch status {
+			case 2: // data
+				u.n += int64(len(body))
+				u.h.Write(body)
+				if sc.failAfter > 0 && u.n >= sc.failAfter {
+					u.failed = true
+					f.finishUpload(u, false)
+					if !send(hdr, fakePacket{typ: 1, status: 1, payload: xdrError(sc.failMsg)}) {
+						return
+					}
+				}
+			case 0: // finish
+				delete(ups, serial)
+				f.finishUpload(u, false)
+				p := fakePacket{typ: 3, status: 0}
+				if sc.finishErr != "" {
+					p = fakePacket{typ: 1, status: 1, payload: xdrError(sc.finishErr)}
+				}
+				if !send(hdr, p) {
+					return
+				}
+			default: // abort: confirmed
+				delete(ups, serial)
+				f.finishUpload(u, true)
+				if !send(hdr, fakePacket{typ: 3, status: 0}) {
+					return
+				}
+			}
+			continue
+		}
+		if typ != 0 {
+			continue
+		}
 		var payload []byte
 		if proc == procStorageVolDownload {
 			pkts := defaultDownload
@@ -485,6 +595,14 @@ func (f *fakeLibvirtd) handle(c net.Conn) {
 			return
 		}
 	}
+}
+
+func (f *fakeLibvirtd) finishUpload(u *uploadState, aborted bool) {
+	d := uploadDone{n: u.n, aborted: aborted, failed: u.failed}
+	copy(d.sum[:], u.h.Sum(nil))
+	f.mu.Lock()
+	f.done = append(f.done, d)
+	f.mu.Unlock()
 }
 
 // fixture is a test server plus the client files that reach it.

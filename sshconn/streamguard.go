@@ -38,7 +38,10 @@ import (
 // passed on, and drops every packet that follows the one go-libvirt treats
 // as the end (an error or OK status, or an empty data packet). Everything
 // else passes unchanged. Only go-libvirt's single reader goroutine calls
-// Read; Write and the rest go straight to the channel.
+// Read; Write goes straight to the channel (its frames are tracked so that
+// sshconn's own stream calls, ownstream.go, can write between them), and
+// packets with the serial of an own call go to that call, never to
+// go-libvirt.
 //
 // Callers of go-libvirt's stream downloads must pass a writer that never
 // fails: a failing writer also ends the call early, which no guard can see.
@@ -61,6 +64,10 @@ type streamGuard struct {
 	// counters, for tests and logs
 	heldPackets    atomic.Int64
 	droppedPackets atomic.Int64
+
+	// own stream calls made on this channel beside go-libvirt
+	// (ownstream.go); its write side serialises every Write.
+	own ownState
 }
 
 type guardedStream struct {
@@ -80,12 +87,14 @@ const (
 )
 
 func newStreamGuard(c net.Conn) *streamGuard {
-	return &streamGuard{
+	g := &streamGuard{
 		Conn:    c,
 		r:       bufio.NewReaderSize(c, 64<<10),
 		streams: map[int32]*guardedStream{},
 		ended:   map[int32]struct{}{},
 	}
+	g.own.init()
+	return g
 }
 
 // Read returns the bytes of accepted packets, reading and sorting as many
@@ -93,6 +102,7 @@ func newStreamGuard(c net.Conn) *streamGuard {
 func (g *streamGuard) Read(p []byte) (int, error) {
 	for len(g.pending) == 0 && g.through == 0 {
 		if err := g.next(); err != nil {
+			g.own.lose(err) // no answer reaches an own call any more
 			return 0, err
 		}
 	}
@@ -128,6 +138,9 @@ func (g *streamGuard) next() error {
 	}
 	if _, err := io.ReadFull(g.r, g.hdr[4:]); err != nil {
 		return unexpected(err)
+	}
+	if serial := int32(binary.BigEndian.Uint32(g.hdr[4+16 : 4+20])); serial >= ownSerialBase {
+		return g.ownPacket(serial, int(n)-headerLen)
 	}
 	if n > headerLen && g.passesThrough(g.hdr[4:]) {
 		g.pending = g.hdr[:]
