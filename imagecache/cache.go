@@ -415,7 +415,7 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 		tp = noop.NewTracerProvider()
 	}
 	stop, cancel := context.WithCancel(context.Background())
-	return &Cache{
+	c := &Cache{
 		conn:     conn,
 		cfg:      cfg,
 		log:      log.WithName("imagecache").WithValues("entry", cfg.Entry, "pool", cfg.Pool),
@@ -426,7 +426,11 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 		stop:     stop,
 		cancel:   cancel,
 		segment:  segmentSize,
-	}, nil
+	}
+	if cfg.Fanout != nil {
+		cfg.Fanout.register(c)
+	}
+	return c, nil
 }
 
 // BaseName returns the volume name of img's base in this cache.
@@ -472,10 +476,20 @@ func (c *Cache) Ensure(ctx context.Context, img Image) (_ Base, opErr error) {
 		f = &flight{done: make(chan struct{}), cancel: cancel, img: img}
 		c.flights[name] = f
 		c.wg.Add(1)
+		var arrived func()
+		if fo := c.cfg.Fanout; fo != nil {
+			// Until this flight reaches its GET, a download of the image
+			// by another cache keeps byte 0 for it (JoinWindow).
+			arrived = fo.expect(c.fanKey(img))
+			fctx = context.WithValue(fctx, arrivalKey{}, arrived)
+		}
 		go func() {
 			defer c.wg.Done()
 			defer stop()
 			defer cancel()
+			if arrived != nil {
+				defer arrived()
+			}
 			b, err := c.ensure(fctx, img, name)
 			c.mu.Lock()
 			f.base, f.err = b, err
@@ -666,6 +680,9 @@ func (c *Cache) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
+	if c.cfg.Fanout != nil {
+		c.cfg.Fanout.unregister(c)
+	}
 	c.cancel()
 	done := make(chan struct{})
 	go func() { c.wg.Wait(); close(done) }()
