@@ -39,14 +39,16 @@ const (
 
 // FanoutOptions tune a Fanout. Zero fields take the defaults.
 type FanoutOptions struct {
-	// JoinWindow: a fetch of the same image that starts within this long
-	// of a shared download's start joins it from byte 0: the download
-	// keeps its first bytes in the window that long. When the window
-	// fills up earlier (a mirror faster than Window/JoinWindow), the
-	// download waits, until JoinWindow ends, only while another cache's
-	// Ensure of the image is under way and has not reached its GET yet;
-	// otherwise it gives byte 0 up at once, so a fetch alone never waits,
-	// and a fetch that starts later downloads on its own. Zero: 1s.
+	// JoinWindow bounds how long a shared download keeps its first bytes
+	// for fetches of the same image that are on their way: while another
+	// cache's Ensure of the image is under way and has not reached its
+	// GET, the download keeps byte 0 in the window (waiting when the
+	// window is full), at most JoinWindow from its start, so that fetch
+	// joins from byte 0. With nobody on the way it keeps nothing behind
+	// its readers: a fetch alone never waits and holds no more than the
+	// read-ahead, and a fetch whose Ensure starts after the first bytes
+	// were consumed downloads on its own (or copies from a peer). Zero:
+	// 1s.
 	JoinWindow time.Duration
 	// Window bounds the bytes a shared download holds in memory, whatever
 	// the number of fetches reading it. Zero: 8 MiB.
@@ -241,8 +243,7 @@ type download struct {
 	gone    bool // no more joins
 	// fullSince: since when a member keeps the window full (zero: not).
 	fullSince time.Time
-	// holdOver: byte 0 is no longer kept for joiners (the window filled
-	// up before JoinWindow ended).
+	// holdOver: byte 0 has left the window; nobody joins any more.
 	holdOver bool
 }
 
@@ -439,12 +440,18 @@ func (d *download) room() ([]byte, error) {
 			maxOff = 0 // nobody reads yet: read ahead of byte 0 only
 		}
 		now := time.Now()
-		hold := !d.holdOver && now.Sub(d.start) < o.JoinWindow
+		// Byte 0 is kept for joiners only while one is on its way (an
+		// Ensure of the image under way that has not reached its GET),
+		// at most JoinWindow: a fetch alone keeps nothing behind it.
+		hold := !d.holdOver && now.Sub(d.start) < o.JoinWindow && d.coming.Load() > 0
 		tail := minOff
 		if hold {
 			tail = 0
 		}
 		d.trimLocked(tail)
+		if d.base > 0 {
+			d.holdOver = true // byte 0 is gone: no more joins
+		}
 		if d.head-tail < o.Window && d.head-maxOff < d.f.readAhead() {
 			d.fullSince = time.Time{}
 			if n := len(d.bufs); n > 0 && len(d.bufs[n-1]) < cap(d.bufs[n-1]) {
@@ -480,18 +487,12 @@ func (d *download) room() ([]byte, error) {
 				continue
 			}
 			wait = d.fullSince.Add(o.DetachAfter).Sub(now)
-		case hold && d.head >= o.Window && d.coming.Load() > 0:
-			// Keeping byte 0 for a joiner on its way: wait for it, at
-			// most until JoinWindow ends.
+		case hold && d.head >= o.Window:
+			// Keeping byte 0 for a joiner on its way: wait for it (its
+			// arrival, or its flight ending, wakes us), at most until
+			// JoinWindow ends.
 			d.fullSince = time.Time{}
 			wait = d.start.Add(o.JoinWindow).Sub(now)
-		case hold && d.head >= o.Window:
-			// Nobody else is coming: give byte 0 up (later fetches
-			// download on their own) rather than make the fetches
-			// reading the download wait.
-			d.fullSince = time.Time{}
-			d.holdOver = true
-			continue
 		default:
 			d.fullSince = time.Time{}
 		}

@@ -37,6 +37,10 @@ const (
 	// peerBackoff: a peer whose copy failed is not asked again for this
 	// long.
 	peerBackoff = time.Minute
+	// peerChunks is how many chunks (go-libvirt's stream packets, up to
+	// 256 KiB) a copy from a peer holds between the peer's download and
+	// this host's upload.
+	peerChunks = 4
 	// peerStall is the no-progress bound of the peer's download stream
 	// (Config.StreamStall when that is shorter): a stalled peer costs at
 	// most this before the fetch falls back to the mirror.
@@ -290,7 +294,7 @@ func (c *Cache) peerGet(req *http.Request, pb *peerBase) (*http.Response, func()
 	ctx, cancel := context.WithCancel(req.Context())
 	b := &peerBody{
 		ctx: ctx, cancel: cancel,
-		ch: make(chan []byte, 4), done: make(chan struct{}),
+		ch: make(chan []byte, peerChunks), free: make(chan []byte, peerChunks+2), done: make(chan struct{}),
 		stall: min(c.cfg.StreamStall.Duration(), peerStall),
 	}
 	b.touch()
@@ -337,10 +341,12 @@ func (c *Cache) copyFrom(ctx context.Context, pb *peerBase, w *peerBody) error {
 type peerBody struct {
 	ctx    context.Context
 	cancel context.CancelFunc
-	ch     chan []byte
+	ch     chan []byte // chunks written, not read yet
+	free   chan []byte // chunks read, for Write to reuse
 	done   chan struct{}
-	err    error // the download's; read after done
-	cur    []byte
+	err    error  // the download's; read after done
+	cur    []byte // the rest of the chunk Read is in
+	buf    []byte // that chunk whole, to give back to free
 
 	n         atomic.Int64
 	stall     time.Duration
@@ -364,8 +370,18 @@ func (b *peerBody) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	var c []byte
 	select {
-	case b.ch <- slices.Clone(p):
+	case c = <-b.free:
+	default:
+	}
+	if cap(c) < len(p) {
+		c = make([]byte, len(p))
+	}
+	c = c[:len(p)]
+	copy(c, p)
+	select {
+	case b.ch <- c:
 		b.n.Add(int64(len(p)))
 	case <-b.ctx.Done(): // nobody reads any more: drop (the link is being killed)
 	}
@@ -374,6 +390,13 @@ func (b *peerBody) Write(p []byte) (int, error) {
 
 func (b *peerBody) Read(p []byte) (int, error) {
 	if len(b.cur) == 0 {
+		if b.buf != nil {
+			select {
+			case b.free <- b.buf:
+			default:
+			}
+			b.buf = nil
+		}
 		select {
 		case chunk, ok := <-b.ch:
 			if !ok {
@@ -382,7 +405,7 @@ func (b *peerBody) Read(p []byte) (int, error) {
 				}
 				return 0, io.EOF
 			}
-			b.cur = chunk
+			b.cur, b.buf = chunk, chunk
 		case <-b.ctx.Done():
 			return 0, errors.Join(errBodyClosed, b.ctx.Err())
 		}
