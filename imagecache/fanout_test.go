@@ -621,3 +621,92 @@ func TestFanoutDetachedFailureRedacted(t *testing.T) {
 		}
 	}
 }
+
+// A fetch alone on a fast mirror never waits for joiners: with JoinWindow
+// 5 s and a window the image overflows at once, it ends long before
+// JoinWindow (the download gives byte 0 up: nobody else is coming). Two
+// caches fetching at once still share one GET: the second one's Ensure is
+// under way, so the download keeps byte 0 for it.
+func TestFanoutAloneNeverWaits(t *testing.T) {
+	body, sum := testImage(1 << 20)
+	srv := serve(t, body, nil)
+	f := NewFanout(FanoutOptions{Window: 128 << 10, Chunk: 32 << 10, JoinWindow: 5 * time.Second})
+	cs, hs := fanHosts(t, 3, f, nil)
+	img := Image{Key: "k", URL: srv.url, SHA256: sum}
+	start := time.Now()
+	b, err := cs[0].Ensure(testCtx(t, 30*time.Second), img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 2500*time.Millisecond {
+		t.Fatalf("a fetch alone took %v with JoinWindow 5s: it waited for joiners nobody sent", took)
+	}
+	wantPublished(t, cs[0], hs[0], img, b, body, sum)
+	img2 := Image{Key: "k2", URL: srv.url + "?v=2", SHA256: sum}
+	f2 := NewFanout(FanoutOptions{Window: 128 << 10, Chunk: 32 << 10, JoinWindow: 5 * time.Second, NoPeers: true})
+	cs2, hs2 := fanHosts(t, 2, f2, nil)
+	gets := srv.gets.Load()
+	bases, errs := ensureAll(t, cs2, img2)
+	for i := range cs2 {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		wantPublished(t, cs2[i], hs2[i], img2, bases[i], body, sum)
+	}
+	if g := srv.gets.Load() - gets; g != 1 {
+		t.Fatalf("%d GETs for two caches fetching at once, want 1", g)
+	}
+}
+
+// A download keeps byte 0 for a fetch whose Ensure is under way: host 1's
+// Ensure is held in its first pool listing while host 0's download fills
+// its window (and would move on without anyone coming); once released,
+// host 1 joins from byte 0 — one GET for both — and host 0 waited less
+// than JoinWindow for it.
+func TestFanoutWaitsForJoinerOnItsWay(t *testing.T) {
+	body, sum := testImage(1 << 20)
+	srv := serve(t, body, nil)
+	f := NewFanout(FanoutOptions{Window: 128 << 10, Chunk: 32 << 10, JoinWindow: 5 * time.Second, NoPeers: true})
+	cs, hs := fanHosts(t, 2, f, nil)
+	release := make(chan struct{})
+	hs[1].SetHook("StoragePoolListAllVolumes", libvirtfake.Block(release))
+	img := Image{Key: "k", URL: srv.url, SHA256: sum}
+	var wg sync.WaitGroup
+	bases := make([]Base, 2)
+	errs := make([]error, 2)
+	start := time.Now()
+	var took0 time.Duration
+	wg.Go(func() { bases[0], errs[0] = cs[0].Ensure(testCtx(t, 30*time.Second), img); took0 = time.Since(start) })
+	wg.Go(func() { bases[1], errs[1] = cs[1].Ensure(testCtx(t, 30*time.Second), img) })
+	full := func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, d := range f.dls {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return d.head >= f.opts.Window
+		}
+		return false
+	}
+	for end := time.Now().Add(10 * time.Second); !full() && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // host 0 is stuck at a full window
+	close(release)
+	wg.Wait()
+	for i := range 2 {
+		if errs[i] != nil {
+			t.Fatalf("host %d: %v", i, errs[i])
+		}
+		wantPublished(t, cs[i], hs[i], img, bases[i], body, sum)
+	}
+	if g := srv.gets.Load(); g != 1 {
+		t.Fatalf("%d GETs, want 1: the download did not keep byte 0 for the fetch on its way", g)
+	}
+	if s := countSources(bases); s[SourceMirror] != 1 || s[SourceShared] != 1 {
+		t.Fatalf("sources %v, want a mirror and a shared", s)
+	}
+	if took0 > 4*time.Second {
+		t.Fatalf("host 0 took %v: it waited to the end of JoinWindow", took0)
+	}
+}
