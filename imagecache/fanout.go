@@ -91,7 +91,7 @@ type FanoutOptions struct {
 // SHA256 when no download of it can be joined asks the other caches of
 // the Fanout (with the same HTTP client) whether their pools hold a base
 // published with a marker of that digest (one listing each, at once,
-// bounded by 5 s). If one does, it copies that base — StorageVolDownload
+// bounded by 2 s). If one does, it copies that base — StorageVolDownload
 // on a dedicated connection to the peer's host, streamed into its own
 // upload — instead of downloading the image: Base.Source SourcePeer. What
 // it publishes is still the digest of what it read back from its own
@@ -269,8 +269,7 @@ func (f *Fanout) get(key fanKey, req *http.Request) (*http.Response, func() stri
 	}
 	if m == nil {
 		src = SourceMirror
-		d = f.startDownload(key, req)
-		m = d.join()
+		d, m = f.startDownload(key, req)
 		f.dls[key] = d
 	}
 	f.mu.Unlock()
@@ -309,15 +308,20 @@ func (f *Fanout) get(key fanKey, req *http.Request) (*http.Response, func() stri
 	return resp, body.source, nil
 }
 
-func (f *Fanout) startDownload(key fanKey, req *http.Request) *download {
+// startDownload starts a download of key with its first member, the
+// caller's: the member is in before the pump starts, so that a body the
+// pump reads to its end (or trims) before the caller gets to read is still
+// the caller's.
+func (f *Fanout) startDownload(key fanKey, req *http.Request) (*download, *member) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(req.Context()))
+	m := &member{}
 	d := &download{
 		f: f, key: key, client: key.client, start: time.Now(), ctx: ctx, cancel: cancel, coming: f.comingLocked(key),
 		done: make(chan struct{}), ready: make(chan struct{}),
-		members: map[*member]bool{}, changed: make(chan struct{}),
+		members: map[*member]bool{m: true}, changed: make(chan struct{}),
 	}
 	go d.pump(req.Clone(ctx))
-	return d
+	return d, m
 }
 
 // validatorOf is what identifies the version of r's resource: its strong

@@ -26,8 +26,9 @@ import (
 // smallFanout has a window of 8 chunks of 32 KiB, so that a test image of
 // a few hundred KiB goes through many trims, detaches after 200 ms and
 // holds byte 0 for 200 ms (tests that need every host to join gate the
-// mirror's answer with waitMembers, except TestFanoutFourHostsOneGET,
-// which relies on the default JoinWindow alone).
+// mirror's answer with waitMembers: under load a host's Ensure may start
+// after the others' download has moved on; TestFanoutWaitsForJoinerOnItsWay
+// shows the hold for an Ensure under way without a gate).
 func smallFanout() *Fanout {
 	return NewFanout(FanoutOptions{Window: 256 << 10, Chunk: 32 << 10, DetachAfter: 200 * time.Millisecond, JoinWindow: 200 * time.Millisecond})
 }
@@ -111,8 +112,12 @@ func countSources(bases []Base) map[string]int {
 // second Ensure is a hit.
 func TestFanoutFourHostsOneGET(t *testing.T) {
 	body, sum := testImage(600 << 10)
-	srv := serve(t, body, nil)
 	f := NewFanout(FanoutOptions{Window: 256 << 10, Chunk: 32 << 10}) // JoinWindow 1 s
+	srv := serve(t, body, func(w http.ResponseWriter, r *http.Request) {
+		waitMembers(f, 4)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = w.Write(body)
+	})
 	cs, hs := fanHosts(t, 4, f, nil)
 	img := Image{Key: "k", URL: srv.url, SHA256: sum}
 	bases, errs := ensureAll(t, cs, img)

@@ -28,8 +28,10 @@ import (
 const (
 	// peerLookTimeout bounds asking the other caches' pools for a published
 	// base (one listing each, at most peerLookers at once): a peer host
-	// that does not answer costs a cold fetch at most this long.
-	peerLookTimeout = 5 * time.Second
+	// that does not answer (frozen, its link down) costs a cold fetch at
+	// most this long. A listing takes milliseconds, a few round trips with
+	// a dial.
+	peerLookTimeout = 2 * time.Second
 	peerLookers     = 8
 	// peerGrace: once one peer answered with a base, the others answering
 	// within this long are weighed too (the least busy one is copied from).

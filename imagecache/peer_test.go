@@ -357,3 +357,26 @@ func TestPeerCopiesSpread(t *testing.T) {
 		t.Fatalf("%d GETs in all, want 1", g)
 	}
 }
+
+// A peer whose host does not answer (its listing blocks) costs a cold
+// fetch at most peerLookTimeout: the cold host then downloads from the
+// mirror.
+func TestPeerNotAnswering(t *testing.T) {
+	cs, hs, srv, img, body := peerHosts(t, 3, nil)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // before the hosts close (LIFO)
+	hs[0].SetHook("StoragePoolListAllVolumes", libvirtfake.Block(release))
+	start := time.Now()
+	b, err := cs[1].Ensure(testCtx(t, 30*time.Second), img)
+	took := time.Since(start)
+	if err != nil || b.Source != SourceMirror {
+		t.Fatalf("cold host beside a peer that does not answer: %+v, %v; want a download", b, err)
+	}
+	wantPublished(t, cs[1], hs[1], img, b, body, img.SHA256)
+	if srv.gets.Load() != 2 {
+		t.Fatalf("%d GETs in all, want 2", srv.gets.Load())
+	}
+	if took < peerLookTimeout || took > peerLookTimeout+3*time.Second {
+		t.Fatalf("took %v, want about peerLookTimeout (%v) more than a download", took, peerLookTimeout)
+	}
+}
