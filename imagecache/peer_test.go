@@ -81,7 +81,7 @@ func TestPeerLateJoinerCopies(t *testing.T) {
 		fetchSpan = true
 		attrs := map[string]string{}
 		for _, a := range s.Attributes() {
-			attrs[string(a.Key)] = a.Value.Emit()
+			attrs[string(a.Key)] = a.Value.String()
 		}
 		if attrs["imagecache.source"] != SourcePeer || attrs["imagecache.peer"] != cs[0].cfg.Entry {
 			t.Fatalf("imagecache.Fetch attributes %v, want source peer and peer %s", attrs, cs[0].cfg.Entry)
