@@ -341,6 +341,7 @@ func TestFanoutMirrorFailures(t *testing.T) {
 	// wrong bytes the mirror serves below.
 	f := NewFanout(FanoutOptions{Window: 256 << 10, Chunk: 32 << 10, DetachAfter: 200 * time.Millisecond, JoinWindow: 200 * time.Millisecond, NoPeers: true})
 	srv := serve(t, body, func(w http.ResponseWriter, r *http.Request) {
+		waitMembers(f, 4) // every host reads the download (a loaded machine starts some late)
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		if !cut.Load() {
 			_, _ = w.Write(body)
@@ -348,7 +349,6 @@ func TestFanoutMirrorFailures(t *testing.T) {
 		}
 		_, _ = w.Write(body[:200<<10])
 		w.(http.Flusher).Flush()
-		waitMembers(f, 4) // cut once every host reads the download
 		panic(http.ErrAbortHandler)
 	})
 	cs, hs := fanHosts(t, 4, f, nil)
