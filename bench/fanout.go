@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,6 +55,8 @@ type fanoutResult struct {
 	lateBytes             []float64
 	manyLinkBytes         []float64 // bytes the mirror's link carried to the caller
 	manyRSSKiB, oneRSSKiB []float64
+	manyHeapMiB           []float64 // largest heap allocated, sampled
+	manyLiveMiB           []float64 // largest live heap a GC left
 	lateRSSKiB            []float64
 	manyVsOne             []float64 // per-round wall ratios
 	manySources           []string  // of the last round, sorted
@@ -81,6 +84,10 @@ type fanoutOutcome struct {
 type fanoutChildOut struct {
 	Results []fanoutOutcome
 	WallS   float64 // from the common start to the last Ensure's end
+	// Sampled every 50 ms during the Ensures (runtime.MemStats): the
+	// largest heap allocated, and the largest live heap the last GC left
+	// (NextGC / 2 at GOGC 100) — what peak RSS is made of.
+	MaxHeapMiB, MaxLiveMiB float64
 }
 
 // fanoutRun is one -fanout-child run seen by the parent.
@@ -137,6 +144,24 @@ func fanoutEnsure(ctx context.Context, ts []fanoutTarget, url, sum string, fanou
 	}
 	img := imagecache.Image{Key: "fan", URL: url, SHA256: sum}
 	out := fanoutChildOut{Results: make([]fanoutOutcome, len(ts))}
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			out.MaxHeapMiB = max(out.MaxHeapMiB, float64(ms.HeapAlloc)/(1<<20))
+			out.MaxLiveMiB = max(out.MaxLiveMiB, float64(ms.NextGC)/2/(1<<20))
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i, c := range caches {
@@ -151,6 +176,8 @@ func fanoutEnsure(ctx context.Context, ts []fanoutTarget, url, sum string, fanou
 	}
 	wg.Wait()
 	out.WallS = time.Since(start).Seconds()
+	close(stop)
+	<-sampled
 	var errs []error
 	for _, r := range out.Results {
 		if r.Err != "" {
@@ -328,8 +355,10 @@ func runFanout(ctx context.Context, env teststack.Env, o options) (*fanoutResult
 			res.manyBytes = append(res.manyBytes, float64(r.mirrorBytes))
 			res.manyLinkBytes = append(res.manyLinkBytes, float64(r.linkBytes))
 			res.manyRSSKiB = append(res.manyRSSKiB, r.rssKiB)
+			res.manyHeapMiB = append(res.manyHeapMiB, r.out.MaxHeapMiB)
+			res.manyLiveMiB = append(res.manyLiveMiB, r.out.MaxLiveMiB)
 			res.manySources = r.sources()
-			logf("fanout: %d hosts at once %.2fs (each: %s), mirror served %d bytes in %d requests (link %d), RSS %.0f KiB, sources %v", len(all), r.out.WallS, r.times(), r.mirrorBytes, r.mirrorReqs, r.linkBytes, r.rssKiB, r.sources())
+			logf("fanout: %d hosts at once %.2fs (each: %s), mirror served %d bytes in %d requests (link %d), RSS %.0f KiB (heap ≤ %.1f MiB, live ≤ %.1f MiB), sources %v", len(all), r.out.WallS, r.times(), r.mirrorBytes, r.mirrorReqs, r.linkBytes, r.rssKiB, r.out.MaxHeapMiB, r.out.MaxLiveMiB, r.sources())
 			if err := benchutil.Sync(ctx); err != nil {
 				return err
 			}
@@ -475,6 +504,9 @@ func (r *report) renderFanout(p func(string, ...any), f *fanoutResult) {
 	p("| %d hosts at once: mirror bytes | %.0f | %s |", f.hosts, med(f.manyBytes), list(f.manyBytes, "%.0f"))
 	p("| %d hosts at once: bytes on the mirror's link | %.0f | %s |", f.hosts, med(f.manyLinkBytes), list(f.manyLinkBytes, "%.0f"))
 	p("| %d hosts at once: peak RSS (MiB) | %.1f | %s |", f.hosts, med(f.manyRSSKiB)/1024, list(mib(f.manyRSSKiB), "%.1f"))
+	if len(f.manyHeapMiB) > 0 {
+		p("| %d hosts at once: largest Go heap allocated / live after a GC (MiB, sampled every 50 ms; diagnostic) | %.1f / %.1f | %s / %s |", f.hosts, med(f.manyHeapMiB), med(f.manyLiveMiB), list(f.manyHeapMiB, "%.1f"), list(f.manyLiveMiB, "%.1f"))
+	}
 	p("| late joiner: cold fetch (s) | %.2f | %s |", med(f.late), list(f.late, "%.2f"))
 	p("| late joiner: mirror bytes | %.0f | %s |", med(f.lateBytes), list(f.lateBytes, "%.0f"))
 	p("| late joiner: peak RSS of its process (MiB) | %.1f | %s |", med(f.lateRSSKiB)/1024, list(mib(f.lateRSSKiB), "%.1f"))
