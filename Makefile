@@ -275,7 +275,10 @@ stack-status:
 #              Gets, health probes, scaling to 100 instances, the control path
 #              through a 50 ms delay proxy (rtt), and on a 4-host lab the bench
 #              brings up and stops itself (scripts/lab, under the stack dir)
-#              the link rows at 1 Gbit/s and 100 Mbit/s (about 40 minutes).
+#              the link rows at 1 Gbit/s and 100 Mbit/s, and the image
+#              fan-out rows (phase fanout: the lab's mirror behind a
+#              100 Mbit/s link, 4 + 1 hosts behind 1 Gbit/s links, a
+#              256 MiB image; about 8 more minutes) (about 50 minutes).
 #              KEEP_STACK=1 leaves the stack running; BENCH_FLAGS adds flags
 #              (see bench -h), e.g. BENCH_FLAGS='-phases lab,rtt -merge' to
 #              remeasure two phases and keep the other sections.

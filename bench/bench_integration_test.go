@@ -9,10 +9,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/benchutil"
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
@@ -227,5 +229,36 @@ func BenchmarkRTT(b *testing.B) {
 		b.ReportMetric(res.hit.rounds[0], "hit-create-RTTs")
 		b.ReportMetric(res.cold.rounds[0], "cold-create-RTTs")
 		b.ReportMetric(res.list.rounds[0], "list-RTTs")
+	}
+}
+
+// BenchmarkFanout runs the fanout phase's steps on the stack (two entries
+// stand in for two hosts): both at once through one Fanout (one download),
+// then a third entry going cold afterwards (a copy of a peer's base).
+func BenchmarkFanout(b *testing.B) {
+	env := teststack.Require(b)
+	ctx := benchCtx(b)
+	img, _ := shortImage(b, env)
+	srv, err := benchutil.ServeFile(img.Path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Close() })
+	for i := 0; b.Loop(); i++ {
+		var ts []fanoutTarget
+		for j := range 3 {
+			ts = append(ts, fanoutTarget{Env: env, Entry: fmt.Sprintf("benchfan%d%d", i, j)})
+		}
+		out, err := fanoutEnsure(ctx, ts[:2], srv.URL, img.SHA256, true)
+		if err == nil {
+			out, err = fanoutEnsure(ctx, ts, srv.URL, img.SHA256, true)
+		}
+		deleteEntries(ctx, env, ts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if s := out.Results[2].Source; s != imagecache.SourcePeer {
+			b.Fatalf("the third entry's source is %q, want peer", s)
+		}
 	}
 }

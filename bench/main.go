@@ -3,8 +3,9 @@
 // docs/benchmarks.md: image upload (the library's cold fetch vs virsh
 // vol-upload over qemu+ssh vs cat | ssh), peak RSS of a cold fetch, the
 // control path (libvirt RPCs and wall time per operation, concurrent Gets),
-// health probes (in-process proxies and the stack's Squid) and how
-// Create/Get/List scale with the number of instances.
+// health probes (in-process proxies and the stack's Squid), how
+// Create/Get/List scale with the number of instances, and the image
+// fan-out across hosts behind a rate-limited mirror (fanout phase).
 //
 // Run it through `make bench` (as root: it starts the stack). By hand:
 //
@@ -40,7 +41,7 @@ func main() {
 	flag.StringVar(&o.scale, "scale", "1,10,50,100", "instance counts of the scaling table")
 	flag.IntVar(&o.gets, "gets", 1000, "concurrent Gets per run")
 	flag.IntVar(&o.probes, "probes", 1000, "probes per round through Squid")
-	flag.StringVar(&o.phases, "phases", "upload,control,scale,health,rtt,lab", "phases to run")
+	flag.StringVar(&o.phases, "phases", "upload,control,scale,health,rtt,lab,fanout", "phases to run")
 	flag.StringVar(&o.analysis, "analysis", "bench/analysis.md", "hand-written reading appended to the report ('' for none)")
 	flag.StringVar(&o.command, "command", "make bench", "command recorded in the report")
 	child := flag.Bool("fetch-child", false, "internal: run one cold fetch and print its figures as JSON")
@@ -60,6 +61,13 @@ func main() {
 	flag.StringVar(&o.createsRate, "creates-rate", "100mbit", "lab phase: the rate at which 4 hosts x 5 concurrent Creates are measured ('' for none)")
 	flag.IntVar(&o.rttMS, "rtt-ms", 50, "rtt phase: round-trip time the delay proxy adds (ms)")
 	flag.IntVar(&o.rttList, "rtt-list", 100, "rtt phase: instances to List")
+	flag.IntVar(&o.fanoutHosts, "fanout-hosts", 4, "fanout phase: hosts needing the image at once (one more host is the late joiner)")
+	flag.IntVar(&o.fanoutMiB, "fanout-mib", 256, "fanout phase: size of the random data in the image (MiB)")
+	flag.StringVar(&o.fanoutRate, "fanout-rate", "1gbit", "fanout phase: the hosts' link rate")
+	flag.StringVar(&o.fanoutMirrorRate, "fanout-mirror-rate", "100mbit", "fanout phase: the mirror's link rate")
+	flag.IntVar(&o.fanoutRuns, "fanout-runs", 3, "fanout phase: interleaved rounds")
+	fanChild := flag.Bool("fanout-child", false, "internal: Ensure the image on every -targets cache at once (sharing a Fanout unless -no-fanout) and print the outcome as JSON")
+	flag.BoolVar(&o.noFanout, "no-fanout", false, "internal (-fanout-child): no Fanout, every cache downloads on its own")
 	flag.BoolVar(&o.merge, "merge", false, "keep the sections of -out for phases this run does not measure")
 	reana := flag.Bool("reanalyse", false, "only replace the reading at the end of -out with -analysis (figures untouched)")
 	flag.Parse()
@@ -70,11 +78,17 @@ func main() {
 		return
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Minute)
 	defer cancel()
 	env, err := benchutil.LoadEnv()
 	if err != nil {
 		fatal(err)
+	}
+	if *fanChild {
+		if err := fanoutChild(ctx, env, o); err != nil {
+			fatal(err)
+		}
+		return
 	}
 	if *child {
 		if err := fetchChild(ctx, env, o); err != nil {
@@ -104,6 +118,8 @@ func main() {
 			r.rtt, err = runRTT(ctx, env, o)
 		case "lab":
 			r.lab, err = runLab(ctx, env, o)
+		case "fanout":
+			r.fanout, err = runFanout(ctx, env, o)
 		case "":
 		default:
 			err = fmt.Errorf("unknown phase %q", ph)
@@ -136,6 +152,9 @@ type options struct {
 	labRates, createsRate                 string
 	labHosts, labRuns, rttMS, rttList     int
 	keepLab, merge, createsOnly           bool
+	fanoutHosts, fanoutMiB, fanoutRuns    int
+	fanoutRate, fanoutMirrorRate          string
+	noFanout                              bool
 }
 
 // target is one cold fetch of a -fetch-child with -targets.

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/egressproxy/egressproxy/internal/benchutil"
+
 	"go.uber.org/goleak"
 )
 
@@ -94,5 +96,31 @@ func TestDecodeGap(t *testing.T) {
 				t.Errorf("decodeGap(%v, %v) = %q; want %q in it", tc.directS, tc.decodeS, got, tc.want)
 			}
 		})
+	}
+}
+
+// The fanout section's verdicts follow the targets: mirror bytes
+// ≤ 1.05× the image, wall ≤ 1.2× one host's, 0 bytes for the late joiner
+// (every round), peak RSS ≤ 64 MiB.
+func TestRenderFanoutTargets(t *testing.T) {
+	f := &fanoutResult{hosts: 4, mib: 256, rate: "1gbit", mirrorRate: "100mbit",
+		image: benchutil.Image{Size: 1000, SHA256: strings.Repeat("b", 64)},
+		one:   []float64{10, 10, 10}, many: []float64{11, 13, 11},
+		oneBytes: []float64{1000, 1000, 1000}, manyBytes: []float64{1000, 1000, 1100},
+		late: []float64{3, 3, 3}, lateBytes: []float64{0, 0, 1000}, lateSource: []string{"peer", "peer", "mirror"},
+		manyRSSKiB: []float64{60 << 10, 70 << 10, 62 << 10}, manyVsOne: []float64{1.1, 1.3, 1.1},
+	}
+	r := &report{opts: options{runs: 3, command: "make bench"}, fanout: f}
+	out := r.render()
+	for _, want := range []string{
+		"## 8. Image fan-out across hosts",
+		"| fan-out: mirror bytes, 4 hosts needing one cold 256 MiB image at once (100mbit mirror, 1gbit hosts) | 1.000× the image (1.000 / 1.000 / 1.100) | ≤ 1.05× | **met** |",
+		"| fan-out: wall time, 4 hosts at once / 1 host's cold fetch | 1.10× (11.0 vs 10.0 s) | ≤ 1.2× | **met** |",
+		"| fan-out: mirror bytes, one more host going cold afterwards (peer path) | 0 / 0 / 1000 bytes (sources peer, peer, mirror; 3.0 s vs 10.0 s from the mirror) | 0 | **MISSED** |",
+		"| fan-out: peak RSS of the 4-host fan-out process | 62.0 MiB | ≤ 64 MiB | **met** |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
 	}
 }

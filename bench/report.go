@@ -24,6 +24,7 @@ type report struct {
 	health            *healthResult
 	rtt               *rttResult
 	lab               *labResult
+	fanout            *fanoutResult
 }
 
 func firstLine(ctx context.Context, name string, args ...string) string {
@@ -102,7 +103,7 @@ func (r *report) render() string {
 	p("```")
 	p("")
 	p("(= `scripts/teststack up`, `eval \"$(scripts/teststack env)\"`, `go build -o $STACK_DIR/bench/bench ./bench`, then")
-	p("`$STACK_DIR/bench/bench -out docs/benchmarks.md -runs %d -image-mib %d -scale %s -gets %d -probes %d -phases %s -lab-rates %s -lab-hosts %d -lab-runs %d -creates-rate %s -rtt-ms %d -rtt-list %d`.)", r.opts.runs, r.opts.imageMiB, r.opts.scale, r.opts.gets, r.opts.probes, r.opts.phases, r.opts.labRates, r.opts.labHosts, r.opts.labRuns, r.opts.createsRate, r.opts.rttMS, r.opts.rttList)
+	p("`$STACK_DIR/bench/bench -out docs/benchmarks.md -runs %d -image-mib %d -scale %s -gets %d -probes %d -phases %s -lab-rates %s -lab-hosts %d -lab-runs %d -creates-rate %s -rtt-ms %d -rtt-list %d -fanout-hosts %d -fanout-mib %d -fanout-rate %s -fanout-mirror-rate %s -fanout-runs %d`.)", r.opts.runs, r.opts.imageMiB, r.opts.scale, r.opts.gets, r.opts.probes, r.opts.phases, r.opts.labRates, r.opts.labHosts, r.opts.labRuns, r.opts.createsRate, r.opts.rttMS, r.opts.rttList, r.opts.fanoutHosts, r.opts.fanoutMiB, r.opts.fanoutRate, r.opts.fanoutMirrorRate, r.opts.fanoutRuns)
 	p("Run %s – %s UTC.", r.started.Format("2006-01-02 15:04"), r.finished.Format("15:04"))
 	p("")
 	p("## Machine")
@@ -134,6 +135,9 @@ func (r *report) render() string {
 	}
 	if x := r.rtt; x != nil {
 		r.renderRTT(p, x)
+	}
+	if f := r.fanout; f != nil {
+		r.renderFanout(p, f)
 	}
 	r.renderSummary(p)
 	b.WriteString(analysisMarker)
@@ -423,6 +427,11 @@ func (r *report) renderSummary(p func(string, ...any)) {
 			row{fmt.Sprintf("List of %d at %d ms RTT (sequential: %.2f s)", x.n, ms, med(x.seqMS)/1000), fmt.Sprintf("%.2f s, %.0f RPCs, %.0f round trips", listS, med(x.list.remote.rpcs), med(x.list.rounds)), fmt.Sprintf("≤ %.1f s", targetListS), verdict(listS <= targetListS)},
 			row{fmt.Sprintf("cache-hit Create at %d ms RTT, round trips on the critical path", ms), fmt.Sprintf("%.0f (%.0f RPCs, %.1f RTT beyond loopback)", hit, med(x.hit.remote.rpcs), x.hit.beyond(x.rtt)), fmt.Sprintf("≤ %d", targetHitRTT), verdict(hit <= targetHitRTT)},
 			row{fmt.Sprintf("cold Create at %d ms RTT, round trips on the critical path", ms), fmt.Sprintf("%.0f (%.0f RPCs, %.1f RTT beyond loopback)", cold, med(x.cold.remote.rpcs), x.cold.beyond(x.rtt)), fmt.Sprintf("≤ %d + transfer", targetColdRTT), verdict(cold <= targetColdRTT)})
+	}
+	if f := r.fanout; f != nil {
+		for _, x := range f.summary() {
+			rows = append(rows, row{x[0], x[1], x[2], x[3]})
+		}
 	}
 	if len(rows) == 0 {
 		return

@@ -76,29 +76,51 @@
 //
 // # Fan-out across hosts
 //
-// Off by default. Caches (one per entry, i.e. per host) given the same
-// Config.Fanout — ProcessFanout() for the whole process, or kvm2's
-// Options.ImageFanout — share one HTTP download of an image (same URL,
-// same configured SHA256, same HTTP client) whose cold fetches start
-// within FanoutOptions.JoinWindow (1s) of each other, or while the
-// download's first bytes are still in its window. Only the HTTP body is
-// shared: every host uploads, reads back, hashes, checks the size of and
-// marks its own base, so every promise above holds per host, and a digest
-// mismatch fails each host Permanent on its own read-back. The body
-// streams through a bounded window (8 MiB in 256 KiB chunks) that each
-// host reads at its own pace; memory is the window whatever the number of
-// hosts. A host that keeps the window full (the others a window ahead of
-// it) for DetachAfter (2s) is detached without an error: its next read
-// continues on its own download (Range with If-Range from its offset, or a
-// full GET skipping the bytes it has when the mirror announced no ranges
-// or no validator). A host whose fetch ends leaves the download to the
-// others; the last one to leave cancels it. The mirror failing mid-body
-// fails every attached host Transient (nothing is published anywhere).
+// Caches (one per entry, i.e. per host) given the same Config.Fanout —
+// ProcessFanout() for the whole process, which is what kvm2 gives every
+// provider unless Options.NoImageFanout is set — share the HTTP download
+// of an image (same URL, same configured SHA256, same HTTP client) among
+// their concurrent cold fetches, and a cache going cold later copies a
+// base another one has published instead of downloading it. Without a
+// Fanout (imagecache's zero Config) every fetch downloads on its own.
+// Only bytes are shared: every host uploads, reads back, hashes, checks
+// the size of and marks its own base, so every promise above holds per
+// host, and a digest mismatch fails each host Permanent on its own
+// read-back.
+//
+// Shared download: a fetch joins a download of the image that still holds
+// byte 0. The download keeps byte 0 for FanoutOptions.JoinWindow (1s) from
+// its start: while another cache's Ensure of the image is under way and
+// has not reached its GET, up to its whole window (waiting when it is
+// full); otherwise only its first 2 MiB, never waiting, so a fetch alone
+// never waits and holds at most those 2 MiB and the read-ahead (4 chunks,
+// 1 MiB). The
+// body streams through a bounded window (8 MiB in 256 KiB chunks) that
+// each host reads at its own pace; memory is the window whatever the
+// number of hosts. A host that keeps the window full (the others a window
+// ahead of it) for DetachAfter (2s) is detached without an error: its next
+// read continues on its own download (Range with If-Range from its offset,
+// or a full GET skipping the bytes it has when the mirror announced no
+// ranges or no validator). A host whose fetch ends leaves the download to
+// the others; the last one to leave cancels it. The mirror failing
+// mid-body fails every attached host Transient (nothing is published
+// anywhere).
+//
+// Late joiners: for an image with a configured SHA256, a cold fetch that
+// has no download to join asks the other caches of its Fanout (same HTTP
+// client) whether their pools hold a base published with a marker of that
+// digest, and copies one (StorageVolDownload from the peer's host,
+// streamed into its own upload, then the usual read-back and marker). Any
+// failure of the copy — the peer's link or host, its base gone, bytes that
+// do not hash to the digest, no progress for 15 s — falls back to the
+// mirror in the same fetch, so a peer's fault never fails a fetch nor
+// makes it Permanent (see Fanout for the rules that pick a peer). The copy
+// keeps no temporary file anywhere.
+//
 // Base.Source, the span attribute imagecache.source and the "source" key
 // of the "published base" log line say where a base came from (pool,
-// mirror, shared, detached). When byte 0 would leave the window before
-// JoinWindow ends (a mirror faster than 8 MiB/s), the download pauses
-// until then, at most JoinWindow once.
+// mirror, shared, detached, peer); imagecache.peer and the "peer" key name
+// the peer's entry.
 package imagecache
 
 import (
@@ -278,11 +300,13 @@ type Config struct {
 	TracerProvider trace.TracerProvider `json:"-"`
 	// Fanout, when set, shares the HTTP download of an image among the
 	// concurrent cold fetches of every cache given the same Fanout (one
-	// per entry, i.e. per host: see Fanout and ProcessFanout); each
+	// per entry, i.e. per host: see Fanout and ProcessFanout), and lets a
+	// cache going cold later copy a base another of them published; each
 	// host's upload, read-back digest, size check and marker stay its
 	// own. A cache with a Fanout and no HTTPClient uses one client shared
-	// by all such caches (downloads are shared per client). Nil: every
-	// fetch downloads on its own.
+	// by all such caches (downloads and copies are shared per client).
+	// The cache joins the Fanout in New and leaves it in Close. Nil:
+	// every fetch downloads on its own.
 	Fanout *Fanout `json:"-"`
 }
 
@@ -303,7 +327,9 @@ type Base struct {
 	// Source is where Ensure got the base from: SourcePool (already
 	// published), SourceMirror (downloaded by this fetch), SourceShared
 	// (a download shared through Config.Fanout), SourceDetached (shared,
-	// then finished on its own download). Empty from List and Verify.
+	// then finished on its own download), SourcePeer (copied from a base
+	// another cache of the Fanout had published). Empty from List and
+	// Verify.
 	Source string
 }
 
@@ -430,7 +456,7 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 		tp = noop.NewTracerProvider()
 	}
 	stop, cancel := context.WithCancel(context.Background())
-	return &Cache{
+	c := &Cache{
 		conn:     conn,
 		cfg:      cfg,
 		log:      log.WithName("imagecache").WithValues("entry", cfg.Entry, "pool", cfg.Pool),
@@ -441,7 +467,11 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 		stop:     stop,
 		cancel:   cancel,
 		segment:  segmentSize,
-	}, nil
+	}
+	if cfg.Fanout != nil {
+		cfg.Fanout.register(c)
+	}
+	return c, nil
 }
 
 // BaseName returns the volume name of img's base in this cache.
@@ -487,10 +517,20 @@ func (c *Cache) Ensure(ctx context.Context, img Image) (_ Base, opErr error) {
 		f = &flight{done: make(chan struct{}), cancel: cancel, img: img}
 		c.flights[name] = f
 		c.wg.Add(1)
+		var arrived func()
+		if fo := c.cfg.Fanout; fo != nil {
+			// Until this flight reaches its GET, a download of the image
+			// by another cache keeps byte 0 for it (JoinWindow).
+			arrived = fo.expect(c.fanKey(img))
+			fctx = context.WithValue(fctx, arrivalKey{}, arrived)
+		}
 		go func() {
 			defer c.wg.Done()
 			defer stop()
 			defer cancel()
+			if arrived != nil {
+				defer arrived()
+			}
 			b, err := c.ensure(fctx, img, name)
 			c.mu.Lock()
 			f.base, f.err = b, err
@@ -686,6 +726,9 @@ func (c *Cache) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
+	if c.cfg.Fanout != nil {
+		c.cfg.Fanout.unregister(c)
+	}
 	c.cancel()
 	done := make(chan struct{})
 	go func() { c.wg.Wait(); close(done) }()

@@ -31,15 +31,22 @@ const (
 	// and finished on a download of its own (a Range request from where it
 	// was, or a full GET skipping what it had).
 	SourceDetached = "detached"
+	// SourcePeer: this fetch copied the base another cache of its Fanout
+	// had published (its host's volume, read through libvirt), instead
+	// of downloading the image.
+	SourcePeer = "peer"
 )
 
 // FanoutOptions tune a Fanout. Zero fields take the defaults.
 type FanoutOptions struct {
-	// JoinWindow: a fetch of the same image that starts within this long
-	// of a shared download's start joins it from byte 0; the download
-	// keeps its first bytes that long (pausing when the window is full
-	// earlier, i.e. only on a mirror faster than Window/JoinWindow).
-	// Later it may still join while byte 0 is in the window. Zero: 1s.
+	// JoinWindow is how long a shared download keeps its first bytes for
+	// fetches of the same image that join it later: while another cache's
+	// Ensure of the image is under way and has not reached its GET, up to
+	// the whole window (waiting when the window is full), so that fetch
+	// joins from byte 0; with nobody on the way, only the first 8 chunks
+	// (2 MiB), never waiting, so a fetch alone never waits and holds no
+	// more than those and the read-ahead. A fetch that comes after byte 0
+	// left downloads on its own (or copies from a peer). Zero: 1s.
 	JoinWindow time.Duration
 	// Window bounds the bytes a shared download holds in memory, whatever
 	// the number of fetches reading it. Zero: 8 MiB.
@@ -51,6 +58,10 @@ type FanoutOptions struct {
 	// window ahead of it) for this long is detached from the shared
 	// download and continues on its own. Zero: 2s.
 	DetachAfter time.Duration
+	// NoPeers: a cold fetch never copies the base from another cache of
+	// the Fanout (see Fanout). Zero: it does, for an image with a
+	// configured SHA256, when another cache has published it.
+	NoPeers bool
 }
 
 // Fanout shares one HTTP download of an image among concurrent cold
@@ -73,17 +84,48 @@ type FanoutOptions struct {
 // fails every fetch still attached with that error (each fails Transient
 // before its marker: nothing is published).
 //
+// A download reads at most a few chunks ahead of the fetch furthest into
+// it, so a fetch alone holds about a megabyte, not the window.
+//
+// Late joiners: a cache that goes cold for an image with a configured
+// SHA256 when no download of it can be joined asks the other caches of
+// the Fanout (with the same HTTP client) whether their pools hold a base
+// published with a marker of that digest (one listing each, at once,
+// bounded by 2 s). If one does, it copies that base — StorageVolDownload
+// on a dedicated connection to the peer's host, streamed into its own
+// upload — instead of downloading the image: Base.Source SourcePeer. What
+// it publishes is still the digest of what it read back from its own
+// volume, which must equal the configured one. Any failure of the copy
+// (the peer's link or host, its base gone, bytes that do not hash to the
+// digest, no progress for 15 s or Config.StreamStall if shorter) falls
+// back to the mirror within the same fetch, so a peer's fault never fails
+// a fetch nor makes it Permanent; that peer is not asked again for a
+// minute. A peer whose last copy ran slower than the last download of the
+// image from the mirror is not asked either. Among peers that answer
+// within 200 ms of the first, the one with the fewest copies in flight is
+// used. FanoutOptions.NoPeers turns this off.
+//
 // A Fanout is safe for concurrent use and needs no Close: a download's
 // goroutine ends with the download, and the last fetch to leave waits for
-// it.
+// it. Caches join it in New and leave it in Close.
 type Fanout struct {
 	opts FanoutOptions
 
 	mu  sync.Mutex
 	dls map[fanKey]*download
+	// coming counts, per key, the Ensures of caches of this Fanout that
+	// may still join a download of it (see expect).
+	coming map[fanKey]*atomic.Int64
 	// chunks counts the window chunks ever allocated (tests check that
 	// memory is bounded by the window, not the image or the fetches).
 	chunks atomic.Int64
+
+	// pmu guards the caches of this Fanout (peers of each other) and
+	// what it learnt of them and of the mirror (peer.go).
+	pmu        sync.Mutex
+	caches     []*Cache
+	peerStats  map[*Cache]*peerStats
+	mirrorRate map[fanKey]float64 // bytes/s of the last download published
 }
 
 type fanKey struct {
@@ -124,13 +166,65 @@ func NewFanout(opts FanoutOptions) *Fanout {
 	if opts.DetachAfter <= 0 {
 		opts.DetachAfter = 2 * time.Second
 	}
-	return &Fanout{opts: opts, dls: map[fanKey]*download{}}
+	return &Fanout{opts: opts, dls: map[fanKey]*download{}, coming: map[fanKey]*atomic.Int64{}}
 }
+
+// comingLocked is key's counter of expected joiners.
+func (f *Fanout) comingLocked(key fanKey) *atomic.Int64 {
+	n := f.coming[key]
+	if n == nil {
+		n = new(atomic.Int64)
+		f.coming[key] = n
+	}
+	return n
+}
+
+// arrivalKey carries, in the context of an Ensure's flight, the func that
+// tells its Fanout the flight has reached its GET (or ended).
+type arrivalKey struct{}
+
+// expect notes that a cache's Ensure of key is under way and may reach a
+// GET soon: until arrived is called (by Fanout.get once the fetch joined
+// or started a download, else when the flight ends; more calls do
+// nothing), a download of key whose window fills up before JoinWindow
+// keeps byte 0 for it and waits, instead of giving byte 0 up. So a fetch
+// alone never waits for joiners that are not coming.
+func (f *Fanout) expect(key fanKey) (arrived func()) {
+	f.mu.Lock()
+	n := f.comingLocked(key)
+	n.Add(1)
+	f.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			n.Add(-1)
+			f.mu.Lock()
+			d := f.dls[key]
+			f.mu.Unlock()
+			if d != nil {
+				d.mu.Lock()
+				d.broadcastLocked()
+				d.mu.Unlock()
+			}
+		})
+	}
+}
+
+// readAhead bounds how far the download reads ahead of the fetch that is
+// furthest into it: a fetch alone holds a few chunks, not the window (the
+// window is for the spread between fetches and for keeping byte 0).
+func (f *Fanout) readAhead() int64 { return min(f.opts.Window, 4*int64(f.opts.Chunk)) }
+
+// joinKeep is how much of its first bytes a download keeps for JoinWindow
+// when no fetch is known to be on its way (2 MiB by default; 170 ms of a
+// 100 Mbit/s mirror, for a fetch whose Ensure starts a little later).
+func (f *Fanout) joinKeep() int64 { return min(f.opts.Window, 8*int64(f.opts.Chunk)) }
 
 // download is one shared HTTP download.
 type download struct {
 	f      *Fanout
 	key    fanKey
+	coming *atomic.Int64 // the Fanout's count of expected joiners of key
 	client *http.Client
 	start  time.Time
 	ctx    context.Context
@@ -152,6 +246,8 @@ type download struct {
 	gone    bool // no more joins
 	// fullSince: since when a member keeps the window full (zero: not).
 	fullSince time.Time
+	// holdOver: byte 0 has left the window; nobody joins any more.
+	holdOver bool
 }
 
 // member is one fetch reading a download.
@@ -173,11 +269,13 @@ func (f *Fanout) get(key fanKey, req *http.Request) (*http.Response, func() stri
 	}
 	if m == nil {
 		src = SourceMirror
-		d = f.startDownload(key, req)
-		m = d.join()
+		d, m = f.startDownload(key, req)
 		f.dls[key] = d
 	}
 	f.mu.Unlock()
+	if arrived, ok := req.Context().Value(arrivalKey{}).(func()); ok {
+		arrived()
+	}
 
 	body := &fanBody{d: d, m: m, req: req, src: src}
 	body.ctx, body.cancel = context.WithCancel(req.Context())
@@ -210,15 +308,20 @@ func (f *Fanout) get(key fanKey, req *http.Request) (*http.Response, func() stri
 	return resp, body.source, nil
 }
 
-func (f *Fanout) startDownload(key fanKey, req *http.Request) *download {
+// startDownload starts a download of key with its first member, the
+// caller's: the member is in before the pump starts, so that a body the
+// pump reads to its end (or trims) before the caller gets to read is still
+// the caller's.
+func (f *Fanout) startDownload(key fanKey, req *http.Request) (*download, *member) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(req.Context()))
+	m := &member{}
 	d := &download{
-		f: f, key: key, client: key.client, start: time.Now(), ctx: ctx, cancel: cancel,
+		f: f, key: key, client: key.client, start: time.Now(), ctx: ctx, cancel: cancel, coming: f.comingLocked(key),
 		done: make(chan struct{}), ready: make(chan struct{}),
-		members: map[*member]bool{}, changed: make(chan struct{}),
+		members: map[*member]bool{m: true}, changed: make(chan struct{}),
 	}
 	go d.pump(req.Clone(ctx))
-	return d
+	return d, m
 }
 
 // validatorOf is what identifies the version of r's resource: its strong
@@ -240,6 +343,7 @@ func (d *download) join() *member {
 	}
 	m := &member{}
 	d.members[m] = true
+	d.broadcastLocked()
 	return m
 }
 
@@ -339,14 +443,29 @@ func (d *download) room() ([]byte, error) {
 		for m := range d.members {
 			minOff, maxOff = min(minOff, m.off), max(maxOff, m.off)
 		}
+		if len(d.members) == 0 {
+			maxOff = 0 // nobody reads yet: read ahead of byte 0 only
+		}
 		now := time.Now()
-		hold := now.Sub(d.start) < o.JoinWindow
+		// Byte 0 is kept for joiners for JoinWindow: up to the whole
+		// window (waiting when it is full) while one is on its way (an
+		// Ensure of the image under way that has not reached its GET),
+		// else only up to joinKeep bytes, never waiting: a fetch alone
+		// keeps at most joinKeep behind it, for a fetch that has not
+		// started yet.
+		hold := !d.holdOver && now.Sub(d.start) < o.JoinWindow
+		if hold && d.head >= d.f.joinKeep() && d.coming.Load() == 0 {
+			hold = false
+		}
 		tail := minOff
 		if hold {
 			tail = 0
 		}
 		d.trimLocked(tail)
-		if d.head-tail < o.Window {
+		if d.base > 0 {
+			d.holdOver = true // byte 0 is gone: no more joins
+		}
+		if d.head-tail < o.Window && d.head-maxOff < d.f.readAhead() {
 			d.fullSince = time.Time{}
 			if n := len(d.bufs); n > 0 && len(d.bufs[n-1]) < cap(d.bufs[n-1]) {
 				b := d.bufs[n-1]
@@ -381,7 +500,10 @@ func (d *download) room() ([]byte, error) {
 				continue
 			}
 			wait = d.fullSince.Add(o.DetachAfter).Sub(now)
-		case hold:
+		case hold && d.head >= o.Window:
+			// Keeping byte 0 for a joiner on its way: wait for it (its
+			// arrival, or its flight ending, wakes us), at most until
+			// JoinWindow ends.
 			d.fullSince = time.Time{}
 			wait = d.start.Add(o.JoinWindow).Sub(now)
 		default:

@@ -26,8 +26,9 @@ import (
 // smallFanout has a window of 8 chunks of 32 KiB, so that a test image of
 // a few hundred KiB goes through many trims, detaches after 200 ms and
 // holds byte 0 for 200 ms (tests that need every host to join gate the
-// mirror's answer with waitMembers, except TestFanoutFourHostsOneGET,
-// which relies on the default JoinWindow alone).
+// mirror's answer with waitMembers: under load a host's Ensure may start
+// after the others' download has moved on; TestFanoutWaitsForJoinerOnItsWay
+// shows the hold for an Ensure under way without a gate).
 func smallFanout() *Fanout {
 	return NewFanout(FanoutOptions{Window: 256 << 10, Chunk: 32 << 10, DetachAfter: 200 * time.Millisecond, JoinWindow: 200 * time.Millisecond})
 }
@@ -111,8 +112,12 @@ func countSources(bases []Base) map[string]int {
 // second Ensure is a hit.
 func TestFanoutFourHostsOneGET(t *testing.T) {
 	body, sum := testImage(600 << 10)
-	srv := serve(t, body, nil)
 	f := NewFanout(FanoutOptions{Window: 256 << 10, Chunk: 32 << 10}) // JoinWindow 1 s
+	srv := serve(t, body, func(w http.ResponseWriter, r *http.Request) {
+		waitMembers(f, 4)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = w.Write(body)
+	})
 	cs, hs := fanHosts(t, 4, f, nil)
 	img := Image{Key: "k", URL: srv.url, SHA256: sum}
 	bases, errs := ensureAll(t, cs, img)
@@ -331,8 +336,12 @@ func TestFanoutMirrorFailures(t *testing.T) {
 	body, sum := testImage(600 << 10)
 	var cut atomic.Bool
 	cut.Store(true)
-	f := smallFanout()
+	// Peers off: once the hosts have published the image, a copy of the
+	// configured digest from one of them would (rightly) win over the
+	// wrong bytes the mirror serves below.
+	f := NewFanout(FanoutOptions{Window: 256 << 10, Chunk: 32 << 10, DetachAfter: 200 * time.Millisecond, JoinWindow: 200 * time.Millisecond, NoPeers: true})
 	srv := serve(t, body, func(w http.ResponseWriter, r *http.Request) {
+		waitMembers(f, 4) // every host reads the download (a loaded machine starts some late)
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		if !cut.Load() {
 			_, _ = w.Write(body)
@@ -340,7 +349,6 @@ func TestFanoutMirrorFailures(t *testing.T) {
 		}
 		_, _ = w.Write(body[:200<<10])
 		w.(http.Flusher).Flush()
-		waitMembers(f, 4) // cut once every host reads the download
 		panic(http.ErrAbortHandler)
 	})
 	cs, hs := fanHosts(t, 4, f, nil)
@@ -616,5 +624,87 @@ func TestFanoutDetachedFailureRedacted(t *testing.T) {
 		if strings.Contains(s, secret) {
 			t.Fatalf("a secret printed: %s", s)
 		}
+	}
+}
+
+// A fetch alone on a fast mirror never waits for joiners, nor keeps the
+// window: with JoinWindow 5 s and a 1 MiB window that a 2 MiB image
+// overflows at once, it ends long before JoinWindow, and the download
+// allocated no more than joinKeep (what it keeps of byte 0 for fetches not
+// yet started) and the read-ahead, not the window.
+func TestFanoutAloneNeverWaits(t *testing.T) {
+	body, sum := testImage(2 << 20)
+	srv := serve(t, body, nil)
+	f := NewFanout(FanoutOptions{Window: 1 << 20, Chunk: 32 << 10, JoinWindow: 5 * time.Second})
+	cs, hs := fanHosts(t, 3, f, nil)
+	img := Image{Key: "k", URL: srv.url, SHA256: sum}
+	start := time.Now()
+	b, err := cs[0].Ensure(testCtx(t, 30*time.Second), img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 2500*time.Millisecond {
+		t.Fatalf("a fetch alone took %v with JoinWindow 5s: it waited for joiners nobody sent", took)
+	}
+	wantPublished(t, cs[0], hs[0], img, b, body, sum)
+	chunk := int64(f.opts.Chunk)
+	if max := (f.joinKeep()+f.readAhead())/chunk + 2; f.chunks.Load() > max {
+		t.Fatalf("a fetch alone allocated %d chunks, want at most %d (joinKeep + read-ahead; the window is %d)", f.chunks.Load(), max, f.opts.Window/chunk)
+	}
+}
+
+// A download keeps byte 0 for a fetch whose Ensure is under way: host 1's
+// Ensure is held in its first pool listing while host 0's download fills
+// its window (and would move on without anyone coming); once released,
+// host 1 joins from byte 0 — one GET for both — and host 0 waited less
+// than JoinWindow for it.
+func TestFanoutWaitsForJoinerOnItsWay(t *testing.T) {
+	body, sum := testImage(1 << 20)
+	srv := serve(t, body, nil)
+	f := NewFanout(FanoutOptions{Window: 128 << 10, Chunk: 32 << 10, JoinWindow: 5 * time.Second, NoPeers: true})
+	cs, hs := fanHosts(t, 2, f, nil)
+	release := make(chan struct{})
+	hs[1].SetHook("StoragePoolListAllVolumes", libvirtfake.Block(release))
+	img := Image{Key: "k", URL: srv.url, SHA256: sum}
+	var wg sync.WaitGroup
+	bases := make([]Base, 2)
+	errs := make([]error, 2)
+	start := time.Now()
+	var took0 time.Duration
+	wg.Go(func() { bases[1], errs[1] = cs[1].Ensure(testCtx(t, 30*time.Second), img) })
+	for hs[1].Calls("StoragePoolListAllVolumes") == 0 { // host 1's Ensure is under way
+		time.Sleep(time.Millisecond)
+	}
+	wg.Go(func() { bases[0], errs[0] = cs[0].Ensure(testCtx(t, 30*time.Second), img); took0 = time.Since(start) })
+	full := func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, d := range f.dls {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return d.head >= f.opts.Window
+		}
+		return false
+	}
+	for end := time.Now().Add(10 * time.Second); !full() && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // host 0 is stuck at a full window
+	close(release)
+	wg.Wait()
+	for i := range 2 {
+		if errs[i] != nil {
+			t.Fatalf("host %d: %v", i, errs[i])
+		}
+		wantPublished(t, cs[i], hs[i], img, bases[i], body, sum)
+	}
+	if g := srv.gets.Load(); g != 1 {
+		t.Fatalf("%d GETs, want 1: the download did not keep byte 0 for the fetch on its way", g)
+	}
+	if s := countSources(bases); s[SourceMirror] != 1 || s[SourceShared] != 1 {
+		t.Fatalf("sources %v, want a mirror and a shared", s)
+	}
+	if took0 > 4*time.Second {
+		t.Fatalf("host 0 took %v: it waited to the end of JoinWindow", took0)
 	}
 }

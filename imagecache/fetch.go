@@ -41,17 +41,29 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string, a *ahead) (_ 
 		err = redactErr(err, img.URL)
 		endSpan(span, err)
 	}()
-	b, err := c.fetchOnce(ctx, img, name, a)
+	if pb := c.findPeer(ctx, img); pb != nil {
+		// A late joiner: another cache of the Fanout has published the
+		// image. Any failure of the copy falls back to the mirror.
+		span.SetAttributes(attribute.String("imagecache.peer", pb.c.cfg.Entry))
+		b, err := c.fetchOnce(ctx, img, name, a, pb)
+		if err == nil || ctx.Err() != nil {
+			return b, err
+		}
+		c.log.Info("copying the base from a peer failed; fetching from the mirror", "volume", name, "peer", pb.c.cfg.Entry, "err", redactText(err.Error(), img.URL))
+		a = nil // the copy took what was started ahead
+	}
+	b, err := c.fetchOnce(ctx, img, name, a, nil)
 	if errors.Is(err, errStalled) && ctx.Err() == nil {
 		// The stream hung (its connection is discarded and the staged
 		// volume deleted by now): once more, on fresh connections.
 		c.log.Info("a libvirt stream made no progress; fetching once more on a fresh connection", "volume", name, "err", err.Error())
-		b, err = c.fetchOnce(ctx, img, name, nil)
+		b, err = c.fetchOnce(ctx, img, name, nil, nil)
 	}
 	return b, err
 }
 
-// fetchOnce is one attempt of fetch: GET, upload, verify, publish.
+// fetchOnce is one attempt of fetch: GET (or, with pb, a copy of a peer's
+// base), upload, verify, publish.
 //
 // The calls that do not depend on each other overlap: the upload's
 // connection is dialled and the free space read ahead (see startAhead,
@@ -60,7 +72,7 @@ func (c *Cache) fetch(ctx context.Context, img Image, name string, a *ahead) (_ 
 // doHandle), its physical size is asked for while the last range is read
 // back, the read-back's connection closes while the marker is created,
 // and the base's path is read together with the marker's creation.
-func (c *Cache) fetchOnce(ctx context.Context, img Image, name string, a *ahead) (_ Base, err error) {
+func (c *Cache) fetchOnce(ctx context.Context, img Image, name string, a *ahead, pb *peerBase) (_ Base, err error) {
 	u := RedactURL(img.URL) // the only form of the URL ever printed
 	log := c.log.WithValues("volume", name, "url", u)
 
@@ -74,7 +86,16 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string, a *ahead)
 	if err != nil {
 		return Base{}, provider.Errorf(provider.Permanent, "image %q: bad URL %s: %s", img.Key, u, parseProblem(err))
 	}
-	resp, source, err := c.get(req, img)
+	if pb != nil {
+		log = log.WithValues("peer", pb.c.cfg.Entry)
+		defer c.cfg.Fanout.copying(pb.c)()
+		defer func() {
+			if err != nil && ctx.Err() == nil {
+				c.cfg.Fanout.noteCopy(pb.c, 0, false)
+			}
+		}()
+	}
+	resp, source, err := c.get(req, img, pb)
 	if err != nil {
 		// net/http's *url.Error names the URL (the last one, after
 		// redirects): redacted in place.
@@ -188,6 +209,14 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string, a *ahead)
 	src := source()
 	span.SetAttributes(attribute.String("imagecache.source", src))
 	el := time.Since(start)
+	if f := c.cfg.Fanout; f != nil {
+		switch rate := float64(n) / el.Seconds(); src {
+		case SourcePeer:
+			f.noteCopy(pb.c, rate, true)
+		case SourceMirror:
+			f.noteMirror(c.fanKey(img), rate)
+		}
+	}
 	log.Info("published base", "source", src, "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
 		"upload", uploaded, "uploadBytesPerSecond", int64(float64(n)/uploaded.Seconds()),
 		// The read-back overlaps the upload: verify is what it added
@@ -204,12 +233,15 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string, a *ahead)
 // through it (sharing the body with other caches' fetches of the same
 // image). source says, once the body was read, where it came from
 // (SourceMirror, SourceShared, SourceDetached).
-func (c *Cache) get(req *http.Request, img Image) (*http.Response, func() string, error) {
+func (c *Cache) get(req *http.Request, img Image, pb *peerBase) (*http.Response, func() string, error) {
+	if pb != nil {
+		return c.peerGet(req, pb)
+	}
 	if c.cfg.Fanout == nil {
 		resp, err := c.cfg.HTTPClient.Do(req)
 		return resp, func() string { return SourceMirror }, err
 	}
-	return c.cfg.Fanout.get(fanKey{url: img.URL, sha256: img.SHA256, client: c.cfg.HTTPClient}, req)
+	return c.cfg.Fanout.get(c.fanKey(img), req)
 }
 
 // permanentGET reports why a failed GET cannot succeed when retried: the

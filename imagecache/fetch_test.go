@@ -77,7 +77,7 @@ func TestHTTPDeadlineIsFlightDeadlineMinusGrace(t *testing.T) {
 			rec.mu.Lock()
 			rec.deadlines = nil
 			rec.mu.Unlock()
-			_, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage), nil)
+			_, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage), nil, nil)
 			if !errors.Is(err, errRecorded) {
 				t.Fatalf("fetchOnce = %v, want the transport's error", err)
 			}
@@ -97,7 +97,7 @@ func TestHTTPDeadlineIsFlightDeadlineMinusGrace(t *testing.T) {
 		rec.mu.Lock()
 		rec.deadlines = nil
 		rec.mu.Unlock()
-		_, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage), nil)
+		_, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage), nil, nil)
 		if provider.Code(err) != provider.Transient || !strings.Contains(err.Error(), "HTTPGrace") {
 			t.Fatalf("fetchOnce = %v, want Transient naming HTTPGrace", err)
 		}

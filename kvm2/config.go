@@ -226,15 +226,23 @@ type Options struct {
 	// ImageProgressInterval is the interval of ImageProgress and of the
 	// progress log lines. Zero: imagecache's default (5s).
 	ImageProgressInterval time.Duration
-	// ImageFanout, when set, is given to the entry's image cache
+	// ImageFanout is given to the entry's image cache
 	// (imagecache.Config.Fanout): the providers of several entries (hosts)
-	// given the same Fanout — imagecache.ProcessFanout() for the whole
-	// process — share one HTTP download of an image their hosts fetch cold
-	// at the same time; each host still uploads, verifies and publishes
-	// its own base. Downloads are shared only among providers with the
-	// same HTTPClient (nil counts as one shared client). Nil: each entry
-	// downloads on its own.
+	// with the same Fanout share one HTTP download of an image their hosts
+	// fetch cold at the same time, and a host going cold later copies the
+	// base another entry's host has published instead of downloading it
+	// again (imagecache.Fanout); each host still uploads, verifies and
+	// publishes its own base. Downloads and copies are shared only among
+	// providers with the same HTTPClient (nil counts as one shared
+	// client). Nil: imagecache.ProcessFanout(), so every provider of the
+	// process shares, with nothing to configure; NoImageFanout turns it
+	// off.
 	ImageFanout *imagecache.Fanout
+	// NoImageFanout: the entry's image cache has no Fanout (ImageFanout is
+	// ignored): it downloads every cold image on its own and never copies
+	// from, nor serves copies to, other entries. Zero: fan-out as
+	// ImageFanout says.
+	NoImageFanout bool
 }
 
 // ParseConfig decodes one entry from YAML or JSON (JSON is YAML) strictly

@@ -94,6 +94,13 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		CallTimeout: cfg.CallTimeout,
 		Logger:      log,
 	})
+	fanout := opts.ImageFanout
+	switch {
+	case opts.NoImageFanout:
+		fanout = nil
+	case fanout == nil:
+		fanout = imagecache.ProcessFanout()
+	}
 	cache, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{
 		Entry:            cfg.Entry,
 		Pool:             cfg.Pool,
@@ -102,7 +109,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		HTTPClient:       opts.HTTPClient,
 		Progress:         opts.ImageProgress,
 		ProgressInterval: provider.Duration(opts.ImageProgressInterval),
-		Fanout:           opts.ImageFanout,
+		Fanout:           fanout,
 		Logger:           base,
 		TracerProvider:   tp,
 	})
