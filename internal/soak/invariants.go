@@ -21,6 +21,10 @@ const (
 	InvRSS         = "rss-flat"
 	InvClassKnown  = "one-known-class-per-error"
 	InvDeleteFound = "delete-notfound-is-done"
+	InvDriverAlive = "driver-ends-only-when-told"
+	InvReleased    = "driver-releases-goroutines-on-close"
+	InvDebris      = "no-debris-in-pool"
+	InvBaseInUse   = "no-base-deleted-under-a-domain"
 )
 
 // Violation is one broken invariant.
@@ -121,11 +125,12 @@ func (c *Checker) CheckBudget(op, instance string, took, budget, grace time.Dura
 // CheckClass checks a call's error class: every class the soak can meet
 // is known, and Permanent is never one — each fault the soak injects is
 // transient, so a Permanent error is a transient fault misclassified (or
-// a reconciler bug). active names the faults active when the call ran,
-// for the detail.
+// a reconciler bug). "Refused" is a Permanent error the operation returns
+// by design (EvictImage of a base in use), classed so by the driver.
+// active names the faults active when the call ran, for the detail.
 func (c *Checker) CheckClass(op, instance, class, errText string, active []string) bool {
 	switch class {
-	case "OK", "Transient", "NotFound", "DeadlineExceeded", "Canceled":
+	case "OK", "Transient", "NotFound", "DeadlineExceeded", "Canceled", "Refused":
 		c.Check(InvClassKnown, true, "")
 	case "Permanent":
 		c.Check(InvClassKnown, true, "")
