@@ -15,7 +15,9 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
@@ -300,13 +302,27 @@ func poolVolumes(h lab.Host, pool string) ([]string, error) {
 
 // poolDebris checks entry's image volumes in a pool listing after the
 // run: no claim left behind, every base with its digest marker (a base
-// without one is half-written), no marker without its base.
-func poolDebris(entry string, vols []string) []string {
+// without one is half-written), no marker without its base. A driver
+// SIGKILLed mid-fetch leaves its claim (and maybe a half-written base) for
+// the next Ensure of that image to take over once the claim is stale: the
+// claims taken before lastKill, and unmarked bases when lastKill is set,
+// are returned as killed, not as debris.
+func poolDebris(entry string, vols []string, lastKill time.Time) (debris, killed []string) {
 	var out []string
 	bases, markers := map[string]bool{}, map[string]bool{}
 	for _, v := range vols {
-		if strings.HasPrefix(v, "claim-"+entry+"--") {
-			out = append(out, "claim left behind: "+v)
+		if rest, ok := strings.CutPrefix(v, "claim-"+entry+"--"); ok {
+			// claim-<entry>--<key>.<format>.<unixnano>.<hex>
+			parts := strings.Split(rest, ".")
+			var at int64
+			if len(parts) >= 4 {
+				at, _ = strconv.ParseInt(parts[len(parts)-2], 10, 64)
+			}
+			if !lastKill.IsZero() && at > 0 && time.Unix(0, at).Before(lastKill) {
+				killed = append(killed, v)
+			} else {
+				out = append(out, "claim left behind: "+v)
+			}
 		}
 		if e, _, _, ok := imagecache.ParseBaseName(v); ok && e == entry {
 			bases[v] = true
@@ -316,7 +332,11 @@ func poolDebris(entry string, vols []string) []string {
 		}
 	}
 	for b := range bases {
-		if !markers[b] {
+		switch {
+		case markers[b]:
+		case !lastKill.IsZero():
+			killed = append(killed, b)
+		default:
 			out = append(out, "base without its digest marker (half-written): "+b)
 		}
 	}
@@ -326,7 +346,18 @@ func poolDebris(entry string, vols []string) []string {
 		}
 	}
 	slices.Sort(out)
-	return out
+	slices.Sort(killed)
+	return out, killed
+}
+
+// hasMarker reports whether base has a digest marker among vols.
+func hasMarker(base string, vols []string) bool {
+	for _, v := range vols {
+		if b, _, ok := imagecache.ParseMarkerName(v); ok && b == base {
+			return true
+		}
+	}
+	return false
 }
 
 // overlayBackings returns, for every overlay volume of entry in pool, the
