@@ -101,8 +101,8 @@ func Summarize(meta Meta, events []Event, c *Checker) Report {
 		}
 		found := false
 		for _, f := range events[i+1:] {
-			if f.Kind != EvCall || f.Result != "OK" {
-				continue
+			if f.Kind != EvCall || f.Result != "OK" || f.Op == "open" || f.Op == "health-round" {
+				continue // opening an entry and a round with no address to probe touch no host
 			}
 			mirrorFault := strings.HasPrefix(e.Op, "mirror-")
 			if (e.Host > 0 && f.Host == e.Host) || (mirrorFault && f.Op == "create") || (e.Host == 0 && !mirrorFault) {
