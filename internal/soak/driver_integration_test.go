@@ -75,7 +75,28 @@ type driverHost struct {
 	URI        string `json:"uri"`
 	Pool       string `json:"pool"`
 	Network    string `json:"network"`
+	// Guest, when set, makes this the guest entry: one proxy of the
+	// project's real guest image, booted and probed through its Squid.
+	Guest *guestEntry `json:"guest,omitempty"`
 }
+
+// guestEntry is what the guest entry differs in.
+type guestEntry struct {
+	URL         string `json:"url"` // the guest image, served by the supervisor
+	SHA256      string `json:"sha256"`
+	Kernel      string `json:"kernel"`
+	Initrd      string `json:"initrd"`
+	Cmdline     string `json:"cmdline"`
+	UserData    string `json:"userData"`    // Squid's config, allowing the prober's address
+	ProbeTarget string `json:"probeTarget"` // a CONNECT target the guest reaches
+}
+
+// The guest's image is ~570 MB: its fetch (upload and read-back over the
+// host's delay proxy) gets 5 min, its Create 6 min.
+const (
+	guestTransfer     = 5 * time.Minute
+	budgetGuestCreate = 6 * time.Minute
+)
 
 // slotSpec is one desired proxy as the supervisor sends it.
 type slotSpec struct {
@@ -142,6 +163,15 @@ type dhost struct {
 	stuck    map[string]string       // UID -> Permanent error: stop, retry only on a new spec
 	listed   []provider.Instance     // the last List, for the health rounds
 	tracker  *health.Tracker
+	guest    *guestEntry // the guest entry's; nil for the tiny ones
+}
+
+// createBudget is the deadline of h's Creates.
+func (h *dhost) createBudget() time.Duration {
+	if h.guest != nil {
+		return budgetGuestCreate
+	}
+	return budgetCreate
 }
 
 type driverProc struct {
@@ -204,13 +234,19 @@ func driverMain() int {
 			DialTimeout:    provider.Duration(dialTimeout), CallTimeout: provider.Duration(callTimeout),
 			KeepaliveInterval: provider.Duration(keepalive), KeepaliveCount: keepalives,
 		}
+		if g := h.Guest; g != nil {
+			cfg.Images = map[string]imagecache.Image{"guest": {URL: g.URL, SHA256: g.SHA256}}
+			cfg.DefaultImage, cfg.MachineTypes = "guest", nil
+			cfg.Kernel, cfg.Initrd, cfg.Cmdline = g.Kernel, g.Initrd, g.Cmdline
+			cfg.TransferBudget = provider.Duration(guestTransfer)
+		}
 		tr, err := health.NewTracker(&health.TrackerOptions{Grace: provider.Duration(30 * time.Second), Logger: d.logger})
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "soak driver: tracker: %v\n", err)
 			return 2
 		}
 		d.hosts[h.N] = &dhost{cfg: cfg, n: h.N, desired: map[string]provider.Spec{}, deleting: map[string]provider.Ref{},
-			stuck: map[string]string{}, tracker: tr}
+			stuck: map[string]string{}, tracker: tr, guest: h.Guest}
 	}
 
 	ctx, stop := context.WithCancel(context.Background())
@@ -287,7 +323,11 @@ func (h *dhost) setDesired(s desiredSet, userData string) {
 	defer h.mu.Unlock()
 	h.desired = map[string]provider.Spec{}
 	for _, x := range s.Specs {
-		h.desired[x.Name] = provider.Spec{Name: x.Name, UID: x.UID, Port: x.Port, ImageKey: x.Image, MachineType: "tiny", UserData: userData}
+		sp := provider.Spec{Name: x.Name, UID: x.UID, Port: x.Port, ImageKey: x.Image, MachineType: "tiny", UserData: userData}
+		if h.guest != nil {
+			sp.MachineType, sp.UserData = "", h.guest.UserData
+		}
+		h.desired[x.Name] = sp
 	}
 	h.deleting = map[string]provider.Ref{}
 	for _, r := range s.Deleting {
@@ -351,8 +391,8 @@ func (d *driverProc) call(ctx context.Context, host int, op, inst string, budget
 // reported as class "Refused".
 func (d *driverProc) callExpect(ctx context.Context, host int, op, inst string, budget time.Duration, refused func(error) bool, fn func(context.Context) error) error {
 	id := d.ids.Add(1)
-	d.emit(Event{Kind: EvCallStart, ID: id, Host: host, Op: op, Instance: inst})
-	cctx, cancel := context.WithTimeout(ctx, budget)
+	d.emit(Event{Kind: EvCallStart, ID: id, Host: host, Op: op, Instance: inst, Budget: budget})
+	cctx, cancel := context.WithTimeout(withDetail(ctx), budget)
 	defer cancel()
 	start := time.Now()
 	err := fn(cctx)
@@ -367,7 +407,7 @@ func (d *driverProc) callExpect(ctx context.Context, host int, op, inst string, 
 			class = "Refused"
 		}
 	}
-	d.emit(Event{Kind: EvCall, ID: id, Host: host, Op: op, Instance: inst, Result: class, Err: text, Latency: took})
+	d.emit(Event{Kind: EvCall, ID: id, Host: host, Op: op, Instance: inst, Result: class, Err: text, Latency: took, Budget: budget, Detail: detail(cctx)})
 	return err
 }
 
@@ -456,7 +496,7 @@ func (d *driverProc) reconcileOnce(ctx context.Context, h *dhost) (clean bool) {
 		if isStuck {
 			continue // Permanent: stop and record; a new spec (UID) retries
 		}
-		err := d.call(ctx, h.n, "create", n, budgetCreate, func(cc context.Context) error {
+		err := d.call(ctx, h.n, "create", n, h.createBudget(), func(cc context.Context) error {
 			_, err := c.Create(cc, s)
 			return err
 		})
@@ -531,9 +571,20 @@ func (d *driverProc) sideLoad(ctx context.Context, h *dhost, r *mrand.Rand) {
 				members = append(members, health.Member{ID: in.Name, Addr: in.Address()})
 			}
 			h.mu.Unlock()
+			target := d.cfg.ProbeTarget
+			if h.guest != nil {
+				target = h.guest.ProbeTarget
+			}
 			_ = d.call(ctx, h.n, "health-round", strconv.Itoa(len(members)), budgetRead, func(cc context.Context) error {
-				h.tracker.Round(cc, members, &health.ProbeAllOptions{TargetAddr: d.cfg.ProbeTarget,
+				res := h.tracker.Round(cc, members, &health.ProbeAllOptions{TargetAddr: target,
 					Probe: health.ProbeOptions{Timeout: provider.Duration(5 * time.Second)}})
+				healthy := 0
+				for _, st := range h.tracker.Snapshot() {
+					if st.Healthy() {
+						healthy++
+					}
+				}
+				setDetail(cc, fmt.Sprintf("probed %d healthy %d", len(res), healthy))
 				return nil
 			})
 		default:
@@ -541,6 +592,9 @@ func (d *driverProc) sideLoad(ctx context.Context, h *dhost, r *mrand.Rand) {
 			// the next Create of it fetches it again (through the mirror's
 			// faults); refused by design while a domain uses it (the
 			// foreign owner's instance always uses "tiny").
+			if h.guest != nil {
+				continue // its one image is always in use
+			}
 			desired, _ := h.snapshot()
 			key := d.cfg.Images[r.IntN(len(d.cfg.Images))]
 			used := false
@@ -585,4 +639,24 @@ func settledSample() (int, int64) {
 	debug.FreeOSMemory()
 	time.Sleep(200 * time.Millisecond)
 	return runtime.NumGoroutine(), rss()
+}
+
+// A call may leave a detail for its EvCall (setDetail on its context).
+type detailKey struct{}
+
+func withDetail(ctx context.Context) context.Context {
+	return context.WithValue(ctx, detailKey{}, new(string))
+}
+
+func setDetail(ctx context.Context, s string) {
+	if p, ok := ctx.Value(detailKey{}).(*string); ok {
+		*p = s
+	}
+}
+
+func detail(ctx context.Context) string {
+	if p, ok := ctx.Value(detailKey{}).(*string); ok {
+		return *p
+	}
+	return ""
 }

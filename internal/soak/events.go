@@ -46,6 +46,8 @@ type Event struct {
 	// ID pairs an EvCallStart with its EvCall.
 	PID int    `json:"pid,omitempty"`
 	ID  uint64 `json:"id,omitempty"`
+	// Budget is the deadline a driver gave the call (EvCallStart, EvCall).
+	Budget time.Duration `json:"budget,omitempty"`
 	// Gor and RSS are a driver's goroutines and resident bytes (EvSample,
 	// EvReady, EvExit).
 	Gor int   `json:"gor,omitempty"`

@@ -11,20 +11,21 @@ import (
 
 // Invariant names, as counted in the report.
 const (
-	InvBudget      = "call-within-budget"
-	InvPermanent   = "no-permanent-from-transient-fault"
-	InvSecret      = "no-secret-in-logs-and-errors"
-	InvConverged   = "converged-after-quiet"
-	InvNoOrphans   = "no-orphans-after-gc"
-	InvForeign     = "foreign-objects-untouched"
-	InvGoroutines  = "goroutines-flat"
-	InvRSS         = "rss-flat"
-	InvClassKnown  = "one-known-class-per-error"
-	InvDeleteFound = "delete-notfound-is-done"
-	InvDriverAlive = "driver-ends-only-when-told"
-	InvReleased    = "driver-releases-goroutines-on-close"
-	InvDebris      = "no-debris-in-pool"
-	InvBaseInUse   = "no-base-deleted-under-a-domain"
+	InvBudget       = "call-within-budget"
+	InvPermanent    = "no-permanent-from-transient-fault"
+	InvSecret       = "no-secret-in-logs-and-errors"
+	InvConverged    = "converged-after-quiet"
+	InvNoOrphans    = "no-orphans-after-gc"
+	InvForeign      = "foreign-objects-untouched"
+	InvGoroutines   = "goroutines-flat"
+	InvRSS          = "rss-flat"
+	InvClassKnown   = "one-known-class-per-error"
+	InvDeleteFound  = "delete-notfound-is-done"
+	InvDriverAlive  = "driver-ends-only-when-told"
+	InvReleased     = "driver-releases-goroutines-on-close"
+	InvDebris       = "no-debris-in-pool"
+	InvBaseInUse    = "no-base-deleted-under-a-domain"
+	InvGuestHealthy = "guest-probed-healthy"
 )
 
 // Violation is one broken invariant.

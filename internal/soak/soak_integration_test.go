@@ -28,6 +28,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/guesttest"
 	"github.com/egressproxy/egressproxy/internal/lab"
 	"github.com/egressproxy/egressproxy/internal/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
@@ -118,6 +119,14 @@ type shost struct {
 	fc    *egressproxy.Client // the foreign owner's client
 	fref  provider.Ref        // the foreign owner's instance
 	plant *foreign
+	guest *guestEntry // the guest entry (its own key after the lab's hosts)
+}
+
+func (h *shost) name() string {
+	if h.guest != nil {
+		return fmt.Sprintf("guest entry on host %d", h.h.N)
+	}
+	return fmt.Sprintf("host %d", h.h.N)
 }
 
 // proc is one driver process.
@@ -247,7 +256,7 @@ func (s *supervisor) spawn(role string, hosts []int) (*proc, error) {
 		h := s.hosts[n-1]
 		cfg.Hosts = append(cfg.Hosts, driverHost{N: n, Entry: h.entry, Addr: h.h.DelayAddr, User: h.h.SSHUser,
 			KeyFile: h.h.SSHKey, KnownHosts: h.h.KnownHosts, Socket: h.h.LibvirtSocket, URI: h.h.LibvirtURI,
-			Pool: h.pool, Network: h.h.Network})
+			Pool: h.pool, Network: h.h.Network, Guest: h.guest})
 	}
 	p := &proc{role: role, hosts: hosts, done: make(chan struct{}), samples: make(chan Event, 4), exited: make(chan Event, 1),
 		stderr: filepath.Join(os.TempDir(), fmt.Sprintf("soak-%d-driver-%d.stderr", s.seed, cfg.Start))}
@@ -328,7 +337,7 @@ func (s *supervisor) handle(p *proc, e Event) {
 		delete(s.calls, callKey{p.pid, e.ID})
 		s.mu.Unlock()
 		s.log.Add(e)
-		s.chk.CheckBudget(e.Op, e.Instance, e.Latency, budgetOf(e.Op), budgetGrace)
+		s.chk.CheckBudget(e.Op, e.Instance, e.Latency, callBudget(e), budgetGrace)
 		if e.Result != "Canceled" {
 			s.chk.CheckClass(e.Op, e.Instance, e.Result, e.Err, s.activeFaults())
 		}
@@ -372,7 +381,7 @@ func (s *supervisor) watchdog(ctx context.Context) {
 		var took []time.Duration
 		s.mu.Lock()
 		for _, c := range s.calls {
-			if d := time.Since(c.start); !c.flagged && d > budgetOf(c.e.Op)+budgetGrace {
+			if d := time.Since(c.start); !c.flagged && d > callBudget(c.e)+budgetGrace {
 				c.flagged = true
 				late = append(late, c.e)
 				took = append(took, d)
@@ -380,9 +389,18 @@ func (s *supervisor) watchdog(ctx context.Context) {
 		}
 		s.mu.Unlock()
 		for i, e := range late {
-			s.chk.CheckBudget(e.Op, fmt.Sprintf("%s (still running in driver %d: a hang)", e.Instance, e.PID), took[i], budgetOf(e.Op), budgetGrace)
+			s.chk.CheckBudget(e.Op, fmt.Sprintf("%s (still running in driver %d: a hang)", e.Instance, e.PID), took[i], callBudget(e), budgetGrace)
 		}
 	}
+}
+
+// callBudget is the deadline the driver gave a call (budgetOf its kind
+// when it did not say).
+func callBudget(e Event) time.Duration {
+	if e.Budget > 0 {
+		return e.Budget
+	}
+	return budgetOf(e.Op)
 }
 
 // kill SIGKILLs p (the driver-sigkill fault), reading its peak RSS first.
@@ -542,8 +560,8 @@ func (s *supervisor) inject(st Step) (heal func() error, err error) {
 			s.mu.Lock()
 			s.main = np
 			s.mu.Unlock()
-			for _, h := range s.hosts {
-				s.publish(h.h.N)
+			for _, n := range s.allHosts() {
+				s.publish(n)
 			}
 			return nil
 		}, nil
@@ -570,10 +588,14 @@ func (s *supervisor) inject(st Step) (heal func() error, err error) {
 	return nil, fmt.Errorf("unknown fault %s", st.Kind)
 }
 
+// keyOf is h's key in the desired set and the drivers' events: its lab
+// host's number, or the guest entry's own key.
+func (s *supervisor) keyOf(h *shost) int { return slices.Index(s.hosts, h) + 1 }
+
 func (s *supervisor) allHosts() []int {
 	var out []int
-	for _, h := range s.hosts {
-		out = append(out, h.h.N)
+	for i := range s.hosts {
+		out = append(out, i+1)
 	}
 	return out
 }
@@ -656,23 +678,24 @@ func hexRand(n int) string { return hex.EncodeToString(randBytes(n)) }
 // verifyList lists host h with the supervisor's own client and diffs it
 // with the desired set; tombstones not finalized count as differences.
 func (s *supervisor) verifyList(ctx context.Context, h *shost) []string {
+	key := s.keyOf(h)
 	cctx, cancel := context.WithTimeout(ctx, budgetRead)
 	defer cancel()
 	start := time.Now()
 	list, err := h.c.List(cctx)
 	s.chk.CheckBudget("verify-list", "", time.Since(start), budgetRead, budgetGrace)
 	if err != nil {
-		return []string{fmt.Sprintf("host %d: list: %v", h.h.N, err)}
+		return []string{fmt.Sprintf("%s: list: %v", h.name(), err)}
 	}
 	s.mu.Lock()
 	want := map[string]string{}
-	for n, x := range s.desired[h.h.N] {
+	for n, x := range s.desired[key] {
 		want[n] = x.UID
 	}
 	var pending []string
-	for n, r := range s.deleting[h.h.N] {
+	for n, r := range s.deleting[key] {
 		if _, ok := want[n]; !ok {
-			pending = append(pending, fmt.Sprintf("host %d: tombstone %s/%s not finalized", h.h.N, n, r.UID))
+			pending = append(pending, fmt.Sprintf("%s: tombstone %s/%s not finalized", h.name(), n, r.UID))
 		}
 	}
 	s.mu.Unlock()
@@ -680,9 +703,13 @@ func (s *supervisor) verifyList(ctx context.Context, h *shost) []string {
 	for _, in := range list {
 		obs = append(obs, Observed{Name: in.Name, UID: in.UID, State: string(in.State)})
 	}
+	up := upStates
+	if h.guest != nil {
+		up = []string{string(provider.StateRunning)} // it boots: up means an address
+	}
 	var out []string
-	for _, x := range Diff(want, obs, upStates...) {
-		out = append(out, fmt.Sprintf("host %d: %s", h.h.N, x))
+	for _, x := range Diff(want, obs, up...) {
+		out = append(out, fmt.Sprintf("%s: %s", h.name(), x))
 	}
 	sort.Strings(pending)
 	return append(out, pending...)
@@ -803,6 +830,32 @@ func TestSoak(t *testing.T) {
 		s.deleting[lh.N] = map[string]provider.Ref{}
 	}
 
+	// The guest entry (SOAK_GUEST=1): one proxy of the project's real guest
+	// image on lab host 2 (1 on a 1-host lab: never the tmpfs pool's host
+	// when there is another), created at the start and never changed by
+	// the schedule, so that health rounds probe a real Squid and a guest
+	// really boots from a base the cache verified.
+	guestHost := 0
+	if os.Getenv("SOAK_GUEST") == "1" {
+		img, sum := os.Getenv("EGRESSPROXY_GUEST_IMAGE"), os.Getenv("EGRESSPROXY_GUEST_IMAGE_SHA256")
+		if img == "" || sum == "" || os.Getenv("EGRESSPROXY_GUEST_KERNEL") == "" {
+			t.Fatal("SOAK_GUEST=1 needs the guest image: eval \"$(scripts/guestimage env)\" (scripts/guestimage build)")
+		}
+		g := env.Hosts[min(1, len(env.Hosts)-1)]
+		files := guesttest.ServeFile(t, "/guest.qcow2", img)
+		target := guesttest.ServeTarget(t, g.CallerAddr)
+		gh := &shost{h: g, entry: fmt.Sprintf("sk%sg", sfx), pool: g.Pool, guest: &guestEntry{
+			URL: files.URL + "/guest.qcow2", SHA256: sum,
+			Kernel: os.Getenv("EGRESSPROXY_GUEST_KERNEL"), Initrd: os.Getenv("EGRESSPROXY_GUEST_INITRD"), Cmdline: os.Getenv("EGRESSPROXY_GUEST_CMDLINE"),
+			UserData: guesttest.SquidUserData("soak-guest", 3128, g.CallerAddr+"/32"), ProbeTarget: target.Addr,
+		}}
+		guestHost = len(s.hosts) + 1
+		s.hosts = append(s.hosts, gh)
+		s.desired[guestHost] = map[string]slotSpec{"guest": {Name: "guest", UID: "guest-" + sfx, Port: 3128, Image: "guest"}}
+		s.deleting[guestHost] = map[string]provider.Ref{}
+		log.Add(Event{Kind: EvNote, Detail: fmt.Sprintf("guest entry %s on lab host %d is host key %d in this log", gh.entry, g.N, guestHost)})
+	}
+
 	// The supervisor's own clients (convergence checks, over the link
 	// without the delay proxy) and the foreign objects: volumes and a
 	// running domain of "another tool", and an instance of the same entry
@@ -825,6 +878,9 @@ func TestSoak(t *testing.T) {
 			return c
 		}
 		h.c = open("soak")
+		if h.guest != nil {
+			continue // the foreign objects are on the tiny entries' pools
+		}
 		h.fc = open("soak-foreign")
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		spec := provider.Spec{Name: "foreign", UID: "foreign-" + sfx, MachineType: "tiny"}
@@ -842,13 +898,15 @@ func TestSoak(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		for _, h := range s.hosts {
-			for _, x := range s.desired[h.h.N] {
+			for _, x := range s.desired[s.keyOf(h)] {
 				_ = h.c.Delete(ctx, provider.Ref{Name: x.Name, UID: x.UID})
 			}
-			for _, r := range s.deleting[h.h.N] {
+			for _, r := range s.deleting[s.keyOf(h)] {
 				_ = h.c.Delete(ctx, r)
 			}
-			_ = h.fc.Delete(ctx, h.fref)
+			if h.fc != nil {
+				_ = h.fc.Delete(ctx, h.fref)
+			}
 			if h.plant != nil {
 				if err := h.plant.remove(h.h); err != nil {
 					t.Logf("host %d: remove foreign objects: %v", h.h.N, err)
@@ -979,7 +1037,24 @@ func TestSoak(t *testing.T) {
 	time.Sleep(time.Until(start.Add(dur)))
 	for _, h := range s.hosts {
 		d := s.verifyList(ctx, h)
-		chk.Check(InvConverged, len(d) == 0, fmt.Sprintf("host %d at the end of the quiet period: %v", h.h.N, d))
+		chk.Check(InvConverged, len(d) == 0, fmt.Sprintf("%s at the end of the quiet period: %v", h.name(), d))
+	}
+	if guestHost > 0 {
+		// The guest was probed healthy through its Squid, and still is.
+		var last, healthy Event
+		for _, e := range log.Events() {
+			if e.Kind == EvCall && e.Op == "health-round" && e.Host == guestHost {
+				last = e
+				if strings.HasSuffix(e.Detail, "healthy 1") && healthy.T.IsZero() {
+					healthy = e
+				}
+			}
+		}
+		chk.Check(InvGuestHealthy, strings.HasSuffix(last.Detail, "healthy 1"),
+			fmt.Sprintf("the guest's last health round at the end: %q (first healthy at %v)", last.Detail, healthy.T))
+		if !healthy.T.IsZero() {
+			log.Add(Event{Kind: EvNote, Host: guestHost, Detail: fmt.Sprintf("guest first probed healthy %v after the start", healthy.T.Sub(start).Round(time.Second))})
+		}
 	}
 	// The driver's flatness: its last settled sample against one taken
 	// after its warm-up (a driver started again after a SIGKILL warms up
@@ -1029,23 +1104,24 @@ func TestSoak(t *testing.T) {
 	}
 	leftByKilled := 0
 	for _, h := range s.hosts {
+		key := s.keyOf(h)
 		vols, err := poolVolumes(h.h, h.pool)
 		if err != nil {
-			t.Errorf("host %d: list volumes: %v", h.h.N, err)
+			t.Errorf("%s: list volumes: %v", h.name(), err)
 			continue
 		}
 		var names []string
-		for n := range s.desired[h.h.N] {
+		for n := range s.desired[key] {
 			names = append(names, n)
 		}
 		// The foreign owner's instance shares the entry's prefix.
 		vd := VolumeDiff("ep-"+h.entry+"--", names, slices.DeleteFunc(slices.Clone(vols), func(v string) bool { return strings.HasPrefix(v, "ep-"+h.entry+"--foreign") }))
-		chk.Check(InvNoOrphans, len(vd) == 0, fmt.Sprintf("host %d: %v", h.h.N, vd))
+		chk.Check(InvNoOrphans, len(vd) == 0, fmt.Sprintf("%s: %v", h.name(), vd))
 		dd, killed := poolDebris(h.entry, vols, lastKill)
-		chk.Check(InvDebris, len(dd) == 0, fmt.Sprintf("host %d: %v", h.h.N, dd))
+		chk.Check(InvDebris, len(dd) == 0, fmt.Sprintf("%s: %v", h.name(), dd))
 		leftByKilled += len(killed)
 		if len(killed) > 0 {
-			log.Add(Event{Kind: EvNote, Host: h.h.N, Detail: fmt.Sprintf("left by SIGKILLed drivers, for the next Ensure of the image to take over: %v", killed)})
+			log.Add(Event{Kind: EvNote, Host: key, Detail: fmt.Sprintf("left by SIGKILLed drivers, for the next Ensure of the image to take over: %v", killed)})
 		}
 		backing, paths, err := overlayBackings(h.h, h.pool, h.entry)
 		var missing []string
@@ -1063,7 +1139,10 @@ func TestSoak(t *testing.T) {
 			}
 		}
 		sort.Strings(missing)
-		chk.Check(InvBaseInUse, err == nil && len(missing) == 0, fmt.Sprintf("host %d: overlays whose base is gone or half-written: %v (%v)", h.h.N, missing, err))
+		chk.Check(InvBaseInUse, err == nil && len(missing) == 0, fmt.Sprintf("%s: overlays whose base is gone or half-written: %v (%v)", h.name(), missing, err))
+		if h.guest != nil {
+			continue
+		}
 		fd := h.plant.verify(h.h)
 		chk.Check(InvForeign, len(fd) == 0, fmt.Sprintf("host %d: foreign objects: %v", h.h.N, fd))
 		gctx, cancel := context.WithTimeout(context.Background(), budgetRead)
@@ -1080,6 +1159,10 @@ func TestSoak(t *testing.T) {
 	}
 	nprocs := len(s.procs)
 	s.mu.Unlock()
+	guestNote := "guest: none (SOAK_GUEST unset): no proxy boots, so no probe reaches a Squid"
+	if guestHost > 0 {
+		guestNote = fmt.Sprintf("guest (SOAK_GUEST=1): a second entry on lab host %d (host key %d in the tables) holds one proxy of the project's guest image (scripts/guestimage, ~570 MB, direct kernel boot under TCG, transfer budget %v, create budget %v), created at the start and never changed, up only when Running with an address; its health rounds probe through its Squid to a target on the caller's end of the link, and it must be probed healthy at the end (%s)", s.hosts[guestHost-1].h.N, guestHost, guestTransfer, budgetGuestCreate, InvGuestHealthy)
+	}
 	meta := Meta{
 		Seed: seed, Duration: dur, Elapsed: time.Since(runStart), Hosts: len(env.Hosts), Command: replay,
 		Converged: converged, Bound: convergeBound, WarmRSS: warm.rss, EndRSS: end.rss, PeakRSS: peak,
@@ -1093,7 +1176,8 @@ func TestSoak(t *testing.T) {
 			fmt.Sprintf("debris: no claim (but those taken before the last SIGKILL: %d left, for the next Ensure of their image to take over once stale) and no base without its digest marker (unless a driver was SIGKILLed) may remain in a pool at the end; no overlay may be backed by a base that is gone or has no marker (invariant d)", leftByKilled),
 			fmt.Sprintf("pool-full: host %d's entry uses a %s tmpfs pool, filled but for 64 KiB by a planted file for the fault's duration; rtt-400ms: scripts/lab rtt raises the host's delay proxy to %s and back to the lab's RTT", p.PoolHost, tmpfsSize, rttRaised),
 			"foreign objects on every host, in the entry's pool, checked byte for byte at the end (sha256 read back through libvirt, inactive domain XML): a random volume, a volume under the old base naming base-tiny.qcow2, a running domain of another tool (no metadata) with its disk volume, and an instance of the same entry under another owner",
-			"health rounds probe nothing: the tiny image never gets an address, so every member is reported without one (the tracker keeps its state, then forgets it after its grace); evict-image's Permanent refusals of a base in use (the foreign owner's instance always uses \"tiny\") are counted as Refused, by design",
+			"health rounds (health.Tracker.Round over the last List's instances) probe nothing on the tiny entries: the tiny image never gets an address, so every member is reported without one (the tracker keeps its state, then forgets it after its grace); evict-image's Permanent refusals of a base in use (the foreign owner's instance always uses \"tiny\") are counted as Refused, by design",
+			guestNote,
 		},
 	}
 	rep := Summarize(meta, log.Events(), chk)
