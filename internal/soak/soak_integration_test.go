@@ -194,7 +194,6 @@ type supervisor struct {
 	calls    map[callKey]*inflight
 	samples  []sample
 	peakRSS  int64
-	exits    []Event
 	procs    []*proc
 
 	starts atomic.Uint64
