@@ -120,6 +120,9 @@ type toDriver struct {
 	Config  *driverConfig `json:"config,omitempty"`
 	Desired *desiredSet   `json:"desired,omitempty"`
 	Sample  bool          `json:"sample,omitempty"`
+	// Dump asks for the sample's goroutines, grouped by where they wait
+	// (EvSample's Detail).
+	Dump bool `json:"dump,omitempty"`
 }
 
 // Budgets of the soak's calls (their context deadlines) and the grace a
@@ -284,7 +287,11 @@ func driverMain() int {
 			h.setDesired(*m.Desired, d.cfg.UserData)
 		case m.Sample:
 			g, r := settledSample()
-			d.emit(Event{Kind: EvSample, Gor: g, RSS: r})
+			e := Event{Kind: EvSample, Gor: g, RSS: r}
+			if m.Dump {
+				e.Detail = goroutineSummary()
+			}
+			d.emit(e)
 		}
 	}
 	stop()
@@ -311,6 +318,44 @@ func driverMain() int {
 	}
 	d.emit(e)
 	return 0
+}
+
+// goroutineSummary counts the goroutines by their top function and the
+// function that created them, most first.
+func goroutineSummary() string {
+	count := map[string]int{}
+	for _, g := range strings.Split(goroutineDump(), "\n\n") {
+		lines := strings.Split(strings.TrimSpace(g), "\n")
+		if len(lines) < 2 {
+			continue
+		}
+		top := lines[1]
+		creator := ""
+		for i, l := range lines {
+			if strings.HasPrefix(l, "created by ") && i+1 < len(lines) {
+				creator = strings.TrimSpace(strings.TrimPrefix(l, "created by "))
+			}
+		}
+		if i := strings.LastIndex(top, "("); i > 0 {
+			top = top[:i]
+		}
+		if i := strings.LastIndex(creator, " in goroutine"); i > 0 {
+			creator = creator[:i]
+		}
+		count[top+" <- "+creator]++
+	}
+	keys := make([]string, 0, len(count))
+	for k := range count {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return count[keys[i]] > count[keys[j]] || count[keys[i]] == count[keys[j]] && keys[i] < keys[j]
+	})
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%d %s\n", count[k], k)
+	}
+	return b.String()
 }
 
 func goroutineDump() string {
