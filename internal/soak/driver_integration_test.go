@@ -629,7 +629,17 @@ func (d *driverProc) sideLoad(ctx context.Context, h *dhost, r *mrand.Rand) {
 						healthy++
 					}
 				}
-				setDetail(cc, fmt.Sprintf("probed %d healthy %d", len(res), healthy))
+				var fails []string
+				for _, r := range res {
+					if !r.OK {
+						fails = append(fails, fmt.Sprintf("%s: %s %d %v", r.ID, r.Kind, r.StatusCode, r.Err))
+					}
+				}
+				det := fmt.Sprintf("probed %d healthy %d", len(res), healthy)
+				if len(fails) > 0 {
+					det += " (failed: " + strings.Join(fails, "; ") + ")"
+				}
+				setDetail(cc, det)
 				return nil
 			})
 		default:

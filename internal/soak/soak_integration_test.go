@@ -1079,12 +1079,12 @@ func TestSoak(t *testing.T) {
 		for _, e := range log.Events() {
 			if e.Kind == EvCall && e.Op == "health-round" && e.Host == guestHost {
 				last = e
-				if strings.HasSuffix(e.Detail, "healthy 1") && healthy.T.IsZero() {
+				if strings.Contains(e.Detail, "healthy 1") && healthy.T.IsZero() {
 					healthy = e
 				}
 			}
 		}
-		chk.Check(InvGuestHealthy, strings.HasSuffix(last.Detail, "healthy 1"),
+		chk.Check(InvGuestHealthy, strings.HasPrefix(last.Detail, "probed 1 healthy 1"),
 			fmt.Sprintf("the guest's last health round at the end: %q (first healthy at %v)", last.Detail, healthy.T))
 		if !healthy.T.IsZero() {
 			log.Add(Event{Kind: EvNote, Host: guestHost, Detail: fmt.Sprintf("guest first probed healthy %v after the start", healthy.T.Sub(start).Round(time.Second))})
