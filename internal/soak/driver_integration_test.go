@@ -123,6 +123,10 @@ type toDriver struct {
 	// Dump asks for the sample's goroutines, grouped by where they wait
 	// (EvSample's Detail).
 	Dump bool `json:"dump,omitempty"`
+	// Synced ends the initial desired sets (one per host after the
+	// config): a driver reconciles nothing before it, as an operator
+	// waits for its informers' caches.
+	Synced bool `json:"synced,omitempty"`
 }
 
 // Budgets of the soak's calls (their context deadlines) and the grace a
@@ -252,6 +256,37 @@ func driverMain() int {
 			stuck: map[string]string{}, tracker: tr, guest: h.Guest}
 	}
 
+	// The initial desired sets, before any reconcile: without them a
+	// driver would take every instance for an orphan.
+	handle := func(m toDriver) {
+		switch {
+		case m.Desired != nil:
+			if h := d.hosts[m.Desired.Host]; h != nil {
+				h.setDesired(*m.Desired, d.cfg.UserData)
+			}
+		case m.Sample:
+			g, r := settledSample()
+			e := Event{Kind: EvSample, Gor: g, RSS: r}
+			if m.Dump {
+				e.Detail = goroutineSummary()
+			}
+			d.emit(e)
+		}
+	}
+	for synced := false; !synced; {
+		if !in.Scan() {
+			fmt.Fprintln(os.Stderr, "soak driver: stdin ended before the desired sets were synced")
+			return 2
+		}
+		var m toDriver
+		if err := json.Unmarshal(in.Bytes(), &m); err != nil {
+			fmt.Fprintf(os.Stderr, "soak driver: bad line: %v\n", err)
+			continue
+		}
+		synced = m.Synced
+		handle(m)
+	}
+
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	var wg sync.WaitGroup
@@ -278,21 +313,7 @@ func driverMain() int {
 			fmt.Fprintf(os.Stderr, "soak driver: bad line: %v\n", err)
 			continue
 		}
-		switch {
-		case m.Desired != nil:
-			h := d.hosts[m.Desired.Host]
-			if h == nil {
-				continue
-			}
-			h.setDesired(*m.Desired, d.cfg.UserData)
-		case m.Sample:
-			g, r := settledSample()
-			e := Event{Kind: EvSample, Gor: g, RSS: r}
-			if m.Dump {
-				e.Detail = goroutineSummary()
-			}
-			d.emit(e)
-		}
+		handle(m)
 	}
 	stop()
 	wg.Wait()

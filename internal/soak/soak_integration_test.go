@@ -283,6 +283,11 @@ func (s *supervisor) spawn(role string, hosts []int) (*proc, error) {
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()
 	p.send(toDriver{Config: &cfg})
+	for _, n := range hosts { // the desired sets it starts from, then "synced"
+		ds := s.desiredOf(n)
+		p.send(toDriver{Desired: &ds})
+	}
+	p.send(toDriver{Synced: true})
 	go s.read(p, out)
 	return p, nil
 }
