@@ -778,7 +778,11 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer evFile.Close()
-	replay := fmt.Sprintf("make soak SOAK=%s SOAK_SEED=%d SOAK_HOSTS=%d", os.Getenv("SOAK"), seed, len(env.Hosts))
+	guestOn := "0"
+	if os.Getenv("SOAK_GUEST") == "1" {
+		guestOn = "1"
+	}
+	replay := fmt.Sprintf("make soak SOAK=%s SOAK_SEED=%d SOAK_HOSTS=%d SOAK_GUEST=%s", os.Getenv("SOAK"), seed, len(env.Hosts), guestOn)
 	fmt.Printf("SOAK seed %d (%d steps, %d hosts, %v); replay: %s; event log %s\n", seed, len(steps), len(env.Hosts), dur, replay, evPath)
 
 	sfx := hexRand(3)
