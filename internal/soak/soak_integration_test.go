@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/guesttest"
 	"github.com/egressproxy/egressproxy/internal/lab"
@@ -874,6 +875,7 @@ func TestSoak(t *testing.T) {
 	// without the delay proxy) and the foreign objects: volumes and a
 	// running domain of "another tool", and an instance of the same entry
 	// under another owner (List never shows it, so GC must never touch it).
+	consoleDir := t.TempDir()
 	for _, h := range s.hosts {
 		open := func(owner string) *egressproxy.Client {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -889,6 +891,7 @@ func TestSoak(t *testing.T) {
 				cfg.DefaultImage, cfg.MachineTypes = "guest", nil
 				cfg.Kernel, cfg.Initrd, cfg.Cmdline = g.Kernel, g.Initrd, g.Cmdline
 				cfg.TransferBudget = provider.Duration(guestTransfer)
+				cfg.ConsoleLogDir = consoleDir // the domain is made by this client
 			}
 			pr, err := kvm2.Open(ctx, cfg, nil)
 			if err != nil {
@@ -917,11 +920,28 @@ func TestSoak(t *testing.T) {
 					err = gerr
 				}
 			}
-			cancel()
 			if err != nil || in.IP == "" {
-				t.Fatalf("the guest on host %d: %v (state %s, ip %q after %v)", h.h.N, err, in.State, in.IP, time.Since(t0).Round(time.Second))
+				cancel()
+				t.Fatalf("the guest on host %d: %v (state %s, ip %q after %v)\n%s", h.h.N, err, in.State, in.IP, time.Since(t0).Round(time.Second),
+					guesttest.ConsoleLog(consoleDir, "ep-"+h.entry+"--guest"))
 			}
-			log.Add(Event{Kind: EvNote, Host: s.keyOf(h), Detail: fmt.Sprintf("guest created and Running at %s after %v", in.IP, time.Since(t0).Round(time.Second))})
+			running := time.Since(t0)
+			// Squid starts a while after the address shows (TCG on busy
+			// cores): the schedule starts once a probe goes through.
+			var res health.Result
+			for ctx.Err() == nil {
+				res = health.Probe(ctx, in.Address(), g.ProbeTarget, &health.ProbeOptions{Timeout: provider.Duration(5 * time.Second)})
+				if res.OK {
+					break
+				}
+				time.Sleep(2 * time.Second)
+			}
+			cancel()
+			if !res.OK {
+				t.Fatalf("the guest on host %d at %s: no probe through its Squid went through within %v of its Create: %v\n%s", h.h.N, in.Address(), budgetGuestCreate, res.Err,
+					guesttest.ConsoleLog(consoleDir, "ep-"+h.entry+"--guest"))
+			}
+			log.Add(Event{Kind: EvNote, Host: s.keyOf(h), Detail: fmt.Sprintf("guest created and Running at %s after %v, its Squid answering after %v", in.IP, running.Round(time.Second), time.Since(t0).Round(time.Second))})
 			continue // the foreign objects are on the tiny entries' pools
 		}
 		h.fc = open("soak-foreign")
