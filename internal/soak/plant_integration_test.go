@@ -43,7 +43,7 @@ func tmpfsDir(h lab.Host) string { return filepath.Join(h.StackDir, "soak-tmpfs"
 func (s *supervisor) setupTmpfsPool(h lab.Host) (undo func() error, err error) {
 	dir := tmpfsDir(h)
 	n := fmt.Sprint(h.N)
-	if err := s.script("exec", n, "bash", "-c", `set -e; mkdir -p "$1"; mountpoint -q "$1" || mount -t tmpfs -o size=`+tmpfsSize+`,mode=0755 egp-soak "$1"; rm -f "$1/`+fillFile+`"; mkdir -p "$1/pool"`, "_", dir); err != nil {
+	if err := s.script("exec", n, "bash", "-c", `set -e; mkdir -p "$1"; mountpoint -q "$1" || mount -t tmpfs -o size=`+tmpfsSize+`,mode=0755 egp-soak "$1"; rm -f "$1/`+fillFile+`".*; mkdir -p "$1/pool"`, "_", dir); err != nil {
 		return nil, err
 	}
 	x, err := (&libvirtxml.StoragePool{Type: "dir", Name: tmpfsPoolName, Target: &libvirtxml.StoragePoolTarget{Path: filepath.Join(dir, "pool")}}).Marshal()
@@ -79,15 +79,23 @@ func (s *supervisor) setupTmpfsPool(h lab.Host) (undo func() error, err error) {
 	return undo, nil
 }
 
-// fillPool fills host h's tmpfs but for leave bytes; empty removes the fill.
+// fillPool fills host h's tmpfs but for leave bytes; emptyPool removes the
+// fill. An upload into the pool may take space between df and fallocate:
+// the fill is measured again and retried (a few times) when it does not
+// fit.
 func (s *supervisor) fillPool(h lab.Host, leave int64) error {
 	return s.script("exec", fmt.Sprint(h.N), "bash", "-c",
-		`set -e; avail=$(df --output=avail -B1 "$1" | tail -n1); n=$((avail - $2)); if ((n > 0)); then fallocate -l "$n" "$1/`+fillFile+`.tmp"; mv "$1/`+fillFile+`.tmp" "$1/`+fillFile+`"; fi`,
+		`f="$1/`+fillFile+`"; for i in 1 2 3 4 5 6 7 8; do
+			avail=$(df --output=avail -B1 "$1" | tail -n1); n=$((avail - $2))
+			((n > 0)) || exit 0
+			if fallocate -l "$n" "$f.tmp.$i" 2>/dev/null; then mv "$f.tmp.$i" "$f.$i"; exit 0; fi
+			rm -f "$f.tmp.$i"; sleep 0.1
+		done; echo "could not fill $1 but for $2 bytes" >&2; exit 1`,
 		"_", tmpfsDir(h), fmt.Sprint(leave))
 }
 
 func (s *supervisor) emptyPool(h lab.Host) error {
-	return s.script("exec", fmt.Sprint(h.N), "rm", "-f", filepath.Join(tmpfsDir(h), fillFile))
+	return s.script("exec", fmt.Sprint(h.N), "bash", "-c", `rm -f "$1/`+fillFile+`".*`, "_", tmpfsDir(h))
 }
 
 // foreign is what the soak plants on one host and proves untouched at the
