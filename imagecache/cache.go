@@ -270,8 +270,10 @@ type Config struct {
 	// link. Zero: 1m, or TransferBudget/4 when that is shorter. Must be <
 	// TransferBudget.
 	HTTPGrace provider.Duration `json:"httpGrace,omitempty"`
-	// HTTPClient fetches images. Zero: a client with no overall timeout
-	// (the deadline comes from the budget). A collaborator, not data: never
+	// HTTPClient fetches images. Zero: a client of the cache's own with no
+	// overall timeout (the deadline comes from the budget), whose idle
+	// connections Close closes (a caller's client, or the one a Fanout
+	// shares, is left as it is). A collaborator, not data: never
 	// marshalled (nor are Progress, Logger and TracerProvider).
 	HTTPClient *http.Client `json:"-"`
 	// Progress, when set, is called with the transfer progress at most
@@ -391,6 +393,11 @@ type Cache struct {
 	poolMu  sync.Mutex
 	pool    libvirt.StoragePool
 	poolSet bool
+
+	// transport is the default HTTP client's transport (no
+	// Config.HTTPClient, no Fanout): Close closes its idle connections.
+	// Nil when the client is the caller's or shared.
+	transport *http.Transport
 }
 
 type flight struct {
@@ -441,10 +448,16 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 	if cfg.ProgressInterval == 0 {
 		cfg.ProgressInterval = provider.Duration(defaultInterval)
 	}
+	var transport *http.Transport // the default client's, ours to close
 	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = &http.Client{}
 		if cfg.Fanout != nil {
 			cfg.HTTPClient = fanoutClient
+		} else {
+			// A transport of its own, not http.DefaultTransport: Close
+			// closes its idle connections (the process's other users of
+			// the default transport keep theirs).
+			transport = http.DefaultTransport.(*http.Transport).Clone()
+			cfg.HTTPClient = &http.Client{Transport: transport}
 		}
 	}
 	log := cfg.Logger
@@ -457,16 +470,17 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 	}
 	stop, cancel := context.WithCancel(context.Background())
 	c := &Cache{
-		conn:     conn,
-		cfg:      cfg,
-		log:      log.WithName("imagecache").WithValues("entry", cfg.Entry, "pool", cfg.Pool),
-		tracer:   tp.Tracer("github.com/egressproxy/egressproxy/imagecache"),
-		flights:  map[string]*flight{},
-		instance: randHex(instanceBytes),
-		live:     map[string]bool{},
-		stop:     stop,
-		cancel:   cancel,
-		segment:  segmentSize,
+		conn:      conn,
+		cfg:       cfg,
+		log:       log.WithName("imagecache").WithValues("entry", cfg.Entry, "pool", cfg.Pool),
+		tracer:    tp.Tracer("github.com/egressproxy/egressproxy/imagecache"),
+		flights:   map[string]*flight{},
+		instance:  randHex(instanceBytes),
+		live:      map[string]bool{},
+		stop:      stop,
+		cancel:    cancel,
+		segment:   segmentSize,
+		transport: transport,
 	}
 	if cfg.Fanout != nil {
 		cfg.Fanout.register(c)
@@ -734,6 +748,11 @@ func (c *Cache) Close() error {
 	go func() { c.wg.Wait(); close(done) }()
 	t := time.NewTimer(closeWait)
 	defer t.Stop()
+	if c.transport != nil {
+		// Keep-alive connections to the mirror, and their goroutines,
+		// end with the cache, not up to 90 s later.
+		defer c.transport.CloseIdleConnections()
+	}
 	select {
 	case <-done:
 		return nil

@@ -1079,3 +1079,35 @@ func TestFakePoolRedefinedUnderTheCache(t *testing.T) {
 		t.Fatalf("Ensure with the pool gone = %v (%v), want Permanent naming %s", err, provider.Code(err), fakePool)
 	}
 }
+
+// Close releases the keep-alive connection of the cache's default HTTP
+// client to a mirror that stays up (found by the chaos soak: a driver that
+// closed every client still ran the connection's two goroutines, for up to
+// the 90 s idle timeout of http.DefaultTransport, which the default client
+// used).
+func TestFakeCloseReleasesMirrorConnections(t *testing.T) {
+	body, sum := testImage(100 << 10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) }))
+	defer srv.Close()
+	ignore := goleak.IgnoreCurrent() // the mirror's listener
+	h := libvirtfake.New()
+	defer h.Close()
+	if err := h.AddPool(fakePool, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(fakeLink{h}, Config{Entry: fakeEntry, Pool: fakePool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.URL + "/img.qcow2", SHA256: sum}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The mirror is still up: only Close can have ended the connection.
+	goleak.VerifyNone(t, ignore)
+}

@@ -42,7 +42,9 @@ const cleanupTimeout = 30 * time.Second
 //     Create stopped after defining it) is completed: missing volumes are
 //     recreated and it is started;
 //   - an overlay left by an earlier attempt (or being made by another
-//     replica) is reused when its backing store is this spec's base; the
+//     replica) is reused when its backing store is this spec's base, and
+//     replaced when it is another base's and no domain of this name
+//     exists (left by an interrupted Create with another image); the
 //     seed is always uploaded again (recreated when its size differs);
 //   - "exists already" on a volume or the domain, and "already running" on
 //     start, mean another call got there first: Create reads the object
@@ -531,10 +533,50 @@ func (c *creation) overlay(l lvAPI, pool libvirt.StoragePool) error {
 		backing = sv.BackingStore.Path
 	}
 	if backing != c.base.Path {
-		return provider.Errorf(provider.Permanent, "overlay %q exists backed by %q, not by base %q (left by a Create with another image?): Delete the instance to remove it",
-			name, backing, c.base.Path)
+		if c.adopted {
+			// A defined domain uses it: never delete it.
+			return provider.Errorf(provider.Permanent, "overlay %q exists backed by %q, not by base %q (left by a Create with another image?): Delete the instance to remove it",
+				name, backing, c.base.Path)
+		}
+		return c.replaceOverlay(l, pool, vol, ox, backing)
 	}
 	c.p.log.V(1).Info("create: reusing the existing overlay", "domain", c.name, "volume", name)
+	return nil
+}
+
+// replaceOverlay replaces an overlay backed by another base than ours that
+// no domain uses: left by a Create of this name with another image that
+// was interrupted before it defined its domain (its process killed, say),
+// it is debris, which Delete would remove too; refusing it would leave the
+// name blocked, Permanent, by a transient fault (found by the chaos soak:
+// a driver SIGKILLed between the overlay and the define, whose proxy then
+// changed image). A domain of this name defined meanwhile keeps it
+// (Transient: a retry converges on that domain or after its Delete).
+func (c *creation) replaceOverlay(l lvAPI, pool libvirt.StoragePool, vol libvirt.StorageVol, ox, backing string) error {
+	name := overlayVolume(c.name)
+	if err := c.step(); err != nil {
+		return err
+	}
+	if _, err := l.DomainLookupByName(c.name); err == nil {
+		return provider.Errorf(provider.Transient, "overlay %q is backed by %q, not by base %q, and domain %q was defined by another call meanwhile (a retry converges on it)",
+			name, backing, c.base.Path, c.name)
+	} else if !isLibvirtCode(err, libvirt.ErrNoDomain) {
+		return fmt.Errorf("look up domain %q: %w", c.name, err)
+	}
+	c.p.log.V(1).Info("create: replacing a leftover overlay backed by another base", "domain", c.name, "volume", name, "backing", backing)
+	if err := c.step(); err != nil {
+		return err
+	}
+	if err := l.StorageVolDelete(vol, 0); err != nil && !isLibvirtCode(err, libvirt.ErrNoStorageVol) {
+		return raced(fmt.Errorf("delete leftover overlay %q: %w", name, err))
+	}
+	if err := c.step(); err != nil {
+		return err
+	}
+	if _, err := l.StorageVolCreateXML(pool, ox, 0); err != nil {
+		return raced(fmt.Errorf("create overlay %q backed by %q: %w", name, c.base.Volume, err))
+	}
+	c.set(func(m *made) { m.overlay = true })
 	return nil
 }
 

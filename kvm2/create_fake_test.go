@@ -311,18 +311,50 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 		}
 	})
 
+	// An overlay backed by another base, with no domain of its name, is
+	// what a Create of this name with another image leaves when its
+	// process is killed before the define (the chaos soak's SIGKILLed
+	// driver, whose proxy then changed image): Create replaces it, as
+	// Delete would remove it, instead of refusing it Permanent (which left
+	// the name blocked until someone deleted it by hand).
 	t.Run("overlay backed by another base", func(t *testing.T) {
 		e := leftovers(t)
 		e.lv.putVol(e.cfg.Pool, fakeVol{name: "other-base.qcow2", capacity: 1 << 20})
 		other, _ := e.lv.vol(e.cfg.Pool, "other-base.qcow2")
 		e.lv.putVol(e.cfg.Pool, fakeVol{name: overlayVolume(e.dom("a")), format: "qcow2", backing: other.path})
-		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "foreign overlay", err, provider.Permanent)
-		if !strings.Contains(err.Error(), "Delete the instance") {
-			t.Errorf("err %v: want the remedy", err)
+		if _, err := e.p.Create(ctx, spec); err != nil {
+			t.Fatalf("Create over a leftover overlay of another base: %v", err)
 		}
-		if _, ok := e.lv.vol(e.cfg.Pool, overlayVolume(e.dom("a"))); !ok || e.lv.callCount("StorageVolDelete") != 0 {
-			t.Error("the overlay this call did not make was removed")
+		e.hasInstance("a", libvirt.DomainRunning) // its overlay backed by our base
+		if n := e.lv.callCount("StorageVolDelete"); n != 1 {
+			t.Errorf("%d volumes deleted, want the leftover overlay", n)
+		}
+		if _, ok := e.lv.vol(e.cfg.Pool, "other-base.qcow2"); !ok {
+			t.Error("the other base was removed")
+		}
+	})
+
+	t.Run("overlay backed by another base, domain defined meanwhile", func(t *testing.T) {
+		e := leftovers(t)
+		e.lv.putVol(e.cfg.Pool, fakeVol{name: "other-base.qcow2", capacity: 1 << 20})
+		other, _ := e.lv.vol(e.cfg.Pool, "other-base.qcow2")
+		e.lv.putVol(e.cfg.Pool, fakeVol{name: overlayVolume(e.dom("a")), format: "qcow2", backing: other.path})
+		// Another call defines the domain right after our read of the
+		// overlay.
+		var once sync.Once
+		e.lv.setFault(func(c fakeCall) error {
+			if c.Op == "StorageVolGetXMLDesc" && c.After {
+				once.Do(func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", "uid-other")) })
+			}
+			return nil
+		})
+		_, err := e.p.Create(ctx, spec)
+		wantCode(t, "domain appeared", err, provider.Transient)
+		if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+			t.Errorf("%d volumes deleted while a domain of their name exists", n)
+		}
+		if ov, ok := e.lv.vol(e.cfg.Pool, overlayVolume(e.dom("a"))); !ok || ov.backing != other.path {
+			t.Errorf("the overlay of the defined domain changed: %+v", ov)
 		}
 	})
 

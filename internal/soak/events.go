@@ -17,6 +17,18 @@ const (
 	EvCheck     = "check"     // an invariant was checked (Op = its name)
 	EvViolation = "violation" // an invariant broke (Op = its name)
 	EvNote      = "note"      // anything else worth the log (seed, phases)
+
+	// Sent by a driver process to the supervising test (and, but for
+	// EvLog, kept in the log): EvCallStart opens the call EvCall closes
+	// (same ID), so a call that never returns is seen while it hangs.
+	EvCallStart = "call-start"
+	EvLog       = "log"       // a log line of the driver's logger (Detail), checked for secrets, not kept
+	EvSample    = "sample"    // a settled sample of the driver (Gor, RSS), asked for by the supervisor
+	EvFinalized = "finalized" // a deleted proxy's instance is gone (Instance, Detail = its UID): its tombstone may go
+	EvReady     = "ready"     // a driver process read its config and runs (Gor: its goroutines before any entry was opened)
+	EvExit      = "exit"      // a driver process stopped cleanly (Gor: goroutines left after every client closed)
+	EvSpawn     = "spawn"     // the supervisor started a driver process (PID, Detail its role)
+	EvKilled    = "killed"    // the supervisor SIGKILLed one (PID; Detail: calls in flight)
 )
 
 // Event is one line of the event log.
@@ -30,6 +42,16 @@ type Event struct {
 	Err      string        `json:"err,omitempty"`
 	Latency  time.Duration `json:"latency,omitempty"`
 	Detail   string        `json:"detail,omitempty"`
+	// PID is the driver process an event came from (0: the supervisor);
+	// ID pairs an EvCallStart with its EvCall.
+	PID int    `json:"pid,omitempty"`
+	ID  uint64 `json:"id,omitempty"`
+	// Budget is the deadline a driver gave the call (EvCallStart, EvCall).
+	Budget time.Duration `json:"budget,omitempty"`
+	// Gor and RSS are a driver's goroutines and resident bytes (EvSample,
+	// EvReady, EvExit).
+	Gor int   `json:"gor,omitempty"`
+	RSS int64 `json:"rss,omitempty"`
 }
 
 // Log is the event log: every event is kept in memory (for the report and

@@ -11,16 +11,21 @@ import (
 
 // Invariant names, as counted in the report.
 const (
-	InvBudget      = "call-within-budget"
-	InvPermanent   = "no-permanent-from-transient-fault"
-	InvSecret      = "no-secret-in-logs-and-errors"
-	InvConverged   = "converged-after-quiet"
-	InvNoOrphans   = "no-orphans-after-gc"
-	InvForeign     = "foreign-objects-untouched"
-	InvGoroutines  = "goroutines-flat"
-	InvRSS         = "rss-flat"
-	InvClassKnown  = "one-known-class-per-error"
-	InvDeleteFound = "delete-notfound-is-done"
+	InvBudget       = "call-within-budget"
+	InvPermanent    = "no-permanent-from-transient-fault"
+	InvSecret       = "no-secret-in-logs-and-errors"
+	InvConverged    = "converged-after-quiet"
+	InvNoOrphans    = "no-orphans-after-gc"
+	InvForeign      = "foreign-objects-untouched"
+	InvGoroutines   = "goroutines-flat"
+	InvRSS          = "rss-flat"
+	InvClassKnown   = "one-known-class-per-error"
+	InvDeleteFound  = "delete-notfound-is-done"
+	InvDriverAlive  = "driver-ends-only-when-told"
+	InvReleased     = "driver-releases-goroutines-on-close"
+	InvDebris       = "no-debris-in-pool"
+	InvBaseInUse    = "no-base-deleted-under-a-domain"
+	InvGuestHealthy = "guest-probed-healthy"
 )
 
 // Violation is one broken invariant.
@@ -121,11 +126,12 @@ func (c *Checker) CheckBudget(op, instance string, took, budget, grace time.Dura
 // CheckClass checks a call's error class: every class the soak can meet
 // is known, and Permanent is never one — each fault the soak injects is
 // transient, so a Permanent error is a transient fault misclassified (or
-// a reconciler bug). active names the faults active when the call ran,
-// for the detail.
+// a reconciler bug). "Refused" is a Permanent error the operation returns
+// by design (EvictImage of a base in use), classed so by the driver.
+// active names the faults active when the call ran, for the detail.
 func (c *Checker) CheckClass(op, instance, class, errText string, active []string) bool {
 	switch class {
-	case "OK", "Transient", "NotFound", "DeadlineExceeded", "Canceled":
+	case "OK", "Transient", "NotFound", "DeadlineExceeded", "Canceled", "Refused":
 		c.Check(InvClassKnown, true, "")
 	case "Permanent":
 		c.Check(InvClassKnown, true, "")

@@ -49,7 +49,8 @@ type Report struct {
 	Violations []Violation
 	// Recover is, per fault kind, the time from each fault's end to the
 	// next successful call on its host (mirror faults: the next successful
-	// create anywhere); Unrecovered counts faults with none after them.
+	// create anywhere; driver-sigkill: the restarted driver's first
+	// successful call); Unrecovered counts faults with none after them.
 	Recover     map[string][]time.Duration
 	Unrecovered map[string]int
 }
@@ -100,10 +101,11 @@ func Summarize(meta Meta, events []Event, c *Checker) Report {
 		}
 		found := false
 		for _, f := range events[i+1:] {
-			if f.Kind != EvCall || f.Result != "OK" {
-				continue
+			if f.Kind != EvCall || f.Result != "OK" || f.Op == "open" || f.Op == "health-round" {
+				continue // opening an entry and a round with no address to probe touch no host
 			}
-			if (e.Host > 0 && f.Host == e.Host) || (e.Host == 0 && f.Op == "create") {
+			mirrorFault := strings.HasPrefix(e.Op, "mirror-")
+			if (e.Host > 0 && f.Host == e.Host) || (mirrorFault && f.Op == "create") || (e.Host == 0 && !mirrorFault) {
 				// f.T is when the call returned; it may have started
 				// during the fault.
 				r.Recover[e.Op] = append(r.Recover[e.Op], max(f.T.Sub(e.T), 0))
@@ -162,7 +164,7 @@ func (r Report) Write(w io.Writer) error {
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d |\n", k, r.Faults[string(k)], p50, p99, mx, r.Unrecovered[string(k)])
 	}
-	b.WriteString("\nTime to recover: from the fault's end to the next successful call on its host (mirror faults: the next successful create on any host); \"no success after\" counts faults no such call followed (a mirror fault after the last create of the run).\n")
+	b.WriteString("\nTime to recover: from the fault's end to the next successful call on its host (mirror faults: the next successful create on any host; driver-sigkill: from the restart to the new driver's first successful call); \"no success after\" counts faults no such call followed (a mirror fault after the last create of the run).\n")
 	b.WriteString("\n## Calls\n\n| call | count | p50 | p99 | max | results |\n| --- | ---: | ---: | ---: | ---: | --- |\n")
 	for _, op := range slices.Sorted(maps.Keys(r.Calls)) {
 		s := r.Calls[op]

@@ -37,8 +37,10 @@ const (
 	FaultLinkDown        Kind = "link-down"        // the host's link down, up after Dur
 	FaultLinkSlow        Kind = "link-slow"        // the host's link rate dropped to 1 Mbit/s for Dur
 	FaultLibvirtdRestart Kind = "libvirtd-restart" // restart the host's libvirtd (Dur unused)
-	FaultDriverRestart   Kind = "driver-restart"   // restart the host's reconciler with no memory: it must recover from List alone (Dur unused)
-	FaultReplica         Kind = "second-replica"   // a second reconciler (own entry, same owner) runs beside the host's for Dur
+	FaultDriverKill      Kind = "driver-sigkill"   // SIGKILL the driver process, start it again after Dur: it must recover from List alone
+	FaultReplica         Kind = "second-replica"   // a second driver process (own entries, same owner) reconciles the host beside the first for Dur
+	FaultRTT             Kind = "rtt-400ms"        // the host's delay proxy adds 400 ms of round-trip time for Dur
+	FaultPoolFull        Kind = "pool-full"        // the host's (tmpfs) pool is filled by a planted file for Dur
 	FaultMirror503       Kind = "mirror-503"       // the image mirror answers 503 for Dur
 	FaultMirrorStall     Kind = "mirror-stall"     // it stalls mid-body for Dur
 	FaultMirrorShort     Kind = "mirror-short"     // it cuts the body short for Dur
@@ -47,7 +49,7 @@ const (
 // OpKinds and FaultKinds list every kind, in report order.
 var (
 	OpKinds    = []Kind{OpCreate, OpDelete, OpSpec, OpImage}
-	FaultKinds = []Kind{FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLinkSlow, FaultLibvirtdRestart, FaultDriverRestart, FaultReplica, FaultMirror503, FaultMirrorStall, FaultMirrorShort}
+	FaultKinds = []Kind{FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLinkSlow, FaultRTT, FaultLibvirtdRestart, FaultPoolFull, FaultDriverKill, FaultReplica, FaultMirror503, FaultMirrorStall, FaultMirrorShort}
 )
 
 // IsFault reports whether k is a fault kind.
@@ -56,7 +58,7 @@ func (k Kind) IsFault() bool { return slices.Contains(FaultKinds, k) }
 // HostFault reports whether k is a fault of one lab host (not of the mirror).
 func (k Kind) HostFault() bool {
 	switch k {
-	case FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLinkSlow, FaultLibvirtdRestart, FaultDriverRestart, FaultReplica:
+	case FaultSSHDFreeze, FaultSSHDKill, FaultLinkDown, FaultLinkSlow, FaultRTT, FaultLibvirtdRestart, FaultPoolFull, FaultReplica:
 		return true
 	}
 	return false
@@ -67,7 +69,8 @@ type Step struct {
 	At   time.Duration `json:"at"`   // since the run's start
 	Kind Kind          `json:"kind"` // an Op* or Fault* kind
 	// Host is the lab host (1..Hosts) of a host fault or of the slot of an
-	// operation; 0 for mirror faults.
+	// operation; 0 for mirror faults and driver-sigkill (the driver runs
+	// every host's reconciler).
 	Host int `json:"host,omitempty"`
 	// Slot is the proxy slot an operation concerns (0..MaxProxies-1); each
 	// slot lives on host Slot%Hosts+1.
@@ -110,6 +113,12 @@ type Params struct {
 	Images []string
 	// Faults restricts the fault kinds; nil means FaultKinds.
 	Faults []Kind
+	// PoolHost is the host whose pool is a small tmpfs, the one a
+	// pool-full fault fills; 0: no such host, no pool-full faults.
+	PoolHost int
+	// DriverDownMax bounds how long a SIGKILLed driver stays down before
+	// it is started again (a fault's duration, capped).
+	DriverDownMax time.Duration
 }
 
 // DefaultParams are the soak's parameters for a run of d on hosts hosts.
@@ -124,7 +133,8 @@ func DefaultParams(seed uint64, d time.Duration, hosts int) Params {
 		// Six keys, so that a host often has keys no proxy uses: the
 		// driver evicts those, and the next Create of one fetches it again
 		// through the mirror and its faults.
-		Images: []string{"tiny", "tiny2", "tiny3", "tiny4", "tiny5", "tiny6"},
+		Images:   []string{"tiny", "tiny2", "tiny3", "tiny4", "tiny5", "tiny6"},
+		PoolHost: 1, DriverDownMax: 5 * time.Second,
 	}
 }
 
@@ -143,6 +153,8 @@ func (p Params) Validate() error {
 		return fmt.Errorf("soak: Quiet %v must be in [0, Duration %v)", p.Quiet, p.Duration)
 	case len(p.Images) == 0:
 		return fmt.Errorf("soak: no Images")
+	case p.PoolHost < 0 || p.PoolHost > p.Hosts:
+		return fmt.Errorf("soak: PoolHost %d: want 0 (none) or a host 1..%d", p.PoolHost, p.Hosts)
 	}
 	return nil
 }
@@ -180,6 +192,12 @@ func NewSchedule(p Params) ([]Step, error) {
 	faults := p.Faults
 	if faults == nil {
 		faults = FaultKinds
+	}
+	if p.PoolHost == 0 {
+		faults = slices.DeleteFunc(slices.Clone(faults), func(k Kind) bool { return k == FaultPoolFull })
+	}
+	if len(faults) == 0 {
+		return nil, fmt.Errorf("soak: no fault kinds left")
 	}
 	// Two streams from the seed, so that changing fault parameters leaves
 	// the operations as they were.
@@ -256,8 +274,15 @@ func NewSchedule(p Params) ([]Step, error) {
 		if k.HostFault() {
 			host = faultRNG.IntN(p.Hosts) + 1
 		}
-		if k == FaultLibvirtdRestart || k == FaultDriverRestart {
+		switch k {
+		case FaultLibvirtdRestart:
 			d = 0
+		case FaultPoolFull:
+			host = p.PoolHost
+		case FaultDriverKill:
+			if p.DriverDownMax > 0 {
+				d = min(d, p.DriverDownMax)
+			}
 		}
 		at = at.Truncate(time.Millisecond)
 		if at+d >= end {

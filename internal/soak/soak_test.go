@@ -3,7 +3,9 @@ package soak
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -312,5 +314,104 @@ func TestReport(t *testing.T) {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
+	}
+}
+
+// TestCompareEventLogs is the replay check on the lab: with
+// SOAK_COMPARE=a.jsonl,b.jsonl (the event logs of two runs with one seed
+// and host count) it fails unless their scheduled steps, in order, are
+// identical; without it, it is skipped.
+func TestCompareEventLogs(t *testing.T) {
+	v := os.Getenv("SOAK_COMPARE")
+	if v == "" {
+		t.Skip("SOAK_COMPARE unset (two event logs, comma-separated)")
+	}
+	paths := strings.Split(v, ",")
+	if len(paths) != 2 {
+		t.Fatalf("SOAK_COMPARE=%q: want two paths, comma-separated", v)
+	}
+	var steps [2][]string
+	var calls [2]int
+	for i, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := ReadEvents(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps[i] = StepEvents(ev)
+		for _, e := range ev {
+			if e.Kind == EvCall {
+				calls[i]++
+			}
+		}
+	}
+	if len(steps[0]) == 0 {
+		t.Fatalf("%s holds no scheduled step", paths[0])
+	}
+	for i := range max(len(steps[0]), len(steps[1])) {
+		var a, b string
+		if i < len(steps[0]) {
+			a = steps[0][i]
+		}
+		if i < len(steps[1]) {
+			b = steps[1][i]
+		}
+		if a != b {
+			t.Fatalf("step %d differs:\n  %s: %s\n  %s: %s", i, paths[0], a, paths[1], b)
+		}
+	}
+	t.Logf("%d scheduled steps identical, in order (calls made: %d and %d, which the library's timing decides)", len(steps[0]), calls[0], calls[1])
+}
+
+// TestScheduleNewFaults checks the faults issue 22's last gaps added: a
+// pool-full fault is always on the pool host (and absent without one), a
+// driver-sigkill concerns no host and keeps the driver down at most
+// DriverDownMax, and every kind shows up over a few seeds.
+func TestScheduleNewFaults(t *testing.T) {
+	seen := map[Kind]int{}
+	for seed := range uint64(40) {
+		p := params(seed)
+		p.PoolHost = 2
+		s, err := NewSchedule(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range s {
+			seen[x.Kind]++
+			switch x.Kind {
+			case FaultPoolFull:
+				if x.Host != 2 {
+					t.Fatalf("seed %d: %v not on the pool host 2", seed, x)
+				}
+			case FaultDriverKill:
+				if x.Host != 0 || x.Dur <= 0 || x.Dur > p.DriverDownMax {
+					t.Fatalf("seed %d: %v: want host 0 and 0 < dur <= %v", seed, x, p.DriverDownMax)
+				}
+			}
+		}
+		p.PoolHost = 0
+		s, _ = NewSchedule(p)
+		for _, x := range s {
+			if x.Kind == FaultPoolFull {
+				t.Fatalf("seed %d: %v without a pool host", seed, x)
+			}
+		}
+	}
+	for _, k := range append(slices.Clone(OpKinds), FaultKinds...) {
+		if seen[k] == 0 {
+			t.Errorf("no %s in 40 seeds", k)
+		}
+	}
+	if p := params(1); p.PoolHost != 1 {
+		t.Errorf("DefaultParams PoolHost = %d, want 1", p.PoolHost)
+	}
+	p := params(1)
+	p.PoolHost = 4
+	if _, err := NewSchedule(p); err == nil {
+		t.Error("PoolHost 4 of 3 hosts accepted")
 	}
 }

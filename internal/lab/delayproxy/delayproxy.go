@@ -20,6 +20,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -68,6 +69,7 @@ type Proxy struct {
 	conns map[net.Conn]struct{}
 	once  sync.Once
 	err   error
+	rtt   atomic.Int64 // the round-trip time added now (SetRTT)
 }
 
 // BufferFor returns the default per-direction buffer for a link of rate
@@ -113,6 +115,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p := &Proxy{cfg: cfg, ln: ln, conns: map[net.Conn]struct{}{}}
 	p.nbuf = (cfg.BufferBytes + ChunkBytes - 1) / ChunkBytes
+	p.rtt.Store(int64(cfg.RTT))
 	p.ctx, p.stop = context.WithCancel(context.Background())
 	p.wg.Add(1)
 	go p.accept()
@@ -121,6 +124,31 @@ func New(cfg Config) (*Proxy, error) {
 
 // Addr is the address the proxy listens on.
 func (p *Proxy) Addr() net.Addr { return p.ln.Addr() }
+
+// RTT is the round-trip time the proxy adds now.
+func (p *Proxy) RTT() time.Duration { return time.Duration(p.rtt.Load()) }
+
+// SetRTT changes the round-trip time the proxy adds, at run time, for the
+// connections it relays already and for new ones: a chunk read from now on
+// is delivered rtt/2 after it was read, and one already buffered no later
+// than rtt/2 after it was read (chunks stay in order, so lowering the RTT
+// lets the buffered ones go at once; the one being waited for when it
+// changes keeps its due time). The buffer bound (Config.BufferBytes)
+// does not change, so throughput at a raised RTT is at most
+// BufferBytes per RTT/2. A negative rtt is an error.
+func (p *Proxy) SetRTT(rtt time.Duration) error {
+	if rtt < 0 {
+		return fmt.Errorf("delayproxy: RTT %v: must not be negative", rtt)
+	}
+	old := time.Duration(p.rtt.Swap(int64(rtt)))
+	if old != rtt {
+		p.cfg.Logger.Info("rtt changed", "from", old.String(), "to", rtt.String())
+	}
+	return nil
+}
+
+// half is the delay of one direction now.
+func (p *Proxy) half() time.Duration { return p.RTT() / 2 }
 
 // Close stops listening, closes every relayed connection and waits for
 // every goroutine of the proxy to end. It is idempotent.
@@ -190,14 +218,13 @@ func (p *Proxy) serve(client net.Conn) {
 	defer p.untrack(server)
 	defer server.Close()
 	start := time.Now()
-	p.cfg.Logger.V(1).Info("relaying", "client", client.RemoteAddr().String(), "target", p.cfg.Target, "rtt", p.cfg.RTT.String())
+	p.cfg.Logger.V(1).Info("relaying", "client", client.RemoteAddr().String(), "target", p.cfg.Target, "rtt", p.RTT().String())
 
-	half := p.cfg.RTT / 2
 	var wg sync.WaitGroup
 	wg.Add(2)
 	var up, down int64
-	go func() { defer wg.Done(); up = p.relay(server, client, half) }()
-	go func() { defer wg.Done(); down = p.relay(client, server, half) }()
+	go func() { defer wg.Done(); up = p.relay(server, client, p.half) }()
+	go func() { defer wg.Done(); down = p.relay(client, server, p.half) }()
 	wg.Wait()
 	p.cfg.Logger.V(1).Info("closed", "client", client.RemoteAddr().String(), "bytesUp", up, "bytesDown", down,
 		"elapsed", time.Since(start).String())
@@ -213,10 +240,11 @@ type chunk struct {
 	fail bool
 }
 
-// relay copies src to dst, delaying each chunk by delay after it was read.
+// relay copies src to dst, delaying each chunk by delay() (read when the
+// chunk is due to be written) after it was read.
 // On a clean end of src it half-closes dst; on any failure it closes both.
 // It returns the bytes written to dst.
-func (p *Proxy) relay(dst, src net.Conn, delay time.Duration) int64 {
+func (p *Proxy) relay(dst, src net.Conn, delay func() time.Duration) int64 {
 	return pipe(p.ctx, dst, src, delay, p.nbuf, func() {
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
@@ -231,11 +259,12 @@ func (p *Proxy) relay(dst, src net.Conn, delay time.Duration) int64 {
 
 // pipe is relay's engine: a reader goroutine fills at most nbuf buffers of
 // ChunkBytes from src, stamping each, and the calling goroutine writes them
-// to dst in order, each no earlier than its stamp plus delay. onEOF runs
+// to dst in order, each no earlier than its stamp plus delay() (asked
+// again for each chunk, so a change applies to what is buffered). onEOF runs
 // after the last byte of a cleanly ended src is written, onFail on any read
 // or write failure or when ctx ends. pipe returns once both goroutines are
 // done.
-func pipe(ctx context.Context, dst io.Writer, src io.Reader, delay time.Duration, nbuf int,
+func pipe(ctx context.Context, dst io.Writer, src io.Reader, delay func() time.Duration, nbuf int,
 	onEOF, onFail func()) int64 {
 	free := make(chan []byte, nbuf)
 	for i := 0; i < nbuf; i++ {
@@ -277,12 +306,14 @@ func pipe(ctx context.Context, dst io.Writer, src io.Reader, delay time.Duration
 	<-timer.C
 	failed := false
 	for c := range queue {
-		if due := time.Until(c.at.Add(delay)); delay > 0 && due > 0 {
-			timer.Reset(due)
-			select {
-			case <-timer.C:
-			case <-ctx.Done():
-				failed = true
+		if d := delay(); d > 0 {
+			if due := time.Until(c.at.Add(d)); due > 0 {
+				timer.Reset(due)
+				select {
+				case <-timer.C:
+				case <-ctx.Done():
+					failed = true
+				}
 			}
 		}
 		if failed {

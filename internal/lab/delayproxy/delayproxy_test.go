@@ -317,7 +317,7 @@ func TestPipeBuffersAtMostNBuf(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pipe(ctx, w, r, 0, nbuf, func() {}, func() { failed.Do(func() { close(stopped) }) })
+		pipe(ctx, w, r, func() time.Duration { return 0 }, nbuf, func() {}, func() { failed.Do(func() { close(stopped) }) })
 	}()
 	for i := 0; i < nbuf; i++ {
 		<-r.reads
@@ -330,4 +330,38 @@ func TestPipeBuffersAtMostNBuf(t *testing.T) {
 	close(w.release)
 	<-stopped
 	<-done
+}
+
+// TestSetRTT changes the added round-trip time of a connection that is
+// already relayed (the soak's rtt fault: raised to 400 ms for a while, then
+// lowered again), and of the next one.
+func TestSetRTT(t *testing.T) {
+	target := server(t, echo)
+	p := newProxy(t, Config{Target: target, RTT: 10 * time.Millisecond})
+	c := dial(t, p.Addr().String())
+	if got := minRoundTrip(t, c, 3); got >= 200*time.Millisecond {
+		t.Fatalf("round trip at 10ms: %v", got)
+	}
+	if err := p.SetRTT(400 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if p.RTT() != 400*time.Millisecond {
+		t.Fatalf("RTT() = %v after SetRTT(400ms)", p.RTT())
+	}
+	if got := minRoundTrip(t, c, 2); got < 400*time.Millisecond {
+		t.Errorf("round trip on the same connection after SetRTT(400ms): %v, want >= 400ms", got)
+	}
+	if got := minRoundTrip(t, dial(t, p.Addr().String()), 1); got < 400*time.Millisecond {
+		t.Errorf("round trip on a new connection after SetRTT(400ms): %v, want >= 400ms", got)
+	}
+	if err := p.SetRTT(10 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	_ = minRoundTrip(t, c, 1) // may still wait out a chunk queued at 400ms
+	if got := minRoundTrip(t, c, 3); got >= 200*time.Millisecond {
+		t.Errorf("round trip after lowering to 10ms again: %v, want < 200ms", got)
+	}
+	if err := p.SetRTT(-time.Second); err == nil {
+		t.Error("SetRTT(-1s) succeeded")
+	}
 }

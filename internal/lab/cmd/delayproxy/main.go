@@ -2,10 +2,13 @@
 // target, adding round-trip time (package delayproxy). scripts/lab runs one
 // per lab host, in front of the host's sshd.
 //
-//	delayproxy -target 10.251.1.2:22022 -rtt 50ms [-listen 127.0.0.1:0] [-addr-file F] [-buffer BYTES] [-v]
+//	delayproxy -target 10.251.1.2:22022 -rtt 50ms [-listen 127.0.0.1:0] [-addr-file F] [-rtt-file R] [-buffer BYTES] [-v]
 //
 // Once it listens it writes its address to -addr-file (when given), then
-// relays until SIGTERM or SIGINT.
+// relays until SIGTERM or SIGINT. With -rtt-file, SIGHUP reads a new
+// round-trip time (e.g. "400ms") from that file and applies it to every
+// relayed connection at once (`scripts/lab rtt N 400ms`); the proxy then
+// writes what it applied (milliseconds) to R.applied.
 package main
 
 import (
@@ -14,7 +17,10 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
 
@@ -27,6 +33,7 @@ func main() {
 	rtt := flag.Duration("rtt", 0, "round-trip time to add (each direction delays by half)")
 	buffer := flag.Int("buffer", 0, "bytes buffered per direction of a connection (0: twice the 1 Gbit/s bandwidth-delay product)")
 	addrFile := flag.String("addr-file", "", "file to write the listening address to")
+	rttFile := flag.String("rtt-file", "", "file SIGHUP reads a new round-trip time from (the applied one goes to FILE.applied)")
 	verbose := flag.Bool("v", false, "log every connection")
 	flag.Parse()
 	if flag.NArg() != 0 {
@@ -53,8 +60,19 @@ func main() {
 	}
 	log.Info("listening", "addr", p.Addr().String(), "target", *target, "rtt", rtt.String())
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	<-sig
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	for s := range sig {
+		if s != syscall.SIGHUP {
+			break
+		}
+		if *rttFile == "" {
+			log.Info("SIGHUP ignored: no -rtt-file")
+			continue
+		}
+		if err := applyRTT(p, *rttFile); err != nil {
+			log.Error(err, "rtt not changed")
+		}
+	}
 	if err := p.Close(); err != nil {
 		log.Error(err, "close")
 	}
@@ -75,4 +93,21 @@ func writeAtomic(path, content string) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// applyRTT sets p's round-trip time from the duration in file and writes
+// what p applies now, in whole milliseconds, to file.applied.
+func applyRTT(p *delayproxy.Proxy, file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("%s: %w", file, err)
+	}
+	if err := p.SetRTT(d); err != nil {
+		return err
+	}
+	return writeAtomic(file+".applied", strconv.FormatInt(p.RTT().Milliseconds(), 10)+"\n")
 }
