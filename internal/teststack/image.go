@@ -17,8 +17,18 @@ import (
 // guest that boots.
 func TinyQCOW2(t testing.TB) []byte {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "tiny.qcow2")
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", p, "32M").CombinedOutput(); err != nil {
+	return EmptyQCOW2(t, "32M")
+}
+
+// EmptyQCOW2 returns an empty qcow2 image of the given virtual size (a
+// qemu-img size such as "48M"). Images of different sizes have different
+// digests: a test that needs a cold fetch from its own mirror while another
+// entry of the process holds TinyQCOW2 gives it another size, or the
+// process's fan-out copies the base of the same digest from that peer.
+func EmptyQCOW2(t testing.TB, size string) []byte {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "empty.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", p, size).CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img create: %v: %s", err, out)
 	}
 	b, err := os.ReadFile(p)
