@@ -187,36 +187,13 @@ func (c *Cache) closeAside(dc Dedicated) <-chan struct{} {
 // connection in the background (physicalHandle); the returned function
 // waits for the answer.
 func (c *Cache) physicalAhead(ctx context.Context, vol libvirt.StorageVol) func() (uint64, error) {
-	type answer struct {
-		phys uint64
-		err  error
-	}
-	ch := make(chan answer, 1)
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		p, err := c.physicalHandle(ctx, vol.Name, &vol)
-		ch <- answer{p, err}
-	}()
-	var once sync.Once
-	var a answer
-	return func() (uint64, error) {
-		once.Do(func() { a = <-ch })
-		return a.phys, a.err
-	}
+	return inBackground(c, func() (uint64, error) { return c.physicalHandle(ctx, vol.Name, &vol) })
 }
 
 // pathAhead reads the path of volume vol on the shared connection in the
 // background; the returned function waits for the answer.
 func (c *Cache) pathAhead(ctx context.Context, vol libvirt.StorageVol) func() (string, error) {
-	type answer struct {
-		path string
-		err  error
-	}
-	ch := make(chan answer, 1)
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
+	return inBackground(c, func() (string, error) {
 		var path string
 		err := c.doHandle(ctx, vol.Name, &vol, func(l Libvirt, v libvirt.StorageVol) error {
 			var err error
@@ -226,12 +203,28 @@ func (c *Cache) pathAhead(ctx context.Context, vol libvirt.StorageVol) func() (s
 		if err != nil {
 			path = "" // fn may still be running: never read what it writes
 		}
-		ch <- answer{path, err}
+		return path, err
+	})
+}
+
+// inBackground runs call in a goroutine Close waits for (c.wg) and returns
+// a function that waits for its answer; the answer is read once and kept.
+func inBackground[T any](c *Cache, call func() (T, error)) func() (T, error) {
+	type answer struct {
+		v   T
+		err error
+	}
+	ch := make(chan answer, 1)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		v, err := call()
+		ch <- answer{v, err}
 	}()
 	var once sync.Once
 	var a answer
-	return func() (string, error) {
+	return func() (T, error) {
 		once.Do(func() { a = <-ch })
-		return a.path, a.err
+		return a.v, a.err
 	}
 }
