@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,6 +24,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/egressproxy/egressproxy/internal/lab/delayproxy"
+	"github.com/egressproxy/egressproxy/internal/lab/labfile"
 )
 
 func main() {
@@ -52,7 +52,7 @@ func main() {
 		os.Exit(1)
 	}
 	if *addrFile != "" {
-		if err := writeAtomic(*addrFile, p.Addr().String()+"\n"); err != nil {
+		if err := labfile.WriteAtomic(*addrFile, p.Addr().String()+"\n"); err != nil {
 			fmt.Fprintf(os.Stderr, "delayproxy: %v\n", err)
 			p.Close()
 			os.Exit(1)
@@ -78,23 +78,6 @@ func main() {
 	}
 }
 
-func writeAtomic(path, content string) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	if _, err := tmp.WriteString(content); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
-}
-
 // applyRTT sets p's round-trip time from the duration in file and writes
 // what p applies now, in whole milliseconds, to file.applied.
 func applyRTT(p *delayproxy.Proxy, file string) error {
@@ -109,5 +92,5 @@ func applyRTT(p *delayproxy.Proxy, file string) error {
 	if err := p.SetRTT(d); err != nil {
 		return err
 	}
-	return writeAtomic(file+".applied", strconv.FormatInt(p.RTT().Milliseconds(), 10)+"\n")
+	return labfile.WriteAtomic(file+".applied", strconv.FormatInt(p.RTT().Milliseconds(), 10)+"\n")
 }

@@ -22,10 +22,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/egressproxy/egressproxy/internal/lab/labfile"
 )
 
 func main() {
@@ -59,7 +60,7 @@ func main() {
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	if *addrFile != "" {
-		if err := writeAtomic(*addrFile, ln.Addr().String()+"\n"); err != nil {
+		if err := labfile.WriteAtomic(*addrFile, ln.Addr().String()+"\n"); err != nil {
 			fmt.Fprintf(os.Stderr, "labmirror: %v\n", err)
 			os.Exit(1)
 		}
@@ -94,21 +95,4 @@ func (c *counting) Write(p []byte) (int, error) {
 	n, err := c.ResponseWriter.Write(p)
 	c.n.Add(int64(n))
 	return n, err
-}
-
-func writeAtomic(path, content string) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	if _, err := tmp.WriteString(content); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
