@@ -434,23 +434,14 @@ func deleteEntries(ctx context.Context, env teststack.Env, ts []fanoutTarget) {
 	}
 	defer closeLink()
 	err = lv.Do(ctx, func(l *libvirt.Libvirt) error {
-		pool, err := l.StoragePoolLookupByName(env.Pool)
-		if err != nil {
-			return err
-		}
-		_ = l.StoragePoolRefresh(pool, 0)
-		vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
-		if err != nil {
-			return err
-		}
-		for _, v := range vols {
+		return benchutil.DeleteVolumes(l, env.Pool, func(name string) bool {
 			for _, t := range ts {
-				if strings.HasPrefix(v.Name, "base-"+t.Entry+"--") || strings.HasPrefix(v.Name, "claim-"+t.Entry+"--") {
-					_ = l.StorageVolDelete(v, 0)
+				if strings.HasPrefix(name, "base-"+t.Entry+"--") || strings.HasPrefix(name, "claim-"+t.Entry+"--") {
+					return true
 				}
 			}
-		}
-		return nil
+			return false
+		})
 	})
 	if err != nil {
 		logf("fanout: cleanup: %v", err)

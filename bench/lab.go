@@ -452,20 +452,6 @@ func cleanupEntry(ctx context.Context, h labHost, p *kvm2.Provider, name string,
 	}
 	defer closeLink()
 	_ = lv.Do(ctx, func(l *libvirt.Libvirt) error {
-		pool, err := l.StoragePoolLookupByName(h.env.Pool)
-		if err != nil {
-			return err
-		}
-		_ = l.StoragePoolRefresh(pool, 0)
-		vols, _, err := l.StoragePoolListAllVolumes(pool, 1, 0)
-		if err != nil {
-			return err
-		}
-		for _, v := range vols {
-			if strings.Contains(v.Name, name) {
-				_ = l.StorageVolDelete(v, 0)
-			}
-		}
-		return nil
+		return benchutil.DeleteVolumes(l, h.env.Pool, func(v string) bool { return strings.Contains(v, name) })
 	})
 }

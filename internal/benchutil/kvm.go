@@ -302,15 +302,7 @@ func (k *KVM) Close() {
 					_ = l.DomainUndefineFlags(d, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineSnapshotsMetadata|libvirt.DomainUndefineNvram)
 				}
 			}
-			if pool, err := l.StoragePoolLookupByName(k.env.Pool); err == nil {
-				_ = l.StoragePoolRefresh(pool, 0)
-				vols, _, _ := l.StoragePoolListAllVolumes(pool, 1, 0)
-				for _, v := range vols {
-					if strings.Contains(v.Name, k.Entry) {
-						_ = l.StorageVolDelete(v, 0)
-					}
-				}
-			}
+			_ = DeleteVolumes(l, k.env.Pool, func(v string) bool { return strings.Contains(v, k.Entry) })
 			if n, err := l.NetworkLookupByName(k.network); err == nil {
 				_ = l.NetworkDestroy(n)
 			}

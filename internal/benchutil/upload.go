@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/digitalocean/go-libvirt"
 	"go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -223,4 +224,25 @@ func VirshPipeline(ctx context.Context, uri, pool, file, vol, sum string) (Pipel
 		return p, fmt.Errorf("virsh vol-download | sha256sum: digest %q, want %s", got, sum)
 	}
 	return p, nil
+}
+
+// DeleteVolumes refreshes pool on l and deletes every volume of it whose
+// name match accepts (best effort: a volume that will not go is left), for
+// the bench's cleanups between runs.
+func DeleteVolumes(l *libvirt.Libvirt, pool string, match func(name string) bool) error {
+	p, err := l.StoragePoolLookupByName(pool)
+	if err != nil {
+		return err
+	}
+	_ = l.StoragePoolRefresh(p, 0)
+	vols, _, err := l.StoragePoolListAllVolumes(p, 1, 0)
+	if err != nil {
+		return err
+	}
+	for _, v := range vols {
+		if match(v.Name) {
+			_ = l.StorageVolDelete(v, 0)
+		}
+	}
+	return nil
 }
