@@ -303,7 +303,8 @@ bench:
 	if [ $$rc -eq 0 ]; then \
 		bin="$$EGRESSPROXY_STACK_DIR/bench/bench"; mkdir -p "$${bin%/*}"; \
 		echo "+ [$$(date -u +%T)] $(GO) build -o $$bin ./bench && $$bin -out docs/benchmarks.md $(BENCH_FLAGS)"; \
-		$(GO) build -o "$$bin" ./bench && "$$bin" -out docs/benchmarks.md $(BENCH_FLAGS) || rc=$$?; \
+		cmd="make bench"; [ -z "$(BENCH_FLAGS)" ] || cmd="make bench BENCH_FLAGS='$(BENCH_FLAGS)'"; \
+		$(GO) build -o "$$bin" ./bench && "$$bin" -out docs/benchmarks.md -command "$$cmd" $(BENCH_FLAGS) || rc=$$?; \
 	fi; \
 	if [ -z "$(KEEP_STACK)" ]; then \
 		$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
