@@ -321,8 +321,9 @@ bench-short:
 #             on a stack of its own in a private network namespace (as make
 #             test) with a SOAK_HOSTS-host lab, TestSoak runs a driver
 #             process (the test binary re-executed: the model operator) that
-#             drives 12-24 proxies through egressproxy.Client, each entry
-#             through its host's delay proxy, with faults from a seeded
+#             drives 8-12 proxies per host (24-36 on 3 hosts) through
+#             egressproxy.Client, each entry through its host's delay
+#             proxy, with faults from a seeded
 #             schedule (sshd frozen and killed, link down, link rate dropped
 #             to 1 Mbit/s, RTT raised to 400 ms, libvirtd restarted, host 1's
 #             tmpfs pool filled up, the driver process SIGKILLed and started

@@ -126,7 +126,9 @@ func DefaultParams(seed uint64, d time.Duration, hosts int) Params {
 	quiet := min(max(d/5, time.Minute), 5*time.Minute)
 	return Params{
 		Seed: seed, Duration: d, Hosts: hosts,
-		MinProxies: 12, MaxProxies: 24,
+		// 8..12 per host: about 30 on the default 3 hosts, as an
+		// operator's fleet of a few hypervisors holds.
+		MinProxies: 8 * hosts, MaxProxies: 12 * hosts,
 		OpEvery: 4 * time.Second, FaultEvery: 12 * time.Second,
 		FaultMin: 3 * time.Second, FaultMax: 15 * time.Second,
 		Quiet: quiet,
