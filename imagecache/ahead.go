@@ -26,26 +26,8 @@ type ahead struct {
 
 // startAhead starts dialling and reading the free space, bounded by ctx.
 func (c *Cache) startAhead(ctx context.Context) *ahead {
-	type answer struct {
-		avail uint64
-		err   error
-	}
-	ch := make(chan answer, 1)
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		avail, err := c.poolAvailable(ctx)
-		ch <- answer{avail, err}
-	}()
-	var once sync.Once
-	var a answer
-	return &ahead{
-		dial: c.dialAhead(ctx),
-		space: func() (uint64, error) {
-			once.Do(func() { a = <-ch })
-			return a.avail, a.err
-		},
-	}
+	space := inBackground(c, func() (uint64, error) { return c.poolAvailable(ctx) })
+	return &ahead{dial: c.dialAhead(ctx), space: space}
 }
 
 // available returns the pool's free bytes: read ahead when it was and

@@ -30,21 +30,7 @@ func otherEntry(t *testing.T, e *lifecycleEnv) Config {
 	cfg := e.cfg
 	cfg.Entry = "k2fo" + randSuffix(t)
 	t.Cleanup(func() {
-		err := rawLibvirt(t, func(l *libvirt.Libvirt) error {
-			doms, err := entryDomains(l, cfg.Entry)
-			if err != nil {
-				return err
-			}
-			for _, d := range doms {
-				_ = l.DomainDestroy(d)
-				_ = l.DomainUndefineFlags(d, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineSnapshotsMetadata|libvirt.DomainUndefineNvram)
-			}
-			vols, err := entryVolumes(l, cfg, false)
-			for _, v := range vols {
-				_ = l.StorageVolDelete(v, 0)
-			}
-			return err
-		})
+		err := rawLibvirt(t, func(l *libvirt.Libvirt) error { return removeEntry(l, cfg) })
 		if err != nil {
 			t.Errorf("cleanup of %s: %v", cfg.Entry, err)
 		}

@@ -81,20 +81,8 @@ func newLifecycleEnv(t *testing.T) *lifecycleEnv {
 	t.Cleanup(func() {
 		// Remove every domain and volume of this test entry, then the network.
 		err := rawLibvirt(t, func(l *libvirt.Libvirt) error {
-			doms, err := entryDomains(l, cfg.Entry)
-			if err != nil {
+			if err := removeEntry(l, cfg); err != nil {
 				return err
-			}
-			for _, d := range doms {
-				_ = l.DomainDestroy(d)
-				_ = l.DomainUndefineFlags(d, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineSnapshotsMetadata|libvirt.DomainUndefineNvram)
-			}
-			vols, err := entryVolumes(l, cfg, false)
-			if err != nil {
-				return err
-			}
-			for _, v := range vols {
-				_ = l.StorageVolDelete(v, 0)
 			}
 			n, err := l.NetworkLookupByName(e.network)
 			if err != nil {
@@ -541,4 +529,22 @@ func TestIntegrationMetacharactersRoundTrip(t *testing.T) {
 		t.Errorf("oversized user-data: %v", err)
 	}
 	assertOnlyBases(t, e.cfg, "")
+}
+
+// removeEntry destroys and undefines every domain of cfg's entry and
+// deletes every volume of it: a test's cleanup.
+func removeEntry(l *libvirt.Libvirt, cfg Config) error {
+	doms, err := entryDomains(l, cfg.Entry)
+	if err != nil {
+		return err
+	}
+	for _, d := range doms {
+		_ = l.DomainDestroy(d)
+		_ = l.DomainUndefineFlags(d, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineSnapshotsMetadata|libvirt.DomainUndefineNvram)
+	}
+	vols, err := entryVolumes(l, cfg, false)
+	for _, v := range vols {
+		_ = l.StorageVolDelete(v, 0)
+	}
+	return err
 }
