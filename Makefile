@@ -169,9 +169,9 @@ test-in-netns:
 		echo "+ [$$(date -u +%T)] $(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e"; \
 		$(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		$(MAKE) --no-print-directory operator-test || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
-		echo "+ [$$(date -u +%T)] SOAK=$(CI_SOAK) SOAK_SEED=$(CI_SOAK_SEED) $(GO) test -tags integration -count=1 -run '^TestSoak$$' -v ./internal/soak   (on the $(LAB_HOSTS)-host lab)"; \
+		echo "+ [$$(date -u +%T)] SOAK=$(CI_SOAK) SOAK_SEED=$(CI_SOAK_SEED) $(GO) test -tags integration -count=1 -run '^TestSoak$$' -v ./internal/testing/soak   (on the $(LAB_HOSTS)-host lab)"; \
 		SOAK=$(CI_SOAK) SOAK_SEED=$(CI_SOAK_SEED) SOAK_GUEST=0 SOAK_REPORT=$$EGRESSPROXY_STACK_DIR/soak.md SOAK_EVENTS=$$EGRESSPROXY_STACK_DIR/soak-events.jsonl \
-			$(GO) test -tags integration -count=1 -timeout $(CI_SOAK_TIMEOUT) -run '^TestSoak$$' -v ./internal/soak || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+			$(GO) test -tags integration -count=1 -timeout $(CI_SOAK_TIMEOUT) -run '^TestSoak$$' -v ./internal/testing/soak || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		[ ! -f "$$EGRESSPROXY_STACK_DIR/soak.md" ] || cat "$$EGRESSPROXY_STACK_DIR/soak.md"; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
@@ -302,9 +302,9 @@ bench:
 	fi; \
 	if [ $$rc -eq 0 ]; then \
 		bin="$$EGRESSPROXY_STACK_DIR/bench/bench"; mkdir -p "$${bin%/*}"; \
-		echo "+ [$$(date -u +%T)] $(GO) build -o $$bin ./bench && $$bin -out docs/benchmarks.md $(BENCH_FLAGS)"; \
+		echo "+ [$$(date -u +%T)] $(GO) build -o $$bin ./cmd/bench && $$bin -out docs/benchmarks.md $(BENCH_FLAGS)"; \
 		cmd="make bench"; [ -z "$(BENCH_FLAGS)" ] || cmd="make bench BENCH_FLAGS='$(BENCH_FLAGS)'"; \
-		$(GO) build -o "$$bin" ./bench && "$$bin" -out docs/benchmarks.md -command "$$cmd" $(BENCH_FLAGS) || rc=$$?; \
+		$(GO) build -o "$$bin" ./cmd/bench && "$$bin" -out docs/benchmarks.md -command "$$cmd" $(BENCH_FLAGS) || rc=$$?; \
 	fi; \
 	if [ -z "$(KEEP_STACK)" ]; then \
 		$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
@@ -317,7 +317,7 @@ bench-short:
 	echo "+ [$$(date -u +%T)] $(GO) test -tags integration -p 1 -run '^$$' -bench . -benchtime 1x" $$pkgs; \
 	$(GO) test -tags integration -p 1 -run '^$$' -bench . -benchtime 1x $$pkgs
 
-# make soak   (root) the chaos soak of issue 22 (internal/soak, docs/soak.md):
+# make soak   (root) the chaos soak of issue 22 (internal/testing/soak, docs/soak.md):
 #             on a stack of its own in a private network namespace (as make
 #             test) with a SOAK_HOSTS-host lab, TestSoak runs a driver
 #             process (the test binary re-executed: the model operator) that
@@ -385,9 +385,9 @@ soak-in-netns:
 		$(LAB) up --hosts $(SOAK_HOSTS) && labenv=$$($(LAB) env) && eval "$$labenv" || rc=$$?; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
-		echo "+ [$$(date -u +%T)] SOAK=$(SOAK) SOAK_SEED=$(SOAK_SEED) SOAK_GUEST=$(SOAK_GUEST) $(GO) test -tags integration -count=1 -run '^TestSoak$$' -v ./internal/soak"; \
+		echo "+ [$$(date -u +%T)] SOAK=$(SOAK) SOAK_SEED=$(SOAK_SEED) SOAK_GUEST=$(SOAK_GUEST) $(GO) test -tags integration -count=1 -run '^TestSoak$$' -v ./internal/testing/soak"; \
 		SOAK=$(SOAK) SOAK_SEED=$(SOAK_SEED) SOAK_GUEST=$(SOAK_GUEST) SOAK_REPORT=$(CURDIR)/docs/soak.md SOAK_EVENTS=$(SOAK_EVENTS) \
-			$(GO) test -tags integration -count=1 -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' -v ./internal/soak || rc=$$?; \
+			$(GO) test -tags integration -count=1 -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' -v ./internal/testing/soak || rc=$$?; \
 	fi; \
 	$(LAB) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/internal/allocprof"
+	"github.com/egressproxy/egressproxy/internal/testing/allocprof"
 	"github.com/egressproxy/egressproxy/provider"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/internal/libvirtfake"
+	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 )
 
 // holdWait bounds how long a hook of these tests holds a call for another

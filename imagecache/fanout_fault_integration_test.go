@@ -20,7 +20,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/egressproxy/egressproxy/internal/lab"
+	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/internal/lab"
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/lab"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
-	"github.com/egressproxy/egressproxy/internal/libvirtfake"
+	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/go-logr/logr/funcr"
 )

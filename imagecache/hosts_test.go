@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/internal/libvirtfake"
+	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 )
 
 // barrier holds each of its n parties until all n have arrived, or until

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/internal/lab"
+	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
-	"github.com/egressproxy/egressproxy/internal/libvirtfake"
+	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 	"github.com/go-logr/logr/funcr"
 	"go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"

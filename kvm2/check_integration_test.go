@@ -26,7 +26,7 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )

@@ -10,7 +10,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/provider/providertest"
 )

@@ -9,7 +9,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/provider"
 )
 

@@ -13,7 +13,7 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
 
 // Helpers exported for the external test package kvm2_test, whose files

@@ -19,7 +19,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/provider"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/provider"
 )
 

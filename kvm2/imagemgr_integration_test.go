@@ -13,7 +13,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy"
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/provider"
 )
 

@@ -19,7 +19,7 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr/testr"
 
-	"github.com/egressproxy/egressproxy/internal/benchutil"
+	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
 )

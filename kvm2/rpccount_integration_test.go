@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/internal/benchutil"
+	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
 )

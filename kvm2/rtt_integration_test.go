@@ -15,9 +15,9 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
-	"github.com/egressproxy/egressproxy/internal/benchutil"
-	"github.com/egressproxy/egressproxy/internal/lab/delayproxy"
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
+	"github.com/egressproxy/egressproxy/internal/testing/lab/delayproxy"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
 )

@@ -18,7 +18,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr/testr"
 
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/provider"
 )
 

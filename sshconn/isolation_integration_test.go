@@ -13,7 +13,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
 
 // TestIntegrationCancelIsolated: callers whose contexts end mid-call (1–8 ms

@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/internal/guesttest"
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
 )

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
 
 // TestStackConfigAsPrinted: the README's newcomer path, exactly as written

@@ -32,9 +32,9 @@ import (
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/internal/guesttest"
-	"github.com/egressproxy/egressproxy/internal/lab"
-	"github.com/egressproxy/egressproxy/internal/teststack"
+	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
+	"github.com/egressproxy/egressproxy/internal/testing/lab"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/provider"
 )
