@@ -95,9 +95,9 @@ STRESS_TIMEOUT ?= 120m
 # coordinator can fail a healthy target with "context deadline exceeded" when
 # a loaded machine starves a worker at the deadline (golang/go#75804; seen
 # here on FuzzParseNames in a CI run). 20000 runs take 2–16 s per target.
-FUZZ_TARGETS := ./provider:FuzzSpecValidate ./kvm2:FuzzDomainXML ./kvm2:FuzzSeed ./internal/isoseed:FuzzBuild ./kvm2:FuzzParseDomainXML \
+FUZZ_TARGETS := .:FuzzSpecValidate ./kvm2:FuzzDomainXML ./kvm2:FuzzSeed ./internal/isoseed:FuzzBuild ./kvm2:FuzzParseDomainXML \
 	./health:FuzzReadResponseHead ./sshconn:FuzzValidate ./imagecache:FuzzParseNames \
-	.:FuzzClientErrorText ./provider:FuzzErrorText ./kvm2:FuzzConfigErrorText
+	.:FuzzClientErrorText .:FuzzErrorText ./kvm2:FuzzConfigErrorText
 FUZZTIME ?= 20000x
 
 # Static analysis, pinned; installed by make test before it enters the

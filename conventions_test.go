@@ -15,18 +15,17 @@ import (
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/provider/memprovider"
+	"github.com/egressproxy/egressproxy/memprovider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // TestConstructorsReportEveryFieldTheSameWay: bad input to any constructor
-// returns one *provider.FieldError per violated field, all at once, with
+// returns one *egressproxy.FieldError per violated field, all at once, with
 // the same type in every package (classed Permanent where the package
 // classes its errors).
 func TestConstructorsReportEveryFieldTheSameWay(t *testing.T) {
 	t.Parallel()
-	_, sshErr := sshconn.New(sshconn.Config{Addr: "no-port", DialTimeout: provider.Duration(-time.Second)})
+	_, sshErr := sshconn.New(sshconn.Config{Addr: "no-port", DialTimeout: -time.Second})
 	_, cacheErr := imagecache.New(nil, imagecache.Config{Entry: "Bad_Entry"})
 	_, trackErr := health.NewTracker(&health.TrackerOptions{Rise: -1, Fall: -1})
 	_, kvmErr := kvm2.Open(context.Background(), kvm2.Config{}, nil)
@@ -48,7 +47,7 @@ func TestConstructorsReportEveryFieldTheSameWay(t *testing.T) {
 				t.Fatal("no error for bad input")
 			}
 			var got []string
-			for _, fe := range provider.FieldErrors(tt.err) {
+			for _, fe := range egressproxy.FieldErrors(tt.err) {
 				got = append(got, fe.Field)
 			}
 			for _, f := range tt.want {
@@ -56,12 +55,12 @@ func TestConstructorsReportEveryFieldTheSameWay(t *testing.T) {
 					t.Errorf("fields named %v, want %s among them; error: %v", got, f, tt.err)
 				}
 			}
-			var fe *provider.FieldError
+			var fe *egressproxy.FieldError
 			if !errors.As(tt.err, &fe) {
-				t.Errorf("errors.As(*provider.FieldError) false for %v", tt.err)
+				t.Errorf("errors.As(*egressproxy.FieldError) false for %v", tt.err)
 			}
-			if tt.permanent && provider.Code(tt.err) != provider.Permanent {
-				t.Errorf("class %v, want Permanent", provider.Code(tt.err))
+			if tt.permanent && egressproxy.Code(tt.err) != egressproxy.Permanent {
+				t.Errorf("class %v, want Permanent", egressproxy.Code(tt.err))
 			}
 		})
 	}
@@ -88,13 +87,13 @@ func TestLogLinesStaySmall(t *testing.T) {
 		defer mu.Unlock()
 		lines = append(lines, prefix+" "+args)
 	}, funcr.Options{Verbosity: 1})
-	c := egressproxy.New(memprovider.New(nil), &egressproxy.Options{Logger: log})
+	c := memprovider.New(&memprovider.Options{Logger: log})
 	defer c.Close()
 	ctx := context.Background()
 	for _, name := range []string{strings.Repeat("a", 1<<20), "bad\xffname", "x\x00y"} {
-		_, _ = c.Create(ctx, provider.Spec{Name: name, UID: "u"})
-		_, _ = c.Get(ctx, provider.Ref{Name: name, UID: "u"})
-		_ = c.Delete(ctx, provider.Ref{Name: name, UID: "u"})
+		_, _ = c.Create(ctx, egressproxy.Spec{Name: name, UID: "u"})
+		_, _ = c.Get(ctx, egressproxy.Ref{Name: name, UID: "u"})
+		_ = c.Delete(ctx, egressproxy.Ref{Name: name, UID: "u"})
 	}
 	mu.Lock()
 	defer mu.Unlock()

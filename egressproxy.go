@@ -13,12 +13,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/egressproxy/egressproxy/internal/clientlink"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/egressproxy/egressproxy/internal/obs"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
-// TracerName is the instrumentation name of the client's spans.
-const TracerName = "github.com/egressproxy/egressproxy"
+// tracerName is the instrumentation name of the client's spans.
+const tracerName = "github.com/egressproxy/egressproxy"
 
 // Options configure a Client. A nil *Options is valid.
 type Options struct {
@@ -31,13 +33,13 @@ type Options struct {
 	TracerProvider trace.TracerProvider
 }
 
-// Client is the portable way to drive any provider.Provider. It validates
+// Client is the portable way to drive any backend. It validates
 // input once, wraps every error exactly once with the operation and the
 // instance (an *OpError, which keeps the provider's error class for
-// errors.Is and provider.Code), refuses calls after Close, and emits one span
+// errors.Is and Code), refuses calls after Close, and emits one span
 // and one log line per operation. A Client is safe for concurrent use.
 type Client struct {
-	p      provider.Provider
+	p      backend
 	log    logr.Logger
 	tracer trace.Tracer
 
@@ -48,8 +50,34 @@ type Client struct {
 	inflight sync.WaitGroup
 }
 
-// New returns a Client over p. The Client owns p: Client.Close closes it.
-func New(p provider.Provider, opts *Options) *Client {
+func init() {
+	clientlink.New = func(p, opts any) any {
+		o, _ := opts.(*Options)
+		return newClient(p.(backend), o)
+	}
+}
+
+// backend is the method set of driver.Provider, the contract a backend
+// implements (this package cannot name it: driver imports this package).
+type backend interface {
+	Create(ctx context.Context, spec Spec) (Instance, error)
+	Get(ctx context.Context, ref Ref) (Instance, error)
+	Delete(ctx context.Context, ref Ref) error
+	List(ctx context.Context) ([]Instance, error)
+	Check(ctx context.Context) (Health, error)
+	Close() error
+}
+
+// imageBackend is the method set of driver.ImageManager.
+type imageBackend interface {
+	ListImages(ctx context.Context) ([]ImageInfo, error)
+	VerifyImage(ctx context.Context, key string) (ImageInfo, error)
+	EvictImage(ctx context.Context, key string) error
+}
+
+// newClient returns a Client over p (driver.NewClient). The Client owns p:
+// Client.Close closes it.
+func newClient(p backend, opts *Options) *Client {
 	if opts == nil {
 		opts = &Options{}
 	}
@@ -61,22 +89,22 @@ func New(p provider.Provider, opts *Options) *Client {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	return &Client{p: p, log: log.WithName("egressproxy"), tracer: tp.Tracer(TracerName)}
+	return &Client{p: p, log: log.WithName("egressproxy"), tracer: tp.Tracer(tracerName)}
 }
 
 // OpError is the error every Client method returns: the operation, the
 // instance it concerned (empty for List and Check) or, for the image
 // operations, the image key, and the provider's error. errors.Is /
-// errors.As / provider.Code see through it to the class.
+// errors.As / Code see through it to the class.
 //
 // Its text is "egressproxy <op> <instance>: <provider's error>" ("egressproxy
 // <op> <image key>: …" for the image operations): the client says the
 // operation and the instance, so the layers below say only what failed (see
 // the provider package doc, "Error text"). An instance name that is not a
-// valid name (provider.ValidateName), or an image key that is not a valid
-// key (provider.ValidateKey), is left out: the validation error that comes
+// valid name (ValidateName), or an image key that is not a valid
+// key (ValidateKey), is left out: the validation error that comes
 // with it quotes it, escaped and bounded. The whole text is valid UTF-8 of
-// at most provider.MaxErrorText bytes (provider.ClipMessage).
+// at most MaxErrorText bytes (ClipMessage).
 type OpError struct {
 	// Op is "create", "get", "delete", "list", "check", "close",
 	// "list-images", "verify-image" or "evict-image".
@@ -90,11 +118,11 @@ func (e *OpError) Error() string {
 	var b strings.Builder
 	b.WriteString("egressproxy ")
 	b.WriteString(e.Op)
-	if e.Instance != "" && provider.ValidateName("Name", e.Instance) == nil {
+	if e.Instance != "" && naming.ValidateName("Name", e.Instance) == nil {
 		b.WriteByte(' ')
 		b.WriteString(e.Instance)
 	}
-	if e.ImageKey != "" && provider.ValidateKey("ImageKey", e.ImageKey) == nil {
+	if e.ImageKey != "" && naming.ValidateKey("ImageKey", e.ImageKey) == nil {
 		b.WriteByte(' ')
 		b.WriteString(e.ImageKey)
 	}
@@ -102,14 +130,10 @@ func (e *OpError) Error() string {
 		b.WriteString(": ")
 		b.WriteString(e.Err.Error())
 	}
-	return provider.ClipMessage(b.String())
+	return errs.ClipMessage(b.String())
 }
 
 func (e *OpError) Unwrap() error { return e.Err }
-
-// ErrClosed is returned (wrapped in an *OpError) by calls after Close. It is
-// provider.ErrClosed, classed Permanent.
-var ErrClosed = provider.ErrClosed
 
 // begin registers an operation; it fails once the client is closed.
 func (c *Client) begin() error {
@@ -123,10 +147,10 @@ func (c *Client) begin() error {
 }
 
 // wrap classes and wraps err once. Errors the provider returned without a
-// class (provider.Code is Unknown) are classed Transient (the conservative
+// class (Code is Unknown) are classed Transient (the conservative
 // choice: a retry decides); WithCode then hides whatever class-less
 // wrapping was inside, so the result has one class. Errors that carry a class
-// (an *provider.Error, a classed sentinel such as provider.ErrNotFound, even
+// (an *Error, a classed sentinel such as ErrNotFound, even
 // bare) keep it, and context errors keep theirs.
 func wrap(op, instance string, err error) error {
 	return wrapTarget(op, target{instance: instance}, err)
@@ -147,8 +171,8 @@ func wrapTarget(op string, tg target, err error) error {
 	if errors.As(err, &already) {
 		return err
 	}
-	if provider.Code(err) == provider.Unknown {
-		err = provider.WithCode(provider.Transient, err)
+	if Code(err) == Unknown {
+		err = errs.WithCode(Transient, err)
 	}
 	return &OpError{Op: op, Instance: tg.instance, ImageKey: tg.imageKey, Err: err}
 }
@@ -184,7 +208,7 @@ func (c *Client) runTarget(ctx context.Context, op string, tg target, fn func(ct
 	if err == nil {
 		defer c.inflight.Done()
 		if cerr := ctx.Err(); cerr != nil {
-			err = provider.FromContext(cerr)
+			err = errs.FromContext(cerr)
 		} else {
 			err = fn(ctx)
 		}
@@ -196,28 +220,28 @@ func (c *Client) runTarget(ctx context.Context, op string, tg target, fn func(ct
 	var who []any
 	switch {
 	case !tg.image:
-		if instance != "" && provider.ValidateName("Name", instance) != nil {
-			instance = provider.Quote(instance) // bounded and escaped: it is the caller's bad input
+		if instance != "" && naming.ValidateName("Name", instance) != nil {
+			instance = errs.Quote(instance) // bounded and escaped: it is the caller's bad input
 		}
 		who = []any{"instance", instance}
 	case tg.imageKey != "":
 		key := tg.imageKey
-		if provider.ValidateKey("ImageKey", key) != nil {
-			key = provider.Quote(key) // bounded and escaped: it is the caller's bad input
+		if naming.ValidateKey("ImageKey", key) != nil {
+			key = errs.Quote(key) // bounded and escaped: it is the caller's bad input
 		}
 		who = []any{"image", key}
 	}
 	if err != nil {
 		switch {
 		case expected(ctx, err):
-			c.log.V(1).Info("operation failed as expected", append(append([]any{"op", op}, who...), "code", provider.Code(err).String(), "elapsed", elapsed, "err", err)...)
-		case provider.Code(err) == provider.Transient:
+			c.log.V(1).Info("operation failed as expected", append(append([]any{"op", op}, who...), "code", Code(err).String(), "elapsed", elapsed, "err", err)...)
+		case Code(err) == Transient:
 			// A retry is the answer (the caller's backoff, a requeue):
 			// visible at Info, but nothing for anyone to act on yet; the
 			// caller that gives up decides whether it is an error.
-			c.log.Info("operation failed, retryable", append(append([]any{"op", op}, who...), "code", provider.Code(err).String(), "elapsed", elapsed, "err", err)...)
+			c.log.Info("operation failed, retryable", append(append([]any{"op", op}, who...), "code", Code(err).String(), "elapsed", elapsed, "err", err)...)
 		default:
-			c.log.Error(err, "operation failed", append(append([]any{"op", op}, who...), "code", provider.Code(err).String(), "elapsed", elapsed)...)
+			c.log.Error(err, "operation failed", append(append([]any{"op", op}, who...), "code", Code(err).String(), "elapsed", elapsed)...)
 		}
 	} else {
 		c.log.V(1).Info("operation done", append(append([]any{"op", op}, who...), "elapsed", elapsed)...)
@@ -231,11 +255,11 @@ func (c *Client) runTarget(ctx context.Context, op string, tg target, fn func(ct
 // Those are logged at V(1), Transient failures at Info, everything else at
 // Error.
 func expected(ctx context.Context, err error) bool {
-	var fe *provider.FieldError
+	var fe *FieldError
 	switch {
-	case provider.Code(err) == provider.NotFound, errors.As(err, &fe), errors.Is(err, provider.ErrClosed):
+	case Code(err) == NotFound, errors.As(err, &fe), errors.Is(err, ErrClosed):
 		return true
-	case ctx.Err() != nil && (provider.Code(err) == provider.Canceled || provider.Code(err) == provider.DeadlineExceeded):
+	case ctx.Err() != nil && (Code(err) == Canceled || Code(err) == DeadlineExceeded):
 		return true
 	}
 	return false
@@ -244,8 +268,8 @@ func expected(ctx context.Context, err error) bool {
 // Create validates spec, then creates the instance (idempotent on UID).
 // A spec that fails validation returns a Permanent error naming the field
 // and never reaches the provider.
-func (c *Client) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	var inst provider.Instance
+func (c *Client) Create(ctx context.Context, spec Spec) (Instance, error) {
+	var inst Instance
 	err := c.run(ctx, "create", spec.Name, func(ctx context.Context) error {
 		if err := spec.Validate(); err != nil {
 			return err
@@ -258,10 +282,10 @@ func (c *Client) Create(ctx context.Context, spec provider.Spec) (provider.Insta
 }
 
 // Get reads the instance back from the provider. Missing: NotFound.
-func (c *Client) Get(ctx context.Context, ref provider.Ref) (provider.Instance, error) {
-	var inst provider.Instance
+func (c *Client) Get(ctx context.Context, ref Ref) (Instance, error) {
+	var inst Instance
 	err := c.run(ctx, "get", ref.Name, func(ctx context.Context) error {
-		if err := provider.ValidateRef(ref); err != nil {
+		if err := naming.ValidateRef(ref.Name, ref.UID); err != nil {
 			return err
 		}
 		var err error
@@ -272,9 +296,9 @@ func (c *Client) Get(ctx context.Context, ref provider.Ref) (provider.Instance, 
 }
 
 // Delete removes the instance; deleting a missing instance succeeds.
-func (c *Client) Delete(ctx context.Context, ref provider.Ref) error {
+func (c *Client) Delete(ctx context.Context, ref Ref) error {
 	return c.run(ctx, "delete", ref.Name, func(ctx context.Context) error {
-		if err := provider.ValidateRef(ref); err != nil {
+		if err := naming.ValidateRef(ref.Name, ref.UID); err != nil {
 			return err
 		}
 		return c.p.Delete(ctx, ref)
@@ -282,8 +306,8 @@ func (c *Client) Delete(ctx context.Context, ref provider.Ref) error {
 }
 
 // List returns every instance the provider entry owns.
-func (c *Client) List(ctx context.Context) ([]provider.Instance, error) {
-	var out []provider.Instance
+func (c *Client) List(ctx context.Context) ([]Instance, error) {
+	var out []Instance
 	err := c.run(ctx, "list", "", func(ctx context.Context) error {
 		var err error
 		out, err = c.p.List(ctx)
@@ -294,8 +318,8 @@ func (c *Client) List(ctx context.Context) ([]provider.Instance, error) {
 
 // Check reports provider health. An unhealthy provider is a Health with a
 // Reason, not an error.
-func (c *Client) Check(ctx context.Context) (provider.Health, error) {
-	var h provider.Health
+func (c *Client) Check(ctx context.Context) (Health, error) {
+	var h Health
 	err := c.run(ctx, "check", "", func(ctx context.Context) error {
 		var err error
 		h, err = c.p.Check(ctx)
@@ -304,29 +328,29 @@ func (c *Client) Check(ctx context.Context) (provider.Health, error) {
 	return h, err
 }
 
-// imageManager returns the provider's provider.ImageManager, or an error
-// wrapping provider.ErrNotSupported (Permanent) when it has none.
-func (c *Client) imageManager() (provider.ImageManager, error) {
-	if m, ok := c.p.(provider.ImageManager); ok {
+// imageManager returns the backend's image management, or an error
+// wrapping ErrNotSupported (Permanent) when it has none.
+func (c *Client) imageManager() (imageBackend, error) {
+	if m, ok := c.p.(imageBackend); ok {
 		return m, nil
 	}
-	return nil, provider.WithCode(provider.Permanent, fmt.Errorf("%w: it does not implement provider.ImageManager (%T)", provider.ErrNotSupported, c.p))
+	return nil, errs.WithCode(Permanent, fmt.Errorf("%w: it has no image management", ErrNotSupported))
 }
 
 // validImageKey checks key with the catalogue rule, classed Permanent.
 func validImageKey(key string) error {
-	if err := provider.ValidateKey("ImageKey", key); err != nil {
-		return provider.WithCode(provider.Permanent, err)
+	if err := naming.ValidateKey("ImageKey", key); err != nil {
+		return errs.WithCode(Permanent, err)
 	}
 	return nil
 }
 
 // ListImages returns the base images of the provider's configured image
-// keys, one per key, sorted by key (provider.ImageManager.ListImages). A
+// keys, one per key, sorted by key (driver.ImageManager.ListImages). A
 // provider without image management: an error wrapping
-// provider.ErrNotSupported (Permanent).
-func (c *Client) ListImages(ctx context.Context) ([]provider.ImageInfo, error) {
-	var out []provider.ImageInfo
+// ErrNotSupported (Permanent).
+func (c *Client) ListImages(ctx context.Context) ([]ImageInfo, error) {
+	var out []ImageInfo
 	err := c.runTarget(ctx, "list-images", target{image: true}, func(ctx context.Context) error {
 		m, err := c.imageManager()
 		if err != nil {
@@ -340,12 +364,12 @@ func (c *Client) ListImages(ctx context.Context) ([]provider.ImageInfo, error) {
 
 // VerifyImage reads the stored base of the image key back from the backend
 // and returns it with Verified true when its bytes match the recorded
-// digest (provider.ImageManager.VerifyImage): NotFound when the key has no
+// digest (driver.ImageManager.VerifyImage): NotFound when the key has no
 // base yet, Permanent for an invalid or unknown key or bytes that differ.
 // A provider without image management: an error wrapping
-// provider.ErrNotSupported (Permanent).
-func (c *Client) VerifyImage(ctx context.Context, key string) (provider.ImageInfo, error) {
-	var info provider.ImageInfo
+// ErrNotSupported (Permanent).
+func (c *Client) VerifyImage(ctx context.Context, key string) (ImageInfo, error) {
+	var info ImageInfo
 	err := c.runTarget(ctx, "verify-image", target{imageKey: key, image: true}, func(ctx context.Context) error {
 		if err := validImageKey(key); err != nil {
 			return err
@@ -361,10 +385,10 @@ func (c *Client) VerifyImage(ctx context.Context, key string) (provider.ImageInf
 }
 
 // EvictImage removes the stored base of the image key, so the next Create
-// that needs it fetches it again (provider.ImageManager.EvictImage). It is
+// that needs it fetches it again (driver.ImageManager.EvictImage). It is
 // refused (Permanent, naming the users) while any instance uses the base;
 // evicting a key without a base succeeds. A provider without image
-// management: an error wrapping provider.ErrNotSupported (Permanent).
+// management: an error wrapping ErrNotSupported (Permanent).
 func (c *Client) EvictImage(ctx context.Context, key string) error {
 	return c.runTarget(ctx, "evict-image", target{imageKey: key, image: true}, func(ctx context.Context) error {
 		if err := validImageKey(key); err != nil {
@@ -378,9 +402,17 @@ func (c *Client) EvictImage(ctx context.Context, key string) error {
 	})
 }
 
-// Provider returns the wrapped provider, for optional capabilities found by
-// type assertion. Calls made on it bypass validation and wrapping.
-func (c *Client) Provider() provider.Provider { return c.p }
+// As sets target, a non-nil pointer, to a backend-specific value the
+// backend offers, and reports whether it did: the escape hatch to what only
+// one backend has (memprovider's fault injection, for one). Each backend's
+// package doc lists what it offers; a backend that offers nothing returns
+// false.
+func (c *Client) As(target any) bool {
+	if a, ok := c.p.(interface{ As(any) bool }); ok {
+		return a.As(target)
+	}
+	return false
+}
 
 // Close refuses new calls, closes the provider (which makes calls in
 // flight return) and waits for those calls. It is idempotent; later calls return the first result.

@@ -1,4 +1,4 @@
-package egressproxy
+package egressproxy_test
 
 import (
 	"bytes"
@@ -10,12 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/go-logr/logr/funcr"
 	"go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -38,34 +40,34 @@ func (r *recorder) note(op string) error {
 	return r.err
 }
 
-func (r *recorder) Create(ctx context.Context, s provider.Spec) (provider.Instance, error) {
+func (r *recorder) Create(ctx context.Context, s egressproxy.Spec) (egressproxy.Instance, error) {
 	if err := r.note("create"); err != nil {
-		return provider.Instance{}, err
+		return egressproxy.Instance{}, err
 	}
-	return provider.Instance{Ref: s.Ref(), State: provider.StateProvisioning, SpecDigest: s.Digest()}, nil
+	return egressproxy.Instance{Ref: s.Ref(), State: egressproxy.StateProvisioning, SpecDigest: s.Digest()}, nil
 }
 
-func (r *recorder) Get(ctx context.Context, ref provider.Ref) (provider.Instance, error) {
+func (r *recorder) Get(ctx context.Context, ref egressproxy.Ref) (egressproxy.Instance, error) {
 	if err := r.note("get"); err != nil {
-		return provider.Instance{}, err
+		return egressproxy.Instance{}, err
 	}
 	if r.block != nil {
 		select {
 		case <-r.block:
-			return provider.Instance{}, provider.Errorf(provider.Transient, "provider closed during call")
+			return egressproxy.Instance{}, errs.Errorf(egressproxy.Transient, "provider closed during call")
 		case <-ctx.Done():
-			return provider.Instance{}, provider.FromContext(ctx.Err())
+			return egressproxy.Instance{}, errs.FromContext(ctx.Err())
 		}
 	}
-	return provider.Instance{Ref: ref, State: provider.StateRunning}, nil
+	return egressproxy.Instance{Ref: ref, State: egressproxy.StateRunning}, nil
 }
 
-func (r *recorder) Delete(ctx context.Context, ref provider.Ref) error { return r.note("delete") }
-func (r *recorder) List(ctx context.Context) ([]provider.Instance, error) {
+func (r *recorder) Delete(ctx context.Context, ref egressproxy.Ref) error { return r.note("delete") }
+func (r *recorder) List(ctx context.Context) ([]egressproxy.Instance, error) {
 	return nil, r.note("list")
 }
-func (r *recorder) Check(ctx context.Context) (provider.Health, error) {
-	return provider.Health{Reachable: true}, r.note("check")
+func (r *recorder) Check(ctx context.Context) (egressproxy.Health, error) {
+	return egressproxy.Health{Reachable: true}, r.note("check")
 }
 func (r *recorder) Close() error {
 	r.mu.Lock()
@@ -84,42 +86,42 @@ func (r *recorder) callList() []string {
 	return append([]string(nil), r.calls...)
 }
 
-func goodSpec() provider.Spec {
-	return provider.Spec{Name: "proxy-a", UID: "uid-a"}
+func goodSpec() egressproxy.Spec {
+	return egressproxy.Spec{Name: "proxy-a", UID: "uid-a"}
 }
 
 func TestBadSpecNeverReachesProvider(t *testing.T) {
 	t.Parallel()
 	r := &recorder{}
-	c := New(r, nil)
+	c := driver.NewClient(r, nil)
 	defer c.Close()
 	for _, tt := range []struct {
 		name  string
-		spec  provider.Spec
+		spec  egressproxy.Spec
 		field string
 	}{
-		{"bad name", provider.Spec{Name: "Bad_Name", UID: "u"}, "Name"},
-		{"no uid", provider.Spec{Name: "ok"}, "UID"},
-		{"port", provider.Spec{Name: "ok", UID: "u", Port: 70000}, "Port"},
-		{"image key", provider.Spec{Name: "ok", UID: "u", ImageKey: "A"}, "ImageKey"},
-		{"user data", provider.Spec{Name: "ok", UID: "u", UserData: strings.Repeat("x", provider.MaxUserDataBytes+1)}, "UserData"},
+		{"bad name", egressproxy.Spec{Name: "Bad_Name", UID: "u"}, "Name"},
+		{"no uid", egressproxy.Spec{Name: "ok"}, "UID"},
+		{"port", egressproxy.Spec{Name: "ok", UID: "u", Port: 70000}, "Port"},
+		{"image key", egressproxy.Spec{Name: "ok", UID: "u", ImageKey: "A"}, "ImageKey"},
+		{"user data", egressproxy.Spec{Name: "ok", UID: "u", UserData: strings.Repeat("x", naming.MaxUserDataBytes+1)}, "UserData"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := c.Create(context.Background(), tt.spec)
-			if !errors.Is(err, provider.ErrPermanent) {
+			if !errors.Is(err, egressproxy.ErrPermanent) {
 				t.Fatalf("err = %v, want Permanent", err)
 			}
-			var fe *provider.FieldError
+			var fe *egressproxy.FieldError
 			if !errors.As(err, &fe) || fe.Field != tt.field {
 				t.Fatalf("err %v does not name %s", err, tt.field)
 			}
 		})
 	}
-	for _, ref := range []provider.Ref{{Name: "", UID: "u"}, {Name: "ok", UID: ""}} {
-		if err := c.Delete(context.Background(), ref); !errors.Is(err, provider.ErrPermanent) {
+	for _, ref := range []egressproxy.Ref{{Name: "", UID: "u"}, {Name: "ok", UID: ""}} {
+		if err := c.Delete(context.Background(), ref); !errors.Is(err, egressproxy.ErrPermanent) {
 			t.Errorf("Delete(%+v) = %v, want Permanent", ref, err)
 		}
-		if _, err := c.Get(context.Background(), ref); !errors.Is(err, provider.ErrPermanent) {
+		if _, err := c.Get(context.Background(), ref); !errors.Is(err, egressproxy.ErrPermanent) {
 			t.Errorf("Get(%+v) = %v, want Permanent", ref, err)
 		}
 	}
@@ -130,24 +132,20 @@ func TestBadSpecNeverReachesProvider(t *testing.T) {
 
 func TestErrorsWrappedOnceWithOpAndInstance(t *testing.T) {
 	t.Parallel()
-	cause := provider.Errorf(provider.NotFound, "domain missing")
+	cause := errs.Errorf(egressproxy.NotFound, "domain missing")
 	r := &recorder{err: cause}
-	c := New(r, nil)
+	c := driver.NewClient(r, nil)
 	defer c.Close()
-	_, err := c.Get(context.Background(), provider.Ref{Name: "proxy-a", UID: "u"})
-	var op *OpError
+	_, err := c.Get(context.Background(), egressproxy.Ref{Name: "proxy-a", UID: "u"})
+	var op *egressproxy.OpError
 	if !errors.As(err, &op) || op.Op != "get" || op.Instance != "proxy-a" {
 		t.Fatalf("err = %#v, want OpError get proxy-a", err)
 	}
-	if !errors.Is(err, provider.ErrNotFound) || provider.Code(err) != provider.NotFound {
+	if !errors.Is(err, egressproxy.ErrNotFound) || egressproxy.Code(err) != egressproxy.NotFound {
 		t.Fatalf("class lost: %v", err)
 	}
 	if got := err.Error(); got != "egressproxy get proxy-a: domain missing" || strings.Count(got, "egressproxy") != 1 {
 		t.Fatalf("message = %q", got)
-	}
-	// An error that already is an OpError is not wrapped again.
-	if w := wrap("get", "x", err); w != err {
-		t.Fatalf("double wrap: %v", w)
 	}
 }
 
@@ -157,41 +155,41 @@ func TestErrorsWrappedOnceWithOpAndInstance(t *testing.T) {
 func TestSpecDigestAndConflictPassThrough(t *testing.T) {
 	t.Parallel()
 	r := &recorder{}
-	c := New(r, nil)
+	c := driver.NewClient(r, nil)
 	defer c.Close()
 	inst, err := c.Create(context.Background(), goodSpec())
 	if err != nil || inst.SpecDigest != goodSpec().Digest() {
 		t.Fatalf("Create = %+v, %v; want SpecDigest %s", inst, err, goodSpec().Digest())
 	}
-	r.err = provider.Errorf(provider.Permanent, "instance proxy-a exists with another spec: %w", provider.ErrSpecConflict)
+	r.err = errs.Errorf(egressproxy.Permanent, "instance proxy-a exists with another spec: %w", egressproxy.ErrSpecConflict)
 	_, err = c.Create(context.Background(), goodSpec())
-	var op *OpError
-	if !errors.As(err, &op) || op.Op != "create" || !errors.Is(err, provider.ErrSpecConflict) ||
-		!errors.Is(err, provider.ErrPermanent) || provider.Code(err) != provider.Permanent {
-		t.Fatalf("err = %v (code %v), want an OpError that is ErrSpecConflict and Permanent", err, provider.Code(err))
+	var op *egressproxy.OpError
+	if !errors.As(err, &op) || op.Op != "create" || !errors.Is(err, egressproxy.ErrSpecConflict) ||
+		!errors.Is(err, egressproxy.ErrPermanent) || egressproxy.Code(err) != egressproxy.Permanent {
+		t.Fatalf("err = %v (code %v), want an OpError that is ErrSpecConflict and Permanent", err, egressproxy.Code(err))
 	}
 }
 
 func TestUnclassedErrorBecomesTransient(t *testing.T) {
 	t.Parallel()
 	r := &recorder{err: io.ErrUnexpectedEOF}
-	c := New(r, nil)
+	c := driver.NewClient(r, nil)
 	defer c.Close()
-	err := c.Delete(context.Background(), provider.Ref{Name: "a", UID: "u"})
-	if provider.Code(err) != provider.Transient || !errors.Is(err, io.ErrUnexpectedEOF) {
-		t.Fatalf("err = %v (code %v)", err, provider.Code(err))
+	err := c.Delete(context.Background(), egressproxy.Ref{Name: "a", UID: "u"})
+	if egressproxy.Code(err) != egressproxy.Transient || !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("err = %v (code %v)", err, egressproxy.Code(err))
 	}
 }
 
 func TestContextEndedBeforeCall(t *testing.T) {
 	t.Parallel()
 	r := &recorder{}
-	c := New(r, nil)
+	c := driver.NewClient(r, nil)
 	defer c.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, err := c.List(ctx)
-	if provider.Code(err) != provider.Canceled || !errors.Is(err, context.Canceled) {
+	if egressproxy.Code(err) != egressproxy.Canceled || !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v", err)
 	}
 	if len(r.callList()) != 0 {
@@ -202,7 +200,7 @@ func TestContextEndedBeforeCall(t *testing.T) {
 func TestCallsAfterCloseRefused(t *testing.T) {
 	t.Parallel()
 	r := &recorder{}
-	c := New(r, nil)
+	c := driver.NewClient(r, nil)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -210,10 +208,10 @@ func TestCallsAfterCloseRefused(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 	_, err := c.Create(context.Background(), goodSpec())
-	if !errors.Is(err, ErrClosed) || !errors.Is(err, provider.ErrPermanent) {
+	if !errors.Is(err, egressproxy.ErrClosed) || !errors.Is(err, egressproxy.ErrPermanent) {
 		t.Fatalf("err = %v, want ErrClosed/Permanent", err)
 	}
-	if _, err := c.Check(context.Background()); !errors.Is(err, ErrClosed) {
+	if _, err := c.Check(context.Background()); !errors.Is(err, egressproxy.ErrClosed) {
 		t.Fatalf("Check after close: %v", err)
 	}
 	if got := r.callList(); len(got) != 1 || got[0] != "close" {
@@ -224,10 +222,10 @@ func TestCallsAfterCloseRefused(t *testing.T) {
 func TestCloseEndsCallsInFlight(t *testing.T) {
 	t.Parallel()
 	r := &recorder{block: make(chan struct{})}
-	c := New(r, nil)
+	c := driver.NewClient(r, nil)
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Get(context.Background(), provider.Ref{Name: "a", UID: "u"})
+		_, err := c.Get(context.Background(), egressproxy.Ref{Name: "a", UID: "u"})
 		done <- err
 	}()
 	for len(r.callList()) == 0 {
@@ -237,7 +235,7 @@ func TestCloseEndsCallsInFlight(t *testing.T) {
 	go func() { c.Close(); close(closed) }()
 	select {
 	case err := <-done:
-		if !errors.Is(err, provider.ErrTransient) {
+		if !errors.Is(err, egressproxy.ErrTransient) {
 			t.Fatalf("in-flight Get = %v", err)
 		}
 	case <-time.After(10 * time.Second):
@@ -258,12 +256,12 @@ func TestOneSpanAndOneLogLinePerOperation(t *testing.T) {
 		buf.WriteString(args + "\n")
 	}, funcr.Options{Verbosity: 1})
 	r := &recorder{}
-	c := New(r, &Options{Logger: log, TracerProvider: tp})
+	c := driver.NewClient(r, &egressproxy.Options{Logger: log, TracerProvider: tp})
 	ctx := context.Background()
 	c.Create(ctx, goodSpec())
 	c.Get(ctx, goodSpec().Ref())
 	r.mu.Lock()
-	r.err = provider.Errorf(provider.Permanent, "refused")
+	r.err = errs.Errorf(egressproxy.Permanent, "refused")
 	r.mu.Unlock()
 	c.Delete(ctx, goodSpec().Ref())
 	c.Close()
@@ -311,21 +309,25 @@ func TestLogLevelsOfOutcomes(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		err   error
-		call  func(c *Client) error
+		call  func(c *egressproxy.Client) error
 		level string // "v1", "info" (V(0), not Error) or "error"
 	}{
-		{"not found", provider.Errorf(provider.NotFound, "no such instance"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, "v1"},
-		{"validation", nil, func(c *Client) error { _, err := c.Create(context.Background(), bad); return err }, "v1"},
-		{"caller cancelled", nil, func(c *Client) error { _, err := c.Get(cancelled, goodSpec().Ref()); return err }, "v1"},
-		{"closed", nil, func(c *Client) error { c.Close(); _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, "v1"},
-		{"transient", provider.Errorf(provider.Transient, "host unreachable"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, "info"},
-		{"permanent", provider.Errorf(provider.Permanent, "name taken"), func(c *Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, "error"},
+		{"not found", errs.Errorf(egressproxy.NotFound, "no such instance"), func(c *egressproxy.Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, "v1"},
+		{"validation", nil, func(c *egressproxy.Client) error { _, err := c.Create(context.Background(), bad); return err }, "v1"},
+		{"caller cancelled", nil, func(c *egressproxy.Client) error { _, err := c.Get(cancelled, goodSpec().Ref()); return err }, "v1"},
+		{"closed", nil, func(c *egressproxy.Client) error {
+			c.Close()
+			_, err := c.Get(context.Background(), goodSpec().Ref())
+			return err
+		}, "v1"},
+		{"transient", errs.Errorf(egressproxy.Transient, "host unreachable"), func(c *egressproxy.Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, "info"},
+		{"permanent", errs.Errorf(egressproxy.Permanent, "name taken"), func(c *egressproxy.Client) error { _, err := c.Get(context.Background(), goodSpec().Ref()); return err }, "error"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mu.Lock()
 			lines = nil
 			mu.Unlock()
-			c := New(&recorder{err: tc.err}, &Options{Logger: log})
+			c := driver.NewClient(&recorder{err: tc.err}, &egressproxy.Options{Logger: log})
 			defer c.Close()
 			if err := tc.call(c); err == nil {
 				t.Fatal("the call succeeded")

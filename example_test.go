@@ -8,18 +8,17 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy"
-	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/provider/memprovider"
+	"github.com/egressproxy/egressproxy/memprovider"
 )
 
 // The lifecycle of one proxy through the portable client: Create (idempotent
 // on the UID), Get (read back), List, Delete (idempotent).
 func Example() {
 	ctx := context.Background()
-	client := egressproxy.New(memprovider.New(nil), nil)
+	client := memprovider.New(nil)
 	defer client.Close()
 
-	spec := provider.Spec{Name: "proxy-1", UID: "7f9c2a1e-uid-of-my-object"}
+	spec := egressproxy.Spec{Name: "proxy-1", UID: "7f9c2a1e-uid-of-my-object"}
 	inst, err := client.Create(ctx, spec)
 	if err != nil {
 		fmt.Println("create:", err)
@@ -41,7 +40,7 @@ func Example() {
 	fmt.Println("delete again:", client.Delete(ctx, spec.Ref()))
 
 	_, err = client.Get(ctx, spec.Ref())
-	fmt.Println("gone:", errors.Is(err, provider.ErrNotFound))
+	fmt.Println("gone:", errors.Is(err, egressproxy.ErrNotFound))
 	// Output:
 	// created: proxy-1 Running
 	// same instance: true
@@ -57,19 +56,22 @@ func Example() {
 // changed spec), NotFound means the instance must be (re)created.
 func Example_errorClasses() {
 	ctx := context.Background()
-	p := memprovider.New(nil)
-	client := egressproxy.New(p, nil)
+	client := memprovider.New(nil)
+
+	var p *memprovider.Control
+
+	client.As(&p)
 	defer client.Close()
 
 	decide := func(err error) string {
-		switch provider.Code(err) {
-		case provider.OK:
+		switch egressproxy.Code(err) {
+		case egressproxy.OK:
 			return "done"
-		case provider.NotFound:
+		case egressproxy.NotFound:
 			return "recreate"
-		case provider.Permanent:
+		case egressproxy.Permanent:
 			return "report, do not retry"
-		case provider.Canceled:
+		case egressproxy.Canceled:
 			return "stop"
 		default: // Transient, DeadlineExceeded, Unknown
 			return "requeue with backoff"
@@ -77,24 +79,24 @@ func Example_errorClasses() {
 	}
 
 	// A bad spec is Permanent and names the field.
-	_, err := client.Create(ctx, provider.Spec{Name: "Proxy_1", UID: "u1"})
+	_, err := client.Create(ctx, egressproxy.Spec{Name: "Proxy_1", UID: "u1"})
 	fmt.Println(decide(err), "|", err)
 
 	// The backend is busy once: Transient.
-	p.InjectFault(memprovider.OpCreate, memprovider.Fault{Code: provider.Transient, Err: errors.New("hypervisor busy"), Times: 1})
-	_, err = client.Create(ctx, provider.Spec{Name: "proxy-1", UID: "u1"})
+	p.InjectFault(memprovider.OpCreate, memprovider.Fault{Code: egressproxy.Transient, Err: errors.New("hypervisor busy"), Times: 1})
+	_, err = client.Create(ctx, egressproxy.Spec{Name: "proxy-1", UID: "u1"})
 	fmt.Println(decide(err), "|", err)
 
 	// The retry succeeds.
-	_, err = client.Create(ctx, provider.Spec{Name: "proxy-1", UID: "u1"})
+	_, err = client.Create(ctx, egressproxy.Spec{Name: "proxy-1", UID: "u1"})
 	fmt.Println(decide(err))
 
 	// The name is taken by another object: Permanent.
-	_, err = client.Create(ctx, provider.Spec{Name: "proxy-1", UID: "u2"})
-	fmt.Println(decide(err), "|", errors.Is(err, provider.ErrPermanent))
+	_, err = client.Create(ctx, egressproxy.Spec{Name: "proxy-1", UID: "u2"})
+	fmt.Println(decide(err), "|", errors.Is(err, egressproxy.ErrPermanent))
 
 	// Missing: NotFound.
-	_, err = client.Get(ctx, provider.Ref{Name: "proxy-2", UID: "u3"})
+	_, err = client.Get(ctx, egressproxy.Ref{Name: "proxy-2", UID: "u3"})
 	fmt.Println(decide(err))
 
 	// Every error names the operation and the instance.
@@ -116,16 +118,16 @@ func Example_errorClasses() {
 // which spec an instance was created from.
 func Example_specConflict() {
 	ctx := context.Background()
-	client := egressproxy.New(memprovider.New(nil), nil)
+	client := memprovider.New(nil)
 	defer client.Close()
 
-	spec := provider.Spec{Name: "proxy-1", UID: "u1"}
+	spec := egressproxy.Spec{Name: "proxy-1", UID: "u1"}
 	inst, _ := client.Create(ctx, spec)
 	fmt.Println(inst.SpecDigest == spec.Digest())
 
 	spec.Port = 8080 // the embedder's object changed
 	_, err := client.Create(ctx, spec)
-	fmt.Println(errors.Is(err, provider.ErrSpecConflict), provider.Code(err))
+	fmt.Println(errors.Is(err, egressproxy.ErrSpecConflict), egressproxy.Code(err))
 	fmt.Println(err)
 
 	// To apply the new spec: delete the instance and create it again.
@@ -143,9 +145,9 @@ func Example_specConflict() {
 // owns with its UID, so the embedder deletes those no object wants any more.
 func ExampleClient_List_orphans() {
 	ctx := context.Background()
-	client := egressproxy.New(memprovider.New(nil), nil)
+	client := memprovider.New(nil)
 	defer client.Close()
-	for _, s := range []provider.Spec{
+	for _, s := range []egressproxy.Spec{
 		{Name: "proxy-a", UID: "uid-a"},
 		{Name: "proxy-b", UID: "uid-b"}, // its object was deleted while we were down
 	} {
@@ -174,14 +176,17 @@ func ExampleClient_List_orphans() {
 // backend is a Health with a Reason, not an error.
 func ExampleClient_Check() {
 	ctx := context.Background()
-	p := memprovider.New(nil)
-	client := egressproxy.New(p, nil)
+	client := memprovider.New(nil)
+
+	var p *memprovider.Control
+
+	client.As(&p)
 	defer client.Close()
 
 	h, _ := client.Check(ctx)
 	fmt.Println(h.Reachable, h.Details["backend"])
 
-	p.InjectFault(memprovider.OpCheck, memprovider.Fault{Code: provider.Transient, Reason: provider.ReasonUnauthorized, Err: errors.New("ssh: unable to authenticate"), Times: 1})
+	p.InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient, Reason: egressproxy.ReasonUnauthorized, Err: errors.New("ssh: unable to authenticate"), Times: 1})
 	h, err := client.Check(ctx)
 	fmt.Println(h.Reachable, h.Reason, h.Message, err)
 	// Output:
@@ -194,16 +199,14 @@ func ExampleClient_Check() {
 // report Provisioning (no address) until ProvisionDelay has passed.
 func Example_servedProxies() {
 	ctx := context.Background()
-	client := egressproxy.New(memprovider.New(&memprovider.Options{
-		ServeProxies:   true,
-		ProvisionDelay: 50 * time.Millisecond,
-	}), nil)
+	client := memprovider.New(&memprovider.Options{ServeProxies: true,
+		ProvisionDelay: 50 * time.Millisecond})
 	defer client.Close()
 
-	spec := provider.Spec{Name: "proxy-1", UID: "u1"}
+	spec := egressproxy.Spec{Name: "proxy-1", UID: "u1"}
 	inst, _ := client.Create(ctx, spec)
 	fmt.Println(inst.State, inst.Address() == "")
-	for inst.State != provider.StateRunning {
+	for inst.State != egressproxy.StateRunning {
 		time.Sleep(10 * time.Millisecond)
 		inst, _ = client.Get(ctx, spec.Ref())
 	}

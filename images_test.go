@@ -1,4 +1,4 @@
-package egressproxy
+package egressproxy_test
 
 import (
 	"context"
@@ -13,26 +13,28 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/provider/memprovider"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/memprovider"
 )
 
-// imageRecorder is a recorder that also implements provider.ImageManager.
+// imageRecorder is a recorder that also implements driver.ImageManager.
 type imageRecorder struct {
 	recorder
-	info provider.ImageInfo
+	info egressproxy.ImageInfo
 }
 
-func (r *imageRecorder) ListImages(ctx context.Context) ([]provider.ImageInfo, error) {
+func (r *imageRecorder) ListImages(ctx context.Context) ([]egressproxy.ImageInfo, error) {
 	if err := r.note("list-images"); err != nil {
 		return nil, err
 	}
-	return []provider.ImageInfo{r.info}, nil
+	return []egressproxy.ImageInfo{r.info}, nil
 }
 
-func (r *imageRecorder) VerifyImage(ctx context.Context, key string) (provider.ImageInfo, error) {
+func (r *imageRecorder) VerifyImage(ctx context.Context, key string) (egressproxy.ImageInfo, error) {
 	if err := r.note("verify-image " + key); err != nil {
-		return provider.ImageInfo{}, err
+		return egressproxy.ImageInfo{}, err
 	}
 	return r.info, nil
 }
@@ -41,13 +43,13 @@ func (r *imageRecorder) EvictImage(ctx context.Context, key string) error {
 	return r.note("evict-image " + key)
 }
 
-// A provider without provider.ImageManager: every image call fails with an
-// error wrapping provider.ErrNotSupported, Permanent, named with the
+// A provider without driver.ImageManager: every image call fails with an
+// error wrapping ErrNotSupported, Permanent, named with the
 // operation and the key, and reaches nothing.
 func TestImagesNotSupported(t *testing.T) {
 	t.Parallel()
 	r := &recorder{}
-	c := New(r, nil)
+	c := driver.NewClient(r, nil)
 	defer c.Close()
 	ctx := context.Background()
 	_, lerr := c.ListImages(ctx)
@@ -57,14 +59,14 @@ func TestImagesNotSupported(t *testing.T) {
 		err  error
 		text string
 	}{
-		{lerr, "egressproxy list-images: not supported by this provider: it does not implement provider.ImageManager (*egressproxy.recorder)"},
-		{verr, "egressproxy verify-image deb-12: not supported by this provider: it does not implement provider.ImageManager (*egressproxy.recorder)"},
-		{eerr, "egressproxy evict-image deb-12: not supported by this provider: it does not implement provider.ImageManager (*egressproxy.recorder)"},
+		{lerr, "egressproxy list-images: not supported by this provider: it has no image management"},
+		{verr, "egressproxy verify-image deb-12: not supported by this provider: it has no image management"},
+		{eerr, "egressproxy evict-image deb-12: not supported by this provider: it has no image management"},
 	} {
-		if !errors.Is(tc.err, provider.ErrNotSupported) || !errors.Is(tc.err, provider.ErrPermanent) || provider.Code(tc.err) != provider.Permanent {
-			t.Errorf("%v: want ErrNotSupported, Permanent (code %v)", tc.err, provider.Code(tc.err))
+		if !errors.Is(tc.err, egressproxy.ErrNotSupported) || !errors.Is(tc.err, egressproxy.ErrPermanent) || egressproxy.Code(tc.err) != egressproxy.Permanent {
+			t.Errorf("%v: want ErrNotSupported, Permanent (code %v)", tc.err, egressproxy.Code(tc.err))
 		}
-		if errors.Is(tc.err, provider.ErrTransient) || errors.Is(tc.err, provider.ErrNotFound) {
+		if errors.Is(tc.err, egressproxy.ErrTransient) || errors.Is(tc.err, egressproxy.ErrNotFound) {
 			t.Errorf("%v: a second class", tc.err)
 		}
 		if got := errString(tc.err); got != tc.text {
@@ -89,9 +91,9 @@ func errString(err error) string {
 func TestImagesPassThroughAndWrapOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	info := provider.ImageInfo{Key: "deb-12", Name: "base-x", Present: true, Digest: strings.Repeat("a", 64), SizeBytes: 7, InUseBy: []string{"p1"}}
+	info := egressproxy.ImageInfo{Key: "deb-12", Name: "base-x", Present: true, Digest: strings.Repeat("a", 64), SizeBytes: 7, InUseBy: []string{"p1"}}
 	r := &imageRecorder{info: info}
-	c := New(r, nil)
+	c := driver.NewClient(r, nil)
 	defer c.Close()
 	if l, err := c.ListImages(ctx); err != nil || len(l) != 1 || l[0].Key != "deb-12" {
 		t.Fatalf("ListImages = %+v, %v", l, err)
@@ -111,9 +113,9 @@ func TestImagesPassThroughAndWrapOnce(t *testing.T) {
 		{verr, `egressproxy verify-image: invalid ImageKey "Bad Key": may contain only lowercase letters, digits, '.' and '-'`},
 		{eerr, `egressproxy evict-image: invalid ImageKey: is required`},
 	} {
-		var fe *provider.FieldError
-		if provider.Code(tc.err) != provider.Permanent || !errors.As(tc.err, &fe) || errString(tc.err) != tc.text {
-			t.Errorf("invalid key: %v (%v), want Permanent FieldError %q", tc.err, provider.Code(tc.err), tc.text)
+		var fe *egressproxy.FieldError
+		if egressproxy.Code(tc.err) != egressproxy.Permanent || !errors.As(tc.err, &fe) || errString(tc.err) != tc.text {
+			t.Errorf("invalid key: %v (%v), want Permanent FieldError %q", tc.err, egressproxy.Code(tc.err), tc.text)
 		}
 	}
 	if got, want := strings.Join(r.callList(), ","), "list-images,verify-image deb-12,evict-image deb-12"; got != want {
@@ -121,22 +123,22 @@ func TestImagesPassThroughAndWrapOnce(t *testing.T) {
 	}
 
 	r.mu.Lock()
-	r.err = provider.Errorf(provider.NotFound, "no base yet")
+	r.err = errs.Errorf(egressproxy.NotFound, "no base yet")
 	r.mu.Unlock()
 	_, err := c.VerifyImage(ctx, "deb-12")
-	var op *OpError
+	var op *egressproxy.OpError
 	if !errors.As(err, &op) || op.Op != "verify-image" || op.ImageKey != "deb-12" || op.Instance != "" ||
-		provider.Code(err) != provider.NotFound || errString(err) != "egressproxy verify-image deb-12: no base yet" {
+		egressproxy.Code(err) != egressproxy.NotFound || errString(err) != "egressproxy verify-image deb-12: no base yet" {
 		t.Errorf("VerifyImage = %v (%+v), want NotFound wrapped once", err, op)
 	}
 	r.mu.Lock()
 	r.err = errors.New("unclassed")
 	r.mu.Unlock()
-	if err := c.EvictImage(ctx, "deb-12"); provider.Code(err) != provider.Transient {
-		t.Errorf("unclassed provider error = %v (%v), want Transient", err, provider.Code(err))
+	if err := c.EvictImage(ctx, "deb-12"); egressproxy.Code(err) != egressproxy.Transient {
+		t.Errorf("unclassed provider error = %v (%v), want Transient", err, egressproxy.Code(err))
 	}
 	c.Close()
-	if _, err := c.ListImages(ctx); !errors.Is(err, ErrClosed) {
+	if _, err := c.ListImages(ctx); !errors.Is(err, egressproxy.ErrClosed) {
 		t.Errorf("ListImages after Close = %v, want ErrClosed", err)
 	}
 }
@@ -146,7 +148,7 @@ func TestImagesPassThroughAndWrapOnce(t *testing.T) {
 func TestImagesOnMemprovider(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := New(memprovider.New(&memprovider.Options{Images: []string{"deb-12"}}), nil)
+	c := memprovider.New(&memprovider.Options{Images: []string{"deb-12"}})
 	defer c.Close()
 	if _, err := c.Create(ctx, goodSpec()); err != nil {
 		t.Fatal(err)
@@ -157,7 +159,7 @@ func TestImagesOnMemprovider(t *testing.T) {
 	}
 	err = c.EvictImage(ctx, "deb-12")
 	want := `egressproxy evict-image deb-12: memprovider: base base-deb-12 of image "deb-12" is in use by instances ` + goodSpec().Name + `; delete them before you evict it`
-	if provider.Code(err) != provider.Permanent || errString(err) != want {
+	if egressproxy.Code(err) != egressproxy.Permanent || errString(err) != want {
 		t.Fatalf("EvictImage in use = %v\nwant Permanent %s", err, want)
 	}
 	if err := c.Delete(ctx, goodSpec().Ref()); err != nil {
@@ -167,7 +169,7 @@ func TestImagesOnMemprovider(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.VerifyImage(ctx, "deb-12")
-	if provider.Code(err) != provider.NotFound {
+	if egressproxy.Code(err) != egressproxy.NotFound {
 		t.Fatalf("VerifyImage after EvictImage = %v, want NotFound", err)
 	}
 }
@@ -190,15 +192,15 @@ func TestImagesSpansAndLogs(t *testing.T) {
 	}, funcr.Options{Verbosity: 1})
 	ctx := context.Background()
 	r := &imageRecorder{}
-	c := New(r, &Options{Logger: log, TracerProvider: tp})
+	c := driver.NewClient(r, &egressproxy.Options{Logger: log, TracerProvider: tp})
 	c.ListImages(ctx)
 	r.mu.Lock()
-	r.err = provider.Errorf(provider.NotFound, "no base")
+	r.err = errs.Errorf(egressproxy.NotFound, "no base")
 	r.mu.Unlock()
 	c.VerifyImage(ctx, "deb-12")
 	c.EvictImage(ctx, "deb-12")
 	c.Close()
-	unsupported := New(&recorder{}, &Options{Logger: log})
+	unsupported := driver.NewClient(&recorder{}, &egressproxy.Options{Logger: log})
 	unsupported.EvictImage(ctx, "deb-12")
 	unsupported.Close()
 

@@ -21,7 +21,6 @@ import (
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -255,17 +254,16 @@ func TestE2EProxyGuest(t *testing.T) {
 	// host: the local stack and the lab hosts share this filesystem.
 	cfg.Kernel, cfg.Initrd, cfg.Cmdline = g.kernel, g.initrd, g.cmdline
 	cfg.ConsoleLogDir = consoleDir
-	cfg.DialTimeout = provider.Duration(10 * time.Second)
+	cfg.DialTimeout = 10 * time.Second
 	// The test machines offer KVM but a KVM guest never gets past its
 	// firmware there (docs/config.md): boot under TCG.
 	cfg.DomainType = "qemu"
 	open := func() *egressproxy.Client {
 		t.Helper()
-		p, err := kvm2.Open(ctx, cfg, &kvm2.Options{Logger: testr.New(t), HTTPClient: &http.Client{Transport: httpTransport}})
+		c, err := kvm2.Open(ctx, cfg, &kvm2.Options{Logger: testr.New(t), HTTPClient: &http.Client{Transport: httpTransport}})
 		if err != nil {
 			t.Fatalf("kvm2.Open: %v", err)
 		}
-		c := egressproxy.New(p, &egressproxy.Options{Logger: testr.New(t)})
 		t.Cleanup(func() {
 			if err := c.Close(); err != nil {
 				t.Errorf("Close: %v", err)
@@ -281,7 +279,7 @@ func TestE2EProxyGuest(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Check (%s): %v", when, err)
 		}
-		if !h.Reachable || h.Reason != provider.ReasonNone {
+		if !h.Reachable || h.Reason != egressproxy.ReasonNone {
 			t.Fatalf("Check (%s): not reachable: %s %s", when, h.Reason, h.Message)
 		}
 		if h.Details["poolState"] != "running" || h.Details["poolFreeGiB"] == "" {
@@ -292,7 +290,7 @@ func TestE2EProxyGuest(t *testing.T) {
 	checkHealth("before Create")
 
 	// Create: the base is fetched from the test's HTTP server into the pool.
-	specA := provider.Spec{Name: "proxy-a", UID: "uid-a-" + randHex(t, 6), Port: squidPort, ImageKey: imageKey, UserData: userData}
+	specA := egressproxy.Spec{Name: "proxy-a", UID: "uid-a-" + randHex(t, 6), Port: squidPort, ImageKey: imageKey, UserData: userData}
 	domA := domainName(entry, specA.Name)
 	t0 := time.Now()
 	inst, err := client.Create(ctx, specA)
@@ -322,15 +320,15 @@ func TestE2EProxyGuest(t *testing.T) {
 		switch {
 		case err == nil:
 			inst = got
-		case provider.Code(err) == provider.Transient:
+		case egressproxy.Code(err) == egressproxy.Transient:
 			lastErr = err
 		default:
 			t.Fatalf("Get %s while booting: %v", specA.Name, err)
 		}
-		if err == nil && inst.State == provider.StateRunning && inst.IP != "" {
+		if err == nil && inst.State == egressproxy.StateRunning && inst.IP != "" {
 			break
 		}
-		if err == nil && inst.State != provider.StateProvisioning && inst.State != provider.StateRunning {
+		if err == nil && inst.State != egressproxy.StateProvisioning && inst.State != egressproxy.StateRunning {
 			failNoAnswer("guest %s is %s while booting", domA, inst.State)
 		}
 		time.Sleep(pollEvery)
@@ -348,7 +346,7 @@ func TestE2EProxyGuest(t *testing.T) {
 	// caller's end of host 1's link).
 	var res health.Result
 	for {
-		res = health.Probe(ctx, inst.Address(), target.Addr, &health.ProbeOptions{Timeout: provider.Duration(15 * time.Second), Exchange: health.HTTPGet(target.Addr, target.Token)})
+		res = health.Probe(ctx, inst.Address(), target.Addr, &health.ProbeOptions{Timeout: 15 * time.Second, Exchange: health.HTTPGet(target.Addr, target.Token)})
 		if res.OK {
 			break
 		}
@@ -367,7 +365,7 @@ func TestE2EProxyGuest(t *testing.T) {
 	if beyond != nil {
 		// The lab's isolation: the same Squid cannot reach an address of
 		// the caller's behind another host's link.
-		r := health.Probe(ctx, inst.Address(), beyond.Addr, &health.ProbeOptions{Timeout: provider.Duration(15 * time.Second), Exchange: health.HTTPGet(beyond.Addr, beyond.Token)})
+		r := health.Probe(ctx, inst.Address(), beyond.Addr, &health.ProbeOptions{Timeout: 15 * time.Second, Exchange: health.HTTPGet(beyond.Addr, beyond.Token)})
 		t.Logf("CONNECT %s (beyond host 1) via %s → ok %v, %v, status %d in %s", beyond.Addr, inst.Address(), r.OK, r.Kind, r.StatusCode, r.Total.Round(time.Millisecond))
 		if r.OK || r.Kind != health.KindProxyStatus || len(beyond.Seen()) != 0 {
 			t.Fatalf("CONNECT through the guest to %s, beyond its host: ok %v, kind %v, status %d, err %v, target saw %v; want a proxy error status and no request", beyond.Addr, r.OK, r.Kind, r.StatusCode, r.Err, beyond.Seen())
@@ -383,7 +381,7 @@ func TestE2EProxyGuest(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Get poll %d: %v", i+1, err)
 		}
-		if got.State != provider.StateRunning || got.IP != inst.IP || got.UID != specA.UID {
+		if got.State != egressproxy.StateRunning || got.IP != inst.IP || got.UID != specA.UID {
 			t.Fatalf("Get poll %d: %+v, want Running at %s with UID %s (flapping)", i+1, got, inst.IP, specA.UID)
 		}
 		t.Logf("Get poll %d: %s %s (source %s)", i+1, got.State, got.Address(), got.AddressSource)
@@ -396,13 +394,13 @@ func TestE2EProxyGuest(t *testing.T) {
 	} else if !vols[domA+".qcow2"] || !vols[domA+"-seed.iso"] || !vols[base] {
 		t.Fatalf("volumes before Delete: %v, want %s.qcow2, %s-seed.iso and %s", vols, domA, domA, base)
 	}
-	deleteAndCheck := func(c *egressproxy.Client, spec provider.Spec) {
+	deleteAndCheck := func(c *egressproxy.Client, spec egressproxy.Spec) {
 		t.Helper()
 		dom := domainName(entry, spec.Name)
 		if err := c.Delete(ctx, spec.Ref()); err != nil {
 			t.Fatalf("Delete %s: %v", spec.Name, err)
 		}
-		if _, err := c.Get(ctx, spec.Ref()); provider.Code(err) != provider.NotFound {
+		if _, err := c.Get(ctx, spec.Ref()); egressproxy.Code(err) != egressproxy.NotFound {
 			t.Fatalf("Get after Delete %s: %v, want NotFound", spec.Name, err)
 		}
 		doms, vols, err := raw.Objects(pool, entry)
@@ -426,7 +424,7 @@ func TestE2EProxyGuest(t *testing.T) {
 	// base is taken from the pool, not fetched again.
 	client2 := open()
 	before := img.Requests.Load()
-	specB := provider.Spec{Name: "proxy-b", UID: "uid-b-" + randHex(t, 6), Port: squidPort, ImageKey: imageKey, UserData: userData}
+	specB := egressproxy.Spec{Name: "proxy-b", UID: "uid-b-" + randHex(t, 6), Port: squidPort, ImageKey: imageKey, UserData: userData}
 	t1 := time.Now()
 	instB, err := client2.Create(ctx, specB)
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy/internal/testing/allocprof"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // fastProxies is a set of minimal in-process CONNECT responders on loopback:
@@ -112,7 +111,7 @@ func BenchmarkProbe1000Proxies(b *testing.B) {
 	}
 	for _, workers := range []int{32, 128} {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
-			opts := &ProbeAllOptions{Workers: workers, TargetAddr: "203.0.113.1:443", Probe: ProbeOptions{Timeout: provider.Duration(5 * time.Second)}}
+			opts := &ProbeAllOptions{Workers: workers, TargetAddr: "203.0.113.1:443", Probe: ProbeOptions{Timeout: 5 * time.Second}}
 			// Warm up (pools, listeners' accept queues).
 			for _, r := range ProbeAll(context.Background(), targets, opts) {
 				if !r.OK {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy/health"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // A tracker turns probe results into decisions: two successes make a proxy
@@ -16,7 +15,7 @@ import (
 func ExampleTracker() {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	tr, err := health.NewTracker(&health.TrackerOptions{
-		Rise: 2, Fall: 3, Grace: provider.Duration(time.Minute),
+		Rise: 2, Fall: 3, Grace: time.Minute,
 		Now:      func() time.Time { return now },
 		OnForget: func(s health.Status) { fmt.Println("forgot", s.ID) },
 	})
@@ -66,7 +65,7 @@ func ExampleProbe() {
 		c.Read(buf) // until the probe closes
 	}()
 	res := health.Probe(context.Background(), ln.Addr().String(), "example.com:443",
-		&health.ProbeOptions{Timeout: provider.Duration(5 * time.Second)})
+		&health.ProbeOptions{Timeout: 5 * time.Second})
 	<-done
 	fmt.Println(res.OK, res.StatusCode, res.Kind, res.Total > 0)
 	// Output: true 200 none true

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // httpExchange sends a GET through the tunnel and expects 200 from the
@@ -89,7 +88,7 @@ func TestIntegrationProbeSquid(t *testing.T) {
 		})
 	}
 	t.Run("unreachable target is a proxy error status", func(t *testing.T) {
-		res := Probe(context.Background(), env.SquidAddr, closedAddr(t), &ProbeOptions{Timeout: provider.Duration(30 * time.Second)})
+		res := Probe(context.Background(), env.SquidAddr, closedAddr(t), &ProbeOptions{Timeout: 30 * time.Second})
 		if res.OK || res.Kind != KindProxyStatus || res.StatusCode < 500 {
 			t.Fatalf("got ok=%v kind=%v code=%d err=%v; want a 5xx proxy status", res.OK, res.Kind, res.StatusCode, res.Err)
 		}
@@ -100,14 +99,14 @@ func TestIntegrationTrackerRoundSquid(t *testing.T) {
 	env := teststack.Require(t)
 	target := echoServer(t)
 	denied := net.JoinHostPort("127.0.0.1", strconv.Itoa(env.SquidDeniedPort))
-	tr, err := NewTracker(&TrackerOptions{Rise: 2, Fall: 2, Grace: provider.Duration(time.Minute)})
+	tr, err := NewTracker(&TrackerOptions{Rise: 2, Fall: 2, Grace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	members := []Member{{ID: "open", Addr: env.SquidAddr}, {ID: "auth", Addr: env.SquidAuthAddr}, {ID: "booting"}}
 	for i := 0; i < 2; i++ {
 		res := tr.Round(context.Background(), members, &ProbeAllOptions{TargetAddr: target, Workers: 2,
-			Probe: ProbeOptions{Timeout: provider.Duration(30 * time.Second), Exchange: lineExchange}})
+			Probe: ProbeOptions{Timeout: 30 * time.Second, Exchange: lineExchange}})
 		if len(res) != 2 || !res[0].OK || res[1].Kind != KindAuthRequired {
 			t.Fatalf("round %d: %+v", i, res)
 		}
@@ -127,7 +126,7 @@ func TestIntegrationTrackerRoundSquid(t *testing.T) {
 		}
 		targets = append(targets, tg)
 	}
-	for i, r := range ProbeAll(context.Background(), targets, &ProbeAllOptions{Workers: 8, Probe: ProbeOptions{Timeout: provider.Duration(30 * time.Second)}}) {
+	for i, r := range ProbeAll(context.Background(), targets, &ProbeAllOptions{Workers: 8, Probe: ProbeOptions{Timeout: 30 * time.Second}}) {
 		if i%5 == 0 && (r.Kind != KindProxyStatus || r.StatusCode != 403) || i%5 != 0 && !r.OK {
 			t.Errorf("%s via squid to %s: ok=%v kind=%v code=%d err=%v", r.ID, r.Target, r.OK, r.Kind, r.StatusCode, r.Err)
 		}

@@ -15,8 +15,6 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"go.opentelemetry.io/otel/trace/noop"
 	"sigs.k8s.io/yaml"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // The option structs marshal their plain values (camelCase, durations as
@@ -30,7 +28,7 @@ func TestOptionsJSON(t *testing.T) {
 		Workers:    8,
 		TargetAddr: "example.com:443",
 		Probe: ProbeOptions{
-			Timeout:  provider.Duration(3 * time.Second),
+			Timeout:  3 * time.Second,
 			Username: "probe",
 			Password: password,
 			TLS:      &tls.Config{},
@@ -59,12 +57,12 @@ func TestOptionsJSON(t *testing.T) {
 	if err := yaml.UnmarshalStrict(y, &got); err != nil {
 		t.Fatalf("%s: %v", y, err)
 	}
-	wantBack := ProbeAllOptions{Workers: 8, TargetAddr: "example.com:443", Probe: ProbeOptions{Timeout: provider.Duration(3 * time.Second), Username: "probe"}}
+	wantBack := ProbeAllOptions{Workers: 8, TargetAddr: "example.com:443", Probe: ProbeOptions{Timeout: 3 * time.Second, Username: "probe"}}
 	if d := cmp.Diff(wantBack, got, cmpopts.IgnoreUnexported(logr.Logger{})); d != "" {
 		t.Errorf("round trip (-want +got):\n%s", d)
 	}
 
-	tr := TrackerOptions{Rise: 2, Fall: 3, Grace: provider.Duration(90 * time.Second), OnForget: func(Status) {}, Now: time.Now, Logger: logr.Discard(), TracerProvider: noop.NewTracerProvider()}
+	tr := TrackerOptions{Rise: 2, Fall: 3, Grace: 90 * time.Second, OnForget: func(Status) {}, Now: time.Now, Logger: logr.Discard(), TracerProvider: noop.NewTracerProvider()}
 	b, err = json.Marshal(tr)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +71,7 @@ func TestOptionsJSON(t *testing.T) {
 		t.Errorf("TrackerOptions = %s, want %s", b, want)
 	}
 	var gotTr TrackerOptions
-	if err := yaml.UnmarshalStrict([]byte("rise: 2\nfall: 3\ngrace: 90s\n"), &gotTr); err != nil || gotTr.Rise != 2 || gotTr.Fall != 3 || gotTr.Grace.Duration() != 90*time.Second {
+	if err := yaml.UnmarshalStrict([]byte("rise: 2\nfall: 3\ngrace: 90s\n"), &gotTr); err != nil || gotTr.Rise != 2 || gotTr.Fall != 3 || gotTr.Grace != 90*time.Second {
 		t.Errorf("TrackerOptions from YAML = %+v, %v", gotTr, err)
 	}
 	// Zero values mean the defaults and are left out.
@@ -94,7 +92,7 @@ func TestOptionsJSON(t *testing.T) {
 func TestOptionsTextHasNoSecret(t *testing.T) {
 	t.Parallel()
 	const password = "pr0xy-passw0rd"
-	probe := ProbeOptions{Timeout: provider.Duration(3 * time.Second), Username: "probe", Password: password, Dialer: &net.Dialer{}}
+	probe := ProbeOptions{Timeout: 3 * time.Second, Username: "probe", Password: password, Dialer: &net.Dialer{}}
 	all := ProbeAllOptions{Workers: 8, TargetAddr: "example.com:443", Probe: probe, Logger: logr.Discard()}
 	for name, v := range map[string]any{"ProbeOptions": probe, "*ProbeOptions": &probe, "ProbeAllOptions": all, "*ProbeAllOptions": &all} {
 		for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%q"} {

@@ -14,8 +14,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // DefaultTimeout is the per-probe timeout used when ProbeOptions.Timeout is
@@ -33,7 +31,7 @@ type ProbeOptions struct {
 	// Timeout bounds the whole probe: dial, CONNECT exchange and tunnel
 	// proof. Zero means DefaultTimeout; a negative value means no timeout of
 	// the probe's own (only the context's deadline applies).
-	Timeout provider.Duration `json:"timeout,omitempty"`
+	Timeout time.Duration `json:"timeout,omitempty"`
 
 	// Username and Password, when Username is not empty, are sent as
 	// "Proxy-Authorization: Basic ..." with the CONNECT request. Username
@@ -141,7 +139,7 @@ func Probe(ctx context.Context, proxyAddr, target string, opts *ProbeOptions) Re
 	}
 	var deadline time.Time
 	if o.Timeout >= 0 {
-		t := o.Timeout.Duration()
+		t := o.Timeout
 		if t == 0 {
 			t = DefaultTimeout
 		}

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // echoServer serves a loopback TCP target that echoes every line back.
@@ -55,7 +53,7 @@ func TestProbeClassifies(t *testing.T) {
 		{name: "204 with headers and LF endings", proxy: fake(reply("HTTP/1.0 204 OK\nVia: x\nX-Long: " + strings.Repeat("a", 3000) + "\n\n")), ok: true, code: 204},
 		{name: "interim 100 then 200", proxy: fake(reply("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\n")), ok: true, code: 200},
 		{name: "refused", proxy: func(t *testing.T) string { return closedAddr(t) }, kind: KindRefused, op: "dial"},
-		{name: "timeout no answer", proxy: fake(nil), opts: ProbeOptions{Timeout: provider.Duration(short)}, kind: KindTimeout, op: "read"},
+		{name: "timeout no answer", proxy: fake(nil), opts: ProbeOptions{Timeout: short}, kind: KindTimeout, op: "read"},
 		{name: "malformed status line", proxy: fake(reply("HTTP/1.1 2OO OK\r\n\r\n")), kind: KindMalformed, op: "read"},
 		{name: "not http", proxy: fake(reply("SSH-2.0-OpenSSH_9.2\r\n")), kind: KindMalformed, op: "read"},
 		{name: "truncated head", proxy: fake(replyClose("HTTP/1.1 200 OK\r\nVia: x\r\n")), kind: KindMalformed, op: "read"},
@@ -69,7 +67,7 @@ func TestProbeClassifies(t *testing.T) {
 		{name: "200 then dead tunnel, exchange proof", proxy: fake(replyClose("HTTP/1.1 200 Connection established\r\n\r\n")),
 			opts: ProbeOptions{Exchange: lineExchange}, kind: KindTunnelFailed, code: 200, op: "tunnel"},
 		{name: "200 then silent tunnel, exchange proof", proxy: fake(reply("HTTP/1.1 200 Connection established\r\n\r\n")),
-			opts: ProbeOptions{Exchange: lineExchange, Timeout: provider.Duration(short)}, kind: KindTunnelFailed, code: 200, op: "tunnel"},
+			opts: ProbeOptions{Exchange: lineExchange, Timeout: short}, kind: KindTunnelFailed, code: 200, op: "tunnel"},
 		{name: "bytes after head reach the exchange", proxy: fake(reply("HTTP/1.1 200 OK\r\n\r\nping\n")),
 			opts: ProbeOptions{Exchange: func(ctx context.Context, c net.Conn) error {
 				line, err := bufio.NewReader(c).ReadString('\n')
@@ -83,7 +81,7 @@ func TestProbeClassifies(t *testing.T) {
 				Dial: func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("no DNS in tests") }}}},
 			kind: KindDNS, op: "dial"},
 		{name: "dial timeout", proxy: func(*testing.T) string { return "192.0.2.1:3128" },
-			opts: ProbeOptions{Timeout: provider.Duration(short), Dialer: blockingDialer{}}, kind: KindTimeout, op: "dial"},
+			opts: ProbeOptions{Timeout: short, Dialer: blockingDialer{}}, kind: KindTimeout, op: "dial"},
 		{name: "bad proxy address", proxy: func(*testing.T) string { return "no-port" }, kind: KindBadInput, op: "input"},
 		{name: "empty proxy address", proxy: func(*testing.T) string { return "" }, kind: KindBadInput, op: "input"},
 		{name: "target with CRLF", proxy: fake(nil), target: "a:1\r\nX: y", kind: KindBadInput, op: "input"},
@@ -230,11 +228,11 @@ func TestProbeHonoursContext(t *testing.T) {
 		kind   Kind
 		cancel time.Duration // cancel after this long (0: never)
 	}{
-		{name: "canceled while waiting for the answer", proxy: silent, opts: ProbeOptions{Timeout: provider.Duration(time.Hour)},
+		{name: "canceled while waiting for the answer", proxy: silent, opts: ProbeOptions{Timeout: time.Hour},
 			ctx: func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }, cancel: 50 * time.Millisecond, kind: KindCanceled},
-		{name: "canceled during the tunnel proof", proxy: silentTunnel, opts: ProbeOptions{Timeout: provider.Duration(time.Hour), Exchange: blockExchange},
+		{name: "canceled during the tunnel proof", proxy: silentTunnel, opts: ProbeOptions{Timeout: time.Hour, Exchange: blockExchange},
 			ctx: func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }, cancel: 50 * time.Millisecond, kind: KindCanceled},
-		{name: "context deadline shorter than timeout", proxy: silent, opts: ProbeOptions{Timeout: provider.Duration(time.Hour)},
+		{name: "context deadline shorter than timeout", proxy: silent, opts: ProbeOptions{Timeout: time.Hour},
 			ctx: func() (context.Context, context.CancelFunc) {
 				return context.WithTimeout(context.Background(), 50*time.Millisecond)
 			}, kind: KindTimeout},

@@ -13,8 +13,6 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 func TestProbeAllResultsInOrder(t *testing.T) {
@@ -109,7 +107,7 @@ func TestProbeAllBoundsConcurrency(t *testing.T) {
 			}()
 			time.Sleep(10 * time.Millisecond)
 			base := int64(runtime.NumGoroutine())
-			results := ProbeAll(context.Background(), targets, &ProbeAllOptions{Workers: tt.workers, Probe: ProbeOptions{Timeout: provider.Duration(100 * time.Millisecond)}})
+			results := ProbeAll(context.Background(), targets, &ProbeAllOptions{Workers: tt.workers, Probe: ProbeOptions{Timeout: 100 * time.Millisecond}})
 			close(stop)
 			wg.Wait()
 			for _, r := range results {
@@ -207,7 +205,7 @@ func TestProbeAllCanceled(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		results := ProbeAll(ctx, targets, &ProbeAllOptions{Workers: 4, Probe: ProbeOptions{Timeout: provider.Duration(time.Hour)}})
+		results := ProbeAll(ctx, targets, &ProbeAllOptions{Workers: 4, Probe: ProbeOptions{Timeout: time.Hour}})
 		if d := time.Since(start); d > 5*time.Second {
 			t.Fatalf("round returned after %v", d)
 		}

@@ -6,7 +6,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // TargetFor turns a provider instance and its proxy credentials into what a
@@ -25,35 +26,35 @@ import (
 // Provisioning (it gets one as it boots; probe it later), Permanent in any
 // other state (Stopped or Failed: nothing changes until someone acts). A
 // port outside 1–65535, a connectTarget that is not host:port, a user with
-// ':' (RFC 7617) or a password without a user is a *provider.FieldError
+// ':' (RFC 7617) or a password without a user is a *errs.FieldError
 // classed Permanent. Error texts never contain the password.
-func TargetFor(inst provider.Instance, connectTarget, user, password string) (Target, ProbeOptions, error) {
-	var errs []error
+func TargetFor(inst egressproxy.Instance, connectTarget, user, password string) (Target, ProbeOptions, error) {
+	var problems []error
 	if inst.IP == "" {
-		code := provider.Permanent
-		if inst.State == provider.StateProvisioning {
-			code = provider.Transient
+		code := errs.Permanent
+		if inst.State == egressproxy.StateProvisioning {
+			code = errs.Transient
 		}
 		state := string(inst.State)
 		if state == "" {
 			state = "no state"
 		}
-		return Target{}, ProbeOptions{}, provider.Errorf(code, "health: instance %s (%s) has no address to probe", provider.Quote(inst.Name), state)
+		return Target{}, ProbeOptions{}, errs.Errorf(code, "health: instance %s (%s) has no address to probe", errs.Quote(inst.Name), state)
 	}
 	if inst.Port < 1 || inst.Port > 65535 {
-		errs = append(errs, &provider.FieldError{Field: "Instance.Port", Value: strconv.Itoa(inst.Port), Rule: "must be 1-65535"})
+		problems = append(problems, &errs.FieldError{Field: "Instance.Port", Value: strconv.Itoa(inst.Port), Rule: "must be 1-65535"})
 	}
 	if host, port, err := net.SplitHostPort(connectTarget); err != nil || host == "" || port == "" || strings.ContainsAny(connectTarget, " \t\r\n") {
-		errs = append(errs, &provider.FieldError{Field: "connectTarget", Value: connectTarget, Rule: "must be host:port with a non-empty host and port, without spaces"})
+		problems = append(problems, &errs.FieldError{Field: "connectTarget", Value: connectTarget, Rule: "must be host:port with a non-empty host and port, without spaces"})
 	}
 	if strings.IndexByte(user, ':') >= 0 {
-		errs = append(errs, &provider.FieldError{Field: "user", Value: user, Rule: "must not contain ':' (RFC 7617 basic auth)"})
+		problems = append(problems, &errs.FieldError{Field: "user", Value: user, Rule: "must not contain ':' (RFC 7617 basic auth)"})
 	}
 	if user == "" && password != "" {
-		errs = append(errs, &provider.FieldError{Field: "password", Rule: "is set without a user"})
+		problems = append(problems, &errs.FieldError{Field: "password", Rule: "is set without a user"})
 	}
-	if len(errs) > 0 {
-		return Target{}, ProbeOptions{}, provider.WithCode(provider.Permanent, errors.Join(errs...))
+	if len(problems) > 0 {
+		return Target{}, ProbeOptions{}, errs.WithCode(errs.Permanent, errors.Join(problems...))
 	}
 	t := Target{ID: inst.Name, ProxyAddr: inst.Address(), TargetAddr: connectTarget, Username: user, Password: password}
 	return t, ProbeOptions{Username: user, Password: password}, nil

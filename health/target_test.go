@@ -11,22 +11,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
-	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/provider/memprovider"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/memprovider"
 )
 
 func TestTargetFor(t *testing.T) {
-	running := provider.Instance{Ref: provider.Ref{Name: "proxy-a", UID: "u"}, State: provider.StateRunning, IP: "10.0.0.5", Port: 3128}
+	running := egressproxy.Instance{Ref: egressproxy.Ref{Name: "proxy-a", UID: "u"}, State: egressproxy.StateRunning, IP: "10.0.0.5", Port: 3128}
 	v6 := running
 	v6.IP = "fd00::5"
 	for _, tc := range []struct {
 		name           string
-		inst           provider.Instance
+		inst           egressproxy.Instance
 		target         string
 		user, password string
 		want           health.Target
-		code           provider.ErrorCode
+		code           errs.ErrorCode
 		field          string // the FieldError expected, if any
 	}{
 		{name: "running", inst: running, target: "example.com:443", user: "probe", password: "s3cret",
@@ -35,20 +36,20 @@ func TestTargetFor(t *testing.T) {
 			want: health.Target{ID: "proxy-a", ProxyAddr: "10.0.0.5:3128", TargetAddr: "example.com:443"}},
 		{name: "ipv6", inst: v6, target: "[fd00::1]:80",
 			want: health.Target{ID: "proxy-a", ProxyAddr: "[fd00::5]:3128", TargetAddr: "[fd00::1]:80"}},
-		{name: "provisioning", inst: provider.Instance{Ref: running.Ref, State: provider.StateProvisioning, Port: 3128}, target: "example.com:443", code: provider.Transient},
-		{name: "stopped", inst: provider.Instance{Ref: running.Ref, State: provider.StateStopped, Port: 3128}, target: "example.com:443", code: provider.Permanent},
-		{name: "failed", inst: provider.Instance{Ref: running.Ref, State: provider.StateFailed, Port: 3128}, target: "example.com:443", code: provider.Permanent},
-		{name: "zero instance", target: "example.com:443", code: provider.Permanent},
-		{name: "port zero", inst: provider.Instance{Ref: running.Ref, State: provider.StateRunning, IP: "10.0.0.5"}, target: "example.com:443", code: provider.Permanent, field: "Instance.Port"},
-		{name: "target without port", inst: running, target: "example.com", code: provider.Permanent, field: "connectTarget"},
-		{name: "target empty", inst: running, target: "", code: provider.Permanent, field: "connectTarget"},
-		{name: "target with space", inst: running, target: "exa mple.com:443", code: provider.Permanent, field: "connectTarget"},
-		{name: "user with colon", inst: running, target: "example.com:443", user: "a:b", password: "s3cret", code: provider.Permanent, field: "user"},
-		{name: "password without user", inst: running, target: "example.com:443", password: "s3cret", code: provider.Permanent, field: "password"},
+		{name: "provisioning", inst: egressproxy.Instance{Ref: running.Ref, State: egressproxy.StateProvisioning, Port: 3128}, target: "example.com:443", code: errs.Transient},
+		{name: "stopped", inst: egressproxy.Instance{Ref: running.Ref, State: egressproxy.StateStopped, Port: 3128}, target: "example.com:443", code: errs.Permanent},
+		{name: "failed", inst: egressproxy.Instance{Ref: running.Ref, State: egressproxy.StateFailed, Port: 3128}, target: "example.com:443", code: errs.Permanent},
+		{name: "zero instance", target: "example.com:443", code: errs.Permanent},
+		{name: "port zero", inst: egressproxy.Instance{Ref: running.Ref, State: egressproxy.StateRunning, IP: "10.0.0.5"}, target: "example.com:443", code: errs.Permanent, field: "Instance.Port"},
+		{name: "target without port", inst: running, target: "example.com", code: errs.Permanent, field: "connectTarget"},
+		{name: "target empty", inst: running, target: "", code: errs.Permanent, field: "connectTarget"},
+		{name: "target with space", inst: running, target: "exa mple.com:443", code: errs.Permanent, field: "connectTarget"},
+		{name: "user with colon", inst: running, target: "example.com:443", user: "a:b", password: "s3cret", code: errs.Permanent, field: "user"},
+		{name: "password without user", inst: running, target: "example.com:443", password: "s3cret", code: errs.Permanent, field: "password"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, opts, err := health.TargetFor(tc.inst, tc.target, tc.user, tc.password)
-			if c := provider.Code(err); c != tc.code {
+			if c := errs.Code(err); c != tc.code {
 				t.Fatalf("TargetFor: code %v (%v), want %v", c, err, tc.code)
 			}
 			if err != nil {
@@ -56,7 +57,7 @@ func TestTargetFor(t *testing.T) {
 					t.Errorf("error text contains the password: %v", err)
 				}
 				if tc.field != "" {
-					var fe *provider.FieldError
+					var fe *errs.FieldError
 					if !errors.As(err, &fe) || fe.Field != tc.field {
 						t.Errorf("error %v: want a FieldError for %s", err, tc.field)
 					}
@@ -92,7 +93,7 @@ func TestTargetForProbesInstance(t *testing.T) {
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	inst, err := p.Create(ctx, provider.Spec{Name: "proxy-a", UID: "uid-a"})
+	inst, err := p.Create(ctx, egressproxy.Spec{Name: "proxy-a", UID: "uid-a"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/obs"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // Defaults of TrackerOptions.
@@ -119,7 +119,7 @@ type TrackerOptions struct {
 	// without an address, keeps its state before it is forgotten, counted
 	// from when it was last seen with an address. Zero means DefaultGrace;
 	// negative is an error. (Use Tracker.Remove to forget a proxy at once.)
-	Grace provider.Duration `json:"grace,omitempty"`
+	Grace time.Duration `json:"grace,omitempty"`
 	// OnForget, when not nil, is called exactly once for every proxy the
 	// tracker forgets (grace expired or Remove), with its last Status, after
 	// the proxy is gone and outside the tracker's lock (it may call the
@@ -152,30 +152,30 @@ type Tracker struct {
 }
 
 // NewTracker returns a Tracker. A nil opts is valid (every default).
-// Invalid options give a Permanent error joining one *provider.FieldError per
+// Invalid options give a Permanent error joining one *errs.FieldError per
 // field and rule, the validation error type of every package of this module.
 func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 	var o TrackerOptions
 	if opts != nil {
 		o = *opts
 	}
-	var errs []error
+	var problems []error
 	if o.Rise < 0 {
-		errs = append(errs, &provider.FieldError{Field: "TrackerOptions.Rise", Value: strconv.Itoa(o.Rise), Rule: "must not be negative (zero means DefaultRise)"})
+		problems = append(problems, &errs.FieldError{Field: "TrackerOptions.Rise", Value: strconv.Itoa(o.Rise), Rule: "must not be negative (zero means DefaultRise)"})
 	}
 	if o.Fall < 0 {
-		errs = append(errs, &provider.FieldError{Field: "TrackerOptions.Fall", Value: strconv.Itoa(o.Fall), Rule: "must not be negative (zero means DefaultFall)"})
+		problems = append(problems, &errs.FieldError{Field: "TrackerOptions.Fall", Value: strconv.Itoa(o.Fall), Rule: "must not be negative (zero means DefaultFall)"})
 	}
 	if o.Grace < 0 {
-		errs = append(errs, &provider.FieldError{Field: "TrackerOptions.Grace", Value: o.Grace.String(), Rule: "must not be negative (zero means DefaultGrace)"})
+		problems = append(problems, &errs.FieldError{Field: "TrackerOptions.Grace", Value: o.Grace.String(), Rule: "must not be negative (zero means DefaultGrace)"})
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, provider.WithCode(provider.Permanent, err)
+	if err := errors.Join(problems...); err != nil {
+		return nil, errs.WithCode(errs.Permanent, err)
 	}
 	t := &Tracker{
 		rise:     o.Rise,
 		fall:     o.Fall,
-		grace:    o.Grace.Duration(),
+		grace:    o.Grace,
 		onForget: o.OnForget,
 		now:      o.Now,
 		log:      o.Logger,
@@ -328,7 +328,7 @@ func (t *Tracker) Round(ctx context.Context, members []Member, opts *ProbeAllOpt
 		// mark a fleet down for it.
 		err := errors.New("health: Tracker.Round needs ProbeAllOptions.TargetAddr (the CONNECT target every probe tunnels to); the round was not recorded and no proxy's state changed")
 		t.log.Error(err, "round not recorded", "members", len(members))
-		obs.Fail(span, provider.WithCode(provider.Permanent, err)) // a caller's mistake: error.type Permanent
+		obs.Fail(span, errs.WithCode(errs.Permanent, err)) // a caller's mistake: error.type Permanent
 		return results
 	}
 	obs := make([]Observation, 0, len(members))

@@ -16,8 +16,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"pgregory.net/rapid"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 var okResult = Result{OK: true, StatusCode: 200, Total: 3 * time.Millisecond}
@@ -48,7 +46,7 @@ func TestNewTrackerRejectsBadOptions(t *testing.T) {
 	}{
 		{name: "negative rise", opts: TrackerOptions{Rise: -1}, want: []string{"TrackerOptions.Rise"}},
 		{name: "negative fall", opts: TrackerOptions{Fall: -1}, want: []string{"TrackerOptions.Fall"}},
-		{name: "negative grace", opts: TrackerOptions{Grace: provider.Duration(-time.Second)}, want: []string{"TrackerOptions.Grace"}},
+		{name: "negative grace", opts: TrackerOptions{Grace: -time.Second}, want: []string{"TrackerOptions.Grace"}},
 		{name: "all", opts: TrackerOptions{Rise: -1, Fall: -2, Grace: -1}, want: []string{"Rise", "Fall", "Grace"}},
 	}
 	for _, tt := range tests {
@@ -140,7 +138,7 @@ func TestTrackerSequences(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			clock := &fakeClock{now: time.Unix(1_000_000, 0)}
 			var forgot []string
-			tr, err := NewTracker(&TrackerOptions{Rise: 2, Fall: 3, Grace: provider.Duration(time.Minute), Now: clock.Now,
+			tr, err := NewTracker(&TrackerOptions{Rise: 2, Fall: 3, Grace: time.Minute, Now: clock.Now,
 				OnForget: func(s Status) { forgot = append(forgot, s.ID) }})
 			if err != nil {
 				t.Fatal(err)
@@ -220,7 +218,7 @@ func TestTrackerProperties(t *testing.T) {
 		grace := time.Duration(rapid.IntRange(1, 10).Draw(rt, "graceHalfSeconds")) * 500 * time.Millisecond
 		clock := &fakeClock{now: time.Unix(1_000_000, 0)}
 		hookCalls := map[string]int{}
-		tr, err := NewTracker(&TrackerOptions{Rise: rise, Fall: fall, Grace: provider.Duration(grace), Now: clock.Now,
+		tr, err := NewTracker(&TrackerOptions{Rise: rise, Fall: fall, Grace: grace, Now: clock.Now,
 			OnForget: func(s Status) { hookCalls[s.ID]++ }})
 		if err != nil {
 			rt.Fatal(err)
@@ -366,7 +364,7 @@ func TestTrackerProperties(t *testing.T) {
 func TestTrackerConcurrentForgetOnce(t *testing.T) {
 	t.Parallel()
 	var calls sync.Map // id -> *atomic.Int64
-	tr, _ := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: provider.Duration(time.Nanosecond), OnForget: func(s Status) {
+	tr, _ := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: time.Nanosecond, OnForget: func(s Status) {
 		v, _ := calls.LoadOrStore(s.ID, new(atomic.Int64))
 		v.(*atomic.Int64).Add(1)
 	}})
@@ -407,7 +405,7 @@ func TestTrackerRound(t *testing.T) {
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 	clock := &fakeClock{now: time.Unix(10, 0)}
 	var forgot []string
-	tr, err := NewTracker(&TrackerOptions{Rise: 2, Fall: 2, Grace: provider.Duration(time.Minute), Now: clock.Now, TracerProvider: tp,
+	tr, err := NewTracker(&TrackerOptions{Rise: 2, Fall: 2, Grace: time.Minute, Now: clock.Now, TracerProvider: tp,
 		OnForget: func(s Status) { forgot = append(forgot, s.ID) }})
 	if err != nil {
 		t.Fatal(err)
@@ -460,7 +458,7 @@ func TestTrackerLogsThroughLogr(t *testing.T) {
 		mu.Unlock()
 	}, funcr.Options{Verbosity: 1})
 	clock := &fakeClock{now: time.Unix(0, 0)}
-	tr, _ := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: provider.Duration(time.Second), Now: clock.Now, Logger: log})
+	tr, _ := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: time.Second, Now: clock.Now, Logger: log})
 	tr.Update([]Observation{{ID: "a", Addr: "10.0.0.1:3128", Result: okResult}})
 	clock.Advance(time.Second)
 	tr.Update(nil)
@@ -480,7 +478,7 @@ func TestRoundWithoutTargetMarksNothingDown(t *testing.T) {
 	t.Parallel()
 	var conns atomic.Int64
 	good := startFake(t, func(c net.Conn) { conns.Add(1); reply("HTTP/1.1 200 OK\r\n\r\n")(c) }).addr
-	tr, err := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: provider.Duration(time.Minute)})
+	tr, err := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

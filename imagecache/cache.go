@@ -137,8 +137,9 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/egressproxy/egressproxy/internal/obs"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -147,7 +148,7 @@ import (
 
 // Image is one configured image.
 type Image struct {
-	// Key is the image key: same shape as provider.Spec.ImageKey (1–63 of
+	// Key is the image key: same shape as egressproxy.Spec.ImageKey (1–63 of
 	// a–z 0–9 . -, alphanumeric ends, no "--"). Required.
 	Key string `json:"key,omitempty"`
 	// URL is the http(s) URL of the image. Required. It may carry
@@ -223,45 +224,45 @@ func (img Image) format() string {
 }
 
 // Validate checks the image and returns the violations joined (each a
-// *provider.FieldError), classed Permanent.
+// *errs.FieldError), classed Permanent.
 func (img Image) Validate() error {
-	var errs []error
+	var problems []error
 	if err := validKey(img.Key); err != nil {
-		errs = append(errs, err)
+		problems = append(problems, err)
 	}
 	if img.URL == "" {
-		errs = append(errs, &provider.FieldError{Field: "URL", Rule: "is required"})
+		problems = append(problems, &errs.FieldError{Field: "URL", Rule: "is required"})
 	} else if !strings.HasPrefix(img.URL, "http://") && !strings.HasPrefix(img.URL, "https://") {
-		errs = append(errs, &provider.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "must be an http:// or https:// URL"})
+		problems = append(problems, &errs.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "must be an http:// or https:// URL"})
 	} else if u, err := url.Parse(img.URL); err != nil {
-		errs = append(errs, &provider.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "must parse as a URL: " + parseProblem(err)})
+		problems = append(problems, &errs.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "must parse as a URL: " + parseProblem(err)})
 	} else if u.Host == "" {
-		errs = append(errs, &provider.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "must name a host"})
+		problems = append(problems, &errs.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "must name a host"})
 	} else if redactedCredential(img.URL) {
-		errs = append(errs, &provider.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "carries a credential redacted by marshalling; set the URL with its credential in code (e.g. from a Secret)"})
+		problems = append(problems, &errs.FieldError{Field: "URL", Value: RedactURL(img.URL), Rule: "carries a credential redacted by marshalling; set the URL with its credential in code (e.g. from a Secret)"})
 	}
 	if img.SHA256 != "" && !validDigest(img.SHA256) {
-		errs = append(errs, &provider.FieldError{Field: "SHA256", Value: img.SHA256, Rule: "must be 64 lowercase hex digits"})
+		problems = append(problems, &errs.FieldError{Field: "SHA256", Value: img.SHA256, Rule: "must be 64 lowercase hex digits"})
 	}
 	if !validFormat(img.format()) {
-		errs = append(errs, &provider.FieldError{Field: "Format", Value: img.Format, Rule: `must be "qcow2" or "raw"`})
+		problems = append(problems, &errs.FieldError{Field: "Format", Value: img.Format, Rule: `must be "qcow2" or "raw"`})
 	}
-	if len(errs) > 0 {
-		return provider.WithCode(provider.Permanent, errors.Join(errs...))
+	if len(problems) > 0 {
+		return errs.WithCode(errs.Permanent, errors.Join(problems...))
 	}
 	return nil
 }
 
 // Config configures a Cache.
 type Config struct {
-	// Entry is the provider entry name (provider.ValidateName rules).
+	// Entry is the provider entry name (naming.ValidateName rules).
 	// Required.
 	Entry string `json:"entry"`
 	// Pool is the libvirt storage pool holding the bases. Required.
 	Pool string `json:"pool"`
 	// TransferBudget bounds one cold fetch (HTTP + upload + verify +
 	// publish). Zero: 20m. A claim older than twice this is stale.
-	TransferBudget provider.Duration `json:"transferBudget,omitempty"`
+	TransferBudget time.Duration `json:"transferBudget,omitempty"`
 	// HTTPGrace: the HTTP download's deadline is HTTPGrace before the end
 	// of the fetch's TransferBudget (one clock: the budget counts from the
 	// start of the fetch, so time spent waiting for another writer's claim
@@ -269,7 +270,7 @@ type Config struct {
 	// as a clean error before the budget would have to cut the libvirt
 	// link. Zero: 1m, or TransferBudget/4 when that is shorter. Must be <
 	// TransferBudget.
-	HTTPGrace provider.Duration `json:"httpGrace,omitempty"`
+	HTTPGrace time.Duration `json:"httpGrace,omitempty"`
 	// HTTPClient fetches images. Zero: a client of the cache's own with no
 	// overall timeout (the deadline comes from the budget), whose idle
 	// connections Close closes (a caller's client, or the one a Fanout
@@ -281,21 +282,21 @@ type Config struct {
 	// goroutine that feeds the upload: it must not block for long.
 	Progress func(Progress) `json:"-"`
 	// ProgressInterval is the progress callback and log interval. Zero: 5s.
-	ProgressInterval provider.Duration `json:"progressInterval,omitempty"`
+	ProgressInterval time.Duration `json:"progressInterval,omitempty"`
 	// ClaimTimeout: a claim (see the package doc) whose holder has not
 	// refreshed it for this long is stale and may be taken over; the
 	// holder refreshes it every ClaimTimeout/4 and gives its work up when
 	// it could not refresh for ClaimTimeout/2, so a claim is never taken
 	// over while its holder works. Every cache sharing a pool should use
 	// the same value. Zero: 2m.
-	ClaimTimeout provider.Duration `json:"claimTimeout,omitempty"`
+	ClaimTimeout time.Duration `json:"claimTimeout,omitempty"`
 	// StreamStall is the no-progress timeout of every libvirt stream (the
 	// upload and the read-back): no byte moved for this long, from the
 	// start of the stream or since the last chunk, means the stream hangs.
 	// Its dedicated connection is then discarded and the stream retried
 	// once on a fresh one (the upload with a new download of the image).
 	// Zero: 1m.
-	StreamStall provider.Duration `json:"streamStall,omitempty"`
+	StreamStall time.Duration `json:"streamStall,omitempty"`
 	// Logger receives progress and decision lines. Zero value: discard.
 	Logger logr.Logger `json:"-"`
 	// TracerProvider makes the fetch/upload/verify spans. Zero: no spans.
@@ -414,39 +415,39 @@ type flight struct {
 // New validates cfg (errors name the field, classed Permanent) and returns
 // a Cache. It does no I/O.
 func New(conn Conn, cfg Config) (*Cache, error) {
-	var errs []error
+	var problems []error
 	if conn == nil {
-		errs = append(errs, &provider.FieldError{Field: "conn", Rule: "is required"})
+		problems = append(problems, &errs.FieldError{Field: "conn", Rule: "is required"})
 	}
-	if err := provider.ValidateName("Entry", cfg.Entry); err != nil {
-		errs = append(errs, err)
+	if err := naming.ValidateName("Entry", cfg.Entry); err != nil {
+		problems = append(problems, err)
 	}
 	if cfg.Pool == "" {
-		errs = append(errs, &provider.FieldError{Field: "Pool", Rule: "is required"})
+		problems = append(problems, &errs.FieldError{Field: "Pool", Rule: "is required"})
 	}
 	if cfg.TransferBudget < 0 || cfg.HTTPGrace < 0 || cfg.ProgressInterval < 0 || cfg.StreamStall < 0 || cfg.ClaimTimeout < 0 {
-		errs = append(errs, &provider.FieldError{Field: "TransferBudget/HTTPGrace/ProgressInterval/StreamStall/ClaimTimeout", Rule: "must not be negative"})
+		problems = append(problems, &errs.FieldError{Field: "TransferBudget/HTTPGrace/ProgressInterval/StreamStall/ClaimTimeout", Rule: "must not be negative"})
 	}
 	if cfg.TransferBudget == 0 {
-		cfg.TransferBudget = provider.Duration(defaultBudget)
+		cfg.TransferBudget = defaultBudget
 	}
 	if cfg.HTTPGrace == 0 {
-		cfg.HTTPGrace = provider.Duration(min(defaultGrace, cfg.TransferBudget.Duration()/4))
+		cfg.HTTPGrace = min(defaultGrace, cfg.TransferBudget/4)
 	}
 	if cfg.HTTPGrace >= cfg.TransferBudget {
-		errs = append(errs, &provider.FieldError{Field: "HTTPGrace", Value: cfg.HTTPGrace.String(), Rule: fmt.Sprintf("must be shorter than TransferBudget (%s)", cfg.TransferBudget)})
+		problems = append(problems, &errs.FieldError{Field: "HTTPGrace", Value: cfg.HTTPGrace.String(), Rule: fmt.Sprintf("must be shorter than TransferBudget (%s)", cfg.TransferBudget)})
 	}
-	if len(errs) > 0 {
-		return nil, provider.WithCode(provider.Permanent, errors.Join(errs...))
+	if len(problems) > 0 {
+		return nil, errs.WithCode(errs.Permanent, errors.Join(problems...))
 	}
 	if cfg.StreamStall == 0 {
-		cfg.StreamStall = provider.Duration(defaultStreamStall)
+		cfg.StreamStall = defaultStreamStall
 	}
 	if cfg.ClaimTimeout == 0 {
-		cfg.ClaimTimeout = provider.Duration(defaultClaimTimeout)
+		cfg.ClaimTimeout = defaultClaimTimeout
 	}
 	if cfg.ProgressInterval == 0 {
-		cfg.ProgressInterval = provider.Duration(defaultInterval)
+		cfg.ProgressInterval = defaultInterval
 	}
 	var transport *http.Transport // the default client's, ours to close
 	if cfg.HTTPClient == nil {
@@ -491,9 +492,9 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 // BaseName returns the volume name of img's base in this cache.
 func (c *Cache) BaseName(img Image) string { return BaseName(c.cfg.Entry, img.Key, img.format()) }
 
-func (c *Cache) staleAfter() time.Duration { return 2 * c.cfg.TransferBudget.Duration() }
+func (c *Cache) staleAfter() time.Duration { return 2 * c.cfg.TransferBudget }
 
-var errClosed = provider.WithCode(provider.Permanent, fmt.Errorf("imagecache: %w", provider.ErrClosed))
+var errClosed = errs.WithCode(errs.Permanent, fmt.Errorf("imagecache: %w", errs.ErrClosed))
 
 // Ensure returns img's published base, fetching, verifying and publishing
 // it first when the pool has no usable one. Concurrent Ensure calls for one
@@ -523,10 +524,10 @@ func (c *Cache) Ensure(ctx context.Context, img Image) (_ Base, opErr error) {
 	}
 	if ok && f.img != img {
 		c.mu.Unlock()
-		return Base{}, provider.Errorf(provider.Permanent, "image %q: another Ensure of the same key with a different URL, digest or format is in flight", img.Key)
+		return Base{}, errs.Errorf(errs.Permanent, "image %q: another Ensure of the same key with a different URL, digest or format is in flight", img.Key)
 	}
 	if !ok {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.TransferBudget.Duration())
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.TransferBudget)
 		stop := context.AfterFunc(c.stop, cancel)
 		f = &flight{done: make(chan struct{}), cancel: cancel, img: img}
 		c.flights[name] = f
@@ -560,13 +561,13 @@ func (c *Cache) Ensure(ctx context.Context, img Image) (_ Base, opErr error) {
 
 	select {
 	case <-f.done:
-		if code := provider.Code(f.err); ctx.Err() == nil && (code == provider.DeadlineExceeded || code == provider.Canceled) {
+		if code := errs.Code(f.err); ctx.Err() == nil && (code == errs.DeadlineExceeded || code == errs.Canceled) {
 			// Our own budget ran out, or Close canceled the fetch; not
 			// the caller's context.
 			if c.stop.Err() != nil {
-				return Base{}, provider.Errorf(provider.Transient, "image %q: the cache was closed during the fetch: %w", img.Key, f.err)
+				return Base{}, errs.Errorf(errs.Transient, "image %q: the cache was closed during the fetch: %w", img.Key, f.err)
 			}
-			return Base{}, provider.Errorf(provider.Transient, "image %q: transfer budget %s exhausted: %w", img.Key, c.cfg.TransferBudget, f.err)
+			return Base{}, errs.Errorf(errs.Transient, "image %q: transfer budget %s exhausted: %w", img.Key, c.cfg.TransferBudget, f.err)
 		}
 		if f.err == nil {
 			span.SetAttributes(attribute.String("imagecache.source", f.base.Source))
@@ -580,7 +581,7 @@ func (c *Cache) Ensure(ctx context.Context, img Image) (_ Base, opErr error) {
 			f.cancel()
 		}
 		c.mu.Unlock()
-		return Base{}, provider.FromContext(ctx.Err())
+		return Base{}, errs.FromContext(ctx.Err())
 	}
 }
 
@@ -601,7 +602,7 @@ func (c *Cache) ensure(ctx context.Context, img Image, name string) (Base, error
 		case actWait:
 			log.V(1).Info("another writer holds a claim; waiting", "claims", d.Others, "reason", d.Reason)
 			if err := sleep(ctx, pollInterval); err != nil {
-				return Base{}, provider.Errorf(provider.Transient, "base %s: another writer (%s) is still fetching it: %w", name, strings.Join(d.Others, ", "), err)
+				return Base{}, errs.Errorf(errs.Transient, "base %s: another writer (%s) is still fetching it: %w", name, strings.Join(d.Others, ", "), err)
 			}
 			continue
 		}
@@ -670,11 +671,11 @@ const evictHint = "evict the base with EvictImage (egressproxyctl images evict)"
 // conflict is the permanent error of a mismatching or ambiguous marker.
 func (c *Cache) conflict(img Image, name string, d decision) error {
 	if d.Action == actAmbiguous {
-		return provider.Errorf(provider.Permanent,
+		return errs.Errorf(errs.Permanent,
 			"base %s in pool %s has several digest markers (%s); it is left untouched because running VMs may use it: delete the proxies using it, then "+evictHint+", or add the image under a new key",
 			name, c.cfg.Pool, strings.Join(d.Digests, ", "))
 	}
-	return provider.Errorf(provider.Permanent,
+	return errs.Errorf(errs.Permanent,
 		"base %s in pool %s has sha256 %s but image %q is configured with sha256 %s; it is left untouched because running VMs may use it: add the image under a new key, or delete the proxies using it, then "+evictHint,
 		name, c.cfg.Pool, d.Digest, img.Key, img.SHA256)
 }
@@ -689,7 +690,7 @@ func (c *Cache) removeDebris(ctx context.Context, name string, d decision) error
 				return err
 			}
 			if ds := u.users[name]; len(ds) > 0 {
-				return provider.Errorf(provider.Permanent, "base %s has no valid digest marker (%s) but domains %s use it; refusing to replace it: delete those domains or restore the marker", name, d.Reason, strings.Join(ds, ", "))
+				return errs.Errorf(errs.Permanent, "base %s has no valid digest marker (%s) but domains %s use it; refusing to replace it: delete those domains or restore the marker", name, d.Reason, strings.Join(ds, ", "))
 			}
 			if err := u.refuseIfUsed(name, "replace"); err != nil {
 				return err
@@ -735,7 +736,7 @@ func (c *Cache) published(ctx context.Context, img Image, name, digest string, v
 }
 
 // Close cancels in-flight fetches and waits for them (bounded). Later calls
-// return a Permanent error wrapping provider.ErrClosed.
+// return a Permanent error wrapping errs.ErrClosed.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	c.closed = true
@@ -757,7 +758,7 @@ func (c *Cache) Close() error {
 	case <-done:
 		return nil
 	case <-t.C:
-		return provider.Errorf(provider.Transient, "imagecache: in-flight fetches did not end within %s", closeWait)
+		return errs.Errorf(errs.Transient, "imagecache: in-flight fetches did not end within %s", closeWait)
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -52,14 +52,14 @@ func TestNewValidates(t *testing.T) {
 		{"bad entry", &fakeConn{}, func(c Config) Config { c.Entry = "a--b"; return c }, "Entry"},
 		{"no pool", &fakeConn{}, func(c Config) Config { c.Pool = ""; return c }, "Pool"},
 		{"grace not shorter than budget", &fakeConn{}, func(c Config) Config {
-			c.TransferBudget, c.HTTPGrace = provider.Duration(time.Minute), provider.Duration(time.Minute)
+			c.TransferBudget, c.HTTPGrace = time.Minute, time.Minute
 			return c
 		}, "HTTPGrace"},
 		{"negative", &fakeConn{}, func(c Config) Config { c.ProgressInterval = -1; return c }, "ProgressInterval"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := New(tt.conn, tt.cfg(good))
-			if provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), tt.field) {
+			if errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), tt.field) {
 				t.Fatalf("New = %v, want Permanent naming %s", err, tt.field)
 			}
 		})
@@ -68,15 +68,15 @@ func TestNewValidates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.cfg.TransferBudget.Duration() != 20*time.Minute || c.cfg.HTTPGrace.Duration() != time.Minute || c.cfg.ProgressInterval.Duration() != 5*time.Second {
+	if c.cfg.TransferBudget != 20*time.Minute || c.cfg.HTTPGrace != time.Minute || c.cfg.ProgressInterval != 5*time.Second {
 		t.Fatalf("defaults: %+v", c.cfg)
 	}
 	if c.BaseName(okImage) != "base-host1--deb.12.qcow2" {
 		t.Fatalf("BaseName = %q", c.BaseName(okImage))
 	}
 	_ = c.Close()
-	short, err := New(&fakeConn{}, Config{Entry: "h", Pool: "p", TransferBudget: provider.Duration(40 * time.Second)})
-	if err != nil || short.cfg.HTTPGrace.Duration() != 10*time.Second {
+	short, err := New(&fakeConn{}, Config{Entry: "h", Pool: "p", TransferBudget: 40 * time.Second})
+	if err != nil || short.cfg.HTTPGrace != 10*time.Second {
 		t.Fatalf("short budget: grace %v, err %v", short.cfg.HTTPGrace, err)
 	}
 	_ = short.Close()
@@ -107,7 +107,7 @@ func TestImageValidate(t *testing.T) {
 				}
 				return
 			}
-			if provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), tt.field) {
+			if errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), tt.field) {
 				t.Fatalf("Validate = %v, want Permanent naming %s", err, tt.field)
 			}
 		})
@@ -128,14 +128,14 @@ func TestEnsureClassesWithoutLibvirt(t *testing.T) {
 	t.Run("bad image touches nothing", func(t *testing.T) {
 		f := &fakeConn{}
 		_, err := newFake(t, f).Ensure(context.Background(), Image{Key: "x"})
-		if provider.Code(err) != provider.Permanent || f.calls.Load() != 0 {
+		if errs.Code(err) != errs.Permanent || f.calls.Load() != 0 {
 			t.Fatalf("err %v, %d libvirt calls", err, f.calls.Load())
 		}
 	})
 	t.Run("libvirt down is transient", func(t *testing.T) {
 		f := &fakeConn{err: &sshconn.Error{Kind: sshconn.KindUnreachable, Err: errors.New("link dead")}}
 		_, err := newFake(t, f).Ensure(context.Background(), okImage)
-		if provider.Code(err) != provider.Transient {
+		if errs.Code(err) != errs.Transient {
 			t.Fatalf("err %v", err)
 		}
 	})
@@ -143,13 +143,13 @@ func TestEnsureClassesWithoutLibvirt(t *testing.T) {
 		c := newFake(t, &fakeConn{})
 		_ = c.Close()
 		_, err := c.Ensure(context.Background(), okImage)
-		if provider.Code(err) != provider.Permanent || !errors.Is(err, provider.ErrClosed) {
+		if errs.Code(err) != errs.Permanent || !errors.Is(err, errs.ErrClosed) {
 			t.Fatalf("err %v", err)
 		}
-		if _, err := c.List(context.Background()); !errors.Is(err, provider.ErrClosed) {
+		if _, err := c.List(context.Background()); !errors.Is(err, errs.ErrClosed) {
 			t.Fatalf("List after Close: %v", err)
 		}
-		if err := c.Evict(context.Background(), okImage); !errors.Is(err, provider.ErrClosed) {
+		if err := c.Evict(context.Background(), okImage); !errors.Is(err, errs.ErrClosed) {
 			t.Fatalf("Evict after Close: %v", err)
 		}
 	})
@@ -160,7 +160,7 @@ func TestEnsureClassesWithoutLibvirt(t *testing.T) {
 		defer cancel()
 		start := time.Now()
 		_, err := c.Ensure(ctx, okImage)
-		if provider.Code(err) != provider.DeadlineExceeded || time.Since(start) > 5*time.Second {
+		if errs.Code(err) != errs.DeadlineExceeded || time.Since(start) > 5*time.Second {
 			t.Fatalf("err %v after %s", err, time.Since(start))
 		}
 		done := make(chan error)
@@ -183,12 +183,12 @@ func TestEnsureSingleFlight(t *testing.T) {
 	c := newFake(t, f)
 	const n = 6
 	var wg sync.WaitGroup
-	errs := make([]error, n)
+	problems := make([]error, n)
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = c.Ensure(context.Background(), okImage)
+			_, problems[i] = c.Ensure(context.Background(), okImage)
 		}()
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -210,8 +210,8 @@ func TestEnsureSingleFlight(t *testing.T) {
 	if got := f.calls.Load(); got != 1 {
 		t.Fatalf("%d libvirt calls for %d concurrent Ensure, want 1", got, n)
 	}
-	for i, err := range errs {
-		if provider.Code(err) != provider.Transient || !strings.Contains(err.Error(), "pool gone") {
+	for i, err := range problems {
+		if errs.Code(err) != errs.Transient || !strings.Contains(err.Error(), "pool gone") {
 			t.Fatalf("caller %d: %v", i, err)
 		}
 	}
@@ -224,7 +224,7 @@ func TestEnsureSingleFlight(t *testing.T) {
 	}
 	other := okImage
 	other.URL = "http://elsewhere.invalid/x"
-	if _, err := c2.Ensure(context.Background(), other); provider.Code(err) != provider.Permanent {
+	if _, err := c2.Ensure(context.Background(), other); errs.Code(err) != errs.Permanent {
 		t.Fatalf("conflicting in-flight Ensure: %v", err)
 	}
 	close(f2.gate)

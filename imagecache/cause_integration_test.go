@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"libvirt.org/go/libvirtxml"
 )
@@ -191,7 +191,7 @@ func TestStackLibvirtFailureNamed(t *testing.T) {
 		pool       string // "" env.Pool, "transient", "persistent"
 		viaProxy   bool
 		sabotage   func(t *testing.T, r *rig)
-		want       provider.ErrorCode
+		want       errs.ErrorCode
 		msg        string // the libvirt failure, as the error must name it
 		afterBytes int64
 	}{
@@ -199,21 +199,21 @@ func TestStackLibvirtFailureNamed(t *testing.T) {
 			if err := delVol(lv, r.pool, r.base); err != nil {
 				t.Errorf("delete underneath: %v", err)
 			}
-		}, want: provider.Transient, msg: "storage vol"},
+		}, want: errs.Transient, msg: "storage vol"},
 		{name: "transient pool destroyed", pool: "transient", sabotage: func(t *testing.T, r *rig) {
 			err := lv.Do(ctxT(t, 30*time.Second), onPool(r.pool, func(l *libvirt.Libvirt, p libvirt.StoragePool) error { return l.StoragePoolDestroy(p) }))
 			t.Logf("StoragePoolDestroy: %v", err)
-		}, want: provider.Permanent, msg: "storage pool"},
+		}, want: errs.Permanent, msg: "storage pool"},
 		{name: "persistent pool stopped", pool: "persistent", sabotage: func(t *testing.T, r *rig) {
 			err := lv.Do(ctxT(t, 30*time.Second), onPool(r.pool, func(l *libvirt.Libvirt, p libvirt.StoragePool) error { return l.StoragePoolDestroy(p) }))
 			t.Logf("StoragePoolDestroy: %v", err)
-		}, want: provider.Permanent, msg: "storage pool"},
-		{name: "shared session lost", viaProxy: true, sabotage: func(t *testing.T, r *rig) { r.proxy.cut(1) }, want: provider.Transient, msg: "unreachable"},
+		}, want: errs.Permanent, msg: "storage pool"},
+		{name: "shared session lost", viaProxy: true, sabotage: func(t *testing.T, r *rig) { r.proxy.cut(1) }, want: errs.Transient, msg: "unreachable"},
 		{name: "upload link killed", sabotage: func(t *testing.T, r *rig) {
 			r.rc.mu.Lock()
 			defer r.rc.mu.Unlock()
 			r.rc.last.Kill()
-		}, want: provider.Transient, msg: "interrupted"},
+		}, want: errs.Transient, msg: "interrupted"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := &rig{pool: env.Pool}
@@ -255,7 +255,7 @@ func TestStackLibvirtFailureNamed(t *testing.T) {
 			r.base = BaseName(entry, im.Key, "qcow2")
 			var once sync.Once
 			c := newTestCache(t, r.rc, entry, r.pool, func(cfg *Config) {
-				cfg.ProgressInterval = provider.Duration(time.Millisecond)
+				cfg.ProgressInterval = time.Millisecond
 				cfg.Progress = func(p Progress) {
 					if p.Bytes > 8<<20 {
 						once.Do(func() { tt.sabotage(t, r) })
@@ -275,7 +275,7 @@ func TestStackLibvirtFailureNamed(t *testing.T) {
 			if !strings.Contains(strings.ToLower(err.Error()), tt.msg) {
 				t.Errorf("error does not name the libvirt failure (%q): %v", tt.msg, err)
 			}
-			if got := provider.Code(err); got != tt.want {
+			if got := errs.Code(err); got != tt.want {
 				t.Errorf("class %v, want %v", got, tt.want)
 			}
 			if el > time.Minute {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // Claim tokens. A claim volume is "claim-<stem>.<unix ns>.<token>"; the
@@ -36,7 +36,7 @@ func (c *Cache) snapshot(names []string, name, want, ownToken string) snapshot {
 	}
 	c.mu.Unlock()
 	return snapshot{Names: names, Base: name, Want: want, OwnToken: ownToken, Now: timeNow(),
-		StaleAfter: c.staleAfter(), HeartbeatStale: c.cfg.ClaimTimeout.Duration(), Instance: c.instance, Live: live}
+		StaleAfter: c.staleAfter(), HeartbeatStale: c.cfg.ClaimTimeout, Instance: c.instance, Live: live}
 }
 
 // underClaim creates a claim for base name, decides again with it held and,
@@ -76,7 +76,7 @@ func (c *Cache) underClaim(ctx context.Context, name string, fn func(context.Con
 		cur := hb.end()
 		c.deleteQuietHandle(ctx, cur.Name, &cur)
 		if err := sleep(ctx, pollInterval/2+time.Duration(mrand.Int64N(int64(pollInterval)))); err != nil {
-			return Base{}, false, provider.Errorf(provider.Transient, "base %s: contended by %s: %w", name, strings.Join(d.Others, ", "), err)
+			return Base{}, false, errs.Errorf(errs.Transient, "base %s: contended by %s: %w", name, strings.Join(d.Others, ", "), err)
 		}
 		return Base{}, true, nil
 	}
@@ -85,7 +85,7 @@ func (c *Cache) underClaim(ctx context.Context, name string, fn func(context.Con
 	}
 	b, err = fn(hctx, d)
 	if cause := context.Cause(hctx); err != nil && cause != nil && ctx.Err() == nil && cause != context.Canceled {
-		err = provider.Errorf(provider.Transient, "base %s: %w (%w)", name, cause, err)
+		err = errs.Errorf(errs.Transient, "base %s: %w (%w)", name, cause, err)
 	}
 	return b, false, err
 }
@@ -114,7 +114,7 @@ var errClaimLost = fmt.Errorf("lost its claim: it could not be refreshed, so ano
 
 func (h *heartbeat) run(ctx context.Context) {
 	defer close(h.done)
-	iv := h.c.cfg.ClaimTimeout.Duration() / 4
+	iv := h.c.cfg.ClaimTimeout / 4
 	lastOK := time.Now()
 	t := time.NewTicker(iv)
 	defer t.Stop()
@@ -132,7 +132,7 @@ func (h *heartbeat) run(ctx context.Context) {
 		cancel()
 		if err != nil {
 			h.c.log.V(1).Info("could not refresh the claim; trying again", "volume", h.base, "err", err.Error())
-			if time.Since(lastOK) > h.c.cfg.ClaimTimeout.Duration()/2 {
+			if time.Since(lastOK) > h.c.cfg.ClaimTimeout/2 {
 				h.c.log.Info("giving the work up: the claim could not be refreshed", "volume", h.base, "err", err.Error())
 				h.cancel(fmt.Errorf("%w (for %v: %v)", errClaimLost, time.Since(lastOK).Round(time.Second), err))
 				return

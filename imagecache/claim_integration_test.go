@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // claimsOf lists the claim volumes of entry's bases in the pool.
@@ -112,7 +112,7 @@ func TestStackRestartDuringFetchDoesNotBlock(t *testing.T) {
 	close(release)
 	released = true
 	err = <-errc
-	wantCode(t, err, provider.Transient)
+	wantCode(t, err, errs.Transient)
 	t.Logf("fetch across libvirtd's death failed after %v: %v", time.Since(t0), err)
 	<-restartDone
 	// The cleanup was retried on a fresh session: nothing of the fetch is left.
@@ -164,7 +164,7 @@ func TestStackClaimTakeover(t *testing.T) {
 		taken bool
 	}{{"crashed writer (3m without refresh)", 3 * time.Minute, true}, {"live writer (refreshed now)", 0, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) { cfg.TransferBudget = provider.Duration(30 * time.Minute) })
+			c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) { cfg.TransferBudget = 30 * time.Minute })
 			im := Image{Key: "k" + randHex(2), URL: srv.URL + "/k"}
 			claim := claimName(c.BaseName(im), time.Now().Add(-tc.age), tok)
 			putVol(t, lv, env.Pool, claim, nil)
@@ -185,7 +185,7 @@ func TestStackClaimTakeover(t *testing.T) {
 				}
 				return
 			}
-			wantCode(t, err, provider.DeadlineExceeded)
+			wantCode(t, err, errs.DeadlineExceeded)
 			if !contains(names, claim) {
 				t.Errorf("a live writer's claim was deleted")
 			}
@@ -200,7 +200,7 @@ func TestStackHeartbeatKeepsSlowFetch(t *testing.T) {
 	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 4)
 	srv := newImageServer(t, serveSlowly(img, 8*time.Second))
-	short := func(cfg *Config) { cfg.ClaimTimeout = provider.Duration(2 * time.Second) }
+	short := func(cfg *Config) { cfg.ClaimTimeout = 2 * time.Second }
 	a := newTestCache(t, SSH(lv), entry, env.Pool, short)
 	b := newTestCache(t, SSH(link(t, env)), entry, env.Pool, short)
 	im := Image{Key: "h", URL: srv.URL + "/h"}

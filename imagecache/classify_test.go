@@ -7,8 +7,8 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/libvirterr"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // TestClassifyFollowsSharedTable: for every libvirt error number, the cache
@@ -23,9 +23,9 @@ func TestClassifyFollowsSharedTable(t *testing.T) {
 		v := libvirterr.Of(err)
 		want := v.Code
 		if v.Missing {
-			want = provider.Transient
+			want = errs.Transient
 		}
-		if got := provider.Code(c.classify(context.Background(), err)); got != want {
+		if got := errs.Code(c.classify(context.Background(), err)); got != want {
 			t.Errorf("classify(libvirt error %d) = %v, want %v (shared table: %+v)", n, got, want, v)
 		}
 	}

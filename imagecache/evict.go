@@ -8,7 +8,7 @@ import (
 	"slices"
 
 	"github.com/digitalocean/go-libvirt"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // maxChain bounds backing-chain walks (a loop in broken metadata must not
@@ -26,10 +26,10 @@ func (c *Cache) Evict(ctx context.Context, img Image) (opErr error) {
 		return err
 	}
 	if err := validKey(img.Key); err != nil {
-		return provider.WithCode(provider.Permanent, err)
+		return errs.WithCode(errs.Permanent, err)
 	}
 	if !validFormat(img.format()) {
-		return provider.Errorf(provider.Permanent, "invalid Format %q", img.Format)
+		return errs.Errorf(errs.Permanent, "invalid Format %q", img.Format)
 	}
 	name := c.BaseName(img)
 	setVolume(span, name)
@@ -92,7 +92,7 @@ func (c *Cache) Verify(ctx context.Context, img Image) (_ Base, opErr error) {
 	case actMismatch, actAmbiguous:
 		return Base{}, c.conflict(img, name, d)
 	default:
-		return Base{}, provider.Errorf(provider.NotFound, "base %s: no published base in pool %s (%s)", name, c.cfg.Pool, d.Reason)
+		return Base{}, errs.Errorf(errs.NotFound, "base %s: no published base in pool %s (%s)", name, c.cfg.Pool, d.Reason)
 	}
 	n, digest, err := c.readBack(ctx, name)
 	if errors.Is(err, errStalled) && ctx.Err() == nil {
@@ -102,7 +102,7 @@ func (c *Cache) Verify(ctx context.Context, img Image) (_ Base, opErr error) {
 		return Base{}, err
 	}
 	if digest != d.Digest {
-		return Base{}, provider.Errorf(provider.Permanent, "base %s: the host stores %d bytes with sha256 %s but its marker says %s; it is left untouched because running VMs may use it: delete the proxies using it, then "+evictHint, name, n, digest, d.Digest)
+		return Base{}, errs.Errorf(errs.Permanent, "base %s: the host stores %d bytes with sha256 %s but its marker says %s; it is left untouched because running VMs may use it: delete the proxies using it, then "+evictHint, name, n, digest, d.Digest)
 	}
 	return c.published(ctx, img, name, digest, nil)
 }

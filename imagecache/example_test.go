@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -54,8 +54,8 @@ func ExampleImage_Validate() {
 		SHA256: "ABC",
 		Format: "vmdk",
 	}.Validate()
-	fmt.Println(provider.Code(err))
-	for _, fe := range provider.FieldErrors(err) {
+	fmt.Println(errs.Code(err))
+	for _, fe := range errs.FieldErrors(err) {
 		fmt.Println(fe.Field, fe.Value)
 	}
 	// Output:
@@ -101,7 +101,7 @@ func ExampleNew() {
 	c, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{
 		Entry:          "lab-1",
 		Pool:           "default",
-		TransferBudget: provider.Duration(20 * time.Minute),
+		TransferBudget: 20 * time.Minute,
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -112,8 +112,8 @@ func ExampleNew() {
 
 	// A Conn is required; the error names the field.
 	_, err = imagecache.New(imagecache.SSH(nil), imagecache.Config{Entry: "lab-1", Pool: "default"})
-	for _, fe := range provider.FieldErrors(err) {
-		fmt.Println(provider.Code(err), fe.Field)
+	for _, fe := range errs.FieldErrors(err) {
+		fmt.Println(errs.Code(err), fe.Field)
 	}
 	// Output:
 	// base-lab-1--debian-12.qcow2

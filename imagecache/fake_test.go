@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"go.uber.org/goleak"
 	"libvirt.org/go/libvirtxml"
@@ -47,7 +47,7 @@ func (d fakeDedicated) Close() error     { return d.s.Close() }
 func (d fakeDedicated) Kill()            { d.s.Kill() }
 
 // stallFast is the StreamStall of tests that stall a stream on purpose.
-func stallFast(cfg *Config) { cfg.StreamStall = provider.Duration(300 * time.Millisecond) }
+func stallFast(cfg *Config) { cfg.StreamStall = 300 * time.Millisecond }
 
 const (
 	fakePool  = "p"
@@ -104,7 +104,7 @@ func newFakeCache(t *testing.T, mod func(*Config)) (*Cache, *libvirtfake.Host) {
 	t.Cleanup(func() { _ = h.Close() })
 	// StreamStall: long enough that a loaded machine never stalls a stream
 	// by accident; tests of stalls set stallFast.
-	cfg := Config{Entry: fakeEntry, Pool: fakePool, StreamStall: provider.Duration(5 * time.Second)}
+	cfg := Config{Entry: fakeEntry, Pool: fakePool, StreamStall: 5 * time.Second}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -142,10 +142,10 @@ func wantLeft(t *testing.T, h *libvirtfake.Host, want ...string) {
 	}
 }
 
-func wantClass(t *testing.T, err error, code provider.ErrorCode, text string) {
+func wantClass(t *testing.T, err error, code errs.ErrorCode, text string) {
 	t.Helper()
-	if provider.Code(err) != code || !strings.Contains(fmt.Sprint(err), text) {
-		t.Fatalf("err = %v (%v), want %v containing %q", err, provider.Code(err), code, text)
+	if errs.Code(err) != code || !strings.Contains(fmt.Sprint(err), text) {
+		t.Fatalf("err = %v (%v), want %v containing %q", err, errs.Code(err), code, text)
 	}
 }
 
@@ -175,7 +175,7 @@ func TestFakeFetchHitVerifyListEvict(t *testing.T) {
 	srv := serve(t, body, nil)
 	var progress atomic.Int64
 	c, h := newFakeCache(t, func(cfg *Config) {
-		cfg.ProgressInterval = provider.Duration(time.Nanosecond)
+		cfg.ProgressInterval = time.Nanosecond
 		cfg.Progress = func(p Progress) { progress.Store(p.Bytes) }
 	})
 	img := Image{Key: "deb.12", URL: srv.url, SHA256: sum}
@@ -262,7 +262,7 @@ func TestFakeFetchHitVerifyListEvict(t *testing.T) {
 		t.Fatalf("List = %+v, want %+v", list, wantList)
 	}
 	err = c.Evict(ctx, img)
-	wantClass(t, err, provider.Permanent, "vm1, vm2")
+	wantClass(t, err, errs.Permanent, "vm1, vm2")
 	wantVolumes(t, h, name, MarkerName(name, sum))
 
 	for _, d := range []libvirt.Domain{d1, d2} {
@@ -277,7 +277,7 @@ func TestFakeFetchHitVerifyListEvict(t *testing.T) {
 	if err := c.Evict(ctx, img); err != nil {
 		t.Fatalf("Evict of a missing base: %v", err)
 	}
-	if _, err := c.Verify(ctx, img); provider.Code(err) != provider.NotFound {
+	if _, err := c.Verify(ctx, img); errs.Code(err) != errs.NotFound {
 		t.Fatalf("Verify after Evict = %v, want NotFound", err)
 	}
 	if list, err := c.List(ctx); err != nil || len(list) != 0 {
@@ -316,7 +316,7 @@ func TestFakeUnresolvedDisksRefuse(t *testing.T) {
 	}
 	name := c.BaseName(img)
 	err = c.Evict(ctx, img)
-	wantClass(t, err, provider.Permanent, "inactive pool stopped")
+	wantClass(t, err, errs.Permanent, "inactive pool stopped")
 	for _, part := range []string{"in no active storage pool", "pool gone, which does not exist"} {
 		if !strings.Contains(err.Error(), part) {
 			t.Fatalf("Evict = %v, want it to name %q", err, part)
@@ -329,7 +329,7 @@ func TestFakeUnresolvedDisksRefuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.Ensure(ctx, img)
-	wantClass(t, err, provider.Permanent, "refusing to replace")
+	wantClass(t, err, errs.Permanent, "refusing to replace")
 	wantVolumes(t, h, name)
 
 	// A domain using the debris directly is named.
@@ -340,7 +340,7 @@ func TestFakeUnresolvedDisksRefuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.Ensure(ctx, img)
-	wantClass(t, err, provider.Permanent, "domains user use it")
+	wantClass(t, err, errs.Permanent, "domains user use it")
 	if list, err := c.List(ctx); err != nil || len(list) != 1 || list[0].Marker != "" || !slices.Equal(list[0].UsedBy, []string{"user"}) {
 		t.Fatalf("List = %+v, %v; want the debris without marker, used by user", list, err)
 	}
@@ -359,9 +359,9 @@ func TestFakeConcurrentEnsureSharesOneFetch(t *testing.T) {
 	const n = 5
 	var wg sync.WaitGroup
 	bases := make([]Base, n)
-	errs := make([]error, n)
+	problems := make([]error, n)
 	for i := range n {
-		wg.Go(func() { bases[i], errs[i] = c.Ensure(testCtx(t, 30*time.Second), img) })
+		wg.Go(func() { bases[i], problems[i] = c.Ensure(testCtx(t, 30*time.Second), img) })
 	}
 	for {
 		c.mu.Lock()
@@ -378,8 +378,8 @@ func TestFakeConcurrentEnsureSharesOneFetch(t *testing.T) {
 	close(release)
 	wg.Wait()
 	for i := range n {
-		if errs[i] != nil || bases[i].Digest != sum {
-			t.Fatalf("caller %d: %+v, %v", i, bases[i], errs[i])
+		if problems[i] != nil || bases[i].Digest != sum {
+			t.Fatalf("caller %d: %+v, %v", i, bases[i], problems[i])
 		}
 	}
 	if srv.gets.Load() != 1 || h.Calls("StorageVolUpload") != 1 {
@@ -429,13 +429,13 @@ func TestFakeClaims(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		_, err := c.Ensure(ctx, img(srv.url))
-		wantClass(t, err, provider.DeadlineExceeded, "")
+		wantClass(t, err, errs.DeadlineExceeded, "")
 	})
 	t.Run("stale claims are taken over", func(t *testing.T) {
 		srv := serve(t, body, nil)
-		c, h := newFakeCache(t, func(cfg *Config) { cfg.ClaimTimeout = provider.Duration(time.Minute) })
+		c, h := newFakeCache(t, func(cfg *Config) { cfg.ClaimTimeout = time.Minute })
 		stale := claimName(name, time.Now().Add(-2*time.Minute), otherToken)
-		legacy := claimName(name, time.Now().Add(-3*c.cfg.TransferBudget.Duration()), "abc")
+		legacy := claimName(name, time.Now().Add(-3*c.cfg.TransferBudget), "abc")
 		for _, v := range []string{stale, legacy, MarkerName(name, "bad")} {
 			if err := h.PutVolume(fakePool, v, nil); err != nil {
 				t.Fatal(err)
@@ -461,8 +461,8 @@ func TestFakeClaims(t *testing.T) {
 	t.Run("refreshed while the fetch is slow", func(t *testing.T) {
 		srv := serve(t, body, nil)
 		c, h := newFakeCache(t, func(cfg *Config) {
-			cfg.ClaimTimeout = provider.Duration(200 * time.Millisecond)
-			cfg.StreamStall = provider.Duration(time.Minute)
+			cfg.ClaimTimeout = 200 * time.Millisecond
+			cfg.StreamStall = time.Minute
 		})
 		refreshed := make(chan struct{})
 		var claims atomic.Int64
@@ -486,8 +486,8 @@ func TestFakeClaims(t *testing.T) {
 	t.Run("a claim that cannot be refreshed gives the work up", func(t *testing.T) {
 		srv := serve(t, body, nil)
 		c, h := newFakeCache(t, func(cfg *Config) {
-			cfg.ClaimTimeout = provider.Duration(200 * time.Millisecond)
-			cfg.StreamStall = provider.Duration(time.Minute)
+			cfg.ClaimTimeout = 200 * time.Millisecond
+			cfg.StreamStall = time.Minute
 		})
 		var claims atomic.Int64
 		h.SetHook("StorageVolCreateXML", func(call libvirtfake.Call) error {
@@ -498,7 +498,7 @@ func TestFakeClaims(t *testing.T) {
 		})
 		h.SetStreamHook("StorageVolUpload", libvirtfake.StallAfter(0, make(chan struct{})))
 		_, err := c.Ensure(testCtx(t, 30*time.Second), img(srv.url))
-		wantClass(t, err, provider.Transient, "lost its claim")
+		wantClass(t, err, errs.Transient, "lost its claim")
 		wantVolumes(t, h)
 	})
 	t.Run("two writers claim at once: back off, then fetch", func(t *testing.T) {
@@ -541,15 +541,15 @@ func TestFakeCacheStates(t *testing.T) {
 		name   string
 		before []string
 		want   string // configured digest
-		code   provider.ErrorCode
+		code   errs.ErrorCode
 		text   string
 		after  []string
 	}{
-		{"marker differs from the configured digest", []string{name, MarkerName(name, other)}, sum, provider.Permanent, "add the image under a new key, or delete the proxies using it, then evict the base with EvictImage (egressproxyctl images evict)", []string{name, MarkerName(name, other)}},
-		{"two markers", []string{name, MarkerName(name, other), MarkerName(name, sum)}, "", provider.Permanent, "several digest markers (" + other + ", " + sum + "); it is left untouched because running VMs may use it: delete the proxies using it, then evict the base with EvictImage (egressproxyctl images evict), or add the image under a new key", []string{name, MarkerName(name, other), MarkerName(name, sum)}},
-		{"base without marker is debris", []string{name}, "", provider.OK, "", []string{name, MarkerName(name, sum)}},
-		{"marker without base is debris", []string{MarkerName(name, other)}, "", provider.OK, "", []string{name, MarkerName(name, sum)}},
-		{"malformed marker beside a good one", []string{name, MarkerName(name, sum), name + ".sha256-zz"}, "", provider.OK, "", []string{name, MarkerName(name, sum)}},
+		{"marker differs from the configured digest", []string{name, MarkerName(name, other)}, sum, errs.Permanent, "add the image under a new key, or delete the proxies using it, then evict the base with EvictImage (egressproxyctl images evict)", []string{name, MarkerName(name, other)}},
+		{"two markers", []string{name, MarkerName(name, other), MarkerName(name, sum)}, "", errs.Permanent, "several digest markers (" + other + ", " + sum + "); it is left untouched because running VMs may use it: delete the proxies using it, then evict the base with EvictImage (egressproxyctl images evict), or add the image under a new key", []string{name, MarkerName(name, other), MarkerName(name, sum)}},
+		{"base without marker is debris", []string{name}, "", errs.OK, "", []string{name, MarkerName(name, sum)}},
+		{"marker without base is debris", []string{MarkerName(name, other)}, "", errs.OK, "", []string{name, MarkerName(name, sum)}},
+		{"malformed marker beside a good one", []string{name, MarkerName(name, sum), name + ".sha256-zz"}, "", errs.OK, "", []string{name, MarkerName(name, sum)}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := serve(t, body, nil)
@@ -565,13 +565,13 @@ func TestFakeCacheStates(t *testing.T) {
 			}
 			img := Image{Key: "k", URL: srv.url, SHA256: tt.want}
 			_, err := c.Ensure(testCtx(t, 30*time.Second), img)
-			if tt.code == provider.OK {
+			if tt.code == errs.OK {
 				if err != nil {
 					t.Fatal(err)
 				}
 			} else {
 				wantClass(t, err, tt.code, tt.text)
-				if _, verr := c.Verify(testCtx(t, 30*time.Second), img); provider.Code(verr) != tt.code {
+				if _, verr := c.Verify(testCtx(t, 30*time.Second), img); errs.Code(verr) != tt.code {
 					t.Fatalf("Verify = %v, want %v", verr, tt.code)
 				}
 			}
@@ -598,7 +598,7 @@ func TestFakeVerifyCatchesChangedBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.Verify(ctx, img)
-	wantClass(t, err, provider.Permanent, "its marker says "+sum+"; it is left untouched because running VMs may use it: delete the proxies using it, then evict the base with EvictImage (egressproxyctl images evict)")
+	wantClass(t, err, errs.Permanent, "its marker says "+sum+"; it is left untouched because running VMs may use it: delete the proxies using it, then evict the base with EvictImage (egressproxyctl images evict)")
 	wantVolumes(t, h, b.Volume, MarkerName(b.Volume, sum))
 
 	// A read-back that stalls once is retried on a fresh session.
@@ -620,7 +620,7 @@ func TestFakeVerifyCatchesChangedBytes(t *testing.T) {
 	// A read-back failing for good is Transient.
 	h.SetHook("StorageVolDownload", libvirtfake.Fail(libvirt.Error{Code: uint32(libvirt.ErrSystemError), Message: "cannot read"}))
 	_, err = c.Verify(ctx, img)
-	wantClass(t, err, provider.Transient, "cannot read")
+	wantClass(t, err, errs.Transient, "cannot read")
 }
 
 var errBoom = libvirt.Error{Code: uint32(libvirt.ErrInternalError), Message: "internal error: boom"}
@@ -634,28 +634,28 @@ func TestFakeFailureShapes(t *testing.T) {
 		img     func(url string) Image
 		setup   func(t *testing.T, h *libvirtfake.Host)
 		cfg     func(*Config)
-		code    provider.ErrorCode
+		code    errs.ErrorCode
 		text    string
 		gets    int64 // 0: 1
 	}{
-		{name: "HTTP 404", handler: func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) }, code: provider.Permanent, text: "404 Not Found"},
-		{name: "HTTP 500", handler: func(w http.ResponseWriter, r *http.Request) { http.Error(w, "x", http.StatusInternalServerError) }, code: provider.Transient, text: "500 Internal Server Error"},
-		{name: "HTTP 429", handler: func(w http.ResponseWriter, r *http.Request) { http.Error(w, "x", http.StatusTooManyRequests) }, code: provider.Transient, text: "429"},
-		{name: "not a qcow2", handler: func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("<html>sign in</html>")) }, code: provider.Permanent, text: "is not a qcow2 image"},
-		{name: "empty body", handler: func(w http.ResponseWriter, r *http.Request) {}, code: provider.Transient, text: "empty body"},
-		{name: "digest mismatch", img: func(u string) Image { return Image{Key: "k", URL: u, SHA256: strings.Repeat("c", 64)} }, code: provider.Permanent, text: "has sha256 " + sum},
+		{name: "HTTP 404", handler: func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) }, code: errs.Permanent, text: "404 Not Found"},
+		{name: "HTTP 500", handler: func(w http.ResponseWriter, r *http.Request) { http.Error(w, "x", http.StatusInternalServerError) }, code: errs.Transient, text: "500 Internal Server Error"},
+		{name: "HTTP 429", handler: func(w http.ResponseWriter, r *http.Request) { http.Error(w, "x", http.StatusTooManyRequests) }, code: errs.Transient, text: "429"},
+		{name: "not a qcow2", handler: func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("<html>sign in</html>")) }, code: errs.Permanent, text: "is not a qcow2 image"},
+		{name: "empty body", handler: func(w http.ResponseWriter, r *http.Request) {}, code: errs.Transient, text: "empty body"},
+		{name: "digest mismatch", img: func(u string) Image { return Image{Key: "k", URL: u, SHA256: strings.Repeat("c", 64)} }, code: errs.Permanent, text: "has sha256 " + sum},
 		{name: "short body", handler: func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 			_, _ = w.Write(body[:len(body)/2])
-		}, code: provider.Transient, text: "reading the image"},
-		{name: "pool missing", setup: func(t *testing.T, h *libvirtfake.Host) { h.RemovePool(fakePool) }, code: provider.Permanent, text: "no storage pool with matching name", gets: -1},
-		{name: "pool inactive", setup: func(t *testing.T, h *libvirtfake.Host) { _ = h.SetPoolActive(fakePool, false) }, code: provider.Permanent, text: "is not active; start it", gets: -1},
-		{name: "pool full (announced size)", setup: func(t *testing.T, h *libvirtfake.Host) { _ = h.SetPoolCapacity(fakePool, 50<<10) }, code: provider.Transient, text: "has only 51200 bytes free"},
+		}, code: errs.Transient, text: "reading the image"},
+		{name: "pool missing", setup: func(t *testing.T, h *libvirtfake.Host) { h.RemovePool(fakePool) }, code: errs.Permanent, text: "no storage pool with matching name", gets: -1},
+		{name: "pool inactive", setup: func(t *testing.T, h *libvirtfake.Host) { _ = h.SetPoolActive(fakePool, false) }, code: errs.Permanent, text: "is not active; start it", gets: -1},
+		{name: "pool full (announced size)", setup: func(t *testing.T, h *libvirtfake.Host) { _ = h.SetPoolCapacity(fakePool, 50<<10) }, code: errs.Transient, text: "has only 51200 bytes free"},
 		{name: "pool full (no size announced)", handler: func(w http.ResponseWriter, r *http.Request) {
 			_, _ = w.Write(body[:20<<10])
 			w.(http.Flusher).Flush() // chunked: no Content-Length
 			_, _ = w.Write(body[20<<10:])
-		}, setup: func(t *testing.T, h *libvirtfake.Host) { _ = h.SetPoolCapacity(fakePool, 50<<10) }, code: provider.Transient, text: "larger than the 51200 bytes free"},
+		}, setup: func(t *testing.T, h *libvirtfake.Host) { _ = h.SetPoolCapacity(fakePool, 50<<10) }, code: errs.Transient, text: "larger than the 51200 bytes free"},
 		{name: "volume create fails", setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetHook("StorageVolCreateXML", func(c libvirtfake.Call) error {
 				if strings.HasPrefix(c.Volume, "base-") {
@@ -663,16 +663,16 @@ func TestFakeFailureShapes(t *testing.T) {
 				}
 				return nil
 			})
-		}, code: provider.Transient, text: "create volume"},
+		}, code: errs.Transient, text: "create volume"},
 		{name: "no dedicated session", setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetHook("Dedicated", libvirtfake.Fail(&sshconn.Error{Kind: sshconn.KindUnreachable, Err: errors.New("dial refused")}))
-		}, code: provider.Transient, text: "dedicated connection"},
+		}, code: errs.Transient, text: "dedicated connection"},
 		{name: "upload fails mid-stream", setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetStreamHook("StorageVolUpload", libvirtfake.CutAfter(2*fakeChunk, errBoom))
-		}, code: provider.Transient, text: "bytes: internal error: boom"},
+		}, code: errs.Transient, text: "bytes: internal error: boom"},
 		{name: "upload stalls twice", cfg: stallFast, setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetStreamHook("StorageVolUpload", libvirtfake.StallAfter(fakeChunk, nil))
-		}, code: provider.Transient, text: "made no progress", gets: 2},
+		}, code: errs.Transient, text: "made no progress", gets: 2},
 		{name: "staged volume deleted mid-upload", setup: func(t *testing.T, h *libvirtfake.Host) {
 			var once sync.Once
 			h.SetStreamHook("StorageVolUpload", func(c libvirtfake.Call) error {
@@ -681,17 +681,17 @@ func TestFakeFailureShapes(t *testing.T) {
 				}
 				return nil
 			})
-		}, code: provider.Transient, text: "no storage vol with matching name"},
+		}, code: errs.Transient, text: "no storage vol with matching name"},
 		{name: "read-back differs", setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetHook("StorageVolDownload", func(c libvirtfake.Call) error {
 				bad := slices.Clone(body)
 				bad[100] ^= 1
 				return h.SetVolumeData(c.Pool, c.Volume, bad)
 			})
-		}, code: provider.Transient, text: "the host stores"},
+		}, code: errs.Transient, text: "the host stores"},
 		{name: "read-back fails", setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetStreamHook("StorageVolDownload", libvirtfake.CutAfter(fakeChunk, errBoom))
-		}, code: provider.Transient, text: "read back"},
+		}, code: errs.Transient, text: "read back"},
 		{name: "marker create fails", setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetHook("StorageVolCreateXML", func(c libvirtfake.Call) error {
 				if strings.Contains(c.Volume, ".sha256-") {
@@ -699,14 +699,14 @@ func TestFakeFailureShapes(t *testing.T) {
 				}
 				return nil
 			})
-		}, code: provider.Transient, text: "create marker"},
+		}, code: errs.Transient, text: "create marker"},
 		{name: "cleanup retried after a lost session", setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetStreamHook("StorageVolUpload", libvirtfake.CutAfter(fakeChunk, errBoom))
 			h.SetHook("StorageVolDelete", libvirtfake.FailN(1, &sshconn.Error{Kind: sshconn.KindUnreachable, Err: errors.New("link lost")}))
-		}, code: provider.Transient, text: "boom"},
+		}, code: errs.Transient, text: "boom"},
 		{name: "pool listing fails", setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetHook("StoragePoolListAllVolumes", libvirtfake.Fail(errBoom))
-		}, code: provider.Transient, text: "list volumes of pool p", gets: -1},
+		}, code: errs.Transient, text: "list volumes of pool p", gets: -1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := serve(t, body, tt.handler)
@@ -778,7 +778,7 @@ func TestFakeStallRetriedOnce(t *testing.T) {
 func TestFakeCallerCancelDuringUpload(t *testing.T) {
 	body, _ := testImage(100 << 10)
 	srv := serve(t, body, nil)
-	c, h := newFakeCache(t, func(cfg *Config) { cfg.StreamStall = provider.Duration(time.Minute) })
+	c, h := newFakeCache(t, func(cfg *Config) { cfg.StreamStall = time.Minute })
 	started := make(chan struct{})
 	var once sync.Once
 	h.SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
@@ -796,7 +796,7 @@ func TestFakeCallerCancelDuringUpload(t *testing.T) {
 	}()
 	<-started
 	cancel()
-	wantClass(t, <-errc, provider.Canceled, "")
+	wantClass(t, <-errc, errs.Canceled, "")
 	if err := c.Close(); err != nil { // waits for the abandoned flight
 		t.Fatal(err)
 	}
@@ -815,7 +815,7 @@ func TestFakeCloseDuringFetch(t *testing.T) {
 	if err := h.AddPool(fakePool, 64<<20); err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(fakeLink{h}, Config{Entry: fakeEntry, Pool: fakePool, StreamStall: provider.Duration(time.Minute)})
+	c, err := New(fakeLink{h}, Config{Entry: fakeEntry, Pool: fakePool, StreamStall: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -838,9 +838,9 @@ func TestFakeCloseDuringFetch(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	wantClass(t, <-errc, provider.Transient, "the cache was closed during the fetch")
+	wantClass(t, <-errc, errs.Transient, "the cache was closed during the fetch")
 	wantVolumes(t, h)
-	if _, err := c.Ensure(context.Background(), img); !errors.Is(err, provider.ErrClosed) {
+	if _, err := c.Ensure(context.Background(), img); !errors.Is(err, errs.ErrClosed) {
 		t.Fatalf("Ensure after Close: %v", err)
 	}
 	if err := h.Close(); err != nil {
@@ -856,11 +856,11 @@ func TestFakeBudgetExhausted(t *testing.T) {
 	body, _ := testImage(100 << 10)
 	srv := serve(t, body, nil)
 	c, h := newFakeCache(t, func(cfg *Config) {
-		cfg.TransferBudget, cfg.HTTPGrace, cfg.StreamStall = provider.Duration(300*time.Millisecond), provider.Duration(10*time.Millisecond), provider.Duration(time.Minute)
+		cfg.TransferBudget, cfg.HTTPGrace, cfg.StreamStall = 300*time.Millisecond, 10*time.Millisecond, time.Minute
 	})
 	h.SetStreamHook("StorageVolUpload", libvirtfake.StallAfter(fakeChunk, nil))
 	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
-	wantClass(t, err, provider.Transient, "transfer budget 300ms exhausted")
+	wantClass(t, err, errs.Transient, "transfer budget 300ms exhausted")
 	wantVolumes(t, h)
 }
 
@@ -870,7 +870,7 @@ func TestSSHAdapter(t *testing.T) {
 	if c := SSH(nil); c != nil {
 		t.Fatalf("SSH(nil) = %v, want nil", c)
 	}
-	if _, err := New(SSH(nil), Config{Entry: "e", Pool: "p"}); provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), "conn") {
+	if _, err := New(SSH(nil), Config{Entry: "e", Pool: "p"}); errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), "conn") {
 		t.Fatalf("New(SSH(nil)) = %v, want Permanent naming conn", err)
 	}
 	dir := t.TempDir()
@@ -910,7 +910,7 @@ func TestFakeFailedCleanupLeavesDebrisForNextEnsure(t *testing.T) {
 		return nil
 	})
 	_, err := c.Ensure(testCtx(t, 30*time.Second), img)
-	wantClass(t, err, provider.Transient, "boom")
+	wantClass(t, err, errs.Transient, "boom")
 	wantVolumes(t, h, name)
 	if list, err := c.List(testCtx(t, 30*time.Second)); err != nil || len(list) != 1 || list[0].Marker != "" {
 		t.Fatalf("List = %+v, %v; want the debris without a marker", list, err)
@@ -946,7 +946,7 @@ func TestFakeLibvirtLosesBytes(t *testing.T) {
 		c, h := newFakeCache(t, nil)
 		h.SetStreamHook("StorageVolUpload", short(h))
 		_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
-		wantClass(t, err, provider.Transient, fmt.Sprintf("libvirt wrote only %d of %d bytes", len(body)-10, len(body)))
+		wantClass(t, err, errs.Transient, fmt.Sprintf("libvirt wrote only %d of %d bytes", len(body)-10, len(body)))
 		if srv.gets.Load() != 2 {
 			t.Fatalf("%d GETs, want 2 (one retry)", srv.gets.Load())
 		}
@@ -972,7 +972,7 @@ func TestFakeLibvirtLosesBytes(t *testing.T) {
 			return nil
 		})
 		_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
-		wantClass(t, err, provider.Transient, fmt.Sprintf("holds 1000 bytes on the host but %d were sent", len(body)))
+		wantClass(t, err, errs.Transient, fmt.Sprintf("holds 1000 bytes on the host but %d were sent", len(body)))
 		wantVolumes(t, h)
 	})
 	t.Run("size query fails", func(t *testing.T) {
@@ -980,7 +980,7 @@ func TestFakeLibvirtLosesBytes(t *testing.T) {
 		c, h := newFakeCache(t, nil)
 		h.SetHook("StorageVolGetInfoFlags", libvirtfake.Fail(errBoom))
 		_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
-		wantClass(t, err, provider.Transient, "libvirt failed: waiting for libvirt to write")
+		wantClass(t, err, errs.Transient, "libvirt failed: waiting for libvirt to write")
 		wantVolumes(t, h)
 	})
 }
@@ -1015,7 +1015,7 @@ func TestFakeUsersFromLiveChains(t *testing.T) {
 	if err != nil || len(list) != 1 || !slices.Equal(list[0].UsedBy, []string{"live"}) {
 		t.Fatalf("List = %+v, %v; want the base used by live", list, err)
 	}
-	wantClass(t, c.Evict(ctx, img), provider.Permanent, "backing store of domains live")
+	wantClass(t, c.Evict(ctx, img), errs.Permanent, "backing store of domains live")
 }
 
 // Evict validates its image; List and Evict pass libvirt's failures on,
@@ -1023,26 +1023,26 @@ func TestFakeUsersFromLiveChains(t *testing.T) {
 func TestFakeEvictAndListFailures(t *testing.T) {
 	c, h := newFakeCache(t, nil)
 	ctx := testCtx(t, 30*time.Second)
-	wantClass(t, c.Evict(ctx, Image{Key: "a--b"}), provider.Permanent, "Key")
-	wantClass(t, c.Evict(ctx, Image{Key: "k", Format: "vmdk"}), provider.Permanent, "vmdk")
+	wantClass(t, c.Evict(ctx, Image{Key: "a--b"}), errs.Permanent, "Key")
+	wantClass(t, c.Evict(ctx, Image{Key: "k", Format: "vmdk"}), errs.Permanent, "vmdk")
 	if err := h.PutVolume(fakePool, BaseName(fakeEntry, "k", FormatQCOW2), nil); err != nil {
 		t.Fatal(err)
 	}
 	h.SetHook("ConnectListAllDomains", libvirtfake.Fail(errBoom))
-	wantClass(t, c.Evict(ctx, Image{Key: "k"}), provider.Transient, "find domains using bases")
+	wantClass(t, c.Evict(ctx, Image{Key: "k"}), errs.Transient, "find domains using bases")
 	_, err := c.List(ctx)
-	wantClass(t, err, provider.Transient, "find domains using bases")
+	wantClass(t, err, errs.Transient, "find domains using bases")
 	h.SetHook("ConnectListAllDomains", nil)
 	h.SetHook("StorageVolGetPath", libvirtfake.Fail(errBoom))
 	_, err = c.List(ctx)
-	wantClass(t, err, provider.Transient, "volume paths in pool p")
+	wantClass(t, err, errs.Transient, "volume paths in pool p")
 	h.SetHook("StorageVolGetPath", nil)
 	h.SetHook("StorageVolDelete", libvirtfake.Fail(errBoom))
-	wantClass(t, c.Evict(ctx, Image{Key: "k"}), provider.Transient, "delete volume")
+	wantClass(t, c.Evict(ctx, Image{Key: "k"}), errs.Transient, "delete volume")
 	h.SetHook("StorageVolDelete", nil)
 	h.SetHook("ConnectListAllStoragePools", libvirtfake.Fail(errBoom))
 	_, err = c.List(ctx)
-	wantClass(t, err, provider.Transient, "list storage pools")
+	wantClass(t, err, errs.Transient, "list storage pools")
 }
 
 // The cache remembers the pool's handle, and libvirt finds a pool by the
@@ -1075,8 +1075,8 @@ func TestFakePoolRedefinedUnderTheCache(t *testing.T) {
 	}
 	h.RemovePool(fakePool)
 	_, err = c.Ensure(ctx, Image{Key: "a", URL: srv.url, SHA256: sum})
-	if provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), fakePool) {
-		t.Fatalf("Ensure with the pool gone = %v (%v), want Permanent naming %s", err, provider.Code(err), fakePool)
+	if errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), fakePool) {
+		t.Fatalf("Ensure with the pool gone = %v (%v), want Permanent naming %s", err, errs.Code(err), fakePool)
 	}
 }
 

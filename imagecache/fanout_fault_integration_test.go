@@ -20,8 +20,8 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -159,7 +159,7 @@ func faultCaches(t *testing.T, targets []fanTarget, f *Fanout, fault func(Progre
 		caches[i] = newTestCache(t, SSH(tg.lv), entry, tg.pool, func(cfg *Config) {
 			cfg.Fanout = f
 			if i == 1 {
-				cfg.ProgressInterval = provider.Duration(time.Millisecond)
+				cfg.ProgressInterval = time.Millisecond
 				cfg.Progress = cutAfter(16<<20, fault)
 			}
 		})
@@ -181,9 +181,9 @@ func TestIntegrationFanoutLinkCut(t *testing.T) {
 	targets := []fanTarget{
 		labTarget(t, hosts[0], nil),
 		labTarget(t, hosts[1], func(c *sshconn.Config) {
-			c.KeepaliveInterval = provider.Duration(500 * time.Millisecond)
+			c.KeepaliveInterval = 500 * time.Millisecond
 			c.KeepaliveCount = 3
-			c.DialTimeout = provider.Duration(2 * time.Second)
+			c.DialTimeout = 2 * time.Second
 		}),
 	}
 	img := makeQcow2(t, t.TempDir(), 64)
@@ -226,7 +226,7 @@ func TestIntegrationFanoutLinkCut(t *testing.T) {
 	if res[0].err != nil || res[0].base.Digest != img.sha256 {
 		t.Fatalf("host 1 beside the cut: %+v, %v", res[0].base, res[0].err)
 	}
-	wantCode(t, res[1].err, provider.Transient)
+	wantCode(t, res[1].err, errs.Transient)
 	// Its fetch fails once its session is declared dead; Ensure returns
 	// when the cleanup got through (after the link is back) or gave up
 	// (cleanupRetryFor), plus one dial.
@@ -333,7 +333,7 @@ func TestIntegrationFanoutHostDiskFull(t *testing.T) {
 	if res[0].err != nil || res[0].base.Digest != img.sha256 {
 		t.Fatalf("host 1 beside the full disk: %+v, %v", res[0].base, res[0].err)
 	}
-	wantCode(t, res[1].err, provider.Transient)
+	wantCode(t, res[1].err, errs.Transient)
 	if !strings.Contains(res[1].err.Error(), "No space left") {
 		t.Errorf("host 2's error does not say No space left: %v", res[1].err)
 	}
@@ -388,8 +388,8 @@ func TestIntegrationFanoutHandoverRace(t *testing.T) {
 					}
 					procs[p] = append(procs[p], newTestCache(t, SSH(tg.lv), entries[i], tg.pool, func(cfg *Config) {
 						cfg.Fanout = f
-						cfg.ClaimTimeout = provider.Duration(20 * time.Second)
-						cfg.ProgressInterval = provider.Duration(time.Millisecond)
+						cfg.ClaimTimeout = 20 * time.Second
+						cfg.ProgressInterval = time.Millisecond
 						cfg.Progress = cutAfter(cutAt, func(Progress) { leaderOnce.Do(func() { leader <- p }) })
 					}))
 				}

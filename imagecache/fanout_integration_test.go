@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -67,13 +67,13 @@ func newFanCaches(t *testing.T, targets []fanTarget, f *Fanout) []*Cache {
 // ensureEach runs Ensure of image on every cache at once.
 func ensureEach(t *testing.T, caches []*Cache, image Image) ([]Base, []error) {
 	bases := make([]Base, len(caches))
-	errs := make([]error, len(caches))
+	problems := make([]error, len(caches))
 	var wg sync.WaitGroup
 	for i, c := range caches {
-		wg.Go(func() { bases[i], errs[i] = c.Ensure(ctxT(t, time.Minute), image) })
+		wg.Go(func() { bases[i], problems[i] = c.Ensure(ctxT(t, time.Minute), image) })
 	}
 	wg.Wait()
-	return bases, errs
+	return bases, problems
 }
 
 // The mirror drops the connection halfway through the shared body: both
@@ -97,9 +97,9 @@ func TestIntegrationFanoutMirrorCut(t *testing.T) {
 	})
 	image := Image{Key: "fan", URL: srv.URL + "/img.qcow2", SHA256: img.sha256}
 	caches := newFanCaches(t, targets, f)
-	_, errs := ensureEach(t, caches, image)
+	_, problems := ensureEach(t, caches, image)
 	for i, c := range caches {
-		wantCode(t, errs[i], provider.Transient)
+		wantCode(t, problems[i], errs.Transient)
 		if left := ours(t, targets[i].lv, targets[i].pool, c.cfg.Entry); len(left) > 0 {
 			t.Fatalf("%s left %q after the cut", c.cfg.Entry, left)
 		}
@@ -108,10 +108,10 @@ func TestIntegrationFanoutMirrorCut(t *testing.T) {
 		t.Fatalf("%d requests, want 1", n)
 	}
 	cut.Store(false)
-	bases, errs := ensureEach(t, caches, image)
+	bases, problems := ensureEach(t, caches, image)
 	for i, c := range caches {
-		if errs[i] != nil || bases[i].Digest != img.sha256 {
-			t.Fatalf("retry, %s: %+v, %v", c.cfg.Entry, bases[i], errs[i])
+		if problems[i] != nil || bases[i].Digest != img.sha256 {
+			t.Fatalf("retry, %s: %+v, %v", c.cfg.Entry, bases[i], problems[i])
 		}
 	}
 	if n := srv.requests.Load(); n != 2 {
@@ -136,18 +136,18 @@ func TestIntegrationFanout(t *testing.T) {
 		caches[i] = newTestCache(t, SSH(tg.lv), entry, tg.pool, func(cfg *Config) { cfg.Fanout = f })
 	}
 	bases := make([]Base, len(caches))
-	errs := make([]error, len(caches))
+	problems := make([]error, len(caches))
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i, c := range caches {
-		wg.Go(func() { bases[i], errs[i] = c.Ensure(ctxT(t, time.Minute), image) })
+		wg.Go(func() { bases[i], problems[i] = c.Ensure(ctxT(t, time.Minute), image) })
 	}
 	wg.Wait()
 	t.Logf("2 cold fetches of %d bytes through one download: %v", img.size, time.Since(start))
 	var sources []string
 	for i, c := range caches {
-		if errs[i] != nil {
-			t.Fatalf("%s (%s): %v", c.cfg.Entry, targets[i].name, errs[i])
+		if problems[i] != nil {
+			t.Fatalf("%s (%s): %v", c.cfg.Entry, targets[i].name, problems[i])
 		}
 		name := c.BaseName(image)
 		if bases[i].Volume != name || bases[i].Digest != img.sha256 {

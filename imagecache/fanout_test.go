@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/go-logr/logr/funcr"
 )
 
@@ -54,17 +54,17 @@ func fanHosts(t *testing.T, n int, f *Fanout, mod func(i int, cfg *Config)) ([]*
 func ensureAll(t *testing.T, cs []*Cache, img Image, ctxs ...context.Context) ([]Base, []error) {
 	t.Helper()
 	bases := make([]Base, len(cs))
-	errs := make([]error, len(cs))
+	problems := make([]error, len(cs))
 	var wg sync.WaitGroup
 	for i, c := range cs {
 		ctx := testCtx(t, 30*time.Second)
 		if i < len(ctxs) {
 			ctx = ctxs[i]
 		}
-		wg.Go(func() { bases[i], errs[i] = c.Ensure(ctx, img) })
+		wg.Go(func() { bases[i], problems[i] = c.Ensure(ctx, img) })
 	}
 	wg.Wait()
-	return bases, errs
+	return bases, problems
 }
 
 // wantPublished checks that cache i published img's base with digest sum
@@ -120,10 +120,10 @@ func TestFanoutFourHostsOneGET(t *testing.T) {
 	})
 	cs, hs := fanHosts(t, 4, f, nil)
 	img := Image{Key: "k", URL: srv.url, SHA256: sum}
-	bases, errs := ensureAll(t, cs, img)
+	bases, problems := ensureAll(t, cs, img)
 	for i := range cs {
-		if errs[i] != nil {
-			t.Fatalf("host %d: %v", i, errs[i])
+		if problems[i] != nil {
+			t.Fatalf("host %d: %v", i, problems[i])
 		}
 		wantPublished(t, cs[i], hs[i], img, bases[i], body, sum)
 	}
@@ -155,10 +155,10 @@ func TestFanoutOffOrOtherClientDownloadsAlone(t *testing.T) {
 	t.Run("no fanout", func(t *testing.T) {
 		srv := serve(t, body, nil)
 		cs, _ := fanHosts(t, 3, nil, nil)
-		bases, errs := ensureAll(t, cs, img(srv.url))
+		bases, problems := ensureAll(t, cs, img(srv.url))
 		for i := range cs {
-			if errs[i] != nil || bases[i].Source != SourceMirror {
-				t.Fatalf("host %d: %+v, %v", i, bases[i], errs[i])
+			if problems[i] != nil || bases[i].Source != SourceMirror {
+				t.Fatalf("host %d: %+v, %v", i, bases[i], problems[i])
 			}
 		}
 		if g := srv.gets.Load(); g != 3 {
@@ -168,9 +168,9 @@ func TestFanoutOffOrOtherClientDownloadsAlone(t *testing.T) {
 	t.Run("other clients", func(t *testing.T) {
 		srv := serve(t, body, nil)
 		cs, _ := fanHosts(t, 2, smallFanout(), func(i int, cfg *Config) { cfg.HTTPClient = &http.Client{} })
-		_, errs := ensureAll(t, cs, img(srv.url))
-		if errs[0] != nil || errs[1] != nil {
-			t.Fatal(errs)
+		_, problems := ensureAll(t, cs, img(srv.url))
+		if problems[0] != nil || problems[1] != nil {
+			t.Fatal(problems)
 		}
 		if g := srv.gets.Load(); g != 2 {
 			t.Fatalf("%d GETs for two caches with their own clients, want 2", g)
@@ -238,7 +238,7 @@ func TestFanoutStalledHostDetached(t *testing.T) {
 			f := smallFanout()
 			srv := serveRanges(t, body, later, ranges, func() { waitMembers(f, 4) })
 			cs, hs := fanHosts(t, 4, f, func(i int, cfg *Config) {
-				cfg.StreamStall = provider.Duration(time.Minute) // the stall is ours
+				cfg.StreamStall = time.Minute // the stall is ours
 			})
 			release := make(chan struct{})
 			stalled := make(chan struct{})
@@ -252,7 +252,7 @@ func TestFanoutStalledHostDetached(t *testing.T) {
 			})
 			img := Image{Key: "k", URL: srv.url, SHA256: sum}
 			bases := make([]Base, 4)
-			errs := make([]error, 4)
+			problems := make([]error, 4)
 			var wg, others sync.WaitGroup
 			start := time.Now()
 			for i, c := range cs {
@@ -262,7 +262,7 @@ func TestFanoutStalledHostDetached(t *testing.T) {
 				}
 				go func() {
 					defer wg.Done()
-					bases[i], errs[i] = c.Ensure(testCtx(t, 30*time.Second), img)
+					bases[i], problems[i] = c.Ensure(testCtx(t, 30*time.Second), img)
 					if i < 3 {
 						others.Done()
 					}
@@ -284,8 +284,8 @@ func TestFanoutStalledHostDetached(t *testing.T) {
 				t.Fatal("host 3 never stalled")
 			}
 			for i := range 3 {
-				if errs[i] != nil {
-					t.Fatalf("host %d: %v", i, errs[i])
+				if problems[i] != nil {
+					t.Fatalf("host %d: %v", i, problems[i])
 				}
 				wantPublished(t, cs[i], hs[i], img, bases[i], body, sum)
 			}
@@ -297,12 +297,12 @@ func TestFanoutStalledHostDetached(t *testing.T) {
 			close(release)
 			wg.Wait()
 			if tc.changed {
-				wantClass(t, errs[3], provider.Transient, "the image changed on the mirror")
+				wantClass(t, problems[3], errs.Transient, "the image changed on the mirror")
 				wantLeft(t, hs[3])
 				return
 			}
-			if errs[3] != nil {
-				t.Fatalf("stalled host: %v", errs[3])
+			if problems[3] != nil {
+				t.Fatalf("stalled host: %v", problems[3])
 			}
 			wantPublished(t, cs[3], hs[3], img, bases[3], body, sum)
 			if bases[3].Source != SourceDetached {
@@ -353,19 +353,19 @@ func TestFanoutMirrorFailures(t *testing.T) {
 	})
 	cs, hs := fanHosts(t, 4, f, nil)
 	img := Image{Key: "k", URL: srv.url, SHA256: sum}
-	_, errs := ensureAll(t, cs, img)
+	_, problems := ensureAll(t, cs, img)
 	for i := range cs {
-		wantClass(t, errs[i], provider.Transient, "")
+		wantClass(t, problems[i], errs.Transient, "")
 		wantLeft(t, hs[i])
 	}
 	if g := srv.gets.Load(); g != 1 {
 		t.Fatalf("%d GETs, want 1", g)
 	}
 	cut.Store(false)
-	bases, errs := ensureAll(t, cs, img)
+	bases, problems := ensureAll(t, cs, img)
 	for i := range cs {
-		if errs[i] != nil {
-			t.Fatalf("retry, host %d: %v", i, errs[i])
+		if problems[i] != nil {
+			t.Fatalf("retry, host %d: %v", i, problems[i])
 		}
 		wantPublished(t, cs[i], hs[i], img, bases[i], body, sum)
 	}
@@ -380,9 +380,9 @@ func TestFanoutMirrorFailures(t *testing.T) {
 		waitMembers(f, 4) // answer once every host waits for the download
 		_, _ = w.Write(other)
 	})
-	_, errs = ensureAll(t, cs, Image{Key: "wrong", URL: wrong.url, SHA256: sum})
+	_, problems = ensureAll(t, cs, Image{Key: "wrong", URL: wrong.url, SHA256: sum})
 	for i := range cs {
-		wantClass(t, errs[i], provider.Permanent, "sha256 "+sum+" is configured")
+		wantClass(t, problems[i], errs.Permanent, "sha256 "+sum+" is configured")
 		wantLeft(t, hs[i], cs[i].BaseName(img), MarkerName(cs[i].BaseName(img), sum))
 	}
 	if g := wrong.gets.Load(); g != 1 {
@@ -393,9 +393,9 @@ func TestFanoutMirrorFailures(t *testing.T) {
 		waitMembers(f, 4)
 		http.NotFound(w, r)
 	})
-	_, errs = ensureAll(t, cs, Image{Key: "gone", URL: missing.url})
+	_, problems = ensureAll(t, cs, Image{Key: "gone", URL: missing.url})
 	for i := range cs {
-		wantClass(t, errs[i], provider.Permanent, "404")
+		wantClass(t, problems[i], errs.Permanent, "404")
 	}
 	if g := missing.gets.Load(); g != 1 {
 		t.Fatalf("%d GETs of a missing image by 4 hosts, want 1", g)
@@ -435,11 +435,11 @@ func TestFanoutWaiterCanceled(t *testing.T) {
 	for srv.gets.Load() == 0 { // host 0 leads
 		time.Sleep(time.Millisecond)
 	}
-	bases, errs := ensureAll(t, cs[1:], img)
-	wantClass(t, <-errc, provider.Canceled, "")
+	bases, problems := ensureAll(t, cs[1:], img)
+	wantClass(t, <-errc, errs.Canceled, "")
 	for i := range 3 {
-		if errs[i] != nil {
-			t.Fatalf("host %d: %v", i+1, errs[i])
+		if problems[i] != nil {
+			t.Fatalf("host %d: %v", i+1, problems[i])
 		}
 		wantPublished(t, cs[i+1], hs[i+1], img, bases[i], body, sum)
 		if bases[i].Source != SourceShared {
@@ -481,25 +481,25 @@ func TestFanoutMemoryBounded(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	sums := make([]string, 4)
-	errs := make([]error, 4)
+	problems := make([]error, 4)
 	var wg sync.WaitGroup
 	for i := range 4 {
 		wg.Go(func() {
 			req, err := http.NewRequestWithContext(testCtx(t, time.Minute), http.MethodGet, srv.url, nil)
 			if err != nil {
-				errs[i] = err
+				problems[i] = err
 				return
 			}
 			resp, _, err := f.get(key, req)
 			if err != nil {
-				errs[i] = err
+				problems[i] = err
 				return
 			}
 			defer resp.Body.Close()
 			h := sha256.New()
 			buf := make([]byte, (i+1)*16<<10)
 			if _, err := io.CopyBuffer(h, resp.Body, buf); err != nil {
-				errs[i] = err
+				problems[i] = err
 				return
 			}
 			sums[i] = hex.EncodeToString(h.Sum(nil))
@@ -508,8 +508,8 @@ func TestFanoutMemoryBounded(t *testing.T) {
 	wg.Wait()
 	runtime.ReadMemStats(&after)
 	for i := range 4 {
-		if errs[i] != nil || sums[i] != sum {
-			t.Fatalf("reader %d: sha256 %s, %v; want %s", i, sums[i], errs[i], sum)
+		if problems[i] != nil || sums[i] != sum {
+			t.Fatalf("reader %d: sha256 %s, %v; want %s", i, sums[i], problems[i], sum)
 		}
 	}
 	if g := srv.gets.Load(); g != 1 {
@@ -545,12 +545,12 @@ func TestFanoutHostDiskFull(t *testing.T) {
 	cs, hs := fanHosts(t, 4, f, nil)
 	hs[2].SetStreamHook("StorageVolUpload", libvirtfake.CutAfter(128<<10, libvirt.Error{Code: uint32(libvirt.ErrSystemError), Message: "cannot write: No space left on device"}))
 	img := Image{Key: "k", URL: srv.url, SHA256: sum}
-	bases, errs := ensureAll(t, cs, img)
-	wantClass(t, errs[2], provider.Transient, "No space left on device")
+	bases, problems := ensureAll(t, cs, img)
+	wantClass(t, problems[2], errs.Transient, "No space left on device")
 	wantLeft(t, hs[2])
 	for _, i := range []int{0, 1, 3} {
-		if errs[i] != nil {
-			t.Fatalf("host %d: %v", i, errs[i])
+		if problems[i] != nil {
+			t.Fatalf("host %d: %v", i, problems[i])
 		}
 		wantPublished(t, cs[i], hs[i], img, bases[i], body, sum)
 	}
@@ -589,7 +589,7 @@ func TestFanoutDetachedFailureRedacted(t *testing.T) {
 	}, funcr.Options{Verbosity: 9})
 	cs, hs := fanHosts(t, 2, f, func(i int, cfg *Config) {
 		cfg.Logger = log
-		cfg.StreamStall = provider.Duration(time.Minute)
+		cfg.StreamStall = time.Minute
 	})
 	release := make(chan struct{})
 	hs[1].SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
@@ -616,7 +616,7 @@ func TestFanoutDetachedFailureRedacted(t *testing.T) {
 		t.Fatal(e0)
 	}
 	wantPublished(t, cs[0], hs[0], img, b0, body, sum)
-	wantClass(t, e1, provider.Transient, "detached from the shared download")
+	wantClass(t, e1, errs.Transient, "detached from the shared download")
 	wantLeft(t, hs[1])
 	mu.Lock()
 	defer mu.Unlock()
@@ -668,14 +668,17 @@ func TestFanoutWaitsForJoinerOnItsWay(t *testing.T) {
 	img := Image{Key: "k", URL: srv.url, SHA256: sum}
 	var wg sync.WaitGroup
 	bases := make([]Base, 2)
-	errs := make([]error, 2)
+	problems := make([]error, 2)
 	start := time.Now()
 	var took0 time.Duration
-	wg.Go(func() { bases[1], errs[1] = cs[1].Ensure(testCtx(t, 30*time.Second), img) })
+	wg.Go(func() { bases[1], problems[1] = cs[1].Ensure(testCtx(t, 30*time.Second), img) })
 	for hs[1].Calls("StoragePoolListAllVolumes") == 0 { // host 1's Ensure is under way
 		time.Sleep(time.Millisecond)
 	}
-	wg.Go(func() { bases[0], errs[0] = cs[0].Ensure(testCtx(t, 30*time.Second), img); took0 = time.Since(start) })
+	wg.Go(func() {
+		bases[0], problems[0] = cs[0].Ensure(testCtx(t, 30*time.Second), img)
+		took0 = time.Since(start)
+	})
 	full := func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -693,8 +696,8 @@ func TestFanoutWaitsForJoinerOnItsWay(t *testing.T) {
 	close(release)
 	wg.Wait()
 	for i := range 2 {
-		if errs[i] != nil {
-			t.Fatalf("host %d: %v", i, errs[i])
+		if problems[i] != nil {
+			t.Fatalf("host %d: %v", i, problems[i])
 		}
 		wantPublished(t, cs[i], hs[i], img, bases[i], body, sum)
 	}

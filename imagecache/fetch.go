@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/obs"
-	"github.com/egressproxy/egressproxy/provider"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -84,7 +84,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string, a *ahead,
 	defer cancelHTTP()
 	req, err := http.NewRequestWithContext(httpCtx, http.MethodGet, img.URL, nil)
 	if err != nil {
-		return Base{}, provider.Errorf(provider.Permanent, "image %q: bad URL %s: %s", img.Key, u, parseProblem(err))
+		return Base{}, errs.Errorf(errs.Permanent, "image %q: bad URL %s: %s", img.Key, u, parseProblem(err))
 	}
 	if pb != nil {
 		log = log.WithValues("peer", pb.c.cfg.Entry)
@@ -101,17 +101,17 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string, a *ahead,
 		// redirects): redacted in place.
 		err = fmt.Errorf("image %q: GET %s: %w", img.Key, u, redactErr(err, img.URL))
 		if why, ok := permanentGET(err); ok && ctx.Err() == nil {
-			return Base{}, provider.WithCode(provider.Permanent, fmt.Errorf("%w: %s", err, why))
+			return Base{}, errs.WithCode(errs.Permanent, fmt.Errorf("%w: %s", err, why))
 		}
 		return Base{}, c.classify(ctx, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		code := provider.Transient
+		code := errs.Transient
 		if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests {
-			code = provider.Permanent
+			code = errs.Permanent
 		}
-		return Base{}, provider.Errorf(code, "image %q: GET %s: %s", img.Key, u, serverText(resp.Status, img.URL))
+		return Base{}, errs.Errorf(code, "image %q: GET %s: %s", img.Key, u, serverText(resp.Status, img.URL))
 	}
 	total := resp.ContentLength
 	span := trace.SpanFromContext(ctx)
@@ -126,7 +126,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string, a *ahead,
 			return Base{}, err
 		}
 		if uint64(total) > avail {
-			return Base{}, provider.Errorf(provider.Transient, "image %q is %d bytes but pool %s has only %d bytes free; free space in the pool and retry", img.Key, total, c.cfg.Pool, avail)
+			return Base{}, errs.Errorf(errs.Transient, "image %q is %d bytes but pool %s has only %d bytes free; free space in the pool and retry", img.Key, total, c.cfg.Pool, avail)
 		}
 	}
 	body, err := c.sniff(ctx, img, resp, u)
@@ -141,7 +141,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string, a *ahead,
 
 	x, err := volXML(name, 0)
 	if err != nil {
-		return Base{}, provider.WithCode(provider.Permanent, err)
+		return Base{}, errs.WithCode(errs.Permanent, err)
 	}
 	vol, err := c.createVol(ctx, x)
 	if err != nil {
@@ -173,13 +173,13 @@ func (c *Cache) fetchOnce(ctx context.Context, img Image, name string, a *ahead,
 	n, digest, back, err := c.transfer(ctx, vol, a.dialed(), body, total, avail, func(n int64, digest string) error {
 		uploaded = time.Since(start)
 		if n == 0 {
-			return provider.Errorf(provider.Transient, "image %q: %s served an empty body", img.Key, u)
+			return errs.Errorf(errs.Transient, "image %q: %s served an empty body", img.Key, u)
 		}
 		if total >= 0 && n != total {
-			return provider.Errorf(provider.Transient, "image %q: the body ended after %d of the %d bytes announced", img.Key, n, total)
+			return errs.Errorf(errs.Transient, "image %q: the body ended after %d of the %d bytes announced", img.Key, n, total)
 		}
 		if img.SHA256 != "" && digest != img.SHA256 {
-			return provider.Errorf(provider.Permanent, "image %q from %s has sha256 %s but sha256 %s is configured; fix the URL or the configured digest (a new digest needs a new key if a base with the old one is in use)", img.Key, u, digest, img.SHA256)
+			return errs.Errorf(errs.Permanent, "image %q from %s has sha256 %s but sha256 %s is configured; fix the URL or the configured digest (a new digest needs a new key if a base with the old one is in use)", img.Key, u, digest, img.SHA256)
 		}
 		// Every upload stream has been confirmed: the size on the host
 		// is final, so it is asked for while the last range is read back.
@@ -292,14 +292,14 @@ func (c *Cache) sniff(ctx context.Context, img Image, resp *http.Response, u str
 		return nil, c.classify(ctx, fmt.Errorf("image %q: GET %s: reading the first bytes: %w", img.Key, u, redactErr(err, img.URL)))
 	}
 	if len(head) == 0 {
-		return nil, provider.Errorf(provider.Transient, "image %q: %s served an empty body", img.Key, u)
+		return nil, errs.Errorf(errs.Transient, "image %q: %s served an empty body", img.Key, u)
 	}
 	if img.format() == FormatQCOW2 && !bytes.HasPrefix(head, []byte(qcow2Magic)) {
 		ct := "none"
 		if v := resp.Header.Get("Content-Type"); v != "" {
 			ct = fmt.Sprintf("%q", serverText(v, img.URL))
 		}
-		return nil, provider.Errorf(provider.Permanent,
+		return nil, errs.Errorf(errs.Permanent,
 			"image %q from %s is not a qcow2 image: the body starts with %s (Content-Type %s), a qcow2 image with %q; fix the URL (an error or sign-in page?) or, for a raw disk image, declare Format \"raw\"",
 			img.Key, u, showBytes(head, img.URL), ct, qcow2Magic)
 	}
@@ -335,9 +335,9 @@ func showBytes(head []byte, rawURL string) string {
 func (c *Cache) httpDeadline(ctx context.Context) (time.Time, error) {
 	end, ok := ctx.Deadline()
 	if !ok {
-		end = time.Now().Add(c.cfg.TransferBudget.Duration())
+		end = time.Now().Add(c.cfg.TransferBudget)
 	}
-	d := end.Add(-c.cfg.HTTPGrace.Duration())
+	d := end.Add(-c.cfg.HTTPGrace)
 	if left := time.Until(end); !d.After(time.Now()) {
 		return time.Time{}, fmt.Errorf("only %s of the transfer budget %s is left, not more than HTTPGrace %s; not downloading (retry)", left.Round(time.Millisecond), c.cfg.TransferBudget, c.cfg.HTTPGrace)
 	}
@@ -356,13 +356,13 @@ func (c *Cache) judgeStored(ctx context.Context, name string, n int64, digest st
 		return c.classify(ctx, fmt.Errorf("verify %s: %w", name, err))
 	}
 	if phys != uint64(n) {
-		return provider.Errorf(provider.Transient, "verify %s: the volume holds %d bytes on the host but %d were sent (upload lost data; disk full?)", name, phys, n)
+		return errs.Errorf(errs.Transient, "verify %s: the volume holds %d bytes on the host but %d were sent (upload lost data; disk full?)", name, phys, n)
 	}
 	if back.err != nil {
 		return back.err
 	}
 	if back.n != n || back.digest != digest {
-		return provider.Errorf(provider.Transient, "verify %s: the host stores %d bytes with sha256 %s but %d bytes with sha256 %s were sent", name, back.n, back.digest, n, digest)
+		return errs.Errorf(errs.Transient, "verify %s: the host stores %d bytes with sha256 %s but %d bytes with sha256 %s were sent", name, back.n, back.digest, n, digest)
 	}
 	return nil
 }
@@ -424,7 +424,7 @@ func (c *Cache) upload(ctx context.Context, name string, vol *libvirt.StorageVol
 
 	now := time.Now()
 	src := &segments{r: body, w: w}
-	m := &meter{r: src, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free, stall: c.cfg.StreamStall.Duration()}
+	m := &meter{r: src, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free, stall: c.cfg.StreamStall}
 	// The drain must stop as soon as the call returned (e.g. with libvirt's
 	// error), or upload would wait for the Read holding m.mu.
 	dctx, stopDrain := context.WithCancel(ctx)
@@ -474,7 +474,7 @@ func (c *Cache) upload(ctx context.Context, name string, vol *libvirt.StorageVol
 			}
 			// Another stream kept the volume busy: a later fetch may
 			// succeed (libvirt's table calls the refusal Permanent).
-			err = provider.WithCode(provider.Transient, err)
+			err = errs.WithCode(errs.Transient, err)
 		}
 		if err != nil || failed || eof || (total > 0 && end >= total) {
 			break
@@ -571,7 +571,7 @@ func (c *Cache) runStream(ctx context.Context, dc Dedicated, op string, stalled 
 		defer c.wg.Done()
 		done <- call()
 	}()
-	tick := time.NewTicker(min(time.Second, c.cfg.StreamStall.Duration()/4))
+	tick := time.NewTicker(min(time.Second, c.cfg.StreamStall/4))
 	defer tick.Stop()
 	var cause error
 loop:
@@ -738,7 +738,7 @@ func (m *meter) Read(p []byte) (int, error) {
 	if err != nil && !errors.Is(err, io.EOF) && m.fail.err == nil {
 		m.fail = meterFailure{err: err, from: from, late: m.callDone.Load()}
 	}
-	if time.Since(m.last) >= m.c.cfg.ProgressInterval.Duration() {
+	if time.Since(m.last) >= m.c.cfg.ProgressInterval {
 		m.report(false)
 	}
 	return n, err

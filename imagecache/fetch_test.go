@@ -19,7 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/digitalocean/go-libvirt"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
@@ -56,7 +56,7 @@ func (d *deadlineRecorder) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestHTTPDeadlineIsFlightDeadlineMinusGrace(t *testing.T) {
 	const budget, grace = 20 * time.Minute, time.Minute
 	rec := &deadlineRecorder{}
-	c, err := New(&fakeConn{}, Config{Entry: "e", Pool: "p", TransferBudget: provider.Duration(budget), HTTPGrace: provider.Duration(grace), HTTPClient: &http.Client{Transport: rec}})
+	c, err := New(&fakeConn{}, Config{Entry: "e", Pool: "p", TransferBudget: budget, HTTPGrace: grace, HTTPClient: &http.Client{Transport: rec}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestHTTPDeadlineIsFlightDeadlineMinusGrace(t *testing.T) {
 		rec.deadlines = nil
 		rec.mu.Unlock()
 		_, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage), nil, nil)
-		if provider.Code(err) != provider.Transient || !strings.Contains(err.Error(), "HTTPGrace") {
+		if errs.Code(err) != errs.Transient || !strings.Contains(err.Error(), "HTTPGrace") {
 			t.Fatalf("fetchOnce = %v, want Transient naming HTTPGrace", err)
 		}
 		rec.mu.Lock()
@@ -267,17 +267,17 @@ func TestGETAndContentChecks(t *testing.T) {
 		url    string
 		format string
 		client *http.Client // nil: a default client
-		want   provider.ErrorCode
+		want   errs.ErrorCode
 		msg    []string
 		// libvirt: whether the fetch may get as far as libvirt
 		libvirt bool
 	}{
-		{name: "TLS certificate of an unknown authority", url: tlsSrv.URL + "/qcow2", want: provider.Permanent, msg: []string{"certificate"}},
-		{name: "TLS certificate for another host name", url: "https://localhost:" + port + "/qcow2", client: tlsSrv.Client(), want: provider.Permanent, msg: []string{"certificate"}},
-		{name: "redirect loop", url: plain.URL + "/loop", want: provider.Permanent, msg: []string{"redirect"}},
-		{name: "HTML page for a qcow2", url: plain.URL + "/html", want: provider.Permanent, msg: []string{`image "k"`, "qcow2", `<!DOCTYPE html>\n<html>`, "text/html"}},
-		{name: "random bytes for a qcow2", url: plain.URL + "/random", want: provider.Permanent, msg: []string{`image "k"`, "qcow2"}},
-		{name: "two bytes for a qcow2", url: plain.URL + "/short", want: provider.Permanent, msg: []string{`image "k"`, "qcow2", `"QF"`}},
+		{name: "TLS certificate of an unknown authority", url: tlsSrv.URL + "/qcow2", want: errs.Permanent, msg: []string{"certificate"}},
+		{name: "TLS certificate for another host name", url: "https://localhost:" + port + "/qcow2", client: tlsSrv.Client(), want: errs.Permanent, msg: []string{"certificate"}},
+		{name: "redirect loop", url: plain.URL + "/loop", want: errs.Permanent, msg: []string{"redirect"}},
+		{name: "HTML page for a qcow2", url: plain.URL + "/html", want: errs.Permanent, msg: []string{`image "k"`, "qcow2", `<!DOCTYPE html>\n<html>`, "text/html"}},
+		{name: "random bytes for a qcow2", url: plain.URL + "/random", want: errs.Permanent, msg: []string{`image "k"`, "qcow2"}},
+		{name: "two bytes for a qcow2", url: plain.URL + "/short", want: errs.Permanent, msg: []string{`image "k"`, "qcow2", `"QF"`}},
 		{name: "qcow2 magic", url: plain.URL + "/qcow2", libvirt: true},
 		{name: "HTML page declared raw", url: plain.URL + "/html", format: "raw", libvirt: true},
 		{name: "random bytes declared raw", url: plain.URL + "/random", format: "raw", libvirt: true},
@@ -316,9 +316,9 @@ func TestGETAndContentChecks(t *testing.T) {
 	}
 }
 
-func wantCodeT(t *testing.T, err error, code provider.ErrorCode) {
+func wantCodeT(t *testing.T, err error, code errs.ErrorCode) {
 	t.Helper()
-	if got := provider.Code(err); got != code {
+	if got := errs.Code(err); got != code {
 		t.Fatalf("error class = %v, want %v; err = %v", got, code, err)
 	}
 }
@@ -381,20 +381,20 @@ func TestClassifyLibvirtSide(t *testing.T) {
 		name string
 		ctx  context.Context
 		err  error
-		want provider.ErrorCode
+		want errs.ErrorCode
 		msg  string
 	}{
-		{"pool not found", context.Background(), lerr(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching name 'p'"), provider.Permanent, "storage pool p"},
-		{"pool not active", context.Background(), lerr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' is not active"), provider.Permanent, "start it"},
-		{"pool busy", context.Background(), lerr(libvirt.ErrOperationInvalid, "internal error: pool 'p' has asynchronous jobs running."), provider.Transient, "asynchronous"},
-		{"volume gone", context.Background(), lerr(libvirt.ErrNoStorageVol, "Storage volume not found"), provider.Transient, "Storage volume"},
-		{"session lost", context.Background(), fmt.Errorf("upload v: %w", &sshconn.Error{Kind: sshconn.KindUnreachable, Err: errors.New("connection reset by peer")}), provider.Transient, "reset"},
-		{"ctx ended", ended, lerr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' is not active"), provider.Canceled, "not active"},
+		{"pool not found", context.Background(), lerr(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching name 'p'"), errs.Permanent, "storage pool p"},
+		{"pool not active", context.Background(), lerr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' is not active"), errs.Permanent, "start it"},
+		{"pool busy", context.Background(), lerr(libvirt.ErrOperationInvalid, "internal error: pool 'p' has asynchronous jobs running."), errs.Transient, "asynchronous"},
+		{"volume gone", context.Background(), lerr(libvirt.ErrNoStorageVol, "Storage volume not found"), errs.Transient, "Storage volume"},
+		{"session lost", context.Background(), fmt.Errorf("upload v: %w", &sshconn.Error{Kind: sshconn.KindUnreachable, Err: errors.New("connection reset by peer")}), errs.Transient, "reset"},
+		{"ctx ended", ended, lerr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' is not active"), errs.Canceled, "not active"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := c.classify(tt.ctx, tt.err)
-			if provider.Code(err) != tt.want || !strings.Contains(err.Error(), tt.msg) {
-				t.Fatalf("classify = %v (%v), want %v naming %q", err, provider.Code(err), tt.want, tt.msg)
+			if errs.Code(err) != tt.want || !strings.Contains(err.Error(), tt.msg) {
+				t.Fatalf("classify = %v (%v), want %v naming %q", err, errs.Code(err), tt.want, tt.msg)
 			}
 		})
 	}

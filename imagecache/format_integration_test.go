@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // What a server sends is checked before it is published, on the real
@@ -43,15 +43,15 @@ func TestStackContentChecked(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		img  Image
-		want provider.ErrorCode
+		want errs.ErrorCode
 		msg  []string
 	}{
-		{"HTML page with 200 for a qcow2", Image{Key: "html", URL: srv.URL + "/html"}, provider.Permanent, []string{`"html"`, "qcow2", "<!DOCTYPE html>", "text/html"}},
-		{"random bytes for a qcow2", Image{Key: "rnd", URL: srv.URL + "/random"}, provider.Permanent, []string{`"rnd"`, "qcow2"}},
-		{"untrusted TLS certificate", Image{Key: "tls", URL: tlsSrv.URL + "/random", Format: "raw"}, provider.Permanent, []string{"certificate"}},
-		{"redirect loop", Image{Key: "loop", URL: srv.URL + "/loop"}, provider.Permanent, []string{"redirect"}},
-		{"raw declared: any bytes", Image{Key: "raw", URL: srv.URL + "/random", Format: "raw"}, provider.OK, nil},
-		{"raw declared: even an HTML page", Image{Key: "rawhtml", URL: srv.URL + "/html", Format: "raw"}, provider.OK, nil},
+		{"HTML page with 200 for a qcow2", Image{Key: "html", URL: srv.URL + "/html"}, errs.Permanent, []string{`"html"`, "qcow2", "<!DOCTYPE html>", "text/html"}},
+		{"random bytes for a qcow2", Image{Key: "rnd", URL: srv.URL + "/random"}, errs.Permanent, []string{`"rnd"`, "qcow2"}},
+		{"untrusted TLS certificate", Image{Key: "tls", URL: tlsSrv.URL + "/random", Format: "raw"}, errs.Permanent, []string{"certificate"}},
+		{"redirect loop", Image{Key: "loop", URL: srv.URL + "/loop"}, errs.Permanent, []string{"redirect"}},
+		{"raw declared: any bytes", Image{Key: "raw", URL: srv.URL + "/random", Format: "raw"}, errs.OK, nil},
+		{"raw declared: even an HTML page", Image{Key: "rawhtml", URL: srv.URL + "/html", Format: "raw"}, errs.OK, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			entry := testEntry()

@@ -7,8 +7,9 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/libvirterr"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"libvirt.org/go/libvirtxml"
 )
@@ -113,16 +114,16 @@ func (c *Cache) classify(ctx context.Context, err error) error {
 		return err
 	}
 	if ctx.Err() != nil {
-		return provider.FromContext(fmt.Errorf("%w (%w)", err, ctx.Err()))
+		return errs.FromContext(fmt.Errorf("%w (%w)", err, ctx.Err()))
 	}
 	v := libvirterr.Of(err)
 	switch {
 	case v.Missing:
-		return provider.WithCode(provider.Transient, err)
-	case v.Reason == provider.ReasonPoolNotFound:
-		return provider.WithCode(provider.Permanent, fmt.Errorf("storage pool %s: %w", c.cfg.Pool, err))
-	case v.Reason == provider.ReasonPoolNotActive:
-		return provider.WithCode(provider.Permanent, fmt.Errorf("storage pool %s is not active; start it (and mark it autostart) and retry: %w", c.cfg.Pool, err))
+		return errs.WithCode(errs.Transient, err)
+	case v.Reason == egressproxy.ReasonPoolNotFound:
+		return errs.WithCode(errs.Permanent, fmt.Errorf("storage pool %s: %w", c.cfg.Pool, err))
+	case v.Reason == egressproxy.ReasonPoolNotActive:
+		return errs.WithCode(errs.Permanent, fmt.Errorf("storage pool %s is not active; start it (and mark it autostart) and retry: %w", c.cfg.Pool, err))
 	}
 	return libvirterr.Classify(err)
 }

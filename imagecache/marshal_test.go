@@ -9,12 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
 	"go.opentelemetry.io/otel/trace/noop"
 	"sigs.k8s.io/yaml"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // A marshalled Image carries RedactURL's redaction of a credentialed URL,
@@ -83,8 +82,8 @@ func TestImageRedactedURLRefused(t *testing.T) {
 		"https://mirror.example/a.qcow2#access_token=REDACTED",
 	} {
 		err := Image{Key: "deb", URL: u}.Validate()
-		var fe *provider.FieldError
-		if provider.Code(err) != provider.Permanent || !errors.As(err, &fe) || fe.Field != "URL" || !strings.Contains(fe.Rule, "redacted") {
+		var fe *errs.FieldError
+		if errs.Code(err) != errs.Permanent || !errors.As(err, &fe) || fe.Field != "URL" || !strings.Contains(fe.Rule, "redacted") {
 			t.Errorf("Validate(%q) = %v, want a Permanent FieldError on URL about the redaction", u, err)
 		}
 	}
@@ -104,11 +103,11 @@ func TestConfigMarshal(t *testing.T) {
 	cfg := Config{
 		Entry:            "lab-1",
 		Pool:             "default",
-		TransferBudget:   provider.Duration(30 * time.Minute),
-		HTTPGrace:        provider.Duration(2 * time.Minute),
-		ProgressInterval: provider.Duration(10 * time.Second),
-		ClaimTimeout:     provider.Duration(3 * time.Minute),
-		StreamStall:      provider.Duration(90 * time.Second),
+		TransferBudget:   30 * time.Minute,
+		HTTPGrace:        2 * time.Minute,
+		ProgressInterval: 10 * time.Second,
+		ClaimTimeout:     3 * time.Minute,
+		StreamStall:      90 * time.Second,
 		HTTPClient:       &http.Client{},
 		Progress:         func(Progress) {},
 		Logger:           logr.Discard(),
@@ -136,7 +135,7 @@ func TestConfigMarshal(t *testing.T) {
 	}
 	for i, typ := 0, reflect.TypeFor[Config](); i < typ.NumField(); i++ {
 		if f := typ.Field(i); f.Type == reflect.TypeFor[time.Duration]() {
-			t.Errorf("Config.%s is a time.Duration; use provider.Duration", f.Name)
+			t.Errorf("Config.%s is a time.Duration; use duration.Duration", f.Name)
 		}
 	}
 }

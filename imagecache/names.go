@@ -5,12 +5,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/naming"
 )
 
 // Volume names the cache produces in a pool. Every name is built from the
-// provider entry name (provider.ValidateName rules), the image key (the
-// provider.Spec.ImageKey rules) and the format ("qcow2" or "raw"). Neither an
+// provider entry name (naming.ValidateName rules), the image key (the
+// egressproxy.Spec.ImageKey rules) and the format ("qcow2" or "raw"). Neither an
 // entry nor a key may contain "--", so the "--" between them is an injective
 // separator (a single '-' would not be: entry "a-b" + key "c" and entry "a" +
 // key "b-c" would both give "a-b-c").
@@ -40,8 +40,8 @@ const (
 
 func validFormat(f string) bool { return f == FormatQCOW2 || f == FormatRaw }
 
-// validKey applies the one key rule (provider.ValidateKey).
-func validKey(k string) error { return provider.ValidateKey("Key", k) }
+// validKey applies the one key rule (naming.ValidateKey).
+func validKey(k string) error { return naming.ValidateKey("Key", k) }
 
 // BaseName returns the base volume name "base-<entry>--<key>.<format>". It
 // does not validate; callers pass validated parts (New and Ensure do).
@@ -77,7 +77,7 @@ func ParseBaseName(name string) (entry, key, format string, ok bool) {
 		return "", "", "", false
 	}
 	key, format = rest[:dot], rest[dot+1:]
-	if provider.ValidateName("entry", entry) != nil || validKey(key) != nil || !validFormat(format) {
+	if naming.ValidateName("entry", entry) != nil || validKey(key) != nil || !validFormat(format) {
 		return "", "", "", false
 	}
 	return entry, key, format, true

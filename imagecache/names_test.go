@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"go.uber.org/goleak"
 	"pgregory.net/rapid"
 )
@@ -30,7 +30,7 @@ func genLabel(t *rapid.T, label string, dots bool, max int) string {
 		if dots {
 			return validKey(s) == nil
 		}
-		return provider.ValidateName("entry", s) == nil
+		return naming.ValidateName("entry", s) == nil
 	}).Draw(t, label)
 }
 

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -332,7 +332,7 @@ func (c *Cache) readBehind(ctx context.Context, known libvirt.StorageVol, w *com
 		}
 		state, err := h.(encoding.BinaryMarshaler).MarshalBinary()
 		if err != nil {
-			res.n, res.err = off, provider.WithCode(provider.Permanent, fmt.Errorf("read back %s: %w", name, err))
+			res.n, res.err = off, errs.WithCode(errs.Permanent, fmt.Errorf("read back %s: %w", name, err))
 			return res
 		}
 		got, err := c.readRange(ctx, dc, name, &vol, h, off, end-off)
@@ -342,7 +342,7 @@ func (c *Cache) readBehind(ctx context.Context, known libvirt.StorageVol, w *com
 			_ = dc.Close()
 			dc, vol = nil, known
 			if uerr := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(state); uerr != nil {
-				res.n, res.err = off, provider.WithCode(provider.Permanent, fmt.Errorf("read back %s: %w", name, uerr))
+				res.n, res.err = off, errs.WithCode(errs.Permanent, fmt.Errorf("read back %s: %w", name, uerr))
 				return res
 			}
 			continue
@@ -352,7 +352,7 @@ func (c *Cache) readBehind(ctx context.Context, known libvirt.StorageVol, w *com
 			return res
 		}
 		if got != end-off {
-			res.n, res.err = off+got, provider.Errorf(provider.Transient, "verify %s: the host returned %d bytes at offset %d but %d were uploaded there (upload lost data; disk full?)", name, got, off, end-off)
+			res.n, res.err = off+got, errs.Errorf(errs.Transient, "verify %s: the host returned %d bytes at offset %d but %d were uploaded there (upload lost data; disk full?)", name, got, off, end-off)
 			return res
 		}
 		off = end
@@ -368,7 +368,7 @@ func (c *Cache) readRange(ctx context.Context, dc Dedicated, name string, vol *l
 	// The writer never fails: go-libvirt must keep draining the stream
 	// (a failing writer would end the call early, leaving packets behind
 	// for its router); ctx and stalls kill the link.
-	w := &hashWriter{h: h, stall: c.cfg.StreamStall.Duration()}
+	w := &hashWriter{h: h, stall: c.cfg.StreamStall}
 	w.touch()
 	err := c.runStream(ctx, dc, "read back "+name, w.stalled, func() error {
 		if vol.Name == "" {

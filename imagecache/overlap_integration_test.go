@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -233,7 +233,7 @@ func TestStackSegmentedFetchCatchesHostCorruption(t *testing.T) {
 		var corrupted atomic.Bool
 		var prev int64
 		c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) {
-			cfg.ProgressInterval = provider.Duration(time.Millisecond)
+			cfg.ProgressInterval = time.Millisecond
 			cfg.Progress = func(p Progress) {
 				// Bytes up to prev were handed to libvirt by earlier reads
 				// of segment 1; this read is still segment 1's, so the
@@ -276,7 +276,7 @@ func TestStackSegmentedFetchCatchesHostCorruption(t *testing.T) {
 		if !corrupted.Load() {
 			t.Fatalf("the byte was not changed; Ensure: %v", err)
 		}
-		wantCode(t, err, provider.Transient)
+		wantCode(t, err, errs.Transient)
 		if !strings.Contains(err.Error(), "the host stores") || !strings.Contains(err.Error(), "sha256 "+img.sha256+" were sent") {
 			t.Fatalf("error %q does not say the stored bytes differ", err)
 		}

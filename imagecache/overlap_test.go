@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // The fake tests of overlapped verification use segments of 32 KiB: the
@@ -154,7 +154,7 @@ func TestFakeOverlapCatchesCorruptMiddleSegment(t *testing.T) {
 		return nil
 	})
 	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url, SHA256: sum})
-	wantClass(t, err, provider.Transient, "the host stores 102400 bytes with sha256 ")
+	wantClass(t, err, errs.Transient, "the host stores 102400 bytes with sha256 ")
 	if !strings.Contains(err.Error(), "but 102400 bytes with sha256 "+sum+" were sent") {
 		t.Fatalf("err = %v", err)
 	}
@@ -171,7 +171,7 @@ func TestFakeOverlapCatchesTruncatedSegment(t *testing.T) {
 	body, _ := testImage(100 << 10)
 	srv := serve(t, body, nil)
 	// The held upload must not end as a stall (and be retried) first.
-	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = provider.Duration(time.Minute) })
+	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = time.Minute })
 	uploads := callCounter(h, "StorageVolUpload", nil)
 	held := make(chan struct{})
 	reached := make(chan struct{}) // the read-back of segment 1 is at the cut
@@ -219,7 +219,7 @@ func TestFakeOverlapCatchesTruncatedSegment(t *testing.T) {
 	}))
 	start := time.Now()
 	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
-	wantClass(t, err, provider.Transient, "were uploaded there (upload lost data; disk full?)")
+	wantClass(t, err, errs.Transient, "were uploaded there (upload lost data; disk full?)")
 	if el := time.Since(start); el > 10*time.Second {
 		t.Errorf("returned after %s", el)
 	}
@@ -235,13 +235,13 @@ func TestFakeOverlapCatchesTruncatedSegment(t *testing.T) {
 func TestFakeOverlapReadBackFailureStopsUpload(t *testing.T) {
 	body, _ := testImage(100 << 10)
 	srv := serve(t, body, nil)
-	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = provider.Duration(time.Minute) })
+	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = time.Minute })
 	uploads := callCounter(h, "StorageVolUpload", nil)
 	held := make(chan struct{})
 	holdLastSegment(h, uploads, held)
 	h.SetHook("StorageVolDownload", libvirtfake.Fail(errBoom))
 	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
-	wantClass(t, err, provider.Transient, "read back ")
+	wantClass(t, err, errs.Transient, "read back ")
 	if !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("err = %v", err)
 	}
@@ -254,7 +254,7 @@ func TestFakeOverlapReadBackFailureStopsUpload(t *testing.T) {
 func TestFakeOverlapCancelMidOverlap(t *testing.T) {
 	body, _ := testImage(100 << 10)
 	srv := serve(t, body, nil)
-	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = provider.Duration(time.Minute) })
+	c, h := newSegmentedFake(t, func(cfg *Config) { cfg.StreamStall = time.Minute })
 	uploads := callCounter(h, "StorageVolUpload", nil)
 	upHeld := make(chan struct{})
 	holdLastSegment(h, uploads, upHeld)
@@ -279,7 +279,7 @@ func TestFakeOverlapCancelMidOverlap(t *testing.T) {
 		t.Errorf("%d dedicated sessions open mid-overlap, want 2", n)
 	}
 	cancel()
-	wantClass(t, <-errc, provider.Canceled, "")
+	wantClass(t, <-errc, errs.Canceled, "")
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +327,7 @@ func TestFakeOverlapUploadInUseGivesUp(t *testing.T) {
 		return nil
 	})
 	_, err := c.Ensure(testCtx(t, 30*time.Second), Image{Key: "k", URL: srv.url})
-	wantClass(t, err, provider.Transient, "is still in use")
+	wantClass(t, err, errs.Transient, "is still in use")
 	if uploads.Load() != 2+inUseRetries {
 		t.Errorf("%d upload calls, want %d", uploads.Load(), 2+inUseRetries)
 	}

@@ -297,7 +297,7 @@ func (c *Cache) peerGet(req *http.Request, pb *peerBase) (*http.Response, func()
 	b := &peerBody{
 		ctx: ctx, cancel: cancel,
 		ch: make(chan []byte, peerChunks), free: make(chan []byte, peerChunks+2), done: make(chan struct{}),
-		stall: min(c.cfg.StreamStall.Duration(), peerStall),
+		stall: min(c.cfg.StreamStall, peerStall),
 	}
 	b.touch()
 	c.wg.Add(1)

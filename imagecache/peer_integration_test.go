@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -37,7 +37,7 @@ func peerPair(t *testing.T, ssh1 func(*sshconn.Config), mod2 func(*Config)) (lab
 		cleanupEntry(t, tg.lv, tg.pool, entry)
 		caches[i] = newTestCache(t, SSH(tg.lv), entry, tg.pool, func(cfg *Config) {
 			cfg.Fanout = f
-			cfg.TransferBudget = provider.Duration(2 * time.Minute)
+			cfg.TransferBudget = 2 * time.Minute
 			if i == 1 && mod2 != nil {
 				mod2(cfg)
 			}
@@ -82,11 +82,11 @@ func TestIntegrationPeerLinkCut(t *testing.T) {
 	var once sync.Once
 	var env lab.Env
 	env, caches, _, image, img, srv := peerPair(t, func(c *sshconn.Config) {
-		c.KeepaliveInterval = provider.Duration(500 * time.Millisecond)
+		c.KeepaliveInterval = 500 * time.Millisecond
 		c.KeepaliveCount = 3
-		c.DialTimeout = provider.Duration(2 * time.Second)
+		c.DialTimeout = 2 * time.Second
 	}, func(cfg *Config) {
-		cfg.ProgressInterval = provider.Duration(time.Millisecond)
+		cfg.ProgressInterval = time.Millisecond
 		cfg.Progress = cutAfter(16<<20, func(Progress) {
 			once.Do(func() {
 				n := strconv.Itoa(env.Hosts[0].N)
@@ -139,7 +139,7 @@ func TestIntegrationPeerEvictedMidCopy(t *testing.T) {
 	var c1 *Cache
 	var image Image
 	env, caches, _, img1, img, srv := peerPair(t, nil, func(cfg *Config) {
-		cfg.ProgressInterval = provider.Duration(time.Millisecond)
+		cfg.ProgressInterval = time.Millisecond
 		cfg.Progress = cutAfter(16<<20, func(Progress) {
 			once.Do(func() { evictErr = c1.Evict(ctxT(t, time.Minute), image) })
 		})
@@ -156,7 +156,7 @@ func TestIntegrationPeerEvictedMidCopy(t *testing.T) {
 		t.Fatalf("host 1 holds %q after its eviction succeeded", left)
 	}
 	if evictErr != nil {
-		wantCode(t, evictErr, provider.Transient)
+		wantCode(t, evictErr, errs.Transient)
 		wantLabPublished(t, env.Hosts[0], caches[0], image, img.sha256)
 	}
 }

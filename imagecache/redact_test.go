@@ -9,7 +9,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"pgregory.net/rapid"
 )
 
@@ -227,13 +227,13 @@ func TestRedactErrKeepsClassAndChain(t *testing.T) {
 	const secret = "hunter2hunter2"
 	raw := "http://op:" + secret + "@h.example/i"
 	ue := &url.Error{Op: "Get", URL: "http://op:***@h.example/i?X-Amz-Signature=" + secret, Err: context.DeadlineExceeded}
-	err := redactErr(provider.WithCode(provider.Transient, fmt.Errorf("GET %s: %w", raw, ue)), raw)
+	err := redactErr(errs.WithCode(errs.Transient, fmt.Errorf("GET %s: %w", raw, ue)), raw)
 	if strings.Contains(err.Error(), secret) || !utf8.ValidString(err.Error()) {
 		t.Fatalf("redacted error %q", err)
 	}
 	var got *url.Error
-	if provider.Code(err) != provider.Transient || !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &got) || strings.Contains(got.Error(), secret) {
-		t.Fatalf("class %v, Is deadline %v, url.Error %v", provider.Code(err), errors.Is(err, context.DeadlineExceeded), got)
+	if errs.Code(err) != errs.Transient || !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &got) || strings.Contains(got.Error(), secret) {
+		t.Fatalf("class %v, Is deadline %v, url.Error %v", errs.Code(err), errors.Is(err, context.DeadlineExceeded), got)
 	}
 	plain := errors.New("nothing to hide")
 	if redactErr(plain, raw) != plain {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // An image server as operators use them: HTTP basic auth from the URL's
@@ -72,18 +72,18 @@ func TestStackSecretsNeverPrinted(t *testing.T) {
 	sink, log, tp := newTextSink(t)
 	c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) {
 		cfg.Logger, cfg.TracerProvider = log, tp
-		cfg.ProgressInterval = provider.Duration(time.Millisecond) // every progress line too
+		cfg.ProgressInterval = time.Millisecond // every progress line too
 	})
 	for _, tt := range []struct {
 		name string
 		img  Image
-		want provider.ErrorCode
+		want errs.ErrorCode
 	}{
-		{"body fails mid-upload", Image{Key: "half", URL: withCreds("/half.qcow2", tok)}, provider.Transient},
-		{"wrong token", Image{Key: "wrong", URL: withCreds("/img.qcow2", tok+"-old")}, provider.Permanent},
-		{"digest mismatch", Image{Key: "sha", URL: withCreds("/img.qcow2", tok), SHA256: strings.Repeat("0", 64)}, provider.Permanent},
-		{"success", Image{Key: "ok", URL: withCreds("/img.qcow2", tok), SHA256: img.sha256}, provider.OK},
-		{"success via a presigned redirect", Image{Key: "presigned", URL: withCreds("/presign", tok)}, provider.OK},
+		{"body fails mid-upload", Image{Key: "half", URL: withCreds("/half.qcow2", tok)}, errs.Transient},
+		{"wrong token", Image{Key: "wrong", URL: withCreds("/img.qcow2", tok+"-old")}, errs.Permanent},
+		{"digest mismatch", Image{Key: "sha", URL: withCreds("/img.qcow2", tok), SHA256: strings.Repeat("0", 64)}, errs.Permanent},
+		{"success", Image{Key: "ok", URL: withCreds("/img.qcow2", tok), SHA256: img.sha256}, errs.OK},
+		{"success via a presigned redirect", Image{Key: "presigned", URL: withCreds("/presign", tok)}, errs.OK},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			b, err := c.Ensure(ctxT(t, time.Minute), tt.img)

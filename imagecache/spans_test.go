@@ -13,7 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -109,7 +109,7 @@ func TestSpansOfPublicOperations(t *testing.T) {
 				}
 			}
 			err := tt.call(context.Background(), c)
-			if got := provider.Code(err).String(); tt.errType == "" && err != nil || tt.errType != "" && got != tt.errType {
+			if got := errs.Code(err).String(); tt.errType == "" && err != nil || tt.errType != "" && got != tt.errType {
 				t.Fatalf("call returned %v (%s), want class %q", err, got, tt.errType)
 			}
 			_ = c.Close() // the flight of a canceled Ensure has ended
@@ -159,7 +159,7 @@ func TestFetchSpanOnHTTPFailure(t *testing.T) {
 	t.Cleanup(srv.Close)
 	c, rec := newTracedFake(t, &fakeConn{})
 	img := Image{Key: "deb.12", URL: strings.Replace(srv.URL, "http://", "http://op:"+pass+"@", 1) + "/x.qcow2"}
-	if _, err := c.fetch(context.Background(), img, c.BaseName(img), nil); provider.Code(err) != provider.Permanent {
+	if _, err := c.fetch(context.Background(), img, c.BaseName(img), nil); errs.Code(err) != errs.Permanent {
 		t.Fatalf("fetch = %v, want Permanent", err)
 	}
 	spans := rec.Ended()

@@ -26,8 +26,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"github.com/go-logr/logr/testr"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -74,7 +74,7 @@ func randBytes(n int) []byte {
 
 func newTestCache(t *testing.T, lv Conn, entry, pool string, mod func(*Config)) *Cache {
 	t.Helper()
-	cfg := Config{Entry: entry, Pool: pool, TransferBudget: provider.Duration(time.Minute), HTTPGrace: provider.Duration(10 * time.Second), Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
+	cfg := Config{Entry: entry, Pool: pool, TransferBudget: time.Minute, HTTPGrace: 10 * time.Second, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -170,9 +170,9 @@ func assertClean(t *testing.T, lv *sshconn.Libvirt, pool, entry string) {
 	}
 }
 
-func wantCode(t *testing.T, err error, code provider.ErrorCode) {
+func wantCode(t *testing.T, err error, code errs.ErrorCode) {
 	t.Helper()
-	if got := provider.Code(err); got != code {
+	if got := errs.Code(err); got != code {
 		t.Fatalf("error class = %v, want %v; err = %v", got, code, err)
 	}
 }
@@ -331,7 +331,7 @@ func TestStackColdFetchHitVerifyListEvict(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) {
-		cfg.ProgressInterval = provider.Duration(time.Millisecond)
+		cfg.ProgressInterval = time.Millisecond
 		cfg.Progress = func(p Progress) { progress.Store(p.Bytes); rate.Store(uint64(p.Rate)) }
 		cfg.TracerProvider = tp
 	})
@@ -400,7 +400,7 @@ func TestStackColdFetchHitVerifyListEvict(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertClean(t, lv, env.Pool, entry)
-	if _, err := c.Verify(ctxT(t, time.Minute), im); provider.Code(err) != provider.NotFound {
+	if _, err := c.Verify(ctxT(t, time.Minute), im); errs.Code(err) != errs.NotFound {
 		t.Fatalf("Verify after Evict: %v", err)
 	}
 }
@@ -423,18 +423,18 @@ func TestStackSingleFlight(t *testing.T) {
 	const n = 8
 	var wg sync.WaitGroup
 	res := make([]Base, n)
-	errs := make([]error, n)
+	problems := make([]error, n)
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[i], errs[i] = c.Ensure(ctxT(t, time.Minute), im)
+			res[i], problems[i] = c.Ensure(ctxT(t, time.Minute), im)
 		}()
 	}
 	wg.Wait()
 	for i := range n {
-		if errs[i] != nil || res[i] != res[0] || res[i].Digest != img.sha256 {
-			t.Fatalf("Ensure %d = %+v, %v", i, res[i], errs[i])
+		if problems[i] != nil || res[i] != res[0] || res[i].Digest != img.sha256 {
+			t.Fatalf("Ensure %d = %+v, %v", i, res[i], problems[i])
 		}
 	}
 	if got := srv.requests.Load(); got != 1 {
@@ -455,27 +455,27 @@ func TestStackFailureShapes(t *testing.T) {
 		handler func(http.ResponseWriter, *http.Request, int64)
 		mod     func(*Config)
 		sha     bool
-		want    provider.ErrorCode
+		want    errs.ErrorCode
 		msg     string
 		within  time.Duration
 	}{
-		{name: "body error mid-stream", handler: serveHalfThen(img, func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }), want: provider.Transient, msg: "reading the image", within: 20 * time.Second},
-		{name: "body ends short", handler: serveFile(img), mod: func(c *Config) { c.HTTPClient = &http.Client{Transport: truncatingTransport{}} }, want: provider.Transient, msg: "body ended after", within: 20 * time.Second},
+		{name: "body error mid-stream", handler: serveHalfThen(img, func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }), want: errs.Transient, msg: "reading the image", within: 20 * time.Second},
+		{name: "body ends short", handler: serveFile(img), mod: func(c *Config) { c.HTTPClient = &http.Client{Transport: truncatingTransport{}} }, want: errs.Transient, msg: "body ended after", within: 20 * time.Second},
 		{name: "stalled mirror", handler: serveHalfThen(img, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }),
 			mod: func(c *Config) {
-				c.TransferBudget, c.HTTPGrace = provider.Duration(8*time.Second), provider.Duration(4*time.Second)
+				c.TransferBudget, c.HTTPGrace = 8*time.Second, 4*time.Second
 			},
-			want: provider.Transient, msg: "deadline", within: 7 * time.Second},
+			want: errs.Transient, msg: "deadline", within: 7 * time.Second},
 		{name: "pool too small for Content-Length", handler: func(w http.ResponseWriter, r *http.Request, _ int64) {
 			w.Header().Set("Content-Length", strconv.FormatInt(1<<55, 10))
 			w.WriteHeader(http.StatusOK)
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()
-		}, want: provider.Transient, msg: "bytes free", within: 20 * time.Second},
-		{name: "different bytes than configured", handler: serveFile(other), sha: true, want: provider.Permanent, msg: img.sha256, within: 20 * time.Second},
-		{name: "empty body", handler: func(w http.ResponseWriter, r *http.Request, _ int64) { w.WriteHeader(200) }, want: provider.Transient, msg: "empty body", within: 10 * time.Second},
-		{name: "http 404", handler: func(w http.ResponseWriter, r *http.Request, _ int64) { http.NotFound(w, r) }, want: provider.Permanent, msg: "404", within: 10 * time.Second},
-		{name: "http 503", handler: func(w http.ResponseWriter, r *http.Request, _ int64) { w.WriteHeader(503) }, want: provider.Transient, msg: "503", within: 10 * time.Second},
+		}, want: errs.Transient, msg: "bytes free", within: 20 * time.Second},
+		{name: "different bytes than configured", handler: serveFile(other), sha: true, want: errs.Permanent, msg: img.sha256, within: 20 * time.Second},
+		{name: "empty body", handler: func(w http.ResponseWriter, r *http.Request, _ int64) { w.WriteHeader(200) }, want: errs.Transient, msg: "empty body", within: 10 * time.Second},
+		{name: "http 404", handler: func(w http.ResponseWriter, r *http.Request, _ int64) { http.NotFound(w, r) }, want: errs.Permanent, msg: "404", within: 10 * time.Second},
+		{name: "http 503", handler: func(w http.ResponseWriter, r *http.Request, _ int64) { w.WriteHeader(503) }, want: errs.Transient, msg: "503", within: 10 * time.Second},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			entry := testEntry()
@@ -544,7 +544,7 @@ func TestStackUploadSabotage(t *testing.T) {
 			im := Image{Key: "img", URL: srv.URL + "/i"}
 			base := BaseName(entry, im.Key, "qcow2")
 			c := newTestCache(t, rc, entry, env.Pool, func(cfg *Config) {
-				cfg.ProgressInterval = provider.Duration(time.Millisecond)
+				cfg.ProgressInterval = time.Millisecond
 				cfg.Progress = func(p Progress) {
 					if p.Bytes > 8<<20 {
 						once.Do(func() { tt.sabotage(t, rc, base) })
@@ -554,7 +554,7 @@ func TestStackUploadSabotage(t *testing.T) {
 			start := time.Now()
 			_, err := c.Ensure(ctxT(t, 2*time.Minute), im)
 			el := time.Since(start)
-			wantCode(t, err, provider.Transient)
+			wantCode(t, err, errs.Transient)
 			if el > 30*time.Second {
 				t.Errorf("returned after %s", el)
 			}
@@ -685,7 +685,7 @@ func TestStackDiskFills(t *testing.T) {
 				if tt.overrun == 0 {
 					return
 				}
-				cfg.ProgressInterval = provider.Duration(time.Millisecond)
+				cfg.ProgressInterval = time.Millisecond
 				cfg.Progress = func(p Progress) {
 					if p.Bytes < 8<<20 {
 						return
@@ -700,7 +700,7 @@ func TestStackDiskFills(t *testing.T) {
 			start := time.Now()
 			_, err := c.Ensure(ctxT(t, 2*time.Minute), Image{Key: "big", URL: srv.URL + "/b", Format: "raw"})
 			el := time.Since(start)
-			wantCode(t, err, provider.Transient)
+			wantCode(t, err, errs.Transient)
 			t.Logf("after %s: %v", el.Round(time.Millisecond), err)
 			if !strings.Contains(err.Error(), tt.msg) {
 				t.Errorf("error does not mention %q", tt.msg)
@@ -727,31 +727,31 @@ func TestStackCacheStates(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
 		place   func(t *testing.T, base string)
-		want    provider.ErrorCode
+		want    errs.ErrorCode
 		fetches int64
 		kept    func(base string) []string // volumes that must still exist
 	}{
-		{"base without marker", func(t *testing.T, base string) { putVol(t, lv, env.Pool, base, []byte("half-written")) }, provider.OK, 1, nil},
+		{"base without marker", func(t *testing.T, base string) { putVol(t, lv, env.Pool, base, []byte("half-written")) }, errs.OK, 1, nil},
 		{"marker not a digest", func(t *testing.T, base string) {
 			putVol(t, lv, env.Pool, base, []byte("junk"))
 			putVol(t, lv, env.Pool, base+".sha256-nothex", nil)
-		}, provider.OK, 1, nil},
+		}, errs.OK, 1, nil},
 		{"stale claim of a crashed writer", func(t *testing.T, base string) {
 			putVol(t, lv, env.Pool, base, []byte("partial"))
 			putVol(t, lv, env.Pool, claimName(base, time.Now().Add(-3*time.Minute), "dead"), nil)
-		}, provider.OK, 1, nil},
+		}, errs.OK, 1, nil},
 		{"live writer still filling: wait, never delete", func(t *testing.T, base string) {
 			putVol(t, lv, env.Pool, base, []byte("being written"))
 			putVol(t, lv, env.Pool, claimName(base, time.Now(), "11fe"), nil)
-		}, provider.DeadlineExceeded, 0, func(base string) []string { return []string{base} }},
+		}, errs.DeadlineExceeded, 0, func(base string) []string { return []string{base} }},
 		{"marker digest differs from configured", func(t *testing.T, base string) {
 			putVol(t, lv, env.Pool, base, []byte("old image"))
 			putVol(t, lv, env.Pool, MarkerName(base, dOther), nil)
-		}, provider.Permanent, 0, func(base string) []string { return []string{base, MarkerName(base, dOther)} }},
+		}, errs.Permanent, 0, func(base string) []string { return []string{base, MarkerName(base, dOther)} }},
 		{"hit placed by another cache", func(t *testing.T, base string) {
 			putVol(t, lv, env.Pool, base, []byte("whatever"))
 			putVol(t, lv, env.Pool, MarkerName(base, img.sha256), nil)
-		}, provider.OK, 0, func(base string) []string { return []string{base, MarkerName(base, img.sha256)} }},
+		}, errs.OK, 0, func(base string) []string { return []string{base, MarkerName(base, img.sha256)} }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			entry := testEntry()
@@ -762,7 +762,7 @@ func TestStackCacheStates(t *testing.T) {
 			tt.place(t, base)
 			before := srv.requests.Load()
 			budget := time.Minute
-			if tt.want == provider.DeadlineExceeded {
+			if tt.want == errs.DeadlineExceeded {
 				budget = 3 * time.Second // waits for the live writer until the caller gives up
 			}
 			b, err := c.Ensure(ctxT(t, budget), im)
@@ -775,7 +775,7 @@ func TestStackCacheStates(t *testing.T) {
 				if b.Digest != img.sha256 || !contains(names, MarkerName(base, img.sha256)) || len(names) != 2 {
 					t.Errorf("Base %+v, volumes %v", b, names)
 				}
-			} else if tt.want == provider.Permanent {
+			} else if tt.want == errs.Permanent {
 				t.Logf("error: %v", err)
 				for _, s := range []string{dOther, img.sha256, "new key", "evict the base with EvictImage (egressproxyctl images evict)"} {
 					if !strings.Contains(err.Error(), s) {
@@ -925,7 +925,7 @@ func TestStackEvictRefusedWhileUsed(t *testing.T) {
 	undefine := defineWithDisk(t, lv, dom, ovPath, "qcow2")
 
 	err = c.Evict(ctxT(t, time.Minute), im)
-	wantCode(t, err, provider.Permanent)
+	wantCode(t, err, errs.Permanent)
 	if !strings.Contains(err.Error(), dom) {
 		t.Fatalf("error does not name the domain: %v", err)
 	}
@@ -977,7 +977,7 @@ func TestStackOneGiB(t *testing.T) {
 		// 2 GiB through SSH (upload + read-back) took over a minute with
 		// both cores busy (make stress): this test is about correctness
 		// and memory, not speed.
-		cfg.TransferBudget, cfg.HTTPGrace = provider.Duration(10*time.Minute), provider.Duration(time.Minute)
+		cfg.TransferBudget, cfg.HTTPGrace = 10*time.Minute, time.Minute
 		cfg.Progress = func(p Progress) {
 			if p.Bytes == img.size {
 				uploadHWM = procStatus("VmHWM")
@@ -1038,7 +1038,7 @@ func TestStackVerifyStoredCatchesShortAndWrongBytes(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := c.verifyStored(ctxT(t, time.Minute), name, tt.n, tt.digest)
-			wantCode(t, err, provider.Transient)
+			wantCode(t, err, errs.Transient)
 			if !strings.Contains(err.Error(), tt.msg) {
 				t.Fatalf("error %q does not say %q", err, tt.msg)
 			}
@@ -1121,7 +1121,7 @@ func TestStackCloseDuringFetch(t *testing.T) {
 	srv := newImageServer(t, serveHalfThen(img, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }))
 	uploading := make(chan struct{})
 	var once sync.Once
-	c, err := New(SSH(lv), Config{Entry: entry, Pool: env.Pool, Logger: testr.New(t), ProgressInterval: provider.Duration(time.Millisecond),
+	c, err := New(SSH(lv), Config{Entry: entry, Pool: env.Pool, Logger: testr.New(t), ProgressInterval: time.Millisecond,
 		Progress: func(p Progress) {
 			if p.Bytes > 0 {
 				once.Do(func() { close(uploading) })
@@ -1151,7 +1151,7 @@ func TestStackCloseDuringFetch(t *testing.T) {
 	}
 	select {
 	case err := <-done:
-		wantCode(t, err, provider.Transient)
+		wantCode(t, err, errs.Transient)
 		t.Logf("Ensure after Close: %v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("Ensure did not return after Close")

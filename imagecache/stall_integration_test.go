@@ -17,8 +17,8 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -151,8 +151,8 @@ func TestStackStreamStallRetriedOnce(t *testing.T) {
 			entry := testEntry()
 			cleanupEntry(t, check, env.Pool, entry)
 			srv := newImageServer(t, serveFile(img))
-			c, err := New(SSH(lv), Config{Entry: entry, Pool: env.Pool, TransferBudget: provider.Duration(2 * time.Minute), HTTPGrace: provider.Duration(30 * time.Second),
-				StreamStall: provider.Duration(2 * time.Second), Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})})
+			c, err := New(SSH(lv), Config{Entry: entry, Pool: env.Pool, TransferBudget: 2 * time.Minute, HTTPGrace: 30 * time.Second,
+				StreamStall: 2 * time.Second, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -163,7 +163,7 @@ func TestStackStreamStallRetriedOnce(t *testing.T) {
 				t.Errorf("Close: %v", cerr)
 			}
 			if err != nil {
-				t.Fatalf("Ensure with one hung stream: %v (class %v)", err, provider.Code(err))
+				t.Fatalf("Ensure with one hung stream: %v (class %v)", err, errs.Code(err))
 			}
 			t.Logf("published %s in %v after one hung stream; %d connections through the proxy", b.Volume, el, proxy.accepted.Load())
 			if !proxy.frozen.Load() {

@@ -8,9 +8,8 @@ import (
 	"strings"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"libvirt.org/go/libvirtxml"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // usage is who uses which base, and what could not be resolved.
@@ -168,7 +167,7 @@ func (c *Cache) usersOf(ctx context.Context, bases []string) (usage, error) {
 // "replace") to base could break a domain.
 func (u usage) refuseIfUsed(base, verb string) error {
 	if d := u.users[base]; len(d) > 0 {
-		return provider.Errorf(provider.Permanent, "base %s is the backing store of domains %s; delete them before you %s it", base, strings.Join(d, ", "), verb)
+		return errs.Errorf(errs.Permanent, "base %s is the backing store of domains %s; delete them before you %s it", base, strings.Join(d, ", "), verb)
 	}
 	if len(u.unresolved) > 0 {
 		const show = 5
@@ -178,7 +177,7 @@ func (u usage) refuseIfUsed(base, verb string) error {
 			more = fmt.Sprintf(" and %d more", len(list)-show)
 			list = list[:show]
 		}
-		return provider.Errorf(provider.Permanent, "refusing to %s base %s: the backing chains of some disks cannot be resolved, so they may use it: %s%s", verb, base, strings.Join(list, "; "), more)
+		return errs.Errorf(errs.Permanent, "refusing to %s base %s: the backing chains of some disks cannot be resolved, so they may use it: %s%s", verb, base, strings.Join(list, "; "), more)
 	}
 	return nil
 }

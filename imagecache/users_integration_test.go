@@ -14,7 +14,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -153,7 +153,7 @@ func TestStackEvictAcrossPoolsAndFiles(t *testing.T) {
 				}
 				return
 			}
-			wantCode(t, err, provider.Permanent)
+			wantCode(t, err, errs.Permanent)
 			if want := tc.names(dom); !strings.Contains(err.Error(), want) {
 				t.Fatalf("refusal does not name %q: %v", want, err)
 			}

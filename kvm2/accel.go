@@ -6,9 +6,8 @@ import (
 	"sync"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"libvirt.org/go/libvirtxml"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // Acceleration: the libvirt domain type Create defines.
@@ -99,9 +98,9 @@ func kvmOffered(doc string) (bool, error) {
 
 // decideDomainType returns the domain type to define given whether the host
 // offers KVM: the configured one, or for the zero value kvm or qemu. An
-// explicit "kvm" on a host without it is a Permanent *provider.FieldError
+// explicit "kvm" on a host without it is a Permanent *errs.FieldError
 // naming DomainType.
-func (p *Provider) decideDomainType(kvm bool) (string, error) {
+func (p *provider) decideDomainType(kvm bool) (string, error) {
 	switch p.cfg.DomainType {
 	case "":
 		if kvm {
@@ -110,7 +109,7 @@ func (p *Provider) decideDomainType(kvm bool) (string, error) {
 		return domainTypeQEMU, nil
 	case domainTypeKVM:
 		if !kvm {
-			return "", provider.WithCode(provider.Permanent, fieldErr("DomainType", domainTypeKVM,
+			return "", errs.WithCode(errs.Permanent, fieldErr("DomainType", domainTypeKVM,
 				`the host does not offer KVM (its domain capabilities for `+guestArch+` have no kvm domain type); `+
 					`leave DomainType empty to fall back to "qemu" (TCG), or set "qemu"`))
 		}
@@ -122,7 +121,7 @@ func (p *Provider) decideDomainType(kvm bool) (string, error) {
 
 // learnAccel records the host's answer and logs a change: falling back to
 // TCG is a fact a human may want (V(0)), using KVM is routine (V(1)).
-func (p *Provider) learnAccel(kvm bool) {
+func (p *provider) learnAccel(kvm bool) {
 	if !p.accel.set(kvm) || p.cfg.DomainType == domainTypeQEMU {
 		return
 	}
@@ -137,7 +136,7 @@ func (p *Provider) learnAccel(kvm bool) {
 // createDomainType returns the domain type a Create of a new instance
 // defines. It reads the host's capabilities only when the decision needs
 // them and they are not known yet (span kvm2.libvirt.Create.capabilities).
-func (p *Provider) createDomainType(ctx context.Context) (string, error) {
+func (p *provider) createDomainType(ctx context.Context) (string, error) {
 	if p.cfg.DomainType == domainTypeQEMU {
 		return domainTypeQEMU, nil
 	}

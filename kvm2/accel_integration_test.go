@@ -12,8 +12,9 @@ import (
 	"github.com/go-logr/logr/testr"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // The automatic DomainType on the real stack. No test here starts a KVM
@@ -113,7 +114,7 @@ func TestIntegrationAccelerationFallback(t *testing.T) {
 	auto.DomainType = ""
 	p := openT(t, auto, testr.New(t))
 	h := checkT(t, p)
-	if !h.Reachable || h.Reason != provider.ReasonNone {
+	if !h.Reachable || h.Reason != egressproxy.ReasonNone {
 		t.Fatalf("Check = %+v, want reachable", h)
 	}
 	if h.Details[detailDomainType] != domainTypeQEMU || h.Details[detailAcceleration] != "none" ||
@@ -124,7 +125,7 @@ func TestIntegrationAccelerationFallback(t *testing.T) {
 
 	// A fresh provider's first Create reads the capabilities itself.
 	q := openT(t, auto, testr.New(t))
-	spec := provider.Spec{Name: "tcg", UID: "uid-tcg"}
+	spec := egressproxy.Spec{Name: "tcg", UID: "uid-tcg"}
 	if _, err := q.Create(ctx, spec); err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -151,14 +152,14 @@ func TestIntegrationAccelerationFallback(t *testing.T) {
 	explicit := e.cfg
 	explicit.DomainType = domainTypeKVM
 	k := openT(t, explicit, testr.New(t))
-	_, err = k.Create(ctx, provider.Spec{Name: "kvm", UID: "uid-kvm"})
-	var fe *provider.FieldError
-	if provider.Code(err) != provider.Permanent || !errors.As(err, &fe) || fe.Field != "DomainType" {
-		t.Fatalf("Create with DomainType kvm = %v (code %v), want Permanent naming DomainType", err, provider.Code(err))
+	_, err = k.Create(ctx, egressproxy.Spec{Name: "kvm", UID: "uid-kvm"})
+	var fe *errs.FieldError
+	if errs.Code(err) != errs.Permanent || !errors.As(err, &fe) || fe.Field != "DomainType" {
+		t.Fatalf("Create with DomainType kvm = %v (code %v), want Permanent naming DomainType", err, errs.Code(err))
 	}
 	t.Logf("explicit kvm: %v", err)
 	AssertInstanceGoneT(t, explicit, "kvm", " after the refused Create")
-	if hk := checkT(t, k); hk.Reachable || hk.Reason != provider.ReasonUnknown || !strings.Contains(hk.Message, "DomainType") {
+	if hk := checkT(t, k); hk.Reachable || hk.Reason != egressproxy.ReasonUnknown || !strings.Contains(hk.Message, "DomainType") {
 		t.Errorf("Check with DomainType kvm = %+v, want unreachable with a message naming DomainType", hk)
 	}
 }

@@ -8,9 +8,9 @@ import (
 	"testing"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"libvirt.org/go/libvirtxml"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // The domain capabilities of the real test stack (libvirt 9.0, QEMU 7.2),
@@ -103,7 +103,7 @@ func TestFakeAcceleration(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newFakeEnv(t, func(c *Config) { c.DomainType = tt.cfgType })
 			e.setDomcaps(tt.domcaps)
-			if got := e.p.Config().DomainType; got != tt.cfgType {
+			if got := e.p.cfg.DomainType; got != tt.cfgType {
 				t.Errorf("Config().DomainType = %q, want %q as configured (\"\" stays automatic)", got, tt.cfgType)
 			}
 			if n := e.lv.callCount(""); n != 0 {
@@ -112,8 +112,8 @@ func TestFakeAcceleration(t *testing.T) {
 
 			_, err := e.p.Create(ctx, fakeSpec("a"))
 			if tt.want == "" {
-				wantCode(t, "Create", err, provider.Permanent)
-				var fe *provider.FieldError
+				wantCode(t, "Create", err, errs.Permanent)
+				var fe *errs.FieldError
 				if !errors.As(err, &fe) || fe.Field != "DomainType" || !strings.Contains(fe.Rule, "does not offer KVM") {
 					t.Fatalf("Create error %v: want a FieldError naming DomainType", err)
 				}
@@ -136,14 +136,14 @@ func TestFakeAcceleration(t *testing.T) {
 				t.Fatalf("Check: %v", err)
 			}
 			if tt.want == "" {
-				if h.Reachable || h.Reason != provider.ReasonUnknown || !strings.Contains(h.Message, "DomainType") {
+				if h.Reachable || h.Reason != egressproxy.ReasonUnknown || !strings.Contains(h.Message, "DomainType") {
 					t.Errorf("Check = %+v, want unreachable, reason Unknown, a message naming DomainType", h)
 				}
 				if h.Details["acceleration"] != "none" || h.Details["hostname"] == "" || h.Details["poolFreeGiB"] == "" {
 					t.Errorf("details %v: want acceleration none and the details learnt before", h.Details)
 				}
 			} else {
-				if !h.Reachable || h.Reason != provider.ReasonNone {
+				if !h.Reachable || h.Reason != egressproxy.ReasonNone {
 					t.Errorf("Check = %+v, want reachable", h)
 				}
 				accel := "none"
@@ -236,12 +236,12 @@ func TestFakeAccelerationReadFails(t *testing.T) {
 		name   string
 		err    error
 		doc    string
-		code   provider.ErrorCode
-		reason provider.HealthReason
+		code   errs.ErrorCode
+		reason egressproxy.HealthReason
 	}{
-		{"link dies", libvirt.ErrInterrupted, "", provider.Transient, provider.ReasonUnreachable},
-		{"access denied", lvErrorf(libvirt.ErrAccessDenied, "access denied"), "", provider.Permanent, provider.ReasonForbidden},
-		{"not a capabilities document", nil, "<capabilities/>", provider.Transient, provider.ReasonUnknown},
+		{"link dies", libvirt.ErrInterrupted, "", errs.Transient, egressproxy.ReasonUnreachable},
+		{"access denied", lvErrorf(libvirt.ErrAccessDenied, "access denied"), "", errs.Permanent, egressproxy.ReasonForbidden},
+		{"not a capabilities document", nil, "<capabilities/>", errs.Transient, egressproxy.ReasonUnknown},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newFakeEnv(t)

@@ -10,7 +10,7 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -95,7 +95,7 @@ func (e *AddressError) Unwrap() []error {
 // with that hardware address.
 func discoverAddress(ctx context.Context, b addrBackend, mac string) (ip, source string, err error) {
 	if err := ctx.Err(); err != nil {
-		return "", "", provider.FromContext(err)
+		return "", "", errs.FromContext(err)
 	}
 	type answer struct {
 		i      int
@@ -131,7 +131,7 @@ func discoverAddress(ctx context.Context, b addrBackend, mac string) (ip, source
 				}
 				failed = append(failed, SourceError{Source: s.name, Err: a.err})
 				if linkDead(a.err) {
-					return "", "", provider.WithCode(provider.Transient, &AddressError{Sources: failed, LinkDead: true})
+					return "", "", errs.WithCode(errs.Transient, &AddressError{Sources: failed, LinkDead: true})
 				}
 				continue
 			}
@@ -141,7 +141,7 @@ func discoverAddress(ctx context.Context, b addrBackend, mac string) (ip, source
 		}
 	}
 	if len(failed) == len(addressSources) {
-		return "", "", provider.WithCode(provider.Transient, &AddressError{Sources: failed})
+		return "", "", errs.WithCode(errs.Transient, &AddressError{Sources: failed})
 	}
 	return "", "", nil
 }
@@ -156,13 +156,13 @@ func sourceFailure(ctx context.Context, source string, err error) error {
 			// (another source was still in flight): the class is ctx's.
 			err = fmt.Errorf("%w; %v", cerr, err)
 		}
-		return provider.FromContext(fmt.Errorf("address from %s: %w", source, err))
+		return errs.FromContext(fmt.Errorf("address from %s: %w", source, err))
 	}
-	switch c := provider.Code(classifyRead(err)); {
-	case c == provider.Canceled || c == provider.DeadlineExceeded:
+	switch c := errs.Code(classifyRead(err)); {
+	case c == errs.Canceled || c == errs.DeadlineExceeded:
 		return classifyRead(fmt.Errorf("address from %s: %w", source, err))
-	case c == provider.NotFound:
-		return provider.WithCode(provider.NotFound, fmt.Errorf("address from %s: %w", source, err))
+	case c == errs.NotFound:
+		return errs.WithCode(errs.NotFound, fmt.Errorf("address from %s: %w", source, err))
 	case sshconn.KindOf(err) == sshconn.KindClosed:
 		return classify(err)
 	}

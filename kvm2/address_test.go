@@ -12,7 +12,8 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -109,15 +110,15 @@ func TestDiscoverAddress(t *testing.T) {
 		deadline  time.Duration
 		wantIP    string
 		wantSrc   string
-		wantCode  provider.ErrorCode
-		wantCalls string         // the sources whose answer decides (all are asked)
-		wantState provider.State // for a running domain, when no error
-		wantMsg   []string       // substrings of the error
+		wantCode  errs.ErrorCode
+		wantCalls string            // the sources whose answer decides (all are asked)
+		wantState egressproxy.State // for a running domain, when no error
+		wantMsg   []string          // substrings of the error
 	}{
 		{
 			name:    "agent ok",
 			answers: map[libvirt.DomainInterfaceAddressesSource]fakeAnswer{agentSrc: {ifaces: []libvirt.DomainInterface{iface("00:00:00:00:00:00", "127.0.0.1", "::1"), iface(mac, "192.168.122.10", "fe80::1")}}},
-			wantIP:  "192.168.122.10", wantSrc: SourceAgent, wantCalls: "agent", wantState: provider.StateRunning,
+			wantIP:  "192.168.122.10", wantSrc: SourceAgent, wantCalls: "agent", wantState: egressproxy.StateRunning,
 		},
 		{
 			name: "agent error, lease ok",
@@ -125,7 +126,7 @@ func TestDiscoverAddress(t *testing.T) {
 				agentSrc: {err: errAgentDown},
 				leaseSrc: {ifaces: []libvirt.DomainInterface{iface(mac, "192.168.122.11")}},
 			},
-			wantIP: "192.168.122.11", wantSrc: SourceLease, wantCalls: "agent,lease", wantState: provider.StateRunning,
+			wantIP: "192.168.122.11", wantSrc: SourceLease, wantCalls: "agent,lease", wantState: egressproxy.StateRunning,
 		},
 		{
 			name: "agent and lease error, arp ok",
@@ -134,7 +135,7 @@ func TestDiscoverAddress(t *testing.T) {
 				leaseSrc: {err: errNoLease},
 				arpSrc:   {ifaces: []libvirt.DomainInterface{iface(mac, "10.0.0.7")}},
 			},
-			wantIP: "10.0.0.7", wantSrc: SourceARP, wantCalls: "agent,lease,arp", wantState: provider.StateRunning,
+			wantIP: "10.0.0.7", wantSrc: SourceARP, wantCalls: "agent,lease,arp", wantState: egressproxy.StateRunning,
 		},
 		{
 			name: "agent only loopback, lease ok",
@@ -142,12 +143,12 @@ func TestDiscoverAddress(t *testing.T) {
 				agentSrc: {ifaces: []libvirt.DomainInterface{iface("", "127.0.0.1")}},
 				leaseSrc: {ifaces: []libvirt.DomainInterface{iface(mac, "192.168.122.12")}},
 			},
-			wantIP: "192.168.122.12", wantSrc: SourceLease, wantCalls: "agent,lease", wantState: provider.StateRunning,
+			wantIP: "192.168.122.12", wantSrc: SourceLease, wantCalls: "agent,lease", wantState: egressproxy.StateRunning,
 		},
 		{
 			name:    "ipv6 only",
 			answers: map[libvirt.DomainInterfaceAddressesSource]fakeAnswer{agentSrc: {ifaces: []libvirt.DomainInterface{iface(mac, "fe80::2", "2001:db8::5")}}},
-			wantIP:  "2001:db8::5", wantSrc: SourceAgent, wantCalls: "agent", wantState: provider.StateRunning,
+			wantIP:  "2001:db8::5", wantSrc: SourceAgent, wantCalls: "agent", wantState: egressproxy.StateRunning,
 		},
 		{
 			name: "booting: agent error, lease empty, arp error → no address yet",
@@ -156,7 +157,7 @@ func TestDiscoverAddress(t *testing.T) {
 				leaseSrc: {ifaces: nil},
 				arpSrc:   {err: errNoARP},
 			},
-			wantCalls: "agent,lease,arp", wantState: provider.StateProvisioning,
+			wantCalls: "agent,lease,arp", wantState: egressproxy.StateProvisioning,
 		},
 		{
 			name: "all error → transient naming each source",
@@ -165,7 +166,7 @@ func TestDiscoverAddress(t *testing.T) {
 				leaseSrc: {err: errNoLease},
 				arpSrc:   {err: errNoARP},
 			},
-			wantCode: provider.Transient, wantCalls: "agent,lease,arp",
+			wantCode: errs.Transient, wantCalls: "agent,lease,arp",
 			wantMsg: []string{"every source failed", "agent: Guest agent is not responding", "lease: no network for interface", "arp: wrong nlmsg len"},
 		},
 		{
@@ -175,12 +176,12 @@ func TestDiscoverAddress(t *testing.T) {
 				leaseSrc: {err: errNoLease},
 				arpSrc:   {err: errNoSupport},
 			},
-			wantCode: provider.Transient, wantCalls: "agent,lease,arp",
+			wantCode: errs.Transient, wantCalls: "agent,lease,arp",
 		},
 		{
 			name:     "link dead",
 			answers:  map[libvirt.DomainInterfaceAddressesSource]fakeAnswer{agentSrc: {err: errLinkDead}},
-			wantCode: provider.Transient, wantCalls: "agent",
+			wantCode: errs.Transient, wantCalls: "agent",
 			wantMsg: []string{"link to libvirt died", "agent:"},
 		},
 		{
@@ -189,18 +190,18 @@ func TestDiscoverAddress(t *testing.T) {
 				agentSrc: {err: errAgentDown},
 				leaseSrc: {err: syscall.EINVAL},
 			},
-			wantCode: provider.Transient, wantCalls: "agent,lease",
+			wantCode: errs.Transient, wantCalls: "agent,lease",
 			wantMsg: []string{"link to libvirt died", "agent: Guest agent", "lease: invalid argument"},
 		},
 		{
 			name:      "ctx cancelled before",
 			preCancel: true,
-			wantCode:  provider.Canceled, wantCalls: "",
+			wantCode:  errs.Canceled, wantCalls: "",
 		},
 		{
 			name:     "ctx cancelled during the agent call",
 			answers:  map[libvirt.DomainInterfaceAddressesSource]fakeAnswer{agentSrc: {cancel: true}},
-			wantCode: provider.Canceled, wantCalls: "agent",
+			wantCode: errs.Canceled, wantCalls: "agent",
 		},
 		{
 			name: "ctx deadline during the lease call",
@@ -209,17 +210,17 @@ func TestDiscoverAddress(t *testing.T) {
 				leaseSrc: {block: true},
 			},
 			deadline: 20 * time.Millisecond,
-			wantCode: provider.DeadlineExceeded, wantCalls: "agent,lease",
+			wantCode: errs.DeadlineExceeded, wantCalls: "agent,lease",
 		},
 		{
 			name:     "domain vanished",
 			answers:  map[libvirt.DomainInterfaceAddressesSource]fakeAnswer{agentSrc: {err: libvirt.Error{Code: uint32(libvirt.ErrNoDomain), Message: "Domain not found"}}},
-			wantCode: provider.NotFound, wantCalls: "agent",
+			wantCode: errs.NotFound, wantCalls: "agent",
 		},
 		{
 			name:     "provider closed",
 			answers:  map[libvirt.DomainInterfaceAddressesSource]fakeAnswer{agentSrc: {err: &sshconn.Error{Kind: sshconn.KindClosed, Op: "do"}}},
-			wantCode: provider.Permanent, wantCalls: "agent",
+			wantCode: errs.Permanent, wantCalls: "agent",
 		},
 	}
 	for _, tt := range tests {
@@ -244,7 +245,7 @@ func TestDiscoverAddress(t *testing.T) {
 			if got := b.asked(); got != want {
 				t.Errorf("sources asked = %q, want %q", got, want)
 			}
-			if c := provider.Code(err); c != tt.wantCode {
+			if c := errs.Code(err); c != tt.wantCode {
 				t.Fatalf("error %v: code %v, want %v", err, c, tt.wantCode)
 			}
 			for _, m := range tt.wantMsg {
@@ -256,7 +257,7 @@ func TestDiscoverAddress(t *testing.T) {
 				if ip != "" || src != "" {
 					t.Errorf("address %q/%q returned with an error", ip, src)
 				}
-				if tt.wantCode == provider.Transient && strings.Contains(err.Error(), "no address") {
+				if tt.wantCode == errs.Transient && strings.Contains(err.Error(), "no address") {
 					t.Errorf("a failure was reported as 'no address yet': %v", err)
 				}
 				return
@@ -284,7 +285,7 @@ func TestAddressErrorUnwrap(t *testing.T) {
 	if !errors.Is(err, errNoARP) {
 		t.Error("the ARP cause is not reachable with errors.Is")
 	}
-	if !errors.Is(err, provider.ErrTransient) {
+	if !errors.Is(err, errs.ErrTransient) {
 		t.Error("not transient")
 	}
 }

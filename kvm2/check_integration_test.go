@@ -26,8 +26,9 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -45,7 +46,7 @@ func stackConfig(t *testing.T) Config {
 		LibvirtSocket:  env.LibvirtSocket,
 		LibvirtURI:     env.LibvirtURI,
 		Pool:           env.Pool,
-		DialTimeout:    provider.Duration(5 * time.Second),
+		DialTimeout:    5 * time.Second,
 		// The test machines offer KVM but KVM guests hang in their firmware
 		// (docs/config.md, STACK.md): pin TCG. accel_integration_test.go
 		// tests the automatic choice.
@@ -53,9 +54,9 @@ func stackConfig(t *testing.T) Config {
 	}
 }
 
-func openT(t *testing.T, cfg Config, log logr.Logger) *Provider {
+func openT(t *testing.T, cfg Config, log logr.Logger) *provider {
 	t.Helper()
-	p, err := Open(context.Background(), cfg, &Options{Logger: log})
+	p, err := open(context.Background(), cfg, &Options{Logger: log})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -67,7 +68,7 @@ func openT(t *testing.T, cfg Config, log logr.Logger) *Provider {
 	return p
 }
 
-func checkT(t *testing.T, p *Provider) provider.Health {
+func checkT(t *testing.T, p *provider) egressproxy.Health {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -81,7 +82,7 @@ func checkT(t *testing.T, p *Provider) provider.Health {
 func TestIntegrationCheckReachable(t *testing.T) {
 	p := openT(t, stackConfig(t), testr.New(t))
 	h := checkT(t, p)
-	if !h.Reachable || h.Reason != provider.ReasonNone {
+	if !h.Reachable || h.Reason != egressproxy.ReasonNone {
 		t.Fatalf("Check = %+v, want reachable", h)
 	}
 	host, _ := os.Hostname()
@@ -151,15 +152,15 @@ func TestIntegrationCheckReasons(t *testing.T) {
 	tests := []struct {
 		name   string
 		mutate func(t *testing.T, c *Config)
-		want   provider.HealthReason
+		want   egressproxy.HealthReason
 	}{
-		{"missing key file", func(t *testing.T, c *Config) { c.KeyFile = filepath.Join(t.TempDir(), "absent") }, provider.ReasonCredentialsUnavailable},
-		{"unreadable key file", func(t *testing.T, c *Config) { c.KeyFile = writeFile(t, "garbage", []byte("not a key\n")) }, provider.ReasonCredentialsUnavailable},
-		{"key not authorized", func(t *testing.T, c *Config) { c.KeyFile = unknownKeyFile(t) }, provider.ReasonUnauthorized},
-		{"empty known_hosts", func(t *testing.T, c *Config) { c.KnownHostsFile = writeFile(t, "known_hosts", nil) }, provider.ReasonHostKeyUnknown},
-		{"known_hosts with another key", func(t *testing.T, c *Config) { c.KnownHostsFile = otherHostKeyKnownHosts(t, c.Address) }, provider.ReasonHostKeyMismatch},
-		{"socket the user cannot open", func(t *testing.T, c *Config) { c.User = env.UnprivUser }, provider.ReasonForbidden},
-		{"pool missing", func(t *testing.T, c *Config) { c.Pool = "egressproxy-no-such-pool" }, provider.ReasonPoolNotFound},
+		{"missing key file", func(t *testing.T, c *Config) { c.KeyFile = filepath.Join(t.TempDir(), "absent") }, egressproxy.ReasonCredentialsUnavailable},
+		{"unreadable key file", func(t *testing.T, c *Config) { c.KeyFile = writeFile(t, "garbage", []byte("not a key\n")) }, egressproxy.ReasonCredentialsUnavailable},
+		{"key not authorized", func(t *testing.T, c *Config) { c.KeyFile = unknownKeyFile(t) }, egressproxy.ReasonUnauthorized},
+		{"empty known_hosts", func(t *testing.T, c *Config) { c.KnownHostsFile = writeFile(t, "known_hosts", nil) }, egressproxy.ReasonHostKeyUnknown},
+		{"known_hosts with another key", func(t *testing.T, c *Config) { c.KnownHostsFile = otherHostKeyKnownHosts(t, c.Address) }, egressproxy.ReasonHostKeyMismatch},
+		{"socket the user cannot open", func(t *testing.T, c *Config) { c.User = env.UnprivUser }, egressproxy.ReasonForbidden},
+		{"pool missing", func(t *testing.T, c *Config) { c.Pool = "egressproxy-no-such-pool" }, egressproxy.ReasonPoolNotFound},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -220,7 +221,7 @@ func TestIntegrationCheckPoolNotActive(t *testing.T) {
 	})
 	p := openT(t, cfg, testr.New(t))
 	h := checkT(t, p)
-	if h.Reachable || h.Reason != provider.ReasonPoolNotActive {
+	if h.Reachable || h.Reason != egressproxy.ReasonPoolNotActive {
 		t.Fatalf("Check = reachable %v reason %q (%s), want PoolNotActive", h.Reachable, h.Reason, h.Message)
 	}
 	if got := h.Details["poolState"]; got != "inactive" {
@@ -238,7 +239,7 @@ func TestIntegrationCheckSSHDStopped(t *testing.T) {
 	p := openT(t, cfg, testr.New(t))
 	start := time.Now()
 	h := checkT(t, p)
-	if h.Reachable || h.Reason != provider.ReasonUnreachable {
+	if h.Reachable || h.Reason != egressproxy.ReasonUnreachable {
 		t.Fatalf("Check = reachable %v reason %q (%s), want Unreachable", h.Reachable, h.Reason, h.Message)
 	}
 	if d := time.Since(start); d > 20*time.Second {
@@ -256,7 +257,7 @@ func TestIntegrationCheckAfterLibvirtdRestart(t *testing.T) {
 	if after := teststack.Run(t, "libvirtd-pid"); after == before {
 		t.Fatalf("libvirtd pid %s unchanged by the restart", after)
 	}
-	var last provider.Health
+	var last egressproxy.Health
 	for i := 0; i < 3; i++ {
 		last = checkT(t, p)
 		if last.Reachable {
@@ -272,15 +273,15 @@ func TestIntegrationCheckCallErrors(t *testing.T) {
 	p := openT(t, stackConfig(t), testr.New(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := p.Check(ctx); provider.Code(err) != provider.Canceled {
-		t.Errorf("Check(cancelled ctx) error = %v (code %v), want Canceled", err, provider.Code(err))
+	if _, err := p.Check(ctx); errs.Code(err) != errs.Canceled {
+		t.Errorf("Check(cancelled ctx) error = %v (code %v), want Canceled", err, errs.Code(err))
 	}
 	if err := p.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
 	_, err := p.Check(context.Background())
-	if !errors.Is(err, provider.ErrClosed) || provider.Code(err) != provider.Permanent {
-		t.Errorf("Check after Close = %v (code %v), want ErrClosed/Permanent", err, provider.Code(err))
+	if !errors.Is(err, errs.ErrClosed) || errs.Code(err) != errs.Permanent {
+		t.Errorf("Check after Close = %v (code %v), want ErrClosed/Permanent", err, errs.Code(err))
 	}
 	if err := p.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
@@ -352,21 +353,21 @@ func TestIntegrationNothingOnStdoutStderr(t *testing.T) {
 	bad := cfg
 	bad.KeyFile = unknownKeyFile(t)
 	var (
-		good, failed provider.Health
+		good, failed egressproxy.Health
 		gerr, ferr   error
 		cerr1, cerr2 error
 	)
 	out, errOut := captureFDs(t, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		p, err := Open(ctx, cfg, &Options{Logger: log})
+		p, err := open(ctx, cfg, &Options{Logger: log})
 		if err != nil {
 			gerr = err
 			return
 		}
 		good, gerr = p.Check(ctx)
 		cerr1 = p.Close()
-		q, err := Open(ctx, bad, &Options{Logger: log})
+		q, err := open(ctx, bad, &Options{Logger: log})
 		if err != nil {
 			ferr = err
 			return
@@ -380,7 +381,7 @@ func TestIntegrationNothingOnStdoutStderr(t *testing.T) {
 	if !good.Reachable {
 		t.Errorf("good Check = %+v", good)
 	}
-	if failed.Reachable || failed.Reason != provider.ReasonUnauthorized {
+	if failed.Reachable || failed.Reason != egressproxy.ReasonUnauthorized {
 		t.Errorf("bad-key Check = %+v, want Unauthorized", failed)
 	}
 	if len(out) != 0 || len(errOut) != 0 {

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/go-logr/logr/testr"
 	"libvirt.org/go/libvirtxml"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // Config.ClaimTimeout reaches the entry's image cache. A claim on the
@@ -36,7 +36,7 @@ func TestIntegrationClaimTimeout(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := e.cfg
-			cfg.ClaimTimeout = provider.Duration(tc.claimTimeout)
+			cfg.ClaimTimeout = tc.claimTimeout
 			p := openT(t, cfg, testr.New(t))
 			// A claim as imagecache names it (see its package doc):
 			// "claim-" + the base without "base-", the time of its last
@@ -52,14 +52,14 @@ func TestIntegrationClaimTimeout(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), budget)
 			defer cancel()
-			spec := provider.Spec{Name: "claim" + strconv.Itoa(i), UID: "uid-claim" + strconv.Itoa(i), MachineType: "tiny"}
+			spec := egressproxy.Spec{Name: "claim" + strconv.Itoa(i), UID: "uid-claim" + strconv.Itoa(i), MachineType: "tiny"}
 			start := time.Now()
 			_, err := p.Create(ctx, spec)
 			took := time.Since(start)
 			left := slices.Contains(volumeNames(t, cfg), claim)
 			if !tc.taken {
-				if provider.Code(err) != provider.DeadlineExceeded || !left {
-					t.Fatalf("Create beside a claim refreshed 30 s ago, ClaimTimeout default: %v (code %v), claim still there %v; want DeadlineExceeded and the claim kept", err, provider.Code(err), left)
+				if errs.Code(err) != errs.DeadlineExceeded || !left {
+					t.Fatalf("Create beside a claim refreshed 30 s ago, ClaimTimeout default: %v (code %v), claim still there %v; want DeadlineExceeded and the claim kept", err, errs.Code(err), left)
 				}
 				return
 			}

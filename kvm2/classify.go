@@ -3,8 +3,8 @@ package kvm2
 import (
 	libvirt "github.com/digitalocean/go-libvirt"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/libvirterr"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // The classification of libvirt and link errors is one table shared with
@@ -20,7 +20,7 @@ func isLibvirtCode(err error, codes ...libvirt.ErrorNumber) bool {
 // may also appear in it.
 func linkDead(err error) bool { return libvirterr.LinkDead(err) }
 
-// classify gives err one class (provider.Code) from the shared table (see
+// classify gives err one class (errs.Code) from the shared table (see
 // internal/libvirterr for the rules): an explicit class wins; context errors
 // are Canceled / DeadlineExceeded; sshconn's kinds, a dead link, a stopped or
 // missing pool and libvirt's error numbers map as the table says; anything
@@ -40,7 +40,7 @@ func classify(err error) error { return libvirterr.Classify(err) }
 func classifyRead(err error) error { return libvirterr.ClassifyRead(err) }
 
 // healthReason maps a failed check to its reason (the shared table's).
-func healthReason(err error) provider.HealthReason { return libvirterr.Reason(err) }
+func healthReason(err error) egressproxy.HealthReason { return libvirterr.Reason(err) }
 
-// closedError makes an sshconn "closed" error match provider.ErrClosed.
+// closedError makes an sshconn "closed" error match errs.ErrClosed.
 type closedError = libvirterr.ClosedError

@@ -6,8 +6,8 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/libvirterr"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // TestClassifyFollowsSharedTable: for every libvirt error number, kvm2's
@@ -18,7 +18,7 @@ func TestClassifyFollowsSharedTable(t *testing.T) {
 	for n := libvirt.ErrOk; n <= libvirt.ErrAgentCommandFailed+1; n++ {
 		err := fmt.Errorf("step: %w", libvirt.Error{Code: uint32(n), Message: fmt.Sprintf("libvirt error %d", n)})
 		v := libvirterr.Of(err)
-		if got := provider.Code(classify(err)); got != v.Code {
+		if got := errs.Code(classify(err)); got != v.Code {
 			t.Errorf("classify(libvirt error %d) = %v, shared table says %v", n, got, v.Code)
 		}
 		if got := healthReason(err); got != v.Reason {

@@ -11,7 +11,8 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -28,56 +29,56 @@ func TestClassify(t *testing.T) {
 	tests := []struct {
 		name string
 		err  error
-		want provider.ErrorCode
-		read provider.ErrorCode // classifyRead; zero means same as want
+		want errs.ErrorCode
+		read errs.ErrorCode // classifyRead; zero means same as want
 	}{
-		{"nil", nil, provider.OK, 0},
-		{"explicit transient wins over no-domain", provider.WithCode(provider.Transient, lvErr(libvirt.ErrNoDomain)), provider.Transient, 0},
-		{"explicit permanent wins over rpc", provider.WithCode(provider.Permanent, lvErr(libvirt.ErrRPC)), provider.Permanent, provider.Permanent},
-		{"explicit not found wrapped", fmt.Errorf("ctx: %w", provider.WithCode(provider.NotFound, errors.New("x"))), provider.NotFound, 0},
-		{"canceled", context.Canceled, provider.Canceled, 0},
-		{"deadline", fmt.Errorf("call: %w", context.DeadlineExceeded), provider.DeadlineExceeded, 0},
-		{"sshconn unreachable around ctx deadline", sshErr(sshconn.KindUnreachable, context.DeadlineExceeded), provider.DeadlineExceeded, 0},
-		{"no domain", lvErr(libvirt.ErrNoDomain), provider.NotFound, 0},
-		{"no storage vol", fmt.Errorf("lookup: %w", lvErr(libvirt.ErrNoStorageVol)), provider.NotFound, 0},
-		{"no storage pool", lvErr(libvirt.ErrNoStoragePool), provider.Permanent, provider.Transient},
-		{"no domain metadata", lvErr(libvirt.ErrNoDomainMetadata), provider.NotFound, 0},
-		{"invalid arg", lvErr(libvirt.ErrInvalidArg), provider.Permanent, provider.Transient},
-		{"access denied", lvErr(libvirt.ErrAccessDenied), provider.Permanent, provider.Transient},
-		{"no support", lvErr(libvirt.ErrNoSupport), provider.Permanent, provider.Transient},
-		{"operation invalid", lvErr(libvirt.ErrOperationInvalid), provider.Permanent, provider.Transient},
-		{"operation unsupported", lvErr(libvirt.ErrOperationUnsupported), provider.Permanent, provider.Transient},
-		{"xml error", lvErr(libvirt.ErrXMLError), provider.Permanent, provider.Transient},
-		{"dom exists", lvErr(libvirt.ErrDomExist), provider.Permanent, provider.Transient},
-		{"procedure unsupported", libvirt.ErrUnsupported, provider.Permanent, provider.Transient},
-		{"rpc", lvErr(libvirt.ErrRPC), provider.Transient, 0},
-		{"no connect", lvErr(libvirt.ErrNoConnect), provider.Transient, 0},
-		{"internal error", lvErr(libvirt.ErrInternalError), provider.Transient, 0},
-		{"system error", lvErr(libvirt.ErrSystemError), provider.Transient, 0},
-		{"operation timeout", lvErr(libvirt.ErrOperationTimeout), provider.Transient, 0},
-		{"agent unresponsive", lvErr(libvirt.ErrAgentUnresponsive), provider.Transient, 0},
-		{"resource busy", lvErr(libvirt.ErrResourceBusy), provider.Transient, 0},
-		{"unknown libvirt code", lvErr(libvirt.ErrorNumber(9999)), provider.Transient, 0},
+		{"nil", nil, errs.OK, 0},
+		{"explicit transient wins over no-domain", errs.WithCode(errs.Transient, lvErr(libvirt.ErrNoDomain)), errs.Transient, 0},
+		{"explicit permanent wins over rpc", errs.WithCode(errs.Permanent, lvErr(libvirt.ErrRPC)), errs.Permanent, errs.Permanent},
+		{"explicit not found wrapped", fmt.Errorf("ctx: %w", errs.WithCode(errs.NotFound, errors.New("x"))), errs.NotFound, 0},
+		{"canceled", context.Canceled, errs.Canceled, 0},
+		{"deadline", fmt.Errorf("call: %w", context.DeadlineExceeded), errs.DeadlineExceeded, 0},
+		{"sshconn unreachable around ctx deadline", sshErr(sshconn.KindUnreachable, context.DeadlineExceeded), errs.DeadlineExceeded, 0},
+		{"no domain", lvErr(libvirt.ErrNoDomain), errs.NotFound, 0},
+		{"no storage vol", fmt.Errorf("lookup: %w", lvErr(libvirt.ErrNoStorageVol)), errs.NotFound, 0},
+		{"no storage pool", lvErr(libvirt.ErrNoStoragePool), errs.Permanent, errs.Transient},
+		{"no domain metadata", lvErr(libvirt.ErrNoDomainMetadata), errs.NotFound, 0},
+		{"invalid arg", lvErr(libvirt.ErrInvalidArg), errs.Permanent, errs.Transient},
+		{"access denied", lvErr(libvirt.ErrAccessDenied), errs.Permanent, errs.Transient},
+		{"no support", lvErr(libvirt.ErrNoSupport), errs.Permanent, errs.Transient},
+		{"operation invalid", lvErr(libvirt.ErrOperationInvalid), errs.Permanent, errs.Transient},
+		{"operation unsupported", lvErr(libvirt.ErrOperationUnsupported), errs.Permanent, errs.Transient},
+		{"xml error", lvErr(libvirt.ErrXMLError), errs.Permanent, errs.Transient},
+		{"dom exists", lvErr(libvirt.ErrDomExist), errs.Permanent, errs.Transient},
+		{"procedure unsupported", libvirt.ErrUnsupported, errs.Permanent, errs.Transient},
+		{"rpc", lvErr(libvirt.ErrRPC), errs.Transient, 0},
+		{"no connect", lvErr(libvirt.ErrNoConnect), errs.Transient, 0},
+		{"internal error", lvErr(libvirt.ErrInternalError), errs.Transient, 0},
+		{"system error", lvErr(libvirt.ErrSystemError), errs.Transient, 0},
+		{"operation timeout", lvErr(libvirt.ErrOperationTimeout), errs.Transient, 0},
+		{"agent unresponsive", lvErr(libvirt.ErrAgentUnresponsive), errs.Transient, 0},
+		{"resource busy", lvErr(libvirt.ErrResourceBusy), errs.Transient, 0},
+		{"unknown libvirt code", lvErr(libvirt.ErrorNumber(9999)), errs.Transient, 0},
 		// The link died: transient wins over any code it carries.
-		{"link dead wraps invalid arg", sshErr(sshconn.KindUnreachable, lvErr(libvirt.ErrInvalidArg)), provider.Transient, 0},
-		{"link dead wraps access denied", sshErr(sshconn.KindUnreachable, lvErr(libvirt.ErrAccessDenied)), provider.Transient, 0},
-		{"go-libvirt EINVAL after disconnect", fmt.Errorf("get state: %w", syscall.EINVAL), provider.Transient, 0},
-		{"interrupted", libvirt.ErrInterrupted, provider.Transient, 0},
-		{"eof", io.EOF, provider.Transient, 0},
-		{"net closed", net.ErrClosed, provider.Transient, 0},
-		{"net op error", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, provider.Transient, 0},
-		{"ssh forbidden", sshErr(sshconn.KindForbidden, errors.New("open failed")), provider.Transient, 0},
-		{"ssh auth refused", sshErr(sshconn.KindAuthRefused, errors.New("unable to authenticate")), provider.Permanent, provider.Transient},
-		{"ssh host unknown", sshErr(sshconn.KindHostUnknown, nil), provider.Permanent, provider.Transient},
-		{"ssh host mismatch", sshErr(sshconn.KindHostKeyMismatch, nil), provider.Permanent, provider.Transient},
-		{"ssh key unreadable", sshErr(sshconn.KindKeyUnreadable, nil), provider.Permanent, provider.Transient},
-		{"ssh closed", sshErr(sshconn.KindClosed, nil), provider.Permanent, provider.Permanent},
-		{"plain error", errors.New("something"), provider.Transient, 0},
+		{"link dead wraps invalid arg", sshErr(sshconn.KindUnreachable, lvErr(libvirt.ErrInvalidArg)), errs.Transient, 0},
+		{"link dead wraps access denied", sshErr(sshconn.KindUnreachable, lvErr(libvirt.ErrAccessDenied)), errs.Transient, 0},
+		{"go-libvirt EINVAL after disconnect", fmt.Errorf("get state: %w", syscall.EINVAL), errs.Transient, 0},
+		{"interrupted", libvirt.ErrInterrupted, errs.Transient, 0},
+		{"eof", io.EOF, errs.Transient, 0},
+		{"net closed", net.ErrClosed, errs.Transient, 0},
+		{"net op error", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, errs.Transient, 0},
+		{"ssh forbidden", sshErr(sshconn.KindForbidden, errors.New("open failed")), errs.Transient, 0},
+		{"ssh auth refused", sshErr(sshconn.KindAuthRefused, errors.New("unable to authenticate")), errs.Permanent, errs.Transient},
+		{"ssh host unknown", sshErr(sshconn.KindHostUnknown, nil), errs.Permanent, errs.Transient},
+		{"ssh host mismatch", sshErr(sshconn.KindHostKeyMismatch, nil), errs.Permanent, errs.Transient},
+		{"ssh key unreadable", sshErr(sshconn.KindKeyUnreadable, nil), errs.Permanent, errs.Transient},
+		{"ssh closed", sshErr(sshconn.KindClosed, nil), errs.Permanent, errs.Permanent},
+		{"plain error", errors.New("something"), errs.Transient, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := classify(tt.err)
-			if c := provider.Code(got); c != tt.want {
+			if c := errs.Code(got); c != tt.want {
 				t.Errorf("classify(%v) = %v, want %v", tt.err, c, tt.want)
 			}
 			if tt.err != nil && !errors.Is(got, tt.err) {
@@ -87,7 +88,7 @@ func TestClassify(t *testing.T) {
 			if wantRead == 0 {
 				wantRead = tt.want
 			}
-			if c := provider.Code(classifyRead(tt.err)); c != wantRead {
+			if c := errs.Code(classifyRead(tt.err)); c != wantRead {
 				t.Errorf("classifyRead(%v) = %v, want %v", tt.err, c, wantRead)
 			}
 		})
@@ -97,8 +98,8 @@ func TestClassify(t *testing.T) {
 func TestClassifyClosedIsErrClosed(t *testing.T) {
 	t.Parallel()
 	err := classify(sshErr(sshconn.KindClosed, nil))
-	if !errors.Is(err, provider.ErrClosed) {
-		t.Errorf("%v does not match provider.ErrClosed", err)
+	if !errors.Is(err, errs.ErrClosed) {
+		t.Errorf("%v does not match errs.ErrClosed", err)
 	}
 }
 
@@ -107,22 +108,22 @@ func TestHealthReason(t *testing.T) {
 	tests := []struct {
 		name string
 		err  error
-		want provider.HealthReason
+		want egressproxy.HealthReason
 	}{
-		{"key unreadable", sshErr(sshconn.KindKeyUnreadable, nil), provider.ReasonCredentialsUnavailable},
-		{"auth refused", sshErr(sshconn.KindAuthRefused, nil), provider.ReasonUnauthorized},
-		{"host unknown", sshErr(sshconn.KindHostUnknown, nil), provider.ReasonHostKeyUnknown},
-		{"host mismatch", sshErr(sshconn.KindHostKeyMismatch, nil), provider.ReasonHostKeyMismatch},
-		{"socket refused", sshErr(sshconn.KindForbidden, nil), provider.ReasonForbidden},
-		{"unreachable", sshErr(sshconn.KindUnreachable, nil), provider.ReasonUnreachable},
-		{"unreachable wrapping access denied", sshErr(sshconn.KindUnreachable, lvErr(libvirt.ErrAccessDenied)), provider.ReasonUnreachable},
-		{"libvirt access denied", lvErr(libvirt.ErrAccessDenied), provider.ReasonForbidden},
-		{"libvirt auth failed", lvErr(libvirt.ErrAuthFailed), provider.ReasonForbidden},
-		{"pool not found", fmt.Errorf("lookup: %w", lvErr(libvirt.ErrNoStoragePool)), provider.ReasonPoolNotFound},
-		{"pool not active", fmt.Errorf("pool: %w", errPoolNotActive), provider.ReasonPoolNotActive},
-		{"eof", io.EOF, provider.ReasonUnreachable},
-		{"rpc", lvErr(libvirt.ErrRPC), provider.ReasonUnreachable},
-		{"other", errors.New("odd"), provider.ReasonUnknown},
+		{"key unreadable", sshErr(sshconn.KindKeyUnreadable, nil), egressproxy.ReasonCredentialsUnavailable},
+		{"auth refused", sshErr(sshconn.KindAuthRefused, nil), egressproxy.ReasonUnauthorized},
+		{"host unknown", sshErr(sshconn.KindHostUnknown, nil), egressproxy.ReasonHostKeyUnknown},
+		{"host mismatch", sshErr(sshconn.KindHostKeyMismatch, nil), egressproxy.ReasonHostKeyMismatch},
+		{"socket refused", sshErr(sshconn.KindForbidden, nil), egressproxy.ReasonForbidden},
+		{"unreachable", sshErr(sshconn.KindUnreachable, nil), egressproxy.ReasonUnreachable},
+		{"unreachable wrapping access denied", sshErr(sshconn.KindUnreachable, lvErr(libvirt.ErrAccessDenied)), egressproxy.ReasonUnreachable},
+		{"libvirt access denied", lvErr(libvirt.ErrAccessDenied), egressproxy.ReasonForbidden},
+		{"libvirt auth failed", lvErr(libvirt.ErrAuthFailed), egressproxy.ReasonForbidden},
+		{"pool not found", fmt.Errorf("lookup: %w", lvErr(libvirt.ErrNoStoragePool)), egressproxy.ReasonPoolNotFound},
+		{"pool not active", fmt.Errorf("pool: %w", errPoolNotActive), egressproxy.ReasonPoolNotActive},
+		{"eof", io.EOF, egressproxy.ReasonUnreachable},
+		{"rpc", lvErr(libvirt.ErrRPC), egressproxy.ReasonUnreachable},
+		{"other", errors.New("odd"), egressproxy.ReasonUnknown},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

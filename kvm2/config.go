@@ -20,7 +20,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/duration"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 )
 
 // Defaults used for zero Config fields.
@@ -60,7 +62,7 @@ type MachineType struct {
 //
 // Config is data an operator keeps in a file, a ConfigMap or a Secret: it
 // marshals to JSON and YAML (sigs.k8s.io/yaml) with camelCase keys,
-// durations as strings ("30s", provider.Duration), zero values that mean
+// durations as strings ("30s", duration.Duration), zero values that mean
 // "the default" omitted. ParseConfig decodes one strictly. Secrets never
 // appear in its marshalled form or its String: image URLs are redacted
 // (imagecache.RedactURL) and credential fields are tagged `json:"-"`, so
@@ -68,7 +70,7 @@ type MachineType struct {
 // shows every field with its default and rule.
 type Config struct {
 	// Entry is the provider entry name. It becomes part of volume and domain
-	// names, so it must be a lowercase DNS label (provider.ValidateName:
+	// names, so it must be a lowercase DNS label (naming.ValidateName:
 	// 1–63 of a–z, 0–9, '-', alphanumeric at both ends, no "--"). Required.
 	Entry string `json:"entry"`
 	// Owner names the program (e.g. the operator instance) that owns the
@@ -124,7 +126,7 @@ type Config struct {
 	// seeds. Required.
 	Pool string `json:"pool"`
 
-	// Images maps an image key (provider.Spec.ImageKey) to the base image
+	// Images maps an image key (egressproxy.Spec.ImageKey) to the base image
 	// the instance's overlay is backed by; package imagecache fetches,
 	// verifies and publishes it in Pool. An Image's Key may be left empty
 	// (it is set from the map key); when set it must equal the map key.
@@ -135,7 +137,7 @@ type Config struct {
 	DefaultImage string `json:"defaultImage,omitempty"`
 	// TransferBudget bounds one cold image fetch (see imagecache.Config).
 	// Zero: imagecache's default (20m).
-	TransferBudget provider.Duration `json:"transferBudget,omitempty"`
+	TransferBudget time.Duration `json:"transferBudget,omitempty"`
 	// ClaimTimeout is the image cache's claim timeout
 	// (imagecache.Config.ClaimTimeout). A process fetching a base into
 	// Pool holds a claim on it and refreshes it every ClaimTimeout/4; a
@@ -150,9 +152,9 @@ type Config struct {
 	// processes sharing the pool to agree to well within ClaimTimeout/2.
 	// Every process sharing the pool should use the same value. Zero:
 	// imagecache's default (2m); otherwise at least 10s.
-	ClaimTimeout provider.Duration `json:"claimTimeout,omitempty"`
+	ClaimTimeout time.Duration `json:"claimTimeout,omitempty"`
 
-	// MachineTypes maps a machine type name (provider.Spec.MachineType) to
+	// MachineTypes maps a machine type name (egressproxy.Spec.MachineType) to
 	// its size. Zero: {"small": {VCPUs: 1, MemoryMiB: 512}}.
 	MachineTypes map[string]MachineType `json:"machineTypes,omitempty"`
 	// DefaultMachineType is used when a Spec names none. Zero: "small" when
@@ -196,14 +198,14 @@ type Config struct {
 	// context has no deadline. Zero: 2m. A call it ends is Transient (the
 	// caller's own deadline is DeadlineExceeded); so is a dial that
 	// DialTimeout ends.
-	CallTimeout provider.Duration `json:"callTimeout,omitempty"`
+	CallTimeout time.Duration `json:"callTimeout,omitempty"`
 	// DialTimeout bounds the SSH dial and handshake. Zero: sshconn's default
 	// (10s).
-	DialTimeout provider.Duration `json:"dialTimeout,omitempty"`
+	DialTimeout time.Duration `json:"dialTimeout,omitempty"`
 	// KeepaliveInterval and KeepaliveCount tune SSH liveness. Zero:
 	// sshconn's defaults (5s, 3).
-	KeepaliveInterval provider.Duration `json:"keepaliveInterval,omitempty"`
-	KeepaliveCount    int               `json:"keepaliveCount,omitempty"`
+	KeepaliveInterval time.Duration `json:"keepaliveInterval,omitempty"`
+	KeepaliveCount    int           `json:"keepaliveCount,omitempty"`
 }
 
 // Options are optional collaborators. A nil *Options is valid.
@@ -249,7 +251,7 @@ type Options struct {
 // and validates it as Open does. An unknown or duplicate key, a value of the
 // wrong type and a duration written as a bare number (it would be read as
 // nanoseconds) are errors that name the key; validation errors name the Go
-// field and the rule, one *provider.FieldError each. Every error is
+// field and the rule, one *errs.FieldError each. Every error is
 // Permanent. The Config is returned as written, without the defaults Open
 // fills in, so marshalling it gives the file back (image URLs redacted).
 // Credential values (Key, KeyPassphrase, Signer, KnownHosts) cannot come
@@ -264,7 +266,7 @@ func ParseConfig(data []byte, opts ...ParseOption) (Config, error) {
 	}
 	var c Config
 	if err := yaml.UnmarshalStrict(data, &c); err != nil {
-		return Config{}, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", decodeError(err)))
+		return Config{}, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", decodeError(err)))
 	}
 	if _, err := c.validateAs(!o.credentialsLater); err != nil {
 		return Config{}, err
@@ -283,7 +285,7 @@ type parseOptions struct{ credentialsLater bool }
 func CredentialsLater() ParseOption { return func(o *parseOptions) { o.credentialsLater = true } }
 
 // decodeError turns a decoding error that names a key into a
-// *provider.FieldError; other errors (syntax) are returned as they are.
+// *errs.FieldError; other errors (syntax) are returned as they are.
 func decodeError(err error) error {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) && te.Field != "" {
@@ -305,7 +307,7 @@ func decodeError(err error) error {
 func (c Config) String() string {
 	b, err := json.Marshal(c)
 	if err != nil {
-		return "kvm2.Config{<" + provider.ClipMessage(err.Error()) + ">}"
+		return "kvm2.Config{<" + errs.ClipMessage(err.Error()) + ">}"
 	}
 	return string(b)
 }
@@ -323,10 +325,10 @@ func (c Config) MarshalLog() any {
 	return m
 }
 
-// fieldErr returns a *provider.FieldError. The value is given as is: the
-// error's text quotes it escaped and bounded (provider.Quote).
+// fieldErr returns a *errs.FieldError. The value is given as is: the
+// error's text quotes it escaped and bounded (errs.Quote).
 func fieldErr(field, value, rule string) error {
-	return &provider.FieldError{Field: field, Value: value, Rule: rule}
+	return &errs.FieldError{Field: field, Value: value, Rule: rule}
 }
 
 // validateCredentials checks the key and known_hosts sources: exactly one
@@ -334,7 +336,7 @@ func fieldErr(field, value, rule string) error {
 // sources to the embedder), a passphrase only for a key it can decrypt. No
 // FieldError carries a secret: Value names a path at most.
 func (c Config) validateCredentials(require bool) error {
-	var errs []error
+	var problems []error
 	oneOf := func(names []string, set []bool, missing, rule string) {
 		var given []string
 		for i, n := range names {
@@ -344,7 +346,7 @@ func (c Config) validateCredentials(require bool) error {
 		}
 		switch {
 		case len(given) == 0 && require:
-			errs = append(errs, fieldErr(missing, "", rule))
+			problems = append(problems, fieldErr(missing, "", rule))
 		case len(given) > 1:
 			for _, g := range given {
 				var others []string
@@ -353,7 +355,7 @@ func (c Config) validateCredentials(require bool) error {
 						others = append(others, o)
 					}
 				}
-				errs = append(errs, fieldErr(g, "", "set exactly one of "+strings.Join(names, ", ")+
+				problems = append(problems, fieldErr(g, "", "set exactly one of "+strings.Join(names, ", ")+
 					" (also set: "+strings.Join(others, ", ")+")"))
 			}
 		}
@@ -362,18 +364,18 @@ func (c Config) validateCredentials(require bool) error {
 		[]bool{c.KeyFile != "", len(c.Key) > 0, c.Signer != nil, c.AgentSocket != ""},
 		"KeyFile", "a client key is required: set one of KeyFile, Key, Signer, AgentSocket")
 	if len(c.KeyPassphrase) > 0 && c.KeyFile == "" && len(c.Key) == 0 {
-		errs = append(errs, fieldErr("KeyPassphrase", "", "applies only to KeyFile or Key"))
+		problems = append(problems, fieldErr("KeyPassphrase", "", "applies only to KeyFile or Key"))
 	}
 	if c.AgentSocket != "" && !filepath.IsAbs(c.AgentSocket) {
-		errs = append(errs, fieldErr("AgentSocket", c.AgentSocket, "must be an absolute path (the agent's unix socket)"))
+		problems = append(problems, fieldErr("AgentSocket", c.AgentSocket, "must be an absolute path (the agent's unix socket)"))
 	}
 	oneOf([]string{"KnownHostsFile", "KnownHosts"},
 		[]bool{c.KnownHostsFile != "", len(c.KnownHosts) > 0},
 		"KnownHostsFile", "is required, or KnownHosts (host key verification cannot be skipped)")
 	if len(c.KnownHosts) > 0 && !hasKnownHostsLine(c.KnownHosts) {
-		errs = append(errs, fieldErr("KnownHosts", "", "must contain at least one valid known_hosts line"))
+		problems = append(problems, fieldErr("KnownHosts", "", "must contain at least one valid known_hosts line"))
 	}
-	return errors.Join(errs...)
+	return errors.Join(problems...)
 }
 
 // hasKnownHostsLine reports whether b holds at least one line that parses
@@ -388,24 +390,24 @@ func hasKnownHostsLine(b []byte) bool {
 }
 
 // keyField names the entry of a map field, e.g. MachineTypes["small"], with
-// the key quoted escaped and bounded (provider.Quote): a key is caller input.
-func keyField(field, key string) string { return field + "[" + provider.Quote(key) + "]" }
+// the key quoted escaped and bounded (errs.Quote): a key is caller input.
+func keyField(field, key string) string { return field + "[" + errs.Quote(key) + "]" }
 
 // validate checks c and returns it with defaults applied. The error is classed
-// Permanent and joins one *provider.FieldError per violation.
+// Permanent and joins one *errs.FieldError per violation.
 func (c Config) validate() (Config, error) { return c.validateAs(true) }
 
 // validateAs is validate; with requireCredentials false a Config without a
 // key source or without a known_hosts source passes (ParseConfig).
 func (c Config) validateAs(requireCredentials bool) (Config, error) {
-	var errs []error
+	var problems []error
 	add := func(err error) {
 		if err != nil {
-			errs = append(errs, err)
+			problems = append(problems, err)
 		}
 	}
-	add(provider.ValidateName("Entry", c.Entry))
-	add(provider.ValidateName("Owner", c.Owner))
+	add(naming.ValidateName("Entry", c.Entry))
+	add(naming.ValidateName("Owner", c.Owner))
 
 	if c.Address == "" {
 		add(fieldErr("Address", "", "is required (host:port of sshd)"))
@@ -470,7 +472,7 @@ func (c Config) validateAs(requireCredentials bool) (Config, error) {
 	}
 
 	// Images (see images.go).
-	c, errs = c.validateImages(errs)
+	c, problems = c.validateImages(problems)
 
 	// Network.
 	switch {
@@ -513,13 +515,13 @@ func (c Config) validateAs(requireCredentials bool) (Config, error) {
 	if c.TransferBudget < 0 {
 		add(fieldErr("TransferBudget", c.TransferBudget.String(), "must not be negative (zero means the imagecache default)"))
 	}
-	if c.ClaimTimeout != 0 && c.ClaimTimeout < provider.Duration(MinClaimTimeout) {
-		add(fieldErr("ClaimTimeout", c.ClaimTimeout.String(), fmt.Sprintf("must be zero (imagecache's default, 2m) or at least %s (the claim is refreshed every ClaimTimeout/4)", provider.Duration(MinClaimTimeout))))
+	if c.ClaimTimeout != 0 && c.ClaimTimeout < MinClaimTimeout {
+		add(fieldErr("ClaimTimeout", c.ClaimTimeout.String(), fmt.Sprintf("must be zero (imagecache's default, 2m) or at least %s (the claim is refreshed every ClaimTimeout/4)", MinClaimTimeout)))
 	}
 	if c.CallTimeout < 0 {
 		add(fieldErr("CallTimeout", c.CallTimeout.String(), "must not be negative (zero means 2m)"))
 	} else if c.CallTimeout == 0 {
-		c.CallTimeout = provider.Duration(DefaultCallTimeout)
+		c.CallTimeout = DefaultCallTimeout
 	}
 	if c.DialTimeout < 0 {
 		add(fieldErr("DialTimeout", c.DialTimeout.String(), "must not be negative (zero means the sshconn default)"))
@@ -531,10 +533,10 @@ func (c Config) validateAs(requireCredentials bool) (Config, error) {
 		add(fieldErr("KeepaliveCount", strconv.Itoa(c.KeepaliveCount), "must not be negative (zero means the sshconn default)"))
 	}
 
-	if len(errs) == 0 {
+	if len(problems) == 0 {
 		return c, nil
 	}
-	return c, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", errors.Join(errs...)))
+	return c, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", errors.Join(problems...)))
 }
 
 // validateObjectName checks a libvirt object name (pool, network): no '/',
@@ -558,11 +560,11 @@ func validateObjectName(field, name string, required bool) error {
 }
 
 // validateKey checks an image key or machine type name, a map key, with the
-// one key rule (provider.ValidateKey). field already quotes the key (keyField), so the error does not
+// one key rule (naming.ValidateKey). field already quotes the key (keyField), so the error does not
 // repeat it as its value.
 func validateKey(field, key string) error {
-	var fe *provider.FieldError
-	if err := provider.ValidateKey(field, key); errors.As(err, &fe) {
+	var fe *errs.FieldError
+	if err := naming.ValidateKey(field, key); errors.As(err, &fe) {
 		return fieldErr(field, "", fe.Rule)
 	}
 	return nil
@@ -575,4 +577,43 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// MarshalJSON writes c with durations as strings ("30s", zero left out).
+func (c Config) MarshalJSON() ([]byte, error) {
+	type plain Config
+	d := func(v time.Duration) *duration.Duration {
+		if v == 0 {
+			return nil
+		}
+		return (*duration.Duration)(&v)
+	}
+	// The duration fields below shadow plain's of the same JSON names.
+	return json.Marshal(struct {
+		plain
+		TransferBudget    *duration.Duration `json:"transferBudget,omitempty"`
+		ClaimTimeout      *duration.Duration `json:"claimTimeout,omitempty"`
+		CallTimeout       *duration.Duration `json:"callTimeout,omitempty"`
+		DialTimeout       *duration.Duration `json:"dialTimeout,omitempty"`
+		KeepaliveInterval *duration.Duration `json:"keepaliveInterval,omitempty"`
+	}{plain(c), d(c.TransferBudget), d(c.ClaimTimeout), d(c.CallTimeout), d(c.DialTimeout), d(c.KeepaliveInterval)})
+}
+
+// UnmarshalJSON reads c strictly (an unknown key is an error), durations
+// as strings in time.ParseDuration syntax ("30s"; a bare number, which
+// would read as nanoseconds, is refused).
+func (c *Config) UnmarshalJSON(b []byte) error {
+	type plain Config
+	v := struct {
+		*plain
+		TransferBudget    *duration.Duration `json:"transferBudget,omitempty"`
+		ClaimTimeout      *duration.Duration `json:"claimTimeout,omitempty"`
+		CallTimeout       *duration.Duration `json:"callTimeout,omitempty"`
+		DialTimeout       *duration.Duration `json:"dialTimeout,omitempty"`
+		KeepaliveInterval *duration.Duration `json:"keepaliveInterval,omitempty"`
+	}{(*plain)(c), (*duration.Duration)(&c.TransferBudget), (*duration.Duration)(&c.ClaimTimeout),
+		(*duration.Duration)(&c.CallTimeout), (*duration.Duration)(&c.DialTimeout), (*duration.Duration)(&c.KeepaliveInterval)}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(&v)
 }

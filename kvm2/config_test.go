@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 func validConfig() Config {
@@ -44,7 +44,7 @@ func TestConfigDefaults(t *testing.T) {
 	if mt := c.MachineTypes["small"]; mt.VCPUs != 1 || mt.MemoryMiB != 512 {
 		t.Errorf("default machine type = %+v", mt)
 	}
-	if c.CallTimeout.Duration() != DefaultCallTimeout {
+	if c.CallTimeout != DefaultCallTimeout {
 		t.Errorf("CallTimeout = %v", c.CallTimeout)
 	}
 }
@@ -103,7 +103,7 @@ func TestConfigValidate(t *testing.T) {
 		{"console log dir relative", func(c *Config) { c.ConsoleLogDir = "logs" }, "ConsoleLogDir", "absolute"},
 		{"transfer budget negative", func(c *Config) { c.TransferBudget = -1 }, "TransferBudget", "negative"},
 		{"claim timeout negative", func(c *Config) { c.ClaimTimeout = -1 }, "ClaimTimeout", "zero (imagecache's default, 2m) or at least 10s"},
-		{"claim timeout too short", func(c *Config) { c.ClaimTimeout = provider.Duration(MinClaimTimeout - time.Millisecond) }, "ClaimTimeout", "at least 10s"},
+		{"claim timeout too short", func(c *Config) { c.ClaimTimeout = MinClaimTimeout - time.Millisecond }, "ClaimTimeout", "at least 10s"},
 		{"call timeout negative", func(c *Config) { c.CallTimeout = -1 }, "CallTimeout", "negative"},
 		{"dial timeout negative", func(c *Config) { c.DialTimeout = -1 }, "DialTimeout", "negative"},
 		{"keepalive count negative", func(c *Config) { c.KeepaliveCount = -1 }, "KeepaliveCount", "negative"},
@@ -116,12 +116,12 @@ func TestConfigValidate(t *testing.T) {
 			if err == nil {
 				t.Fatal("validate accepted a bad config")
 			}
-			if provider.Code(err) != provider.Permanent {
-				t.Errorf("code = %v, want Permanent", provider.Code(err))
+			if errs.Code(err) != errs.Permanent {
+				t.Errorf("code = %v, want Permanent", errs.Code(err))
 			}
-			var fe *provider.FieldError
+			var fe *errs.FieldError
 			if !errors.As(err, &fe) {
-				t.Fatalf("no *provider.FieldError in %v", err)
+				t.Fatalf("no *errs.FieldError in %v", err)
 			}
 			found := false
 			for _, e := range unjoin(err) {
@@ -133,7 +133,7 @@ func TestConfigValidate(t *testing.T) {
 				t.Errorf("error %q does not name field %s with rule containing %q", err, tt.field, tt.rule)
 			}
 			// Open rejects it too, before touching anything.
-			if p, err := Open(context.Background(), c, nil); err == nil {
+			if p, err := open(context.Background(), c, nil); err == nil {
 				p.Close()
 				t.Error("Open accepted a bad config")
 			}
@@ -149,7 +149,7 @@ func TestConfigValidOptions(t *testing.T) {
 	c.Bridge = "br0"
 	c.DomainType = "kvm"
 	c.Kernel, c.Initrd, c.Cmdline = "/boot/vmlinuz", "/boot/initrd", "console=ttyS0 root=/dev/vda"
-	c.ClaimTimeout = provider.Duration(MinClaimTimeout)
+	c.ClaimTimeout = MinClaimTimeout
 	got, err := c.validate()
 	if err != nil {
 		t.Fatalf("validate: %v", err)
@@ -157,7 +157,7 @@ func TestConfigValidOptions(t *testing.T) {
 	if got.Network != "" {
 		t.Errorf("Network = %q with Bridge set, want empty", got.Network)
 	}
-	if got.ClaimTimeout.Duration() != MinClaimTimeout {
+	if got.ClaimTimeout != MinClaimTimeout {
 		t.Errorf("ClaimTimeout = %v, want %v kept", got.ClaimTimeout, MinClaimTimeout)
 	}
 	img := validConfig()

@@ -12,8 +12,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/yaml"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // A config written to a YAML file and read back with ParseConfig drives the
@@ -45,11 +46,11 @@ func TestIntegrationConfigFile(t *testing.T) {
 	}
 
 	p := openT(t, cfg, testr.New(t))
-	if h := checkT(t, p); !h.Reachable || h.Reason != provider.ReasonNone {
+	if h := checkT(t, p); !h.Reachable || h.Reason != egressproxy.ReasonNone {
 		t.Fatalf("Check = %+v", h)
 	}
 	ctx := ctxT(t)
-	spec := provider.Spec{Name: "from-file", UID: "uid-file-" + randSuffix(t)}
+	spec := egressproxy.Spec{Name: "from-file", UID: "uid-file-" + randSuffix(t)}
 	inst, err := p.Create(ctx, spec)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
@@ -78,7 +79,7 @@ func TestIntegrationConfigFile(t *testing.T) {
 		t.Fatalf("secret marshalled:\n%s", b)
 	}
 	_, err = ParseConfig(b)
-	var fe *provider.FieldError
+	var fe *errs.FieldError
 	if !errors.As(err, &fe) || fe.Field != `Images["tiny"].URL` {
 		t.Fatalf("ParseConfig(redacted) = %v, want the URL refused", err)
 	}

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // fullConfig sets every marshalled field of Config to a value other than
@@ -39,8 +39,8 @@ func fullConfig() Config {
 			"alpine":    {URL: "http://mirror.example.net/alpine.raw", Format: "raw"},
 		},
 		DefaultImage:       "debian-12",
-		TransferBudget:     provider.Duration(30 * time.Minute),
-		ClaimTimeout:       provider.Duration(20 * time.Second),
+		TransferBudget:     30 * time.Minute,
+		ClaimTimeout:       20 * time.Second,
 		MachineTypes:       map[string]MachineType{"small": {VCPUs: 1, MemoryMiB: 512}, "large": {VCPUs: 4, MemoryMiB: 4096}},
 		DefaultMachineType: "small",
 		Network:            "default",
@@ -50,9 +50,9 @@ func fullConfig() Config {
 		Initrd:             "/var/lib/egressproxy/initrd.img",
 		Cmdline:            "console=ttyS0 root=/dev/vda1",
 		ConsoleLogDir:      "/var/log/egressproxy",
-		CallTimeout:        provider.Duration(90 * time.Second),
-		DialTimeout:        provider.Duration(15 * time.Second),
-		KeepaliveInterval:  provider.Duration(10 * time.Second),
+		CallTimeout:        90 * time.Second,
+		DialTimeout:        15 * time.Second,
+		KeepaliveInterval:  10 * time.Second,
 		KeepaliveCount:     5,
 	}
 }
@@ -86,7 +86,7 @@ func TestFullConfigIsFull(t *testing.T) {
 }
 
 // Every field is tagged, Kubernetes style: camelCase, no two alike;
-// durations are provider.Duration.
+// durations are duration.Duration.
 func TestConfigTags(t *testing.T) {
 	t.Parallel()
 	for _, typ := range []reflect.Type{reflect.TypeFor[Config](), reflect.TypeFor[MachineType](), reflect.TypeFor[imagecache.Image]()} {
@@ -99,7 +99,7 @@ func TestConfigTags(t *testing.T) {
 				continue
 			}
 			if f.Type == reflect.TypeFor[time.Duration]() {
-				t.Errorf("%s.%s is a time.Duration: use provider.Duration so files write \"30s\"", typ.Name(), f.Name)
+				t.Errorf("%s.%s is a time.Duration: use duration.Duration so files write \"30s\"", typ.Name(), f.Name)
 			}
 			name, _, _ := strings.Cut(tag, ",")
 			if name == "-" {
@@ -248,7 +248,7 @@ func TestParseConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.CallTimeout.Duration() != 45*time.Second || c.Network != "" {
+	if c.CallTimeout != 45*time.Second || c.Network != "" {
 		t.Errorf("ParseConfig = %+v: want callTimeout 45s and no defaults filled in", c)
 	}
 	// JSON is YAML.
@@ -262,7 +262,7 @@ func TestParseConfig(t *testing.T) {
 	}{
 		{"unknown key", valid + "callTimout: 30s\n", "callTimout", []string{"not a field", "camelCase"}},
 		{"unknown nested key", valid + "machineTypes:\n  small: {vcpus: 1, memoryMiB: 512, disk: 10}\n", "disk", []string{"not a field"}},
-		{"bare number duration", valid + "callTimeout: 30\n", "callTimeout", []string{"number 30", "nanoseconds", `"30s"`, "provider.Duration"}},
+		{"bare number duration", valid + "callTimeout: 30\n", "callTimeout", []string{"number 30", "nanoseconds", `"30s"`, "duration.Duration"}},
 		{"bad duration string", valid + "dialTimeout: soon\n", "dialTimeout", []string{`"soon"`, "time.ParseDuration"}},
 		{"wrong type", valid + "keepaliveCount: three\n", "keepaliveCount", []string{"got string", "want int"}},
 		{"wrong nested type", valid + "machineTypes:\n  small: {vcpus: two, memoryMiB: 512}\n", "machineTypes.vcpus", []string{"want int"}},
@@ -272,10 +272,10 @@ func TestParseConfig(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := ParseConfig([]byte(tt.doc))
-			if provider.Code(err) != provider.Permanent {
-				t.Fatalf("err = %v (%v), want Permanent", err, provider.Code(err))
+			if errs.Code(err) != errs.Permanent {
+				t.Fatalf("err = %v (%v), want Permanent", err, errs.Code(err))
 			}
-			var fe *provider.FieldError
+			var fe *errs.FieldError
 			if !errors.As(err, &fe) || fe.Field != tt.field {
 				t.Fatalf("err = %v, want a FieldError for %q", err, tt.field)
 			}
@@ -289,7 +289,7 @@ func TestParseConfig(t *testing.T) {
 
 	// Duplicate keys and syntax errors are Permanent too.
 	for _, doc := range []string{valid + "pool: other\n", "entry: [\n", "\tentry: x\n"} {
-		if _, err := ParseConfig([]byte(doc)); provider.Code(err) != provider.Permanent {
+		if _, err := ParseConfig([]byte(doc)); errs.Code(err) != errs.Permanent {
 			t.Errorf("ParseConfig(%q) = %v, want Permanent", doc, err)
 		}
 	}
@@ -318,7 +318,7 @@ func TestParseConfig(t *testing.T) {
 
 	// A long unknown key leaves the error bounded.
 	_, err = ParseConfig([]byte(valid + strings.Repeat("x", 5000) + ": 1\n"))
-	if err == nil || len(err.Error()) > provider.MaxErrorText {
+	if err == nil || len(err.Error()) > errs.MaxErrorText {
 		t.Errorf("long key: %d bytes", len(err.Error()))
 	}
 }
@@ -406,8 +406,8 @@ func TestConfigRedactedURLRefused(t *testing.T) {
 		t.Fatalf("the credentialed config is valid: %v", err)
 	}
 	_, err := ParseConfig([]byte(c.String()))
-	var fe *provider.FieldError
-	if !errors.As(err, &fe) || fe.Field != `Images["deb"].URL` || !strings.Contains(fe.Rule, "redacted") || provider.Code(err) != provider.Permanent {
+	var fe *errs.FieldError
+	if !errors.As(err, &fe) || fe.Field != `Images["deb"].URL` || !strings.Contains(fe.Rule, "redacted") || errs.Code(err) != errs.Permanent {
 		t.Fatalf("ParseConfig(marshalled) = %v, want a Permanent FieldError on the URL saying it was redacted", err)
 	}
 	if strings.Contains(err.Error(), "hunter2") {
@@ -438,9 +438,9 @@ func TestConfigCredentialFieldsHidden(t *testing.T) {
 	}
 }
 
-// hasField reports whether err holds a *provider.FieldError for field.
+// hasField reports whether err holds a *errs.FieldError for field.
 func hasField(err error, field string) bool {
-	for _, fe := range provider.FieldErrors(err) {
+	for _, fe := range errs.FieldErrors(err) {
 		if fe.Field == field {
 			return true
 		}

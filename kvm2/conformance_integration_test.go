@@ -10,9 +10,9 @@ import (
 	"github.com/go-logr/logr/testr"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/egressproxy/egressproxy/driver"
+	"github.com/egressproxy/egressproxy/driver/drivertest"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/provider/providertest"
 )
 
 // kvm2Harness gives each conformance subtest a fresh entry (and base, and
@@ -76,25 +76,25 @@ func (h *kvm2Harness) RestoreStorage(ctx context.Context) error {
 	})
 }
 
-var _ providertest.StorageHarness = (*kvm2Harness)(nil)
+var _ drivertest.StorageHarness = (*kvm2Harness)(nil)
 
-func (h *kvm2Harness) MakeProvider(ctx context.Context) (provider.Provider, error) {
-	return Open(ctx, h.e.cfg, &Options{Logger: testr.New(h.t)})
+func (h *kvm2Harness) MakeProvider(ctx context.Context) (driver.Provider, error) {
+	return open(ctx, h.e.cfg, &Options{Logger: testr.New(h.t)})
 }
 
-func (h *kvm2Harness) MakeOtherEntryProvider(ctx context.Context) (provider.Provider, error) {
+func (h *kvm2Harness) MakeOtherEntryProvider(ctx context.Context) (driver.Provider, error) {
 	cfg := h.e.cfg
 	cfg.Entry += "-o" // contains the first entry's name, so the env's cleanup covers it
-	return Open(ctx, cfg, &Options{Logger: testr.New(h.t)})
+	return open(ctx, cfg, &Options{Logger: testr.New(h.t)})
 }
 
 func (h *kvm2Harness) Close() {}
 
 func TestIntegrationConformance(t *testing.T) {
 	teststack.Require(t)
-	providertest.RunConformanceTests(t, func(ctx context.Context, t *testing.T) (providertest.Harness, error) {
+	drivertest.RunConformanceTests(t, func(ctx context.Context, t *testing.T) (drivertest.Harness, error) {
 		return newKvm2Harness(t), nil
-	}, &providertest.Options{
+	}, &drivertest.Options{
 		NamePrefix:   "pt",
 		NeverRunning: true, // the test guests have no OS, so never an address
 		// The template leaves ImageKey and MachineType empty (the entry's

@@ -14,8 +14,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -54,7 +55,7 @@ const cleanupTimeout = 30 * time.Second
 //     converges.
 //
 // It is idempotent on UID. An existing instance whose recorded spec digest
-// differs from spec's is provider.ErrSpecConflict (Permanent), and nothing
+// differs from spec's is errs.ErrSpecConflict (Permanent), and nothing
 // changes; instances without a recorded digest (made by earlier versions)
 // are not checked. A name held by anything else is Permanent.
 //
@@ -64,14 +65,14 @@ const cleanupTimeout = 30 * time.Second
 // a domain of that name exists. When the outcome is uncertain (ctx ended,
 // Close, link lost) nothing is removed: the retried Create completes it,
 // Delete removes it.
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, opErr error) {
+func (p *provider) Create(ctx context.Context, spec egressproxy.Spec) (_ egressproxy.Instance, opErr error) {
 	ctx, end := p.start(ctx, "kvm2.Create", spec.Name, true)
 	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
-		return provider.Instance{}, err
+		return egressproxy.Instance{}, err
 	}
 	if err := spec.Validate(); err != nil {
-		return provider.Instance{}, err
+		return egressproxy.Instance{}, err
 	}
 	imgKey := spec.ImageKey
 	if imgKey == "" {
@@ -80,9 +81,9 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	img, ok := p.cfg.Images[imgKey]
 	if !ok {
 		if imgKey == "" {
-			return provider.Instance{}, provider.WithCode(provider.Permanent, fieldErr("ImageKey", "", "no image configured for this provider entry (Config.Images is empty)"))
+			return egressproxy.Instance{}, errs.WithCode(errs.Permanent, fieldErr("ImageKey", "", "no image configured for this provider entry (Config.Images is empty)"))
 		}
-		return provider.Instance{}, provider.WithCode(provider.Permanent, fieldErr("ImageKey", imgKey, "is not a configured image of this provider entry"))
+		return egressproxy.Instance{}, errs.WithCode(errs.Permanent, fieldErr("ImageKey", imgKey, "is not a configured image of this provider entry"))
 	}
 	mtName := spec.MachineType
 	if mtName == "" {
@@ -90,7 +91,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	}
 	mt, ok := p.cfg.MachineTypes[mtName]
 	if !ok {
-		return provider.Instance{}, provider.WithCode(provider.Permanent, fieldErr("MachineType", mtName, "is not a configured machine type of this provider entry"))
+		return egressproxy.Instance{}, errs.WithCode(errs.Permanent, fieldErr("MachineType", mtName, "is not a configured machine type of this provider entry"))
 	}
 	name := domainName(p.cfg.Entry, spec.Name)
 	meta := instanceMeta{
@@ -111,12 +112,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	// host is touched.
 	domXML, err := buildDomainXML(params)
 	if err != nil {
-		return provider.Instance{}, err
+		return egressproxy.Instance{}, err
 	}
 
 	unlock, err := p.locks.lock(ctx, name)
 	if err != nil {
-		return provider.Instance{}, err
+		return egressproxy.Instance{}, err
 	}
 	defer unlock()
 
@@ -125,7 +126,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	switch {
 	case err == nil:
 		if err := c.checkOwned(info); err != nil {
-			return provider.Instance{}, err
+			return egressproxy.Instance{}, err
 		}
 		if !neverRan(info.state, info.reason) {
 			p.log.V(1).Info("create: instance exists", "instance", spec.Name, "uid", spec.UID)
@@ -140,14 +141,14 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		// An earlier Create stopped after defining the domain: finish it.
 		c.adopt(info)
 		p.log.V(1).Info("create: completing an instance that was defined but never started", "instance", spec.Name, "uid", spec.UID)
-	case provider.Code(classify(err)) != provider.NotFound:
-		return provider.Instance{}, p.wrap(err)
+	case errs.Code(classify(err)) != errs.NotFound:
+		return egressproxy.Instance{}, p.wrap(err)
 	}
 	// The seed is built only now that the instance is known to be made or
 	// completed (its input was validated with the spec); an adopted domain's
 	// creation time gives the same image as the first attempt's.
 	if c.seed, err = buildSeed(seedData{InstanceID: spec.UID, Hostname: spec.Name, UserData: spec.UserData, Created: c.meta.Created}); err != nil {
-		return provider.Instance{}, err
+		return egressproxy.Instance{}, err
 	}
 
 	if !c.adopted {
@@ -156,19 +157,19 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		// "kvm" the host does not offer costs no download.
 		typ, err := p.createDomainType(ctx)
 		if err != nil {
-			return provider.Instance{}, p.wrap(err)
+			return egressproxy.Instance{}, p.wrap(err)
 		}
 		if typ != params.Type {
 			params.Type = typ
 			if c.domXML, err = buildDomainXML(params); err != nil {
-				return provider.Instance{}, err
+				return egressproxy.Instance{}, err
 			}
 		}
 	}
 
 	c.base, err = p.cache.Ensure(ctx, img)
 	if err != nil {
-		return provider.Instance{}, p.wrap(fmt.Errorf("base image: %w", err)) // imagecache names the image (key or base volume)
+		return egressproxy.Instance{}, p.wrap(fmt.Errorf("base image: %w", err)) // imagecache names the image (key or base volume)
 	}
 
 	// fn may outlive Do (a call abandoned by its context completes on
@@ -177,7 +178,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	// has none; so does this.
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = sshconn.WithBudget(ctx, "CallTimeout", p.cfg.CallTimeout.Duration())
+		ctx, cancel = sshconn.WithBudget(ctx, "CallTimeout", p.cfg.CallTimeout)
 		defer cancel()
 	}
 	c.ctx = ctx
@@ -193,7 +194,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		} else {
 			p.undo(ctx, c)
 		}
-		return provider.Instance{}, p.wrap(err)
+		return egressproxy.Instance{}, p.wrap(err)
 	}
 	inst := c.instance()
 	if c.adopted {
@@ -207,14 +208,14 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 // stopsCreate reports whether err ends Create instead of being worked
 // around: the caller's context ended or the provider is closed.
 func stopsCreate(err error) bool {
-	c := provider.Code(err)
-	return c == provider.Canceled || c == provider.DeadlineExceeded || errors.Is(err, provider.ErrClosed)
+	c := errs.Code(err)
+	return c == errs.Canceled || c == errs.DeadlineExceeded || errors.Is(err, errs.ErrClosed)
 }
 
 // interrupted reports whether a failed Create may have had effects it does
 // not know of: its context ended, the provider was closed, or the link was
 // lost (an RPC whose answer never came may have been carried out).
-func interrupted(ctx context.Context, p *Provider, err error) bool {
+func interrupted(ctx context.Context, p *provider, err error) bool {
 	if ctx.Err() != nil || p.closed.Load() {
 		return true
 	}
@@ -223,7 +224,7 @@ func interrupted(ctx context.Context, p *Provider, err error) bool {
 		return true
 	}
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, provider.ErrClosed) || linkDead(err)
+		errors.Is(err, errs.ErrClosed) || linkDead(err)
 }
 
 // neverRan reports whether a domain in state st (with reason) is shut off
@@ -246,16 +247,16 @@ func raced(err error) error {
 	}
 	if isLibvirtCode(err, libvirt.ErrNoDomain, libvirt.ErrNoStorageVol, libvirt.ErrStorageVolExist,
 		libvirt.ErrDomExist, libvirt.ErrOperationInvalid) {
-		return provider.WithCode(provider.Transient, fmt.Errorf("%w (raced with another Create or a Delete of this instance; a retry converges)", err))
+		return errs.WithCode(errs.Transient, fmt.Errorf("%w (raced with another Create or a Delete of this instance; a retry converges)", err))
 	}
 	return err
 }
 
 // creation is one Create on the host, from the base image on.
 type creation struct {
-	p      *Provider
+	p      *provider
 	ctx    context.Context // checked before every RPC (see Create)
-	spec   provider.Spec
+	spec   egressproxy.Spec
 	name   string // domain name
 	base   imagecache.Base
 	seed   []byte
@@ -320,16 +321,16 @@ func (c *creation) step() error {
 func (c *creation) checkOwned(info domainInfo) error {
 	p := c.p
 	if !info.ours || info.meta.UID != c.spec.UID {
-		return provider.Errorf(provider.Permanent, "kvm2 %s: the name is taken: domain %q exists and is not the instance with UID %s",
-			p.cfg.Entry, c.name, provider.Quote(c.spec.UID))
+		return errs.Errorf(errs.Permanent, "kvm2 %s: the name is taken: domain %q exists and is not the instance with UID %s",
+			p.cfg.Entry, c.name, errs.Quote(c.spec.UID))
 	}
 	if d := info.meta.SpecDigest; d != "" && d != c.meta.SpecDigest {
 		port := ""
 		if info.meta.Port != c.meta.Port {
 			port = fmt.Sprintf(", port %d, now %d", info.meta.Port, c.meta.Port)
 		}
-		return provider.Errorf(provider.Permanent, "kvm2 %s: %w (digest %s, now %s%s); Delete it to apply this spec",
-			p.cfg.Entry, provider.ErrSpecConflict, shortDigest(d), shortDigest(c.meta.SpecDigest), port)
+		return errs.Errorf(errs.Permanent, "kvm2 %s: %w (digest %s, now %s%s); Delete it to apply this spec",
+			p.cfg.Entry, errs.ErrSpecConflict, shortDigest(d), shortDigest(c.meta.SpecDigest), port)
 	}
 	return nil
 }
@@ -354,14 +355,14 @@ func (c *creation) adopt(info domainInfo) {
 
 // instance is what Create returns once the domain runs (or, adopted, was
 // left as it was).
-func (c *creation) instance() provider.Instance {
+func (c *creation) instance() egressproxy.Instance {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := libvirt.DomainRunning
 	if c.adopted && !domainActive(c.state) && !neverRan(c.state, c.reason) {
 		st = c.state
 	}
-	return provider.Instance{
+	return egressproxy.Instance{
 		Ref:        c.spec.Ref(),
 		CreatedAt:  c.meta.Created,
 		State:      mapState(st, false),
@@ -487,7 +488,7 @@ func (c *creation) overlay(l lvAPI, pool libvirt.StoragePool) error {
 	}
 	ox, err := ov.Marshal()
 	if err != nil {
-		return provider.WithCode(provider.Permanent, fmt.Errorf("marshal overlay volume: %w", err))
+		return errs.WithCode(errs.Permanent, fmt.Errorf("marshal overlay volume: %w", err))
 	}
 	if err := c.step(); err != nil {
 		return err
@@ -522,11 +523,11 @@ func (c *creation) overlay(l lvAPI, pool libvirt.StoragePool) error {
 			return fmt.Errorf("read existing overlay %q: %w", name, err)
 		}
 		// e.g. still being written by the call that creates it
-		return provider.WithCode(provider.Transient, fmt.Errorf("read existing overlay %q (another call may be creating it; a retry converges): %w", name, err))
+		return errs.WithCode(errs.Transient, fmt.Errorf("read existing overlay %q (another call may be creating it; a retry converges): %w", name, err))
 	}
 	var sv libvirtxml.StorageVolume
 	if err := sv.Unmarshal(x); err != nil {
-		return provider.WithCode(provider.Transient, fmt.Errorf("parse existing overlay %q: %w", name, err))
+		return errs.WithCode(errs.Transient, fmt.Errorf("parse existing overlay %q: %w", name, err))
 	}
 	backing := ""
 	if sv.BackingStore != nil {
@@ -535,7 +536,7 @@ func (c *creation) overlay(l lvAPI, pool libvirt.StoragePool) error {
 	if backing != c.base.Path {
 		if c.adopted {
 			// A defined domain uses it: never delete it.
-			return provider.Errorf(provider.Permanent, "overlay %q exists backed by %q, not by base %q (left by a Create with another image?): Delete the instance to remove it",
+			return errs.Errorf(errs.Permanent, "overlay %q exists backed by %q, not by base %q (left by a Create with another image?): Delete the instance to remove it",
 				name, backing, c.base.Path)
 		}
 		return c.replaceOverlay(l, pool, vol, ox, backing)
@@ -558,7 +559,7 @@ func (c *creation) replaceOverlay(l lvAPI, pool libvirt.StoragePool, vol libvirt
 		return err
 	}
 	if _, err := l.DomainLookupByName(c.name); err == nil {
-		return provider.Errorf(provider.Transient, "overlay %q is backed by %q, not by base %q, and domain %q was defined by another call meanwhile (a retry converges on it)",
+		return errs.Errorf(errs.Transient, "overlay %q is backed by %q, not by base %q, and domain %q was defined by another call meanwhile (a retry converges on it)",
 			name, backing, c.base.Path, c.name)
 	} else if !isLibvirtCode(err, libvirt.ErrNoDomain) {
 		return fmt.Errorf("look up domain %q: %w", c.name, err)
@@ -592,7 +593,7 @@ func (c *creation) seedVolume(l lvAPI, pool libvirt.StoragePool, upload bool) er
 	}
 	sx, err := sv.Marshal()
 	if err != nil {
-		return provider.WithCode(provider.Permanent, fmt.Errorf("marshal seed volume: %w", err))
+		return errs.WithCode(errs.Permanent, fmt.Errorf("marshal seed volume: %w", err))
 	}
 	if err := c.step(); err != nil {
 		return err
@@ -677,13 +678,13 @@ func (c *creation) reuseSeed(l lvAPI, pool libvirt.StoragePool, sx string) (libv
 	}
 	if c.adopted {
 		// A defined domain uses it: never delete it.
-		return vol, provider.Errorf(provider.Transient, "seed %q of the defined domain has %d bytes, the seed %d: not replaced while the domain exists", name, capacity, len(c.seed))
+		return vol, errs.Errorf(errs.Transient, "seed %q of the defined domain has %d bytes, the seed %d: not replaced while the domain exists", name, capacity, len(c.seed))
 	}
 	if err := c.step(); err != nil {
 		return vol, err
 	}
 	if _, err := l.DomainLookupByName(c.name); err == nil {
-		return vol, provider.Errorf(provider.Transient, "domain %q was defined by another call meanwhile (a retry converges on it)", c.name)
+		return vol, errs.Errorf(errs.Transient, "domain %q was defined by another call meanwhile (a retry converges on it)", c.name)
 	} else if !isLibvirtCode(err, libvirt.ErrNoDomain) {
 		return vol, fmt.Errorf("look up domain %q: %w", c.name, err)
 	}
@@ -767,7 +768,7 @@ func (c *creation) start(l lvAPI) error {
 // UUID), then the volumes it created, never a volume while a domain of that
 // name exists. What it cannot remove stays under the instance's names, where
 // a retried Create reuses it and Delete removes it.
-func (p *Provider) undo(ctx context.Context, c *creation) {
+func (p *provider) undo(ctx context.Context, c *creation) {
 	c.mu.Lock()
 	m, dom, pool := c.made, c.dom, c.poolH
 	c.mu.Unlock()

@@ -12,21 +12,23 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 )
 
 // Create, Get, List, Delete and Check on the in-memory libvirt of
 // fake_test.go: what the calls leave on the "host" and how their errors are
 // classed.
 
-func fakeSpec(name string) provider.Spec {
-	return provider.Spec{Name: name, UID: "uid-" + name, UserData: "#cloud-config\nhostname: " + name + "\n"}
+func fakeSpec(name string) egressproxy.Spec {
+	return egressproxy.Spec{Name: name, UID: "uid-" + name, UserData: "#cloud-config\nhostname: " + name + "\n"}
 }
 
-func wantCode(t *testing.T, what string, err error, want provider.ErrorCode) {
+func wantCode(t *testing.T, what string, err error, want errs.ErrorCode) {
 	t.Helper()
-	if got := provider.Code(err); got != want {
+	if got := errs.Code(err); got != want {
 		t.Fatalf("%s: code %v, want %v (err: %v)", what, got, want, err)
 	}
 }
@@ -78,7 +80,7 @@ func TestFakeCreateFresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if inst.Ref != spec.Ref() || inst.State != provider.StateProvisioning || inst.Port != provider.DefaultPort ||
+	if inst.Ref != spec.Ref() || inst.State != egressproxy.StateProvisioning || inst.Port != naming.DefaultPort ||
 		inst.SpecDigest != spec.Digest() || inst.CreatedAt.IsZero() || inst.IP != "" {
 		t.Errorf("instance %+v", inst)
 	}
@@ -107,12 +109,12 @@ func TestFakeCreateFresh(t *testing.T) {
 
 	// Read back: no address yet, then the DHCP lease's.
 	got, err := e.p.Get(ctx, spec.Ref())
-	if err != nil || got.State != provider.StateProvisioning || got.IP != "" || !got.CreatedAt.Equal(inst.CreatedAt) {
+	if err != nil || got.State != egressproxy.StateProvisioning || got.IP != "" || !got.CreatedAt.Equal(inst.CreatedAt) {
 		t.Errorf("Get before lease: %+v, %v", got, err)
 	}
 	e.lv.setLease(d.mac, "192.0.2.10")
 	got, err = e.p.Get(ctx, spec.Ref())
-	if err != nil || got.State != provider.StateRunning || got.IP != "192.0.2.10" || got.AddressSource != SourceLease {
+	if err != nil || got.State != egressproxy.StateRunning || got.IP != "192.0.2.10" || got.AddressSource != SourceLease {
 		t.Errorf("Get with lease: %+v, %v", got, err)
 	}
 }
@@ -134,7 +136,7 @@ func TestFakeCreateAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !again.CreatedAt.Equal(first.CreatedAt) || again.State != provider.StateRunning || again.IP != "192.0.2.20" || again.AddressSource != SourceAgent {
+	if !again.CreatedAt.Equal(first.CreatedAt) || again.State != egressproxy.StateRunning || again.IP != "192.0.2.20" || again.AddressSource != SourceAgent {
 		t.Errorf("again: %+v, first %+v", again, first)
 	}
 	for _, op := range []string{"StorageVolCreateXML", "DomainDefineXMLFlags", "DomainCreate", "StorageVolUpload"} {
@@ -150,7 +152,7 @@ func TestFakeCreateAgain(t *testing.T) {
 	// failing still returns it (without an address).
 	e.lv.setFault(failOn("DomainInterfaceAddresses", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")))
 	again, err = e.p.Create(ctx, spec)
-	if err != nil || again.IP != "" || again.State != provider.StateProvisioning {
+	if err != nil || again.IP != "" || again.State != egressproxy.StateProvisioning {
 		t.Errorf("address failing: %+v, %v", again, err)
 	}
 	e.lv.setFault(nil)
@@ -160,7 +162,7 @@ func TestFakeCreateAgain(t *testing.T) {
 		d.state, d.reason = libvirt.DomainShutoff, int32(libvirt.DomainShutoffShutdown)
 	})
 	again, err = e.p.Create(ctx, spec)
-	if err != nil || again.State != provider.StateStopped {
+	if err != nil || again.State != egressproxy.StateStopped {
 		t.Errorf("stopped: %+v, %v", again, err)
 	}
 	if n := e.lv.callCount("DomainCreate"); n != 0 {
@@ -178,7 +180,7 @@ func TestFakeCreateCompletesDefined(t *testing.T) {
 	spec := fakeSpec("a")
 	e.lv.setFault(failOn("DomainCreate", "", false, libvirt.ErrInterrupted))
 	_, err := e.p.Create(ctx, spec)
-	wantCode(t, "start interrupted", err, provider.Transient)
+	wantCode(t, "start interrupted", err, errs.Transient)
 	d := e.hasInstance("a", libvirt.DomainShutoff)
 	if !neverRan(d.state, d.reason) {
 		t.Fatalf("state %v reason %v", d.state, d.reason)
@@ -193,7 +195,7 @@ func TestFakeCreateCompletesDefined(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.hasInstance("a", libvirt.DomainRunning)
-	if !inst.CreatedAt.Equal(meta.Created) || inst.State != provider.StateProvisioning {
+	if !inst.CreatedAt.Equal(meta.Created) || inst.State != egressproxy.StateProvisioning {
 		t.Errorf("instance %+v, want the defined domain's creation time %v", inst, meta.Created)
 	}
 	if n := e.lv.callCount("StorageVolCreateXML"); n != 1 {
@@ -229,7 +231,7 @@ func TestFakeCreateDefineReplyLost(t *testing.T) {
 	spec := fakeSpec("a")
 	e.lv.setFault(failOn("DomainDefineXMLFlags", "", true, libvirt.ErrInterrupted))
 	_, err := e.p.Create(ctx, spec)
-	wantCode(t, "define reply lost", err, provider.Transient)
+	wantCode(t, "define reply lost", err, errs.Transient)
 	e.hasInstance("a", libvirt.DomainShutoff)
 	e.lv.setFault(nil)
 	if _, err := e.p.Create(ctx, spec); err != nil {
@@ -252,7 +254,7 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 		e := newFakeEnv(t)
 		e.lv.setFault(failOn("DomainDefineXMLFlags", "", false, libvirt.ErrInterrupted))
 		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "define interrupted", err, provider.Transient)
+		wantCode(t, "define interrupted", err, errs.Transient)
 		if len(e.lv.domainNames()) != 0 || len(e.lv.volNames(e.cfg.Pool)) != 3 {
 			t.Fatalf("want overlay and seed left, no domain: %v %v", e.lv.domainNames(), e.lv.volNames(e.cfg.Pool))
 		}
@@ -305,7 +307,7 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 			return nil
 		})
 		_, err := e.p.Create(ctx, big)
-		wantCode(t, "domain appeared", err, provider.Transient)
+		wantCode(t, "domain appeared", err, errs.Transient)
 		if n := e.lv.callCount("StorageVolDelete"); n != 0 {
 			t.Errorf("%d volumes deleted while a domain of their name exists", n)
 		}
@@ -349,7 +351,7 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 			return nil
 		})
 		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "domain appeared", err, provider.Transient)
+		wantCode(t, "domain appeared", err, errs.Transient)
 		if n := e.lv.callCount("StorageVolDelete"); n != 0 {
 			t.Errorf("%d volumes deleted while a domain of their name exists", n)
 		}
@@ -362,7 +364,7 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 		e := leftovers(t)
 		e.lv.setFault(failOn("StorageVolGetXMLDesc", "", false, lvErrorf(libvirt.ErrInternalError, "internal error: cannot read")))
 		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "overlay unreadable", err, provider.Transient)
+		wantCode(t, "overlay unreadable", err, errs.Transient)
 	})
 
 	t.Run("overlay vanished", func(t *testing.T) {
@@ -370,7 +372,7 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 		e.lv.setFault(failOn("StorageVolLookupByName", overlayVolume(e.dom("a")), false,
 			lvErrorf(libvirt.ErrNoStorageVol, "Storage volume not found: no storage vol with matching name")))
 		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "overlay vanished", err, provider.Transient) // raced: a retry converges
+		wantCode(t, "overlay vanished", err, errs.Transient) // raced: a retry converges
 	})
 
 	t.Run("seed busy, then free", func(t *testing.T) {
@@ -441,7 +443,7 @@ func TestFakeCreateRaces(t *testing.T) {
 		e := newFakeEnv(t)
 		onceBefore(e, "DomainDefineXMLFlags", func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", "someone-else")) })
 		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "name taken meanwhile", err, provider.Permanent)
+		wantCode(t, "name taken meanwhile", err, errs.Permanent)
 		d := e.hasInstance("a", libvirt.DomainShutoff) // its volumes stay: a domain of their name exists
 		if m, _ := parseMetadata(d.xml); m.UID != "someone-else" {
 			t.Errorf("the other domain changed: %+v", m)
@@ -474,19 +476,19 @@ func TestFakeCreateStepFailures(t *testing.T) {
 		name     string
 		op, on   string
 		err      error
-		want     provider.ErrorCode
+		want     errs.ErrorCode
 		contains string
 	}{
-		{"pool lookup", "StoragePoolLookupByName", "", internal, provider.Transient, "look up pool"},
+		{"pool lookup", "StoragePoolLookupByName", "", internal, errs.Transient, "look up pool"},
 		{"pool missing", "StoragePoolLookupByName", "",
 			lvErrorf(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching name 'default'"),
-			provider.Code(classify(lverr(libvirt.ErrNoStoragePool))), "look up pool"},
-		{"overlay", "StorageVolCreateXML", overlayVolume(dn), internal, provider.Transient, "create overlay"},
-		{"seed", "StorageVolCreateXML", seedVolume(dn), internal, provider.Transient, "create seed volume"},
-		{"upload", "StorageVolUpload", "", internal, provider.Transient, "upload seed"},
-		{"define refused", "DomainDefineXMLFlags", "", lvErrorf(libvirt.ErrXMLError, "XML error: bad"), provider.Permanent, "define domain"},
-		{"start: no network", "DomainCreate", "", lvErrorf(libvirt.ErrNoNetwork, "Network not found: no network with matching name 'default'"), provider.Permanent, "start domain"},
-		{"start failed", "DomainCreate", "", lvErrorf(libvirt.ErrOperationFailed, "operation failed: qemu exited"), provider.Transient, "start domain"},
+			errs.Code(classify(lverr(libvirt.ErrNoStoragePool))), "look up pool"},
+		{"overlay", "StorageVolCreateXML", overlayVolume(dn), internal, errs.Transient, "create overlay"},
+		{"seed", "StorageVolCreateXML", seedVolume(dn), internal, errs.Transient, "create seed volume"},
+		{"upload", "StorageVolUpload", "", internal, errs.Transient, "upload seed"},
+		{"define refused", "DomainDefineXMLFlags", "", lvErrorf(libvirt.ErrXMLError, "XML error: bad"), errs.Permanent, "define domain"},
+		{"start: no network", "DomainCreate", "", lvErrorf(libvirt.ErrNoNetwork, "Network not found: no network with matching name 'default'"), errs.Permanent, "start domain"},
+		{"start failed", "DomainCreate", "", lvErrorf(libvirt.ErrOperationFailed, "operation failed: qemu exited"), errs.Transient, "start domain"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEnv(t)
@@ -528,7 +530,7 @@ func TestFakeCreateUndoFails(t *testing.T) {
 		return undefine(c)
 	})
 	_, err := e.p.Create(ctx, spec)
-	wantCode(t, "start", err, provider.Permanent)
+	wantCode(t, "start", err, errs.Permanent)
 	e.hasInstance("a", libvirt.DomainShutoff)
 	e.lv.setFault(nil)
 	if err := e.p.Delete(ctx, spec.Ref()); err != nil {
@@ -551,8 +553,8 @@ func TestFakeCreateRefusals(t *testing.T) {
 		other := spec
 		other.UserData = "#cloud-config\nsecret: s3cr3t\n"
 		_, err := e.p.Create(ctx, other)
-		wantCode(t, "spec conflict", err, provider.Permanent)
-		if !errors.Is(err, provider.ErrSpecConflict) || strings.Contains(err.Error(), "s3cr3t") {
+		wantCode(t, "spec conflict", err, errs.Permanent)
+		if !errors.Is(err, errs.ErrSpecConflict) || strings.Contains(err.Error(), "s3cr3t") {
 			t.Errorf("err %v: want ErrSpecConflict without user-data", err)
 		}
 		after, _ := e.lv.domain(e.dom("a"))
@@ -565,8 +567,8 @@ func TestFakeCreateRefusals(t *testing.T) {
 		e := newFakeEnv(t)
 		e.lv.defineXML(t, "<domain type='kvm'><name>"+e.dom("a")+"</name><memory>1024</memory></domain>")
 		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "name taken", err, provider.Permanent)
-		if errors.Is(err, provider.ErrSpecConflict) || !strings.Contains(err.Error(), "the name is taken") {
+		wantCode(t, "name taken", err, errs.Permanent)
+		if errors.Is(err, errs.ErrSpecConflict) || !strings.Contains(err.Error(), "the name is taken") {
 			t.Errorf("err %v", err)
 		}
 		if n := e.lv.callCount("StorageVolCreateXML"); n != 0 {
@@ -579,8 +581,8 @@ func TestFakeCreateRefusals(t *testing.T) {
 		s := spec
 		s.ImageKey = "nope"
 		_, err := e.p.Create(ctx, s)
-		wantCode(t, "unknown image", err, provider.Permanent)
-		var fe *provider.FieldError
+		wantCode(t, "unknown image", err, errs.Permanent)
+		var fe *errs.FieldError
 		if !errors.As(err, &fe) || fe.Field != "ImageKey" {
 			t.Errorf("err %v: want a FieldError on ImageKey", err)
 		}
@@ -592,7 +594,7 @@ func TestFakeCreateRefusals(t *testing.T) {
 	t.Run("no image configured", func(t *testing.T) {
 		e := newFakeEnv(t, func(c *Config) { c.Images = nil })
 		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "no images", err, provider.Permanent)
+		wantCode(t, "no images", err, errs.Permanent)
 		if !strings.Contains(err.Error(), "Config.Images is empty") || e.lv.callCount("") != 0 {
 			t.Errorf("err %v", err)
 		}
@@ -601,11 +603,11 @@ func TestFakeCreateRefusals(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		err  error
-		want provider.ErrorCode
+		want errs.ErrorCode
 	}{
-		{"image fetch failed", provider.Errorf(provider.Transient, "imagecache: mirror answered 503"), provider.Transient},
-		{"image digest differs", provider.Errorf(provider.Permanent, "imagecache: digest differs"), provider.Permanent},
-		{"image unclassed error", errors.New("imagecache: surprise"), provider.Transient},
+		{"image fetch failed", errs.Errorf(errs.Transient, "imagecache: mirror answered 503"), errs.Transient},
+		{"image digest differs", errs.Errorf(errs.Permanent, "imagecache: digest differs"), errs.Permanent},
+		{"image unclassed error", errors.New("imagecache: surprise"), errs.Transient},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEnv(t)
@@ -623,7 +625,7 @@ func TestFakeCreateRefusals(t *testing.T) {
 		e := newFakeEnv(t)
 		e.lv.setFault(failOn("DomainLookupByName", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")))
 		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "lookup", err, provider.Transient)
+		wantCode(t, "lookup", err, errs.Transient)
 		if len(e.images.ensured) != 0 {
 			t.Error("went on after the lookup failed")
 		}
@@ -642,7 +644,7 @@ func TestFakeCreateContext(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "cancelled", err, provider.Canceled)
+		wantCode(t, "cancelled", err, errs.Canceled)
 		if n := e.lv.callCount(""); n != 0 {
 			t.Errorf("%d calls with a cancelled context", n)
 		}
@@ -652,20 +654,20 @@ func TestFakeCreateContext(t *testing.T) {
 		name string
 		end  func(cancel context.CancelFunc, e *fakeEnv)
 		ctx  func() (context.Context, context.CancelFunc)
-		want provider.ErrorCode
+		want errs.ErrorCode
 		mod  func(*Config)
 	}{
 		{"cancelled during define", func(cancel context.CancelFunc, e *fakeEnv) { cancel() },
-			func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }, provider.Canceled, nil},
+			func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }, errs.Canceled, nil},
 		{"deadline during define", nil,
 			func() (context.Context, context.CancelFunc) {
 				return context.WithTimeout(context.Background(), 500*time.Millisecond)
-			}, provider.DeadlineExceeded, nil},
+			}, errs.DeadlineExceeded, nil},
 		// No deadline of the caller's: the entry's CallTimeout ends the
 		// call, which is Transient, not the caller's DeadlineExceeded.
 		{"CallTimeout during define", nil,
 			func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
-			provider.Transient, func(c *Config) { c.CallTimeout = provider.Duration(300 * time.Millisecond) }},
+			errs.Transient, func(c *Config) { c.CallTimeout = 300 * time.Millisecond }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var mods []func(*Config)
@@ -719,8 +721,8 @@ func TestFakeCreateContext(t *testing.T) {
 		}()
 		_, err := e.p.Create(context.Background(), spec)
 		wg.Wait()
-		wantCode(t, "closed", err, provider.Permanent)
-		if !errors.Is(err, provider.ErrClosed) {
+		wantCode(t, "closed", err, errs.Permanent)
+		if !errors.Is(err, errs.ErrClosed) {
 			t.Errorf("err %v: want ErrClosed", err)
 		}
 		if n := e.lv.callCount("StorageVolDelete"); n != 0 {
@@ -747,7 +749,7 @@ func TestFakeCreateContext(t *testing.T) {
 		// The name is held by the first Create: the second waits for it
 		// and gives up with its context.
 		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "second", err, provider.Canceled)
+		wantCode(t, "second", err, errs.Canceled)
 		release()
 		if err := <-done; err != nil {
 			t.Fatal(err)
@@ -760,7 +762,7 @@ func TestFakeCreateContext(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() { <-e.images.entered; cancel() }()
 		_, err := e.p.Create(ctx, spec)
-		wantCode(t, "image wait", err, provider.Canceled)
+		wantCode(t, "image wait", err, errs.Canceled)
 		e.onlyBases("image wait")
 	})
 }
@@ -794,7 +796,7 @@ func leaveVolumes(t *testing.T, e *fakeEnv) {
 	e.lv.setFault(nil)
 }
 
-func bigSpec() provider.Spec {
+func bigSpec() egressproxy.Spec {
 	s := fakeSpec("a")
 	s.UserData = "#cloud-config\n# " + strings.Repeat("x", 40000) + "\n"
 	return s
@@ -862,7 +864,7 @@ func TestFakeCreateCancelledBetweenCalls(t *testing.T) {
 				_, err := e.p.Create(ctx, spec)
 				e.sess.wait()
 				if err != nil || j < len(calls)-1 {
-					wantCode(t, "cancelled", err, provider.Canceled)
+					wantCode(t, "cancelled", err, errs.Canceled)
 				}
 				mu.Lock()
 				if len(seen) > j+2 {
@@ -905,13 +907,13 @@ func TestFakeCreateRareFailures(t *testing.T) {
 		setup    func(*testing.T, *fakeEnv)
 		big      bool
 		fault    func(*testing.T, *fakeEnv) func(fakeCall) error
-		want     provider.ErrorCode
+		want     errs.ErrorCode
 		contains string
 	}{
 		{"complete: volume lookup fails", scenario("defined, seed missing"), false,
 			func(*testing.T, *fakeEnv) func(fakeCall) error {
 				return failOn("StorageVolLookupByName", overlayVolume(dn), false, internal)
-			}, provider.Transient, "look up volume"},
+			}, errs.Transient, "look up volume"},
 		{"complete: seed exists after all, of another size", func(t *testing.T, e *fakeEnv) {
 			scenario("defined, seed missing")(t, e)
 			e.lv.putVol(e.cfg.Pool, fakeVol{name: seedVolume(dn), capacity: 7})
@@ -925,11 +927,11 @@ func TestFakeCreateRareFailures(t *testing.T) {
 				}
 				return err
 			}
-		}, provider.Transient, "not replaced while the domain exists"},
+		}, errs.Transient, "not replaced while the domain exists"},
 		{"define fails, domain lookup fails", scenario("fresh"), false, func(*testing.T, *fakeEnv) func(fakeCall) error {
 			return faults(failOn("DomainDefineXMLFlags", "", false, lvErrorf(libvirt.ErrXMLError, "XML error")),
 				failNth("DomainLookupByName", 2, internal))
-		}, provider.Transient, "look up domain"},
+		}, errs.Transient, "look up domain"},
 		{"replica's domain unreadable", scenario("fresh"), false, func(t *testing.T, e *fakeEnv) func(fakeCall) error {
 			var once sync.Once
 			return faults(func(c fakeCall) error {
@@ -938,19 +940,19 @@ func TestFakeCreateRareFailures(t *testing.T) {
 				}
 				return nil
 			}, failOn("DomainGetXMLDesc", "", false, internal))
-		}, provider.Transient, "get XML of domain"},
+		}, errs.Transient, "get XML of domain"},
 		{"leftover seed lookup fails", leaveVolumes, false, func(*testing.T, *fakeEnv) func(fakeCall) error {
 			return failOn("StorageVolLookupByName", seedVolume(dn), false, internal)
-		}, provider.Transient, "look up existing seed"},
+		}, errs.Transient, "look up existing seed"},
 		{"leftover seed unreadable", leaveVolumes, false, func(*testing.T, *fakeEnv) func(fakeCall) error {
 			return failOn("StorageVolGetInfo", "", false, internal)
-		}, provider.Transient, "read existing seed"},
+		}, errs.Transient, "read existing seed"},
 		{"replacing the seed: domain lookup fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
 			return failNth("DomainLookupByName", 2, internal)
-		}, provider.Transient, "look up domain"},
+		}, errs.Transient, "look up domain"},
 		{"replacing the seed: delete fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
 			return failOn("StorageVolDelete", "", false, internal)
-		}, provider.Transient, "delete leftover seed"},
+		}, errs.Transient, "delete leftover seed"},
 		{"replacing the seed: create fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
 			// The seed's second create (the overlay's is made at the same time).
 			var mu sync.Mutex
@@ -966,11 +968,11 @@ func TestFakeCreateRareFailures(t *testing.T) {
 				}
 				return nil
 			}
-		}, provider.Transient, "create seed volume"},
+		}, errs.Transient, "create seed volume"},
 		{"start fails, state unreadable", scenario("fresh"), false, func(*testing.T, *fakeEnv) func(fakeCall) error {
 			return faults(failOn("DomainCreate", "", false, lvErrorf(libvirt.ErrOperationFailed, "operation failed")),
 				failOn("DomainGetState", "", false, internal))
-		}, provider.Transient, "start domain"},
+		}, errs.Transient, "start domain"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEnv(t)

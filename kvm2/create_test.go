@@ -11,7 +11,8 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -43,19 +44,19 @@ func TestRacedIsTransient(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		err  error
-		want provider.ErrorCode // after classify
+		want errs.ErrorCode // after classify
 	}{
-		{"volume exists", lverr(libvirt.ErrStorageVolExist), provider.Transient},
-		{"volume gone", lverr(libvirt.ErrNoStorageVol), provider.Transient},
-		{"domain gone", lverr(libvirt.ErrNoDomain), provider.Transient},
-		{"still being allocated", lverr(libvirt.ErrOperationInvalid), provider.Transient},
-		{"no network stays permanent", lverr(libvirt.ErrNoNetwork), provider.Permanent},
-		{"XML error stays permanent", lverr(libvirt.ErrXMLError), provider.Permanent},
-		{"link dead stays transient", fmt.Errorf("x: %w", io.EOF), provider.Transient},
+		{"volume exists", lverr(libvirt.ErrStorageVolExist), errs.Transient},
+		{"volume gone", lverr(libvirt.ErrNoStorageVol), errs.Transient},
+		{"domain gone", lverr(libvirt.ErrNoDomain), errs.Transient},
+		{"still being allocated", lverr(libvirt.ErrOperationInvalid), errs.Transient},
+		{"no network stays permanent", lverr(libvirt.ErrNoNetwork), errs.Permanent},
+		{"XML error stays permanent", lverr(libvirt.ErrXMLError), errs.Permanent},
+		{"link dead stays transient", fmt.Errorf("x: %w", io.EOF), errs.Transient},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := classify(raced(fmt.Errorf("step: %w", tc.err)))
-			if got := provider.Code(err); got != tc.want {
+			if got := errs.Code(err); got != tc.want {
 				t.Errorf("code %v, want %v (%v)", got, tc.want, err)
 			}
 		})
@@ -82,7 +83,7 @@ func TestInterrupted(t *testing.T) {
 		{"closed", live, &sshconn.Error{Kind: sshconn.KindClosed, Op: "libvirt call"}, true},
 		{"interrupted RPC", live, fmt.Errorf("define: %w", libvirt.ErrInterrupted), true},
 		{"libvirt answered", live, fmt.Errorf("start: %w", lverr(libvirt.ErrNoNetwork)), false},
-		{"classed by us", live, provider.Errorf(provider.Permanent, "overlay backed by another base"), false},
+		{"classed by us", live, errs.Errorf(errs.Permanent, "overlay backed by another base"), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := interrupted(tc.ctx, p, tc.err); got != tc.want {
@@ -97,7 +98,7 @@ func TestInterrupted(t *testing.T) {
 // ErrSpecConflict, Permanent, and the message shows no user-data.
 func TestCheckOwned(t *testing.T) {
 	p := openOffline(t)
-	spec := provider.Spec{Name: "a", UID: "u", UserData: "#cloud-config\npassword: hunter2-secret\n"}
+	spec := egressproxy.Spec{Name: "a", UID: "u", UserData: "#cloud-config\npassword: hunter2-secret\n"}
 	c := &creation{p: p, spec: spec, name: domainName(p.cfg.Entry, "a"),
 		meta: instanceMeta{UID: "u", Port: 3128, SpecDigest: spec.Digest()}}
 	other := spec
@@ -113,14 +114,14 @@ func TestCheckOwned(t *testing.T) {
 		t.Errorf("no recorded digest (an older domain) must not be checked: %v", err)
 	}
 	err := c.checkOwned(mk("u", other.Digest(), 8080))
-	if !errors.Is(err, provider.ErrSpecConflict) || !errors.Is(err, provider.ErrPermanent) || provider.Code(err) != provider.Permanent {
-		t.Fatalf("other digest: %v (code %v), want ErrSpecConflict, Permanent", err, provider.Code(err))
+	if !errors.Is(err, errs.ErrSpecConflict) || !errors.Is(err, errs.ErrPermanent) || errs.Code(err) != errs.Permanent {
+		t.Fatalf("other digest: %v (code %v), want ErrSpecConflict, Permanent", err, errs.Code(err))
 	}
 	if msg := err.Error(); strings.Contains(msg, "secret") || !strings.Contains(msg, "port 8080, now 3128") {
 		t.Errorf("message %q: want the port change and no user-data", msg)
 	}
 	err = c.checkOwned(mk("other-uid", spec.Digest(), 3128))
-	if provider.Code(err) != provider.Permanent || errors.Is(err, provider.ErrSpecConflict) {
+	if errs.Code(err) != errs.Permanent || errors.Is(err, errs.ErrSpecConflict) {
 		t.Errorf("another UID: %v, want Permanent name taken (not a spec conflict)", err)
 	}
 }

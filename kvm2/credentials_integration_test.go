@@ -9,8 +9,8 @@ import (
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // The credential fields reach sshconn: a provider configured only with
@@ -35,17 +35,17 @@ func TestIntegrationCredentialsAsValues(t *testing.T) {
 	tests := []struct {
 		name   string
 		mutate func(c *Config)
-		want   provider.HealthReason
+		want   egressproxy.HealthReason
 	}{
 		{"key and known_hosts as bytes", func(c *Config) {
 			c.KeyFile, c.Key, c.KnownHostsFile, c.KnownHosts = "", key, "", knownHosts
-		}, provider.ReasonNone},
-		{"ssh-agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", agent }, provider.ReasonNone},
+		}, egressproxy.ReasonNone},
+		{"ssh-agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", agent }, egressproxy.ReasonNone},
 		// The embedder's own ssh.Signer (a token, a KMS) is the only key.
-		{"signer", func(c *Config) { c.KeyFile, c.Signer = "", signer }, provider.ReasonNone},
+		{"signer", func(c *Config) { c.KeyFile, c.Signer = "", signer }, egressproxy.ReasonNone},
 		{"passphrase for an unencrypted key", func(c *Config) {
 			c.KeyFile, c.Key, c.KeyPassphrase = "", key, []byte("not this key's")
-		}, provider.ReasonCredentialsUnavailable},
+		}, egressproxy.ReasonCredentialsUnavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,7 +53,7 @@ func TestIntegrationCredentialsAsValues(t *testing.T) {
 			tt.mutate(&cfg)
 			p := openT(t, cfg, testr.New(t))
 			h := checkT(t, p)
-			if h.Reason != tt.want || h.Reachable != (tt.want == provider.ReasonNone) {
+			if h.Reason != tt.want || h.Reachable != (tt.want == egressproxy.ReasonNone) {
 				t.Fatalf("Check = reachable %v reason %q (%s), want reason %q", h.Reachable, h.Reason, h.Message, tt.want)
 			}
 		})

@@ -10,10 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 const credSecret = "SECRET-kvm2-7c3e"
@@ -68,18 +67,18 @@ func TestConfigCredentials(t *testing.T) {
 				}
 				return
 			}
-			if provider.Code(err) != provider.Permanent {
-				t.Errorf("code = %v, want Permanent (err %v)", provider.Code(err), err)
+			if errs.Code(err) != errs.Permanent {
+				t.Errorf("code = %v, want Permanent (err %v)", errs.Code(err), err)
 			}
 			var got []string
-			for _, fe := range provider.FieldErrors(err) {
+			for _, fe := range errs.FieldErrors(err) {
 				got = append(got, fe.Field)
 			}
 			if strings.Join(got, ",") != strings.Join(tt.fields, ",") {
 				t.Errorf("fields %v, want %v (err: %v)", got, tt.fields, err)
 			}
 			// Open reports the same, before touching anything.
-			if _, oerr := Open(context.Background(), c, nil); provider.Code(oerr) != provider.Permanent ||
+			if _, oerr := open(context.Background(), c, nil); errs.Code(oerr) != errs.Permanent ||
 				!strings.Contains(oerr.Error(), tt.fields[0]) {
 				t.Errorf("Open: %v", oerr)
 			}
@@ -122,7 +121,7 @@ func TestConfigCredentialsMarshal(t *testing.T) {
 		t.Errorf("round trip: %+v", back)
 	}
 	_, verr := c.validate()
-	_, oerr := Open(context.Background(), c, nil)
+	_, oerr := open(context.Background(), c, nil)
 	for _, err := range []error{verr, oerr} {
 		if err == nil {
 			t.Fatal("an invalid config was accepted")
@@ -130,7 +129,7 @@ func TestConfigCredentialsMarshal(t *testing.T) {
 		if s := fmt.Sprint(err); strings.Contains(s, credSecret) || strings.Contains(s, "PRIVATE KEY") {
 			t.Errorf("error shows a secret: %s", s)
 		}
-		if !errors.Is(err, provider.ErrPermanent) {
+		if !errors.Is(err, errs.ErrPermanent) {
 			t.Errorf("not Permanent: %v", err)
 		}
 	}

@@ -41,9 +41,9 @@ func TestDocsConfigExample(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the example of docs/config.md does not parse and validate:\n%v", err)
 	}
-	p, err := Open(t.Context(), c, nil)
+	p, err := open(t.Context(), c, nil)
 	if err != nil {
-		t.Fatalf("Open(example): %v", err)
+		t.Fatalf("open(example): %v", err)
 	}
 	p.Close()
 	for _, typ := range []reflect.Type{reflect.TypeFor[Config](), reflect.TypeFor[imagecache.Image](), reflect.TypeFor[MachineType]()} {

@@ -13,7 +13,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy/internal/domainmeta"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // MetadataNamespace is the XML namespace of the library's own element in a
@@ -30,7 +30,7 @@ const metadataPrefix = "egressproxy"
 const domainPrefix = "ep-"
 
 // domainName is "ep-<entry>--<name>". Neither entry nor name contain "--"
-// (provider.ValidateName), so the mapping is injective.
+// (naming.ValidateName), so the mapping is injective.
 func domainName(entry, name string) string { return domainPrefix + entry + "--" + name }
 
 // overlayVolume is the name of the instance's qcow2 overlay.
@@ -78,10 +78,10 @@ func isXMLChar(r rune) bool {
 // spec-digest is written only when m.SpecDigest is set.
 func marshalMetadata(m instanceMeta) (string, error) {
 	if err := checkXMLText("UID", m.UID); err != nil {
-		return "", provider.WithCode(provider.Permanent, err)
+		return "", errs.WithCode(errs.Permanent, err)
 	}
 	if err := checkXMLText("SpecDigest", m.SpecDigest); err != nil {
-		return "", provider.WithCode(provider.Permanent, err)
+		return "", errs.WithCode(errs.Permanent, err)
 	}
 	var buf bytes.Buffer
 	enc := xml.NewEncoder(&buf)
@@ -270,18 +270,18 @@ func buildDomain(p domainParams) (*libvirtxml.Domain, error) {
 		{"Cmdline", p.Cmdline}, {"ConsoleLog", p.ConsoleLog}, {"Entry", p.Meta.Entry}, {"Owner", p.Meta.Owner},
 	} {
 		if err := checkXMLText(f.field, f.val); err != nil {
-			return nil, provider.WithCode(provider.Permanent, err)
+			return nil, errs.WithCode(errs.Permanent, err)
 		}
 	}
 	switch {
 	case p.Name == "":
-		return nil, provider.WithCode(provider.Permanent, fieldErr("Name", "", "is required"))
+		return nil, errs.WithCode(errs.Permanent, fieldErr("Name", "", "is required"))
 	case p.VCPUs < 1:
-		return nil, provider.WithCode(provider.Permanent, fieldErr("VCPUs", strconv.Itoa(p.VCPUs), "must be at least 1"))
+		return nil, errs.WithCode(errs.Permanent, fieldErr("VCPUs", strconv.Itoa(p.VCPUs), "must be at least 1"))
 	case p.MemoryMiB < 1:
-		return nil, provider.WithCode(provider.Permanent, fieldErr("MemoryMiB", strconv.Itoa(p.MemoryMiB), "must be at least 1"))
+		return nil, errs.WithCode(errs.Permanent, fieldErr("MemoryMiB", strconv.Itoa(p.MemoryMiB), "must be at least 1"))
 	case (p.Network == "") == (p.Bridge == ""):
-		return nil, provider.WithCode(provider.Permanent, fieldErr("Network", p.Network, "exactly one of Network and Bridge must be set"))
+		return nil, errs.WithCode(errs.Permanent, fieldErr("Network", p.Network, "exactly one of Network and Bridge must be set"))
 	}
 	meta, err := marshalMetadata(p.Meta)
 	if err != nil {
@@ -368,7 +368,7 @@ func buildDomainXML(p domainParams) (string, error) {
 	}
 	s, err := d.Marshal()
 	if err != nil {
-		return "", provider.WithCode(provider.Permanent, fmt.Errorf("marshal domain %q: %w", p.Name, err))
+		return "", errs.WithCode(errs.Permanent, fmt.Errorf("marshal domain %q: %w", p.Name, err))
 	}
 	return s, nil
 }

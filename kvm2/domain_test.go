@@ -9,8 +9,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/domainmeta"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 func testParams() domainParams {
@@ -29,7 +30,7 @@ func testParams() domainParams {
 			Entry:      "lab-1",
 			Owner:      "operator-a",
 			Port:       3128,
-			SpecDigest: provider.Spec{Name: "proxy-a", UID: "6f1c2a4e-uid"}.Digest(),
+			SpecDigest: egressproxy.Spec{Name: "proxy-a", UID: "6f1c2a4e-uid"}.Digest(),
 		},
 	}
 }
@@ -166,10 +167,10 @@ func TestBuildDomainRejects(t *testing.T) {
 			p := testParams()
 			tt.mutate(&p)
 			_, err := buildDomainXML(p)
-			if provider.Code(err) != provider.Permanent {
-				t.Fatalf("err = %v (code %v), want Permanent", err, provider.Code(err))
+			if errs.Code(err) != errs.Permanent {
+				t.Fatalf("err = %v (code %v), want Permanent", err, errs.Code(err))
 			}
-			var fe *provider.FieldError
+			var fe *errs.FieldError
 			if !errors.As(err, &fe) || fe.Field != tt.field {
 				t.Errorf("err %v does not name field %s", err, tt.field)
 			}

@@ -7,12 +7,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // FuzzConfigErrorText: whatever the configuration, the error Open returns
-// is valid UTF-8 of at most provider.MaxErrorText bytes, and map keys
+// is valid UTF-8 of at most errs.MaxErrorText bytes, and map keys
 // (image keys, machine type names) are quoted bounded in the field names.
 func FuzzConfigErrorText(f *testing.F) {
 	f.Add("lab-1", "operator-a", "127.0.0.1:22", "root", "default", "debian-12", "small", "")
@@ -30,7 +31,7 @@ func FuzzConfigErrorText(f *testing.F) {
 		cfg.DefaultImage = mtName
 		cfg.MachineTypes = map[string]MachineType{mtName: {VCPUs: -1, MemoryMiB: 1 << 30}, imgKey: {VCPUs: 1, MemoryMiB: 512}}
 		cfg.DefaultMachineType = imgKey + mtName
-		p, err := Open(context.Background(), cfg, nil)
+		p, err := open(context.Background(), cfg, nil)
 		if p != nil {
 			p.Close()
 		}
@@ -38,11 +39,11 @@ func FuzzConfigErrorText(f *testing.F) {
 			return
 		}
 		msg := err.Error()
-		if !utf8.ValidString(msg) || len(msg) > provider.MaxErrorText {
+		if !utf8.ValidString(msg) || len(msg) > errs.MaxErrorText {
 			t.Fatalf("Open error text is %d bytes, valid UTF-8 %v: %.200q", len(msg), utf8.ValidString(msg), msg)
 		}
-		if provider.Code(err) != provider.Permanent {
-			t.Fatalf("Open: Code = %v: %v", provider.Code(err), err)
+		if errs.Code(err) != errs.Permanent {
+			t.Fatalf("Open: Code = %v: %v", errs.Code(err), err)
 		}
 		for _, line := range strings.Split(msg, "\n") {
 			if len(line) > 400 {
@@ -57,20 +58,20 @@ func FuzzConfigErrorText(f *testing.F) {
 // entry once (kvm2's), then what failed.
 func TestMessagesThroughClient(t *testing.T) {
 	p := openOffline(t)
-	c := egressproxy.New(p, nil)
+	c := driver.NewClient(p, nil)
 	ctx := context.Background()
-	ref := provider.Ref{Name: "a", UID: "u"}
+	ref := egressproxy.Ref{Name: "a", UID: "u"}
 	exact := []struct {
 		name string
 		call func() error
 		want string
 	}{
 		{"unknown image", func() error {
-			_, err := c.Create(ctx, provider.Spec{Name: "a", UID: "u", ImageKey: "nope"})
+			_, err := c.Create(ctx, egressproxy.Spec{Name: "a", UID: "u", ImageKey: "nope"})
 			return err
 		}, `egressproxy create a: invalid ImageKey "nope": is not a configured image of this provider entry`},
 		{"unknown machine type", func() error {
-			_, err := c.Create(ctx, provider.Spec{Name: "a", UID: "u", MachineType: "huge"})
+			_, err := c.Create(ctx, egressproxy.Spec{Name: "a", UID: "u", MachineType: "huge"})
 			return err
 		}, `egressproxy create a: invalid MachineType "huge": is not a configured machine type of this provider entry`},
 	}
@@ -86,7 +87,7 @@ func TestMessagesThroughClient(t *testing.T) {
 		call   func() error
 	}{
 		{"egressproxy get a: kvm2 lab-1: sshconn: ", func() error { _, err := c.Get(ctx, ref); return err }},
-		{"egressproxy create a: kvm2 lab-1: sshconn: ", func() error { _, err := c.Create(ctx, provider.Spec{Name: "a", UID: "u"}); return err }},
+		{"egressproxy create a: kvm2 lab-1: sshconn: ", func() error { _, err := c.Create(ctx, egressproxy.Spec{Name: "a", UID: "u"}); return err }},
 		{"egressproxy delete a: kvm2 lab-1: sshconn: ", func() error { return c.Delete(ctx, ref) }},
 		{"egressproxy list: kvm2 lab-1: sshconn: ", func() error { _, err := c.List(ctx); return err }},
 	} {

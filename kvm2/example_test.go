@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // entryJSON is one provider entry as an embedder might keep it in a
@@ -33,47 +33,32 @@ const entryJSON = `{
 	"callTimeout": "2m"
 }`
 
-// Open validates the Config and builds the provider without touching the
-// host: the first call dials. Config returns what Open made of it, with the
-// documented defaults filled in. An embedder then drives the provider through
-// egressproxy.New (Create, Get, Delete, List, Check) and closes it.
+// Open validates the Config and returns the portable client of the entry
+// without touching the host: the first call dials.
 func ExampleOpen() {
 	cfg, err := kvm2.ParseConfig([]byte(entryJSON)) // strict: a mistyped key is an error
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	p, err := kvm2.Open(context.Background(), cfg, nil) // nil *Options: no logs, no spans
+	client, err := kvm2.Open(context.Background(), cfg, nil) // nil *Options: no logs, no spans
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	client := egressproxy.New(p, nil) // the portable client; Close closes p too
-	defer client.Close()
+	defer client.Close() // closes the entry's connections
 
 	// What an embedder does next with the client (its first call dials the host):
 	//
-	//	inst, err := client.Create(ctx, provider.Spec{Name: "proxy-1", UID: string(obj.UID)})
+	//	inst, err := client.Create(ctx, egressproxy.Spec{Name: "proxy-1", UID: string(obj.UID)})
 	//	switch {
 	//	case err == nil: // inst.State, inst.Address()
-	//	case provider.Retryable(err): // requeue with backoff
-	//	default: // report it; a human or a changed spec must act
+	//	case errors.Is(err, egressproxy.ErrTransient): // requeue with backoff
+	//	default: // report it; a person or a changed spec must act
 	//	}
-
-	got := p.Config()
-	fmt.Println("entry:", got.Entry, "pool:", got.Pool)
-	fmt.Println("default image:", got.DefaultImage, got.Images["debian-12"].Key)
-	fmt.Println("machine type:", got.DefaultMachineType, got.MachineTypes[got.DefaultMachineType])
-	fmt.Println("libvirt:", got.LibvirtURI, got.LibvirtSocket)
-	fmt.Printf("network: %s domain type: %q (automatic)\n", got.Network, got.DomainType)
-	fmt.Println("call timeout:", got.CallTimeout)
+	fmt.Println("opened", cfg.Entry, "on", cfg.Address)
 	// Output:
-	// entry: lab-1 pool: default
-	// default image: debian-12 debian-12
-	// machine type: small {1 512}
-	// libvirt: qemu:///system /var/run/libvirt/libvirt-sock
-	// network: default domain type: "" (automatic)
-	// call timeout: 2m0s
+	// opened lab-1 on hv1.example.net:22
 }
 
 // ParseConfig reads YAML or JSON strictly: a mistyped key, or a duration
@@ -85,8 +70,8 @@ func ExampleParseConfig() {
 		"entry: lab-1\nowner: my-operator\ncallTimeout: 30\n",
 	} {
 		_, err := kvm2.ParseConfig([]byte(doc))
-		for _, fe := range provider.FieldErrors(err) {
-			fmt.Println(provider.Code(err), fe.Field)
+		for _, fe := range errs.FieldErrors(err) {
+			fmt.Println(errs.Code(err), fe.Field)
 		}
 	}
 	// Output:
@@ -105,8 +90,8 @@ func ExampleOpen_invalidConfig() {
 		Bridge:  "br0", // a NIC joins one or the other
 		// User, KeyFile, KnownHostsFile and Pool are missing.
 	}, nil)
-	fmt.Println(provider.Code(err))
-	for _, fe := range provider.FieldErrors(err) {
+	fmt.Println(errs.Code(err))
+	for _, fe := range errs.FieldErrors(err) {
 		fmt.Println(fe.Field)
 	}
 	// Output:
@@ -123,7 +108,7 @@ func ExampleOpen_invalidConfig() {
 // Check reports an unusable entry as a Health with a Reason rather than an
 // error, so a controller can show it in a condition. Here the key file does
 // not exist, which Check reports before dialing.
-func ExampleProvider_Check() {
+func ExampleOpen_check() {
 	var cfg kvm2.Config
 	if err := json.Unmarshal([]byte(entryJSON), &cfg); err != nil {
 		fmt.Println(err)
@@ -145,7 +130,7 @@ func ExampleProvider_Check() {
 
 	p.Close()
 	_, err = p.Check(ctx)
-	fmt.Println(errors.Is(err, provider.ErrClosed), provider.Code(err))
+	fmt.Println(errors.Is(err, egressproxy.ErrClosed), egressproxy.Code(err))
 	// Output:
 	// false CredentialsUnavailable <nil>
 	// true Permanent

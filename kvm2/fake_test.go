@@ -1032,7 +1032,7 @@ type fakeEnv struct {
 	lv     *fakeLibvirt
 	sess   *fakeSession
 	images *fakeImages
-	p      *Provider
+	p      *provider
 }
 
 // newFakeEnv builds a Provider of validConfig with image "tiny" (and mod
@@ -1050,7 +1050,7 @@ func newFakeEnv(t *testing.T, mod ...func(*Config)) *fakeEnv {
 	}
 	lv := newFakeLibvirt()
 	e := &fakeEnv{t: t, cfg: cfg, lv: lv, sess: newFakeSession(lv), images: &fakeImages{lv: lv, entry: cfg.Entry, pool: cfg.Pool}}
-	e.p = newProvider(cfg, testr.NewWithOptions(t, testr.Options{Verbosity: 1}), noop.NewTracerProvider().Tracer(TracerName), e.sess, e.images)
+	e.p = newProvider(cfg, testr.NewWithOptions(t, testr.Options{Verbosity: 1}), noop.NewTracerProvider().Tracer(tracerName), e.sess, e.images)
 	t.Cleanup(func() {
 		if err := e.p.Close(); err != nil {
 			t.Errorf("Close: %v", err)

@@ -18,9 +18,9 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // otherEntry is e's config under another entry name, its domains and
@@ -94,22 +94,22 @@ func TestIntegrationImageFanoutByDefault(t *testing.T) {
 	t.Cleanup(srv.Close)
 	image := map[string]imagecache.Image{"tiny": {URL: srv.URL + "/fan.qcow2", SHA256: hex.EncodeToString(sum[:])}}
 	logs := &sourceLog{sources: map[string]string{}}
-	open := func(opts *Options) (*Provider, string) {
+	open := func(opts *Options) (*provider, string) {
 		cfg := otherEntry(t, e)
 		cfg.Images = image
 		if opts == nil {
 			opts = &Options{}
 		}
 		opts.Logger = logs.logger()
-		p, err := Open(t.Context(), cfg, opts)
+		p, err := open(t.Context(), cfg, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = p.Close() })
 		return p, cfg.Entry
 	}
-	create := func(p *Provider, name string) error {
-		spec := provider.Spec{Name: name, UID: "uid-" + name, MachineType: "tiny"}
+	create := func(p *provider, name string) error {
+		spec := egressproxy.Spec{Name: name, UID: "uid-" + name, MachineType: "tiny"}
 		_, err := p.Create(ctxT(t), spec)
 		if err == nil {
 			t.Cleanup(func() { _ = p.Delete(ctxT(t), spec.Ref()) })

@@ -11,8 +11,9 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // TestIntegrationFrozenSSHD: with sshd and its session processes stopped
@@ -20,7 +21,7 @@ import (
 // within a second, and after SIGCONT a new provider is reachable again.
 func TestIntegrationFrozenSSHD(t *testing.T) {
 	cfg := stackConfig(t)
-	p, err := Open(context.Background(), cfg, &Options{Logger: testr.New(t)})
+	p, err := open(context.Background(), cfg, &Options{Logger: testr.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,8 +60,8 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 	if err == nil && h.Reachable {
 		t.Error("Check reachable with sshd frozen")
 	}
-	if err != nil && provider.Code(err) != provider.DeadlineExceeded {
-		t.Errorf("Check error code %v, want DeadlineExceeded", provider.Code(err))
+	if err != nil && errs.Code(err) != errs.DeadlineExceeded {
+		t.Errorf("Check error code %v, want DeadlineExceeded", errs.Code(err))
 	}
 	start = time.Now()
 	if err := p.Close(); err != nil {
@@ -82,7 +83,7 @@ func TestIntegrationSpans(t *testing.T) {
 	e := newLifecycleEnv(t)
 	p, rec, _ := tracedProvider(t, e)
 	ctx := ctxT(t)
-	spec := provider.Spec{Name: "traced", UID: "uid-t"}
+	spec := egressproxy.Spec{Name: "traced", UID: "uid-t"}
 	if _, err := p.Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}

@@ -7,10 +7,11 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"libvirt.org/go/libvirtxml"
 	"sigs.k8s.io/yaml"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // FuzzDomainXML: for any instance name, UID, owner, port, kernel command
@@ -24,8 +25,8 @@ func FuzzDomainXML(f *testing.F) {
 	f.Add("a-b", "ünï©ødé ✓ 🚀", "owner", 65535, "", "n", int64(-1))
 	f.Add("x", "a\uFFFEb", "o", 80, "\x00", "n", int64(1))
 	f.Fuzz(func(t *testing.T, name, uid, owner string, port int, cmdline, network string, created int64) {
-		if provider.ValidateName("Name", name) != nil || provider.ValidateName("Owner", owner) != nil ||
-			(provider.Spec{Name: "x", UID: uid}).Validate() != nil || port < 1 || port > 65535 {
+		if naming.ValidateName("Name", name) != nil || naming.ValidateName("Owner", owner) != nil ||
+			(egressproxy.Spec{Name: "x", UID: uid}).Validate() != nil || port < 1 || port > 65535 {
 			return // the portable layer rejects these before the builder
 		}
 		p := testParams()
@@ -36,8 +37,8 @@ func FuzzDomainXML(f *testing.F) {
 		p.Meta = instanceMeta{UID: uid, Created: time.Unix(created%(1<<40), created%1e9).UTC(), Entry: "lab-1", Owner: owner, Port: port}
 		s, err := buildDomainXML(p)
 		if err != nil {
-			var fe *provider.FieldError
-			if provider.Code(err) != provider.Permanent || !errors.As(err, &fe) {
+			var fe *errs.FieldError
+			if errs.Code(err) != errs.Permanent || !errors.As(err, &fe) {
 				t.Fatalf("refusal %v is not a Permanent field error", err)
 			}
 			if checkXMLText("UID", uid) == nil && checkXMLText("Cmdline", cmdline) == nil && checkXMLText("Network", network) == nil && network != "" {
@@ -77,12 +78,12 @@ func FuzzSeed(f *testing.F) {
 	f.Add("- [x, y]", "h", "---\n...\n\x00\xff")
 	f.Add("ünï ✓", "a-b", strings.Repeat("é", 1000))
 	f.Fuzz(func(t *testing.T, uid, name, userData string) {
-		if (provider.Spec{Name: name, UID: uid}).Validate() != nil {
+		if (egressproxy.Spec{Name: name, UID: uid}).Validate() != nil {
 			return
 		}
 		iso, err := buildSeed(seedData{InstanceID: uid, Hostname: name, UserData: userData})
-		if len(userData) > provider.MaxUserDataBytes {
-			if provider.Code(err) != provider.Permanent {
+		if len(userData) > naming.MaxUserDataBytes {
+			if errs.Code(err) != errs.Permanent {
 				t.Fatalf("oversized user-data: err %v", err)
 			}
 			return

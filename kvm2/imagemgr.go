@@ -8,16 +8,19 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/egressproxy/egressproxy/internal/obs"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
-// The provider.ImageManager of kvm2: the entry's configured images
+// The driver.ImageManager of kvm2: the entry's configured images
 // (Config.Images) and their bases in the pool, through the entry's
 // imagecache.Cache (List, Verify, Evict).
 
-var _ provider.ImageManager = (*Provider)(nil)
+var _ driver.ImageManager = (*provider)(nil)
 
 // foreignDomainPrefix starts the InUseBy entry of a domain that is not an
 // instance of this entry ("domain/<libvirt name>"; '/' is in no instance
@@ -28,20 +31,20 @@ const foreignDomainPrefix = "domain/"
 const keyImage = attribute.Key("egressproxy.image")
 
 // image returns the configured image of key, or a Permanent
-// *provider.FieldError naming the key: invalid, or not configured.
-func (p *Provider) image(key string) (imagecache.Image, error) {
-	if err := provider.ValidateKey("ImageKey", key); err != nil {
-		return imagecache.Image{}, provider.WithCode(provider.Permanent, err)
+// *errs.FieldError naming the key: invalid, or not configured.
+func (p *provider) image(key string) (imagecache.Image, error) {
+	if err := naming.ValidateKey("ImageKey", key); err != nil {
+		return imagecache.Image{}, errs.WithCode(errs.Permanent, err)
 	}
 	img, ok := p.cfg.Images[key]
 	if !ok {
-		return imagecache.Image{}, provider.WithCode(provider.Permanent, fieldErr("ImageKey", key, "is not a configured image of this provider entry"))
+		return imagecache.Image{}, errs.WithCode(errs.Permanent, fieldErr("ImageKey", key, "is not a configured image of this provider entry"))
 	}
 	return img, nil
 }
 
 // baseName is the volume name of img's base in this entry.
-func (p *Provider) baseName(img imagecache.Image) string {
+func (p *provider) baseName(img imagecache.Image) string {
 	format := img.Format
 	if format == "" {
 		format = imagecache.FormatQCOW2
@@ -51,7 +54,7 @@ func (p *Provider) baseName(img imagecache.Image) string {
 
 // startImage starts the span of an image operation: the entry and, for one
 // key, the key and its base volume.
-func (p *Provider) startImage(ctx context.Context, name, key, volume string) (context.Context, func(error)) {
+func (p *provider) startImage(ctx context.Context, name, key, volume string) (context.Context, func(error)) {
 	var extra []attribute.KeyValue
 	if key != "" {
 		extra = append(extra, keyImage.String(key))
@@ -63,14 +66,14 @@ func (p *Provider) startImage(ctx context.Context, name, key, volume string) (co
 // instanceNames maps the domains using a base to instance names: a domain
 // of this entry ("ep-<entry>--<name>") is its instance name, any other
 // domain "domain/<its name>". Sorted.
-func (p *Provider) instanceNames(domains []string) []string {
+func (p *provider) instanceNames(domains []string) []string {
 	if len(domains) == 0 {
 		return nil
 	}
 	prefix := domainPrefix + p.cfg.Entry + "--"
 	out := make([]string, 0, len(domains))
 	for _, d := range domains {
-		if name, ok := strings.CutPrefix(d, prefix); ok && provider.ValidateName("Name", name) == nil {
+		if name, ok := strings.CutPrefix(d, prefix); ok && naming.ValidateName("Name", name) == nil {
 			out = append(out, name)
 		} else {
 			out = append(out, foreignDomainPrefix+d)
@@ -84,8 +87,8 @@ func (p *Provider) instanceNames(domains []string) []string {
 // its volume; found false when the pool has none). A base without a valid
 // digest marker is not Present (it is debris or still being fetched), but
 // its users are listed.
-func (p *Provider) info(key string, e imagecache.Entry, found bool) provider.ImageInfo {
-	info := provider.ImageInfo{Key: key}
+func (p *provider) info(key string, e imagecache.Entry, found bool) egressproxy.ImageInfo {
+	info := egressproxy.ImageInfo{Key: key}
 	if !found {
 		return info
 	}
@@ -97,7 +100,7 @@ func (p *Provider) info(key string, e imagecache.Entry, found bool) provider.Ima
 }
 
 // listed lists the pool's bases of this entry by volume name.
-func (p *Provider) listed(ctx context.Context) (map[string]imagecache.Entry, error) {
+func (p *provider) listed(ctx context.Context) (map[string]imagecache.Entry, error) {
 	entries, err := p.cache.List(ctx)
 	if err != nil {
 		return nil, p.wrap(err)
@@ -117,7 +120,7 @@ func (p *Provider) listed(ctx context.Context) (map[string]imagecache.Entry, err
 // are not listed. One imagecache.List (span imagecache.List under
 // kvm2.ListImages): every pool's volumes and every domain's disks are read
 // to find the users.
-func (p *Provider) ListImages(ctx context.Context) (_ []provider.ImageInfo, opErr error) {
+func (p *provider) ListImages(ctx context.Context) (_ []egressproxy.ImageInfo, opErr error) {
 	ctx, end := p.startImage(ctx, "kvm2.ListImages", "", "")
 	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
@@ -129,7 +132,7 @@ func (p *Provider) ListImages(ctx context.Context) (_ []provider.ImageInfo, opEr
 		return nil, err
 	}
 	keys := sortedKeys(p.cfg.Images)
-	out := make([]provider.ImageInfo, 0, len(keys))
+	out := make([]egressproxy.ImageInfo, 0, len(keys))
 	present := 0
 	for _, key := range keys {
 		e, found := byVol[p.baseName(p.cfg.Images[key])]
@@ -147,10 +150,10 @@ func (p *Provider) ListImages(ctx context.Context) (_ []provider.ImageInfo, opEr
 // it and compares it with the digest its marker records
 // (imagecache.Cache.Verify), then lists it for its size and users.
 // Errors: Permanent for an invalid or unconfigured key (a
-// *provider.FieldError naming it) and for stored bytes or a marker that
+// *errs.FieldError naming it) and for stored bytes or a marker that
 // differ (nothing is deleted); NotFound when the key has no published base;
 // Transient for the link and libvirt; the context's codes.
-func (p *Provider) VerifyImage(ctx context.Context, key string) (_ provider.ImageInfo, opErr error) {
+func (p *provider) VerifyImage(ctx context.Context, key string) (_ egressproxy.ImageInfo, opErr error) {
 	img, ierr := p.image(key)
 	vol := ""
 	if ierr == nil {
@@ -159,24 +162,24 @@ func (p *Provider) VerifyImage(ctx context.Context, key string) (_ provider.Imag
 	ctx, end := p.startImage(ctx, "kvm2.VerifyImage", key, vol)
 	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
-		return provider.ImageInfo{}, err
+		return egressproxy.ImageInfo{}, err
 	}
 	if ierr != nil {
-		return provider.ImageInfo{}, ierr
+		return egressproxy.ImageInfo{}, ierr
 	}
 	start := time.Now()
 	b, err := p.cache.Verify(ctx, img)
 	if err != nil {
-		return provider.ImageInfo{}, p.wrap(err)
+		return egressproxy.ImageInfo{}, p.wrap(err)
 	}
 	byVol, err := p.listed(ctx)
 	if err != nil {
-		return provider.ImageInfo{}, err
+		return egressproxy.ImageInfo{}, err
 	}
 	e, found := byVol[vol]
 	info := p.info(key, e, found)
 	if !info.Present {
-		return provider.ImageInfo{}, provider.Errorf(provider.NotFound, "kvm2 %s: base %s was evicted while it was verified", p.cfg.Entry, vol)
+		return egressproxy.ImageInfo{}, errs.Errorf(errs.NotFound, "kvm2 %s: base %s was evicted while it was verified", p.cfg.Entry, vol)
 	}
 	info.Digest, info.Verified = b.Digest, true
 	p.log.V(1).Info("verified image", "image", key, "volume", vol, "sha256", b.Digest, "bytes", info.SizeBytes, "elapsed", time.Since(start))
@@ -189,9 +192,9 @@ func (p *Provider) VerifyImage(ctx context.Context, key string) (_ provider.Imag
 // while any defined domain (running or not, of any entry) uses the base,
 // or while a disk on the host cannot be resolved (it might use it). A key
 // without a base is not an error. Errors: Permanent (an invalid or
-// unconfigured key, a *provider.FieldError naming it; in use), Transient,
+// unconfigured key, a *errs.FieldError naming it; in use), Transient,
 // the context's codes.
-func (p *Provider) EvictImage(ctx context.Context, key string) (opErr error) {
+func (p *provider) EvictImage(ctx context.Context, key string) (opErr error) {
 	img, ierr := p.image(key)
 	vol := ""
 	if ierr == nil {

@@ -13,8 +13,9 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // On the real stack, through the Client: a domain of another tool using
@@ -26,9 +27,9 @@ func TestIntegrationImagesForeignUserAndChangedBytes(t *testing.T) {
 	teststack.Require(t)
 	e := newLifecycleEnv(t)
 	p := openT(t, e.cfg, testr.NewWithOptions(t, testr.Options{Verbosity: 1}))
-	c := egressproxy.New(p, nil)
+	c := driver.NewClient(p, nil)
 	ctx := ctxT(t)
-	spec := provider.Spec{Name: "img-it", UID: "uid-img-it"}
+	spec := egressproxy.Spec{Name: "img-it", UID: "uid-img-it"}
 	if _, err := c.Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestIntegrationImagesForeignUserAndChangedBytes(t *testing.T) {
 		t.Fatalf("ListImages with only the foreign domain = %+v, %v; want InUseBy [domain/%s]", listed, err, foreign)
 	}
 	err = c.EvictImage(ctx, "tiny")
-	if provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), "egressproxy evict-image tiny: kvm2 "+e.cfg.Entry+": base "+e.baseVol+" is the backing store of domains "+foreign) {
+	if errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), "egressproxy evict-image tiny: kvm2 "+e.cfg.Entry+": base "+e.baseVol+" is the backing store of domains "+foreign) {
 		t.Fatalf("EvictImage while a foreign domain uses the base = %v", err)
 	}
 	t.Logf("refused: %v", err)
@@ -118,7 +119,7 @@ func TestIntegrationImagesForeignUserAndChangedBytes(t *testing.T) {
 		t.Fatalf("overwrite the base: %v", err)
 	}
 	_, err = c.VerifyImage(ctx, "tiny")
-	if provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), "its marker says "+img.Digest) ||
+	if errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), "its marker says "+img.Digest) ||
 		!strings.HasSuffix(err.Error(), "delete the proxies using it, then evict the base with EvictImage (egressproxyctl images evict)") {
 		t.Fatalf("VerifyImage of changed bytes = %v, want Permanent naming the marker's digest and the remedy", err)
 	}
@@ -136,7 +137,7 @@ func TestIntegrationImagesForeignUserAndChangedBytes(t *testing.T) {
 		t.Fatalf("ListImages after EvictImage = %+v, %v", l, err)
 	}
 	_, err = c.VerifyImage(ctx, "tiny")
-	if provider.Code(err) != provider.NotFound {
+	if errs.Code(err) != errs.NotFound {
 		t.Fatalf("VerifyImage after EvictImage = %v, want NotFound", err)
 	}
 }

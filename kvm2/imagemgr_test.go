@@ -11,8 +11,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.opentelemetry.io/otel/codes"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // fakeDigest is the digest the fake cache records for every base.
@@ -74,7 +75,7 @@ func (c *fakeImages) Verify(ctx context.Context, img imagecache.Image) (imagecac
 	name := imagecache.BaseName(c.entry, img.Key, "qcow2")
 	v, ok := c.lv.vol(c.pool, name)
 	if !ok {
-		return imagecache.Base{}, provider.Errorf(provider.NotFound, "base %s: no published base in pool %s", name, c.pool)
+		return imagecache.Base{}, errs.Errorf(errs.NotFound, "base %s: no published base in pool %s", name, c.pool)
 	}
 	return imagecache.Base{Volume: name, Path: v.path, Digest: fakeDigest, Format: "qcow2"}, nil
 }
@@ -92,7 +93,7 @@ func (c *fakeImages) Evict(ctx context.Context, img imagecache.Image) error {
 		return nil
 	}
 	if users := c.usersOf(v); len(users) > 0 {
-		return provider.Errorf(provider.Permanent, "base %s is the backing store of domains %s; delete them before you evict it", name, strings.Join(users, ", "))
+		return errs.Errorf(errs.Permanent, "base %s is the backing store of domains %s; delete them before you evict it", name, strings.Join(users, ", "))
 	}
 	c.lv.removeVol(c.pool, name)
 	return nil
@@ -118,11 +119,11 @@ func TestImagesListMapsUsersToInstances(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]provider.ImageInfo{{Key: "alpine"}, {Key: "tiny"}}, l); diff != "" {
+	if diff := cmp.Diff([]egressproxy.ImageInfo{{Key: "alpine"}, {Key: "tiny"}}, l); diff != "" {
 		t.Fatalf("ListImages before any Create (-want +got):\n%s", diff)
 	}
 	for _, n := range []string{"b", "a"} {
-		if _, err := e.p.Create(ctx, provider.Spec{Name: n, UID: "u-" + n}); err != nil {
+		if _, err := e.p.Create(ctx, egressproxy.Spec{Name: n, UID: "u-" + n}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -135,7 +136,7 @@ func TestImagesListMapsUsersToInstances(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []provider.ImageInfo{
+	want := []egressproxy.ImageInfo{
 		{Key: "alpine"},
 		{Key: "tiny", Name: base, Present: true, Digest: fakeDigest, SizeBytes: int64(len("base")), InUseBy: []string{"a", "b", "domain/other-vm"}},
 	}
@@ -149,12 +150,12 @@ func TestImagesListMapsUsersToInstances(t *testing.T) {
 		t.Fatalf("VerifyImage = %+v, %v; want %+v", v, err, want[1])
 	}
 	_, err = e.p.VerifyImage(ctx, "alpine")
-	if provider.Code(err) != provider.NotFound || !strings.HasPrefix(err.Error(), "kvm2 lab-1: base base-lab-1--alpine.qcow2: ") {
+	if errs.Code(err) != errs.NotFound || !strings.HasPrefix(err.Error(), "kvm2 lab-1: base base-lab-1--alpine.qcow2: ") {
 		t.Fatalf("VerifyImage without a base = %v, want NotFound under kvm2 lab-1", err)
 	}
 
 	err = e.p.EvictImage(ctx, "tiny")
-	if provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), "ep-lab-1--a, ep-lab-1--b, other-vm") {
+	if errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), "ep-lab-1--a, ep-lab-1--b, other-vm") {
 		t.Fatalf("EvictImage in use = %v, want Permanent naming the domains", err)
 	}
 	if _, ok := e.lv.vol(e.cfg.Pool, base); !ok {
@@ -173,8 +174,8 @@ func TestImagesKeysErrorsAndClose(t *testing.T) {
 		_, verr := e.p.VerifyImage(ctx, key)
 		eerr := e.p.EvictImage(ctx, key)
 		for _, err := range []error{verr, eerr} {
-			var fe *provider.FieldError
-			if provider.Code(err) != provider.Permanent || !errors.As(err, &fe) || fe.Field != "ImageKey" || fe.Value != key {
+			var fe *errs.FieldError
+			if errs.Code(err) != errs.Permanent || !errors.As(err, &fe) || fe.Field != "ImageKey" || fe.Value != key {
 				t.Errorf("key %q: %v, want a Permanent FieldError on ImageKey naming it", key, err)
 			}
 		}
@@ -186,13 +187,13 @@ func TestImagesKeysErrorsAndClose(t *testing.T) {
 		t.Errorf("EvictImage without a base = %v, want nil", err)
 	}
 
-	e.images.setErr(provider.Errorf(provider.Transient, "list storage pools: link down"))
+	e.images.setErr(errs.Errorf(errs.Transient, "list storage pools: link down"))
 	_, lerr := e.p.ListImages(ctx)
 	_, verr := e.p.VerifyImage(ctx, "tiny")
 	eerr := e.p.EvictImage(ctx, "tiny")
 	for _, err := range []error{lerr, verr, eerr} {
-		if provider.Code(err) != provider.Transient || err.Error() != "kvm2 lab-1: list storage pools: link down" {
-			t.Errorf("cache failure = %q (%v), want Transient under kvm2 lab-1", err, provider.Code(err))
+		if errs.Code(err) != errs.Transient || err.Error() != "kvm2 lab-1: list storage pools: link down" {
+			t.Errorf("cache failure = %q (%v), want Transient under kvm2 lab-1", err, errs.Code(err))
 		}
 	}
 	e.images.setErr(nil)
@@ -202,7 +203,7 @@ func TestImagesKeysErrorsAndClose(t *testing.T) {
 	_, verr = e.p.VerifyImage(ctx, "tiny")
 	eerr = e.p.EvictImage(ctx, "tiny")
 	for _, err := range []error{lerr, verr, eerr} {
-		if !errors.Is(err, provider.ErrClosed) || provider.Code(err) != provider.Permanent {
+		if !errors.Is(err, errs.ErrClosed) || errs.Code(err) != errs.Permanent {
 			t.Errorf("after Close: %v, want ErrClosed", err)
 		}
 	}
@@ -212,7 +213,7 @@ func TestImagesKeysErrorsAndClose(t *testing.T) {
 // including another entry's whose name starts like ours.
 func TestImagesInstanceNames(t *testing.T) {
 	t.Parallel()
-	p := &Provider{cfg: Config{Entry: "lab"}}
+	p := &provider{cfg: Config{Entry: "lab"}}
 	got := p.instanceNames([]string{"ep-lab--web-1", "ep-lab-2--web-1", "vm", "ep-lab--Bad_Name", "ep-lab--a"})
 	want := []string{"a", "domain/ep-lab--Bad_Name", "domain/ep-lab-2--web-1", "domain/vm", "web-1"}
 	if !slices.Equal(got, want) {

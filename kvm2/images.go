@@ -4,12 +4,12 @@ import (
 	"errors"
 
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // validateImages checks Images and DefaultImage and fills image keys.
-func (c Config) validateImages(errs []error) (Config, []error) {
-	add := func(err error) { errs = append(errs, err) }
+func (c Config) validateImages(problems []error) (Config, []error) {
+	add := func(err error) { problems = append(problems, err) }
 	imgs := make(map[string]imagecache.Image, len(c.Images))
 	for _, key := range sortedKeys(c.Images) {
 		img := c.Images[key]
@@ -26,9 +26,9 @@ func (c Config) validateImages(errs []error) (Config, []error) {
 		}
 		if err := img.Validate(); err != nil {
 			for _, e := range flatten(err) {
-				var fe *provider.FieldError
+				var fe *errs.FieldError
 				if errors.As(e, &fe) {
-					add(&provider.FieldError{Field: field + "." + fe.Field, Value: fe.Value, Rule: fe.Rule})
+					add(&errs.FieldError{Field: field + "." + fe.Field, Value: fe.Value, Rule: fe.Rule})
 				} else {
 					add(fieldErr(field, "", e.Error()))
 				}
@@ -50,7 +50,7 @@ func (c Config) validateImages(errs []error) (Config, []error) {
 	case len(c.Images) > 1:
 		add(fieldErr("DefaultImage", "", "is required when Images has several entries"))
 	}
-	return c, errs
+	return c, problems
 }
 
 // flatten returns the leaves of an errors.Join tree (looking through

@@ -19,9 +19,10 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr/testr"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // interruption is one way a Create can be cut short.
@@ -56,7 +57,7 @@ func TestIntegrationCreateConvergesAfterInterruption(t *testing.T) {
 	cfg.LibvirtSocket = rc.Path()
 	sshd := kvm2.SSHDPidT(t)
 
-	open := func(t *testing.T) *kvm2.Provider {
+	open := func(t *testing.T) *egressproxy.Client {
 		t.Helper()
 		p, err := kvm2.Open(context.Background(), cfg, &kvm2.Options{Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})})
 		if err != nil {
@@ -70,7 +71,7 @@ func TestIntegrationCreateConvergesAfterInterruption(t *testing.T) {
 		t.Cleanup(cancel)
 		return ctx
 	}
-	connected := func(t *testing.T) *kvm2.Provider {
+	connected := func(t *testing.T) *egressproxy.Client {
 		t.Helper()
 		p := open(t)
 		if _, err := p.List(ctxT(t)); err != nil { // dials and connects
@@ -83,7 +84,7 @@ func TestIntegrationCreateConvergesAfterInterruption(t *testing.T) {
 	// connected provider: the boundaries to interrupt at.
 	ctx := ctxT(t)
 	p := open(t)
-	warm := provider.Spec{Name: "warm", UID: "uid-warm"}
+	warm := egressproxy.Spec{Name: "warm", UID: "uid-warm"}
 	if _, err := p.Create(ctx, warm); err != nil {
 		t.Fatalf("warm Create: %v", err)
 	}
@@ -92,7 +93,7 @@ func TestIntegrationCreateConvergesAfterInterruption(t *testing.T) {
 	}
 	_ = p.Close()
 	p = connected(t)
-	probe := provider.Spec{Name: "probe", UID: "uid-probe", UserData: "#cloud-config\n"}
+	probe := egressproxy.Spec{Name: "probe", UID: "uid-probe", UserData: "#cloud-config\n"}
 	rc.Take()
 	if _, err := p.Create(ctx, probe); err != nil {
 		t.Fatalf("probe Create: %v", err)
@@ -143,7 +144,7 @@ func TestIntegrationCreateConvergesAfterInterruption(t *testing.T) {
 				name := fmt.Sprintf("%s/%02d-%s-%s", how, k, phase, strings.TrimSuffix(benchutil.Summary(calls[k-1:k]), "×1"))
 				t.Run(name, func(t *testing.T) {
 					cases++
-					spec := provider.Spec{
+					spec := egressproxy.Spec{
 						Name:     fmt.Sprintf("i-%s-%d-%s", how, k, phase),
 						UID:      fmt.Sprintf("uid-%s-%d-%s", how, k, phase),
 						UserData: fmt.Sprintf("#cloud-config\n# %s\n", name),
@@ -183,15 +184,15 @@ func TestIntegrationCreateConvergesAfterInterruption(t *testing.T) {
 					if !fired.Load() {
 						t.Fatalf("the interrupt at call %d never acted (Create: %v)", k, err)
 					}
-					t.Logf("interrupted Create: %v (code %v)", err, provider.Code(err))
-					switch c := provider.Code(err); {
+					t.Logf("interrupted Create: %v (code %v)", err, errs.Code(err))
+					switch c := errs.Code(err); {
 					case err == nil:
 						// The last answer may be all that was held.
-					case how == byCancel && c != provider.Canceled:
+					case how == byCancel && c != errs.Canceled:
 						t.Errorf("cancelled Create: code %v, want Canceled", c)
-					case how == byClose && !(c == provider.Permanent && errors.Is(err, provider.ErrClosed)) && c != provider.Transient:
+					case how == byClose && !(c == errs.Permanent && errors.Is(err, errs.ErrClosed)) && c != errs.Transient:
 						t.Errorf("Create interrupted by Close: code %v, want ErrClosed (Permanent) or Transient", c)
-					case how == byLink && c != provider.Transient:
+					case how == byLink && c != errs.Transient:
 						t.Errorf("Create whose link died: code %v, want Transient", c)
 					}
 
@@ -200,23 +201,23 @@ func TestIntegrationCreateConvergesAfterInterruption(t *testing.T) {
 						q = open(t)
 					}
 					rctx := ctxT(t)
-					var inst provider.Instance
+					var inst egressproxy.Instance
 					for attempt := 1; ; attempt++ {
 						inst, err = q.Create(rctx, spec)
-						if err == nil || provider.Code(err) != provider.Transient || attempt == 3 {
+						if err == nil || errs.Code(err) != errs.Transient || attempt == 3 {
 							break
 						}
 						retriesNeeded++
 						t.Logf("retried Create %d: transient: %v", attempt, err)
 					}
 					if err != nil {
-						t.Fatalf("retried Create: %v (code %v)", err, provider.Code(err))
+						t.Fatalf("retried Create: %v (code %v)", err, errs.Code(err))
 					}
-					if inst.State != provider.StateProvisioning {
+					if inst.State != egressproxy.StateProvisioning {
 						t.Errorf("retried Create returned state %s, want Provisioning (active, no address)", inst.State)
 					}
 					got, err := q.Get(rctx, spec.Ref())
-					if err != nil || got.State != provider.StateProvisioning || !got.CreatedAt.Equal(inst.CreatedAt) {
+					if err != nil || got.State != egressproxy.StateProvisioning || !got.CreatedAt.Equal(inst.CreatedAt) {
 						t.Errorf("Get = %+v, %v; want Provisioning, created %v", got, err, inst.CreatedAt)
 					}
 					h := kvm2.SettledHostInstanceT(t, cfg, spec.Name)

@@ -9,12 +9,14 @@ import (
 	"sync"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"go.opentelemetry.io/otel/attribute"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
-var _ provider.Provider = (*Provider)(nil)
+var _ driver.Provider = (*provider)(nil)
 
 // nameLocks serialises operations on one domain name inside this process,
 // so two concurrent Creates of one spec never race on its volumes.
@@ -54,7 +56,7 @@ func (n *nameLocks) lock(ctx context.Context, name string) (func(), error) {
 		return func() { <-l.ch; release() }, nil
 	case <-ctx.Done():
 		release()
-		return nil, provider.FromContext(ctx.Err())
+		return nil, errs.FromContext(ctx.Err())
 	}
 }
 
@@ -73,7 +75,7 @@ type domainInfo struct {
 // known. The MAC is only used to look for the address of an active domain,
 // so it is read only when the caller will look (withMAC) and the domain is
 // active; otherwise decoding stops at our metadata element.
-func (p *Provider) readDomain(l lvAPI, dom libvirt.Domain, withMAC bool) (domainInfo, error) {
+func (p *provider) readDomain(l lvAPI, dom libvirt.Domain, withMAC bool) (domainInfo, error) {
 	var (
 		wg         sync.WaitGroup
 		st, reason int32
@@ -100,7 +102,7 @@ func (p *Provider) readDomain(l lvAPI, dom libvirt.Domain, withMAC bool) (domain
 
 // parseDomain decodes the XML x of dom, in state st (with reason); the MAC
 // only when withMAC and the domain is active.
-func (p *Provider) parseDomain(dom libvirt.Domain, x string, st libvirt.DomainState, reason int32, withMAC bool) domainInfo {
+func (p *provider) parseDomain(dom libvirt.Domain, x string, st libvirt.DomainState, reason int32, withMAC bool) domainInfo {
 	info := domainInfo{dom: dom, state: st, reason: reason}
 	px := parseDomainXML(x, withMAC && domainActive(st))
 	switch err := px.metaErr; {
@@ -117,7 +119,7 @@ func (p *Provider) parseDomain(dom libvirt.Domain, x string, st libvirt.DomainSt
 
 // lookup finds the domain of ref and reads it: 3 RPCs. A missing domain is
 // NotFound.
-func (p *Provider) lookup(ctx context.Context, op, name string) (domainInfo, error) {
+func (p *provider) lookup(ctx context.Context, op, name string) (domainInfo, error) {
 	var info domainInfo
 	err := p.do(ctx, op, func(l lvAPI) error {
 		dom, err := l.DomainLookupByName(name)
@@ -135,14 +137,14 @@ func (p *Provider) lookup(ctx context.Context, op, name string) (domainInfo, err
 
 // instance builds the Instance of a domain we own, with the address when it
 // is active (discover: agent → lease → ARP).
-func (p *Provider) instance(ctx context.Context, name string, info domainInfo, discover bool) (provider.Instance, error) {
+func (p *provider) instance(ctx context.Context, name string, info domainInfo, discover bool) (egressproxy.Instance, error) {
 	return p.instanceOf(ctx, name, info, discover, nil)
 }
 
 // instanceOf is instance with the address calls bounded by lim (nil: none).
-func (p *Provider) instanceOf(ctx context.Context, name string, info domainInfo, discover bool, lim limiter) (provider.Instance, error) {
-	inst := provider.Instance{
-		Ref:        provider.Ref{Name: name, UID: info.meta.UID},
+func (p *provider) instanceOf(ctx context.Context, name string, info domainInfo, discover bool, lim limiter) (egressproxy.Instance, error) {
+	inst := egressproxy.Instance{
+		Ref:        egressproxy.Ref{Name: name, UID: info.meta.UID},
 		CreatedAt:  info.meta.Created,
 		Port:       info.meta.Port,
 		SpecDigest: info.meta.SpecDigest,
@@ -150,7 +152,7 @@ func (p *Provider) instanceOf(ctx context.Context, name string, info domainInfo,
 	if discover && domainActive(info.state) {
 		ip, src, err := discoverAddress(ctx, &domainAddrs{p: p, dom: info.dom, lim: lim}, info.mac)
 		if err != nil {
-			return provider.Instance{}, err
+			return egressproxy.Instance{}, err
 		}
 		inst.IP, inst.AddressSource = ip, src
 	}
@@ -160,7 +162,7 @@ func (p *Provider) instanceOf(ctx context.Context, name string, info domainInfo,
 
 // domainAddrs is the addrBackend of one domain over the shared connection.
 type domainAddrs struct {
-	p   *Provider
+	p   *provider
 	dom libvirt.Domain
 	lim limiter // bounds the calls in flight of the operation (nil: none)
 }
@@ -191,14 +193,14 @@ func (d *domainAddrs) InterfaceAddresses(ctx context.Context, src libvirt.Domain
 // the torn-down connection made of it (a link error would say Transient, and
 // a retry on this provider cannot succeed), unless the caller's context
 // ended too: that class stays.
-func (p *Provider) wrap(err error) error {
+func (p *provider) wrap(err error) error {
 	if err == nil {
 		return nil
 	}
 	werr := classify(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
-	if p.closed.Load() && !errors.Is(werr, provider.ErrClosed) {
-		if c := provider.Code(werr); c != provider.Canceled && c != provider.DeadlineExceeded {
-			return provider.WithCode(provider.Permanent, fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, closedError{Err: err}))
+	if p.closed.Load() && !errors.Is(werr, errs.ErrClosed) {
+		if c := errs.Code(werr); c != errs.Canceled && c != errs.DeadlineExceeded {
+			return errs.WithCode(errs.Permanent, fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, closedError{Err: err}))
 		}
 	}
 	return werr
@@ -209,25 +211,25 @@ func (p *Provider) wrap(err error) error {
 // DHCP lease or ARP. A missing domain, or one that is not ours (no metadata,
 // another entry or owner, another UID), is NotFound. An address that cannot
 // be read is Transient (never Failed).
-func (p *Provider) Get(ctx context.Context, ref provider.Ref) (_ provider.Instance, opErr error) {
+func (p *provider) Get(ctx context.Context, ref egressproxy.Ref) (_ egressproxy.Instance, opErr error) {
 	ctx, end := p.start(ctx, "kvm2.Get", ref.Name, false)
 	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
-		return provider.Instance{}, err
+		return egressproxy.Instance{}, err
 	}
-	if err := provider.ValidateRef(ref); err != nil {
-		return provider.Instance{}, err
+	if err := naming.ValidateRef(ref.Name, ref.UID); err != nil {
+		return egressproxy.Instance{}, err
 	}
 	info, err := p.lookup(ctx, "kvm2.Get", domainName(p.cfg.Entry, ref.Name))
 	if err != nil {
-		return provider.Instance{}, classifyRead(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
+		return egressproxy.Instance{}, classifyRead(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
 	}
 	if !info.ours || info.meta.UID != ref.UID {
-		return provider.Instance{}, provider.Errorf(provider.NotFound, "kvm2 %s: no instance with UID %s", p.cfg.Entry, provider.Quote(ref.UID))
+		return egressproxy.Instance{}, errs.Errorf(errs.NotFound, "kvm2 %s: no instance with UID %s", p.cfg.Entry, errs.Quote(ref.UID))
 	}
 	inst, err := p.instance(ctx, ref.Name, info, true)
 	if err != nil {
-		return provider.Instance{}, classifyRead(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
+		return egressproxy.Instance{}, classifyRead(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
 	}
 	return inst, nil
 }
@@ -262,7 +264,7 @@ const listInFlight = 32
 // the XML of each domain with our name prefix is then read, and the
 // addresses of the active ones looked up, at most listInFlight calls at
 // once. A domain undefined meanwhile is skipped.
-func (p *Provider) List(ctx context.Context) (_ []provider.Instance, opErr error) {
+func (p *provider) List(ctx context.Context) (_ []egressproxy.Instance, opErr error) {
 	ctx, end := p.start(ctx, "kvm2.List", "", false)
 	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
@@ -278,7 +280,7 @@ func (p *Provider) List(ctx context.Context) (_ []provider.Instance, opErr error
 	if err != nil {
 		return nil, classifyRead(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
 	}
-	out := make([]provider.Instance, len(found))
+	out := make([]egressproxy.Instance, len(found))
 	lim := make(limiter, listInFlight)
 	err = forEach(ctx, len(found), listInFlight, func(ctx context.Context, i int) error {
 		info := found[i]
@@ -305,7 +307,7 @@ func (p *Provider) List(ctx context.Context) (_ []provider.Instance, opErr error
 // with prefix, listInFlight at a time, and returns the ones that are ours.
 // It checks ctx before each call, so that an abandoned List stops at the
 // next boundary.
-func (p *Provider) listDomains(ctx context.Context, l lvAPI, prefix string) ([]domainInfo, error) {
+func (p *provider) listDomains(ctx context.Context, l lvAPI, prefix string) ([]domainInfo, error) {
 	recs, err := l.ConnectGetAllDomainStats(nil, uint32(libvirt.DomainStatsState), 0)
 	if err != nil {
 		return nil, fmt.Errorf("list domains: %w", err)
@@ -385,13 +387,13 @@ func statsState(params []libvirt.TypedParam) (libvirt.DomainState, int32, bool) 
 // files may still be on disk) Delete removes the domain and fails
 // Permanent, naming the pool, until the pool is back: never NotFound, and
 // never a success that leaves volumes behind unseen.
-func (p *Provider) Delete(ctx context.Context, ref provider.Ref) (opErr error) {
+func (p *provider) Delete(ctx context.Context, ref egressproxy.Ref) (opErr error) {
 	ctx, end := p.start(ctx, "kvm2.Delete", ref.Name, true)
 	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
 		return err
 	}
-	if err := provider.ValidateRef(ref); err != nil {
+	if err := naming.ValidateRef(ref.Name, ref.UID); err != nil {
 		return err
 	}
 	name := domainName(p.cfg.Entry, ref.Name)
@@ -460,7 +462,7 @@ func (p *Provider) Delete(ctx context.Context, ref provider.Ref) (opErr error) {
 
 // removeDomain destroys (if active) and undefines dom; a domain that is
 // already gone is fine.
-func (p *Provider) removeDomain(l lvAPI, dom libvirt.Domain, st libvirt.DomainState) error {
+func (p *provider) removeDomain(l lvAPI, dom libvirt.Domain, st libvirt.DomainState) error {
 	if st != libvirt.DomainShutoff {
 		if err := l.DomainDestroy(dom); err != nil && !isLibvirtCode(err, libvirt.ErrOperationInvalid, libvirt.ErrNoDomain) {
 			return fmt.Errorf("destroy domain %q: %w", dom.Name, err)
@@ -481,7 +483,7 @@ func (p *Provider) removeDomain(l lvAPI, dom libvirt.Domain, st libvirt.DomainSt
 // volumes are looked up and the domain checked at once, then the volumes
 // found are deleted at once: two round trips whatever their number (the
 // check still comes before any deletion).
-func (p *Provider) deleteUnusedVolumes(l lvAPI, name string, pool *libvirt.StoragePool, vols ...string) error {
+func (p *provider) deleteUnusedVolumes(l lvAPI, name string, pool *libvirt.StoragePool, vols ...string) error {
 	if len(vols) == 0 {
 		return nil
 	}
@@ -495,19 +497,19 @@ func (p *Provider) deleteUnusedVolumes(l lvAPI, name string, pool *libvirt.Stora
 		pool = &pl
 	}
 	found := make([]libvirt.StorageVol, len(vols))
-	errs := make([]error, len(vols))
+	problems := make([]error, len(vols))
 	var wg sync.WaitGroup
 	for i, v := range vols {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			found[i], errs[i] = l.StorageVolLookupByName(*pool, v)
+			found[i], problems[i] = l.StorageVolLookupByName(*pool, v)
 		}()
 	}
 	_, domErr := l.DomainLookupByName(name)
 	wg.Wait()
 	var del []int
-	for i, err := range errs {
+	for i, err := range problems {
 		switch {
 		case isLibvirtCode(err, libvirt.ErrNoStorageVol):
 		case err != nil:
@@ -529,12 +531,12 @@ func (p *Provider) deleteUnusedVolumes(l lvAPI, name string, pool *libvirt.Stora
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = l.StorageVolDelete(found[i], 0)
+			problems[i] = l.StorageVolDelete(found[i], 0)
 		}()
 	}
 	wg.Wait()
 	for _, i := range del {
-		if err := errs[i]; err != nil && !isLibvirtCode(err, libvirt.ErrNoStorageVol) {
+		if err := problems[i]; err != nil && !isLibvirtCode(err, libvirt.ErrNoStorageVol) {
 			return fmt.Errorf("delete volume %q: %w", vols[i], err)
 		}
 	}

@@ -9,7 +9,8 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -49,13 +50,13 @@ func TestFakeGet(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		ref  provider.Ref
+		ref  egressproxy.Ref
 	}{
-		{"missing", provider.Ref{Name: "nope", UID: "u"}},
-		{"another UID", provider.Ref{Name: "a", UID: "other"}},
-		{"no metadata", provider.Ref{Name: "f", UID: "uid-x"}},
-		{"another owner", provider.Ref{Name: "o", UID: "uid-x"}},
-		{"malformed metadata", provider.Ref{Name: "m", UID: "u"}},
+		{"missing", egressproxy.Ref{Name: "nope", UID: "u"}},
+		{"another UID", egressproxy.Ref{Name: "a", UID: "other"}},
+		{"no metadata", egressproxy.Ref{Name: "f", UID: "uid-x"}},
+		{"another owner", egressproxy.Ref{Name: "o", UID: "uid-x"}},
+		{"malformed metadata", egressproxy.Ref{Name: "m", UID: "u"}},
 	} {
 		switch tc.name {
 		case "no metadata":
@@ -66,8 +67,8 @@ func TestFakeGet(t *testing.T) {
 			e.lv.defineXML(t, foreignXML(t, e.dom("m"), "", "", true))
 		}
 		_, err := e.p.Get(ctx, tc.ref)
-		wantCode(t, tc.name, err, provider.NotFound)
-		if !errors.Is(err, provider.ErrNotFound) {
+		wantCode(t, tc.name, err, errs.NotFound)
+		if !errors.Is(err, errs.ErrNotFound) {
 			t.Errorf("%s: %v is not ErrNotFound", tc.name, err)
 		}
 	}
@@ -75,7 +76,7 @@ func TestFakeGet(t *testing.T) {
 	// Address discovery: agent (only its answer for our NIC), lease, ARP.
 	e.lv.setDomain(e.dom("a"), func(d *fakeDomain) { d.agentIP = "192.0.2.30" })
 	inst, err := e.p.Get(ctx, ref)
-	if err != nil || inst.IP != "192.0.2.30" || inst.AddressSource != SourceAgent || inst.State != provider.StateRunning {
+	if err != nil || inst.IP != "192.0.2.30" || inst.AddressSource != SourceAgent || inst.State != egressproxy.StateRunning {
 		t.Errorf("agent: %+v, %v", inst, err)
 	}
 	e.lv.setDomain(e.dom("a"), func(d *fakeDomain) { d.mac = "52:54:00:ff:ff:ff" }) // agent reports another NIC
@@ -93,30 +94,30 @@ func TestFakeGet(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		fault func(fakeCall) error
-		want  provider.ErrorCode
+		want  errs.ErrorCode
 		is    func(error) bool
 	}{
 		{"every source fails", failOn("DomainInterfaceAddresses", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")),
-			provider.Transient, func(err error) bool {
+			errs.Transient, func(err error) bool {
 				var ae *AddressError
 				return errors.As(err, &ae) && len(ae.Sources) == 3 && !ae.LinkDead
 			}},
 		{"link dies", failOn("DomainInterfaceAddresses", "", false, libvirt.ErrInterrupted),
-			provider.Transient, func(err error) bool {
+			errs.Transient, func(err error) bool {
 				var ae *AddressError
 				return errors.As(err, &ae) && ae.LinkDead
 			}},
 		{"domain vanished", failOn("DomainInterfaceAddresses", "", false, lvErrorf(libvirt.ErrNoDomain, "Domain not found")),
-			provider.NotFound, nil},
+			errs.NotFound, nil},
 		{"XML unreadable", failOn("DomainGetXMLDesc", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")),
-			provider.Transient, nil},
+			errs.Transient, nil},
 		// A read answered "invalid argument" never latches the instance as failed.
 		{"XML invalid argument", failOn("DomainGetXMLDesc", "", false, lvErrorf(libvirt.ErrInvalidArg, "invalid argument")),
-			provider.Transient, nil},
+			errs.Transient, nil},
 		{"state unreadable", failOn("DomainGetState", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")),
-			provider.Transient, nil},
+			errs.Transient, nil},
 		{"lookup refused", failOn("DomainLookupByName", "", false, lvErrorf(libvirt.ErrAccessDenied, "access denied")),
-			provider.Transient, nil},
+			errs.Transient, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e.lv.setFault(tc.fault)
@@ -138,18 +139,18 @@ func TestFakeGet(t *testing.T) {
 	})
 	e.lv.resetCalls()
 	inst, err = e.p.Get(ctx, ref)
-	if err != nil || inst.State != provider.StateStopped || inst.IP != "" || e.lv.callCount("DomainInterfaceAddresses") != 0 {
+	if err != nil || inst.State != egressproxy.StateStopped || inst.IP != "" || e.lv.callCount("DomainInterfaceAddresses") != 0 {
 		t.Errorf("stopped: %+v, %v", inst, err)
 	}
 	e.lv.setDomain(e.dom("a"), func(d *fakeDomain) { d.state = libvirt.DomainCrashed })
-	if inst, err = e.p.Get(ctx, ref); err != nil || inst.State != provider.StateFailed {
+	if inst, err = e.p.Get(ctx, ref); err != nil || inst.State != egressproxy.StateFailed {
 		t.Errorf("crashed: %+v, %v", inst, err)
 	}
 
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	_, err = e.p.Get(cctx, ref)
-	wantCode(t, "cancelled", err, provider.Canceled)
+	wantCode(t, "cancelled", err, errs.Canceled)
 }
 
 // TestFakeGetCancelledDuringAddress: a context ending while the address is
@@ -162,7 +163,7 @@ func TestFakeGetCancelledDuringAddress(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { <-entered; cancel() }()
 	_, err := e.p.Get(ctx, fakeSpec("a").Ref())
-	wantCode(t, "cancelled", err, provider.Canceled)
+	wantCode(t, "cancelled", err, errs.Canceled)
 	release()
 }
 
@@ -192,9 +193,9 @@ func TestFakeList(t *testing.T) {
 	}
 	want := []struct {
 		name  string
-		state provider.State
+		state egressproxy.State
 		ip    string
-	}{{"a", provider.StateRunning, "192.0.2.40"}, {"b", provider.StateProvisioning, ""}, {"c", provider.StateStopped, ""}}
+	}{{"a", egressproxy.StateRunning, "192.0.2.40"}, {"b", egressproxy.StateProvisioning, ""}, {"c", egressproxy.StateStopped, ""}}
 	if len(got) != len(want) {
 		t.Fatalf("List = %+v, want a, b, c", got)
 	}
@@ -210,7 +211,7 @@ func TestFakeList(t *testing.T) {
 	// An address that cannot be read: listed without one.
 	e.lv.setFault(failOn("DomainInterfaceAddresses", e.dom("a"), false, lvErrorf(libvirt.ErrInternalError, "internal error")))
 	got, err = e.p.List(ctx)
-	if err != nil || len(got) != 3 || got[0].IP != "" || got[0].State != provider.StateProvisioning {
+	if err != nil || len(got) != 3 || got[0].IP != "" || got[0].State != egressproxy.StateProvisioning {
 		t.Errorf("address failing: %+v, %v", got, err)
 	}
 	// Undefined between the listing and the read: skipped.
@@ -223,11 +224,11 @@ func TestFakeList(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		fault func(fakeCall) error
-		want  provider.ErrorCode
+		want  errs.ErrorCode
 	}{
-		{"listing fails", failOn("ConnectGetAllDomainStats", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), provider.Transient},
-		{"a read fails", failOn("DomainGetXMLDesc", e.dom("b"), false, lvErrorf(libvirt.ErrInvalidArg, "invalid argument")), provider.Transient},
-		{"link dies", failOn("ConnectGetAllDomainStats", "", false, libvirt.ErrInterrupted), provider.Transient},
+		{"listing fails", failOn("ConnectGetAllDomainStats", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient},
+		{"a read fails", failOn("DomainGetXMLDesc", e.dom("b"), false, lvErrorf(libvirt.ErrInvalidArg, "invalid argument")), errs.Transient},
+		{"link dies", failOn("ConnectGetAllDomainStats", "", false, libvirt.ErrInterrupted), errs.Transient},
 	} {
 		e.lv.setFault(tc.fault)
 		_, err := e.p.List(ctx)
@@ -241,7 +242,7 @@ func TestFakeList(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	go func() { <-entered; cancel() }()
 	_, err = e.p.List(cctx)
-	wantCode(t, "cancelled", err, provider.Canceled)
+	wantCode(t, "cancelled", err, errs.Canceled)
 	release()
 }
 
@@ -300,12 +301,12 @@ func TestFakeDelete(t *testing.T) {
 	t.Run("not this instance", func(t *testing.T) {
 		e := newFakeEnv(t)
 		e.mustCreate("a")
-		if err := e.p.Delete(ctx, provider.Ref{Name: "a", UID: "other"}); err != nil {
+		if err := e.p.Delete(ctx, egressproxy.Ref{Name: "a", UID: "other"}); err != nil {
 			t.Fatal(err)
 		}
 		e.hasInstance("a", libvirt.DomainRunning)
 		e.lv.defineXML(t, foreignXML(t, e.dom("f"), "", "", false))
-		if err := e.p.Delete(ctx, provider.Ref{Name: "f", UID: "u"}); err != nil {
+		if err := e.p.Delete(ctx, egressproxy.Ref{Name: "f", UID: "u"}); err != nil {
 			t.Fatal(err)
 		}
 		if _, ok := e.lv.domain(e.dom("f")); !ok {
@@ -348,40 +349,40 @@ func TestFakeDelete(t *testing.T) {
 		// Its volumes may still be on disk: Delete cannot succeed, and
 		// must not say NotFound; it names the pool.
 		err := e.p.Delete(ctx, ref)
-		if provider.Code(err) != provider.Permanent || !strings.Contains(err.Error(), e.cfg.Pool) {
-			t.Fatalf("Delete with the pool gone: %v (code %v), want Permanent naming the pool", err, provider.Code(err))
+		if errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), e.cfg.Pool) {
+			t.Fatalf("Delete with the pool gone: %v (code %v), want Permanent naming the pool", err, errs.Code(err))
 		}
 		if len(e.lv.domainNames()) != 0 {
 			t.Error("domain left")
 		}
-		if err := e.p.Delete(ctx, ref); provider.Code(err) != provider.Permanent {
-			t.Errorf("Delete again: %v (code %v), want Permanent", err, provider.Code(err))
+		if err := e.p.Delete(ctx, ref); errs.Code(err) != errs.Permanent {
+			t.Errorf("Delete again: %v (code %v), want Permanent", err, errs.Code(err))
 		}
 	})
 
 	for _, tc := range []struct {
 		name  string
 		fault func(fakeCall) error
-		want  provider.ErrorCode
+		want  errs.ErrorCode
 		left  bool // the domain stays
 	}{
-		{"destroy fails", failOn("DomainDestroy", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), provider.Transient, true},
-		{"destroy: not running", failOn("DomainDestroy", "", false, lvErrorf(libvirt.ErrOperationInvalid, "domain is not running")), provider.OK, true}, // undefined while running: transient until destroyed
-		{"undefine fails", failOn("DomainUndefineFlags", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), provider.Transient, true},
-		{"undefine: gone", failOn("DomainUndefineFlags", "", false, lvErrorf(libvirt.ErrNoDomain, "Domain not found")), provider.OK, true},
-		{"lookup fails", failOn("DomainLookupByName", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), provider.Transient, true},
-		{"state fails", failOn("DomainGetState", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), provider.Transient, true},
-		{"volume busy", failOn("StorageVolDelete", "", false, lvErrorf(libvirt.ErrOperationInvalid, "volume is still in use")), provider.Transient, false},
-		{"volume gone meanwhile", failOn("StorageVolDelete", "", false, lvErrorf(libvirt.ErrNoStorageVol, "Storage volume not found")), provider.OK, false},
-		{"volume lookup fails", failOn("StorageVolLookupByName", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), provider.Transient, false},
-		{"link dies", failOn("DomainDestroy", "", false, libvirt.ErrInterrupted), provider.Transient, true},
+		{"destroy fails", failOn("DomainDestroy", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
+		{"destroy: not running", failOn("DomainDestroy", "", false, lvErrorf(libvirt.ErrOperationInvalid, "domain is not running")), errs.OK, true}, // undefined while running: transient until destroyed
+		{"undefine fails", failOn("DomainUndefineFlags", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
+		{"undefine: gone", failOn("DomainUndefineFlags", "", false, lvErrorf(libvirt.ErrNoDomain, "Domain not found")), errs.OK, true},
+		{"lookup fails", failOn("DomainLookupByName", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
+		{"state fails", failOn("DomainGetState", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
+		{"volume busy", failOn("StorageVolDelete", "", false, lvErrorf(libvirt.ErrOperationInvalid, "volume is still in use")), errs.Transient, false},
+		{"volume gone meanwhile", failOn("StorageVolDelete", "", false, lvErrorf(libvirt.ErrNoStorageVol, "Storage volume not found")), errs.OK, false},
+		{"volume lookup fails", failOn("StorageVolLookupByName", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient, false},
+		{"link dies", failOn("DomainDestroy", "", false, libvirt.ErrInterrupted), errs.Transient, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEnv(t)
 			e.mustCreate("a")
 			e.lv.setFault(tc.fault)
 			err := e.p.Delete(ctx, ref)
-			if tc.want == provider.OK {
+			if tc.want == errs.OK {
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -408,7 +409,7 @@ func TestFakeDelete(t *testing.T) {
 		e.mustCreate("a")
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		wantCode(t, "cancelled", e.p.Delete(cctx, ref), provider.Canceled)
+		wantCode(t, "cancelled", e.p.Delete(cctx, ref), errs.Canceled)
 		e.hasInstance("a", libvirt.DomainRunning)
 	})
 }
@@ -440,22 +441,22 @@ func TestFakeCheck(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		setup   func(*fakeEnv)
-		reason  provider.HealthReason
+		reason  egressproxy.HealthReason
 		details []string // details kept
 	}{
-		{"key unreadable", dial(sshconn.KindKeyUnreadable), provider.ReasonCredentialsUnavailable, nil},
-		{"auth refused", dial(sshconn.KindAuthRefused), provider.ReasonUnauthorized, nil},
-		{"host unknown", dial(sshconn.KindHostUnknown), provider.ReasonHostKeyUnknown, nil},
-		{"host key mismatch", dial(sshconn.KindHostKeyMismatch), provider.ReasonHostKeyMismatch, nil},
-		{"socket forbidden", dial(sshconn.KindForbidden), provider.ReasonForbidden, nil},
-		{"unreachable", dial(sshconn.KindUnreachable), provider.ReasonUnreachable, nil},
-		{"libvirt access denied", fault("ConnectGetHostname", lvErrorf(libvirt.ErrAccessDenied, "access denied")), provider.ReasonForbidden, nil},
-		{"link dies", fault("ConnectGetLibVersion", libvirt.ErrInterrupted), provider.ReasonUnreachable, []string{"hostname"}},
-		{"rpc error", fault("ConnectGetLibVersion", lvErrorf(libvirt.ErrRPC, "rpc error")), provider.ReasonUnreachable, []string{"hostname"}},
-		{"pool missing", pool(func(p *fakePool) { p.pool.Name = "renamed" }), provider.ReasonPoolNotFound, []string{"hostname", "libvirtVersion"}},
-		{"pool inactive", pool(func(p *fakePool) { p.state = uint8(libvirt.StoragePoolInactive) }), provider.ReasonPoolNotActive, []string{"hostname", "libvirtVersion", "poolState"}},
-		{"pool info fails", fault("StoragePoolGetInfo", lvErrorf(libvirt.ErrInternalError, "internal error")), provider.ReasonUnknown, []string{"hostname", "libvirtVersion"}},
-		{"pool refresh fails", fault("StoragePoolRefresh", lvErrorf(libvirt.ErrInternalError, "internal error")), provider.ReasonUnknown, []string{"hostname", "libvirtVersion", "poolState"}},
+		{"key unreadable", dial(sshconn.KindKeyUnreadable), egressproxy.ReasonCredentialsUnavailable, nil},
+		{"auth refused", dial(sshconn.KindAuthRefused), egressproxy.ReasonUnauthorized, nil},
+		{"host unknown", dial(sshconn.KindHostUnknown), egressproxy.ReasonHostKeyUnknown, nil},
+		{"host key mismatch", dial(sshconn.KindHostKeyMismatch), egressproxy.ReasonHostKeyMismatch, nil},
+		{"socket forbidden", dial(sshconn.KindForbidden), egressproxy.ReasonForbidden, nil},
+		{"unreachable", dial(sshconn.KindUnreachable), egressproxy.ReasonUnreachable, nil},
+		{"libvirt access denied", fault("ConnectGetHostname", lvErrorf(libvirt.ErrAccessDenied, "access denied")), egressproxy.ReasonForbidden, nil},
+		{"link dies", fault("ConnectGetLibVersion", libvirt.ErrInterrupted), egressproxy.ReasonUnreachable, []string{"hostname"}},
+		{"rpc error", fault("ConnectGetLibVersion", lvErrorf(libvirt.ErrRPC, "rpc error")), egressproxy.ReasonUnreachable, []string{"hostname"}},
+		{"pool missing", pool(func(p *fakePool) { p.pool.Name = "renamed" }), egressproxy.ReasonPoolNotFound, []string{"hostname", "libvirtVersion"}},
+		{"pool inactive", pool(func(p *fakePool) { p.state = uint8(libvirt.StoragePoolInactive) }), egressproxy.ReasonPoolNotActive, []string{"hostname", "libvirtVersion", "poolState"}},
+		{"pool info fails", fault("StoragePoolGetInfo", lvErrorf(libvirt.ErrInternalError, "internal error")), egressproxy.ReasonUnknown, []string{"hostname", "libvirtVersion"}},
+		{"pool refresh fails", fault("StoragePoolRefresh", lvErrorf(libvirt.ErrInternalError, "internal error")), egressproxy.ReasonUnknown, []string{"hostname", "libvirtVersion", "poolState"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEnv(t)
@@ -500,7 +501,7 @@ func TestFakeCheck(t *testing.T) {
 		e := newFakeEnv(t)
 		pool(func(p *fakePool) { p.state = 9 })(e)
 		h, err := e.p.Check(ctx)
-		if err != nil || h.Reason != provider.ReasonPoolNotActive || h.Details["poolState"] != "state-9" {
+		if err != nil || h.Reason != egressproxy.ReasonPoolNotActive || h.Details["poolState"] != "state-9" {
 			t.Errorf("%+v, %v", h, err)
 		}
 	})
@@ -510,7 +511,7 @@ func TestFakeCheck(t *testing.T) {
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
 		h, err := e.p.Check(cctx)
-		wantCode(t, "cancelled", err, provider.Canceled)
+		wantCode(t, "cancelled", err, errs.Canceled)
 		if h.Reachable || h.Details != nil {
 			t.Errorf("health %+v with an error", h)
 		}
@@ -526,8 +527,8 @@ func TestFakeCheck(t *testing.T) {
 		if cerr := <-done; cerr != nil {
 			t.Errorf("Close: %v", cerr)
 		}
-		wantCode(t, "closed", err, provider.Permanent)
-		if !errors.Is(err, provider.ErrClosed) {
+		wantCode(t, "closed", err, errs.Permanent)
+		if !errors.Is(err, errs.ErrClosed) {
 			t.Errorf("err %v: want ErrClosed", err)
 		}
 	})
@@ -556,7 +557,7 @@ func TestFakeClose(t *testing.T) {
 	_, e4 := e.p.List(ctx)
 	_, e5 := e.p.Check(ctx)
 	for i, err := range []error{e1, e2, e3, e4, e5} {
-		if !errors.Is(err, provider.ErrClosed) || provider.Code(err) != provider.Permanent {
+		if !errors.Is(err, errs.ErrClosed) || errs.Code(err) != errs.Permanent {
 			t.Errorf("call %d after Close: %v", i, err)
 		}
 	}
@@ -580,8 +581,8 @@ func TestFakeSessionClosedUnderneath(t *testing.T) {
 	_, e4 := e.p.List(ctx)
 	_, e5 := e.p.Check(ctx)
 	for i, err := range []error{e1, e2, e3, e4, e5} {
-		if !errors.Is(err, provider.ErrClosed) || provider.Code(err) != provider.Permanent {
-			t.Errorf("call %d on a closed session: %v (code %v)", i, err, provider.Code(err))
+		if !errors.Is(err, errs.ErrClosed) || errs.Code(err) != errs.Permanent {
+			t.Errorf("call %d on a closed session: %v (code %v)", i, err, errs.Code(err))
 		}
 	}
 }
@@ -591,11 +592,11 @@ func TestFakeSessionClosedUnderneath(t *testing.T) {
 // CredentialsUnavailable before any network use.
 func TestOpenCheckKeyUnreadable(t *testing.T) {
 	p := openOffline(t)
-	if p.Config().Entry != "lab-1" || p.Config().Pool != "default" {
-		t.Errorf("Config() = %+v", p.Config())
+	if p.cfg.Entry != "lab-1" || p.cfg.Pool != "default" {
+		t.Errorf("Config() = %+v", p.cfg)
 	}
 	h, err := p.Check(context.Background())
-	if err != nil || h.Reachable || h.Reason != provider.ReasonCredentialsUnavailable {
+	if err != nil || h.Reachable || h.Reason != egressproxy.ReasonCredentialsUnavailable {
 		t.Errorf("Check = %+v, %v; want CredentialsUnavailable", h, err)
 	}
 }
@@ -616,7 +617,7 @@ func TestFakeDeleteVolumeSteps(t *testing.T) {
 			e.mustCreate("a")
 			e.lv.setFault(tc.fault)
 			err := e.p.Delete(ctx, fakeSpec("a").Ref())
-			wantCode(t, tc.name, err, provider.Transient)
+			wantCode(t, tc.name, err, errs.Transient)
 			if !strings.Contains(err.Error(), tc.contains) {
 				t.Errorf("err %q: want %q", err, tc.contains)
 			}

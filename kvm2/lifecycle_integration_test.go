@@ -21,9 +21,11 @@ import (
 	"github.com/go-logr/logr/testr"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // lifecycleEnv is a provider config on the real stack with a tiny qcow2
@@ -223,7 +225,7 @@ func ctxT(t *testing.T) context.Context {
 // not nil) has changed a copy of its Config, and returns it with a test
 // context. It is exported for the external test package kvm2_test, whose
 // files may import internal/benchutil (which imports kvm2).
-func OpenLifecycleT(t *testing.T, adjust func(*Config)) (*Provider, context.Context) {
+func OpenLifecycleT(t *testing.T, adjust func(*Config)) (*provider, context.Context) {
 	t.Helper()
 	cfg := newLifecycleEnv(t).cfg
 	if adjust != nil {
@@ -237,11 +239,11 @@ func TestIntegrationLifecycle(t *testing.T) {
 	p := openT(t, e.cfg, testr.New(t))
 	ctx := ctxT(t)
 
-	specs := []provider.Spec{
+	specs := []egressproxy.Spec{
 		{Name: "proxy-a", UID: "uid-a-" + randSuffix(t), UserData: "#cloud-config\nhostname: a\n"},
 		{Name: "proxy-b", UID: "uid-b-" + randSuffix(t), UserData: "#cloud-config\nhostname: b\n", Port: 8080},
 	}
-	created := map[string]provider.Instance{}
+	created := map[string]egressproxy.Instance{}
 	for i, s := range specs {
 		start := time.Now()
 		inst, err := p.Create(ctx, s)
@@ -249,7 +251,7 @@ func TestIntegrationLifecycle(t *testing.T) {
 			t.Fatalf("Create %s: %v", s.Name, err)
 		}
 		t.Logf("Create %s → %s in %v (cold base fetch: %v)", s.Name, inst.State, time.Since(start).Round(time.Millisecond), i == 0)
-		if inst.State != provider.StateProvisioning || inst.UID != s.UID || inst.Name != s.Name {
+		if inst.State != egressproxy.StateProvisioning || inst.UID != s.UID || inst.Name != s.Name {
 			t.Errorf("Create returned %+v", inst)
 		}
 		created[s.Name] = inst
@@ -281,7 +283,7 @@ func TestIntegrationLifecycle(t *testing.T) {
 			t.Fatalf("Get %s: %v", s.Name, err)
 		}
 		want := created[s.Name]
-		if got.State != provider.StateProvisioning || got.UID != s.UID || !got.CreatedAt.Equal(want.CreatedAt) || got.Port != s.EffectivePort() || got.IP != "" {
+		if got.State != egressproxy.StateProvisioning || got.UID != s.UID || !got.CreatedAt.Equal(want.CreatedAt) || got.Port != s.EffectivePort() || got.IP != "" {
 			t.Errorf("Get %s = %+v, want Provisioning, UID %s, created %v, port %d", s.Name, got, s.UID, want.CreatedAt, s.EffectivePort())
 		}
 	}
@@ -302,10 +304,10 @@ func TestIntegrationLifecycle(t *testing.T) {
 		t.Errorf("second Create changed the host: domains %v→%v volumes %d→%d", facts.domains, f2.domains, len(facts.volumes), len(f2.volumes))
 	}
 	// The same name with another UID is taken.
-	if _, err := p.Create(ctx, provider.Spec{Name: "proxy-a", UID: "someone-else"}); provider.Code(err) != provider.Permanent {
-		t.Errorf("Create of a taken name: %v (code %v), want Permanent", err, provider.Code(err))
+	if _, err := p.Create(ctx, egressproxy.Spec{Name: "proxy-a", UID: "someone-else"}); errs.Code(err) != errs.Permanent {
+		t.Errorf("Create of a taken name: %v (code %v), want Permanent", err, errs.Code(err))
 	}
-	if _, err := p.Get(ctx, provider.Ref{Name: "proxy-a", UID: "someone-else"}); provider.Code(err) != provider.NotFound {
+	if _, err := p.Get(ctx, egressproxy.Ref{Name: "proxy-a", UID: "someone-else"}); errs.Code(err) != errs.NotFound {
 		t.Errorf("Get with another UID: %v, want NotFound", err)
 	}
 
@@ -323,7 +325,7 @@ func TestIntegrationLifecycle(t *testing.T) {
 		if err := p.Delete(ctx, s.Ref()); err != nil {
 			t.Errorf("second Delete %s: %v", s.Name, err)
 		}
-		if _, err := p.Get(ctx, s.Ref()); provider.Code(err) != provider.NotFound {
+		if _, err := p.Get(ctx, s.Ref()); errs.Code(err) != errs.NotFound {
 			t.Errorf("Get after Delete: %v, want NotFound", err)
 		}
 	}
@@ -357,7 +359,7 @@ func TestIntegrationForeignDomainsUntouched(t *testing.T) {
 	e := newLifecycleEnv(t)
 	p := openT(t, e.cfg, testr.New(t))
 	ctx := ctxT(t)
-	mine, err := p.Create(ctx, provider.Spec{Name: "mine", UID: "uid-mine"})
+	mine, err := p.Create(ctx, egressproxy.Spec{Name: "mine", UID: "uid-mine"})
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -386,14 +388,14 @@ func TestIntegrationForeignDomainsUntouched(t *testing.T) {
 		t.Errorf("List = %+v, want only 'mine'", list)
 	}
 	for name := range foreign {
-		ref := provider.Ref{Name: name, UID: "uid-x"}
-		if _, err := p.Get(ctx, ref); provider.Code(err) != provider.NotFound {
+		ref := egressproxy.Ref{Name: name, UID: "uid-x"}
+		if _, err := p.Get(ctx, ref); errs.Code(err) != errs.NotFound {
 			t.Errorf("Get %s: %v, want NotFound", name, err)
 		}
 		if err := p.Delete(ctx, ref); err != nil {
 			t.Errorf("Delete %s: %v, want nil (missing instance)", name, err)
 		}
-		if _, err := p.Create(ctx, provider.Spec{Name: name, UID: "uid-x"}); provider.Code(err) != provider.Permanent {
+		if _, err := p.Create(ctx, egressproxy.Spec{Name: name, UID: "uid-x"}); errs.Code(err) != errs.Permanent {
 			t.Errorf("Create over %s: %v, want Permanent (name taken)", name, err)
 		}
 	}
@@ -409,11 +411,11 @@ func TestIntegrationCreateFaultLeavesNothing(t *testing.T) {
 	tests := []struct {
 		name   string
 		mutate func(*Config)
-		want   provider.ErrorCode
+		want   errs.ErrorCode
 	}{
 		// The domain is defined, then refused at start: the volumes and
 		// the definition this Create made must go.
-		{"network missing", func(c *Config) { c.Network = "k2it-no-such-network" }, provider.Permanent},
+		{"network missing", func(c *Config) { c.Network = "k2it-no-such-network" }, errs.Permanent},
 		{"kernel missing", func(c *Config) { c.Kernel = "/nonexistent/vmlinuz" }, 0},
 	}
 	for _, tt := range tests {
@@ -423,16 +425,16 @@ func TestIntegrationCreateFaultLeavesNothing(t *testing.T) {
 			tt.mutate(&cfg)
 			p := openT(t, cfg, testr.New(t))
 			ctx := ctxT(t)
-			spec := provider.Spec{Name: "faulty", UID: "uid-f"}
+			spec := egressproxy.Spec{Name: "faulty", UID: "uid-f"}
 			_, err := p.Create(ctx, spec)
 			if err == nil {
 				t.Fatal("Create succeeded")
 			}
-			t.Logf("Create error (%v): %v", provider.Code(err), err)
-			if tt.want != 0 && provider.Code(err) != tt.want {
-				t.Errorf("code %v, want %v", provider.Code(err), tt.want)
+			t.Logf("Create error (%v): %v", errs.Code(err), err)
+			if tt.want != 0 && errs.Code(err) != tt.want {
+				t.Errorf("code %v, want %v", errs.Code(err), tt.want)
 			}
-			if c := provider.Code(err); c != provider.Permanent && c != provider.Transient {
+			if c := errs.Code(err); c != errs.Permanent && c != errs.Transient {
 				t.Errorf("unclassified error %v", c)
 			}
 			assertOnlyBases(t, cfg, "")
@@ -449,10 +451,10 @@ func TestIntegrationCreatePoolStopped(t *testing.T) {
 	ctx := ctxT(t)
 	// Warm the base first, so the only fault is the stopped pool (it is
 	// met by the base check of Create, before any instance volume).
-	if _, err := p.Create(ctx, provider.Spec{Name: "warm", UID: "uid-w"}); err != nil {
+	if _, err := p.Create(ctx, egressproxy.Spec{Name: "warm", UID: "uid-w"}); err != nil {
 		t.Fatalf("warm Create: %v", err)
 	}
-	if err := p.Delete(ctx, provider.Ref{Name: "warm", UID: "uid-w"}); err != nil {
+	if err := p.Delete(ctx, egressproxy.Ref{Name: "warm", UID: "uid-w"}); err != nil {
 		t.Fatal(err)
 	}
 	poolOp := func(stop bool) error {
@@ -478,17 +480,17 @@ func TestIntegrationCreatePoolStopped(t *testing.T) {
 			}
 		}
 	})
-	_, err := p.Create(ctx, provider.Spec{Name: "faulty", UID: "uid-f"})
+	_, err := p.Create(ctx, egressproxy.Spec{Name: "faulty", UID: "uid-f"})
 	if err == nil {
 		t.Fatal("Create with the pool stopped succeeded")
 	}
-	t.Logf("Create error (%v): %v", provider.Code(err), err)
+	t.Logf("Create error (%v): %v", errs.Code(err), err)
 	if err := poolOp(false); err != nil {
 		t.Fatalf("restart pool: %v", err)
 	}
 	restarted = true
 	assertOnlyBases(t, e.cfg, "")
-	if err := p.Delete(ctx, provider.Ref{Name: "faulty", UID: "uid-f"}); err != nil {
+	if err := p.Delete(ctx, egressproxy.Ref{Name: "faulty", UID: "uid-f"}); err != nil {
 		t.Errorf("Delete after the fault: %v", err)
 	}
 }
@@ -498,14 +500,14 @@ func TestIntegrationMetacharactersRoundTrip(t *testing.T) {
 	p := openT(t, e.cfg, testr.New(t))
 	ctx := ctxT(t)
 	uid := `</egressproxy:uid>"quote' <x>&amp; ünï✓ `
-	uid += strings.Repeat("u", provider.MaxUIDLen-len(uid)-4) + "end!"
-	if len(uid) != provider.MaxUIDLen {
+	uid += strings.Repeat("u", naming.MaxUIDLen-len(uid)-4) + "end!"
+	if len(uid) != naming.MaxUIDLen {
 		t.Fatalf("uid length %d", len(uid))
 	}
-	name := strings.Repeat("n", provider.MaxNameLen)
+	name := strings.Repeat("n", naming.MaxNameLen)
 	ud := "#cloud-config\nwrite_files:\n- content: \"</user-data><&>'\\\"ünï\"\n  path: /tmp/x\n"
-	ud += strings.Repeat("#", provider.MaxUserDataBytes-len(ud))
-	spec := provider.Spec{Name: name, UID: uid, UserData: ud}
+	ud += strings.Repeat("#", naming.MaxUserDataBytes-len(ud))
+	spec := egressproxy.Spec{Name: name, UID: uid, UserData: ud}
 	if _, err := p.Create(ctx, spec); err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -522,10 +524,10 @@ func TestIntegrationMetacharactersRoundTrip(t *testing.T) {
 	}
 
 	// Oversized user-data is rejected before anything is created.
-	big := provider.Spec{Name: "big", UID: "uid-big", UserData: strings.Repeat("x", provider.MaxUserDataBytes+1)}
+	big := egressproxy.Spec{Name: "big", UID: "uid-big", UserData: strings.Repeat("x", naming.MaxUserDataBytes+1)}
 	_, err = p.Create(ctx, big)
-	var fe *provider.FieldError
-	if provider.Code(err) != provider.Permanent || !errors.As(err, &fe) || fe.Field != "UserData" {
+	var fe *errs.FieldError
+	if errs.Code(err) != errs.Permanent || !errors.As(err, &fe) || fe.Field != "UserData" {
 		t.Errorf("oversized user-data: %v", err)
 	}
 	assertOnlyBases(t, e.cfg, "")

@@ -6,18 +6,20 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 )
 
 // The provider below points at a host that does not exist and a key file
 // that does not exist: any attempt to touch the host would fail with an
-// sshconn error, never with a *provider.FieldError.
-func openOffline(t *testing.T) *Provider {
+// sshconn error, never with a *errs.FieldError.
+func openOffline(t *testing.T) *provider {
 	t.Helper()
 	c := validConfig()
 	c.Images = map[string]imagecache.Image{"tiny": {URL: "http://127.0.0.1:1/tiny.qcow2"}}
-	p, err := Open(context.Background(), c, nil)
+	p, err := open(context.Background(), c, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,33 +35,33 @@ func TestBadInputTouchesNothing(t *testing.T) {
 		call  func() error
 		field string
 	}{
-		{"create bad name", func() error { _, err := p.Create(ctx, provider.Spec{Name: "Bad_Name", UID: "u"}); return err }, "Name"},
-		{"create no uid", func() error { _, err := p.Create(ctx, provider.Spec{Name: "a"}); return err }, "UID"},
+		{"create bad name", func() error { _, err := p.Create(ctx, egressproxy.Spec{Name: "Bad_Name", UID: "u"}); return err }, "Name"},
+		{"create no uid", func() error { _, err := p.Create(ctx, egressproxy.Spec{Name: "a"}); return err }, "UID"},
 		{"create oversized user-data", func() error {
-			_, err := p.Create(ctx, provider.Spec{Name: "a", UID: "u", UserData: strings.Repeat("x", provider.MaxUserDataBytes+1)})
+			_, err := p.Create(ctx, egressproxy.Spec{Name: "a", UID: "u", UserData: strings.Repeat("x", naming.MaxUserDataBytes+1)})
 			return err
 		}, "UserData"},
 		{"create unknown image", func() error {
-			_, err := p.Create(ctx, provider.Spec{Name: "a", UID: "u", ImageKey: "nope"})
+			_, err := p.Create(ctx, egressproxy.Spec{Name: "a", UID: "u", ImageKey: "nope"})
 			return err
 		}, "ImageKey"},
 		{"create unknown machine type", func() error {
-			_, err := p.Create(ctx, provider.Spec{Name: "a", UID: "u", MachineType: "huge"})
+			_, err := p.Create(ctx, egressproxy.Spec{Name: "a", UID: "u", MachineType: "huge"})
 			return err
 		}, "MachineType"},
-		{"create uid XML cannot carry", func() error { _, err := p.Create(ctx, provider.Spec{Name: "a", UID: "a\uFFFEb"}); return err }, "UID"},
-		{"get bad ref", func() error { _, err := p.Get(ctx, provider.Ref{Name: "a--b", UID: "u"}); return err }, "Name"},
-		{"delete bad ref", func() error { return p.Delete(ctx, provider.Ref{Name: "a", UID: ""}) }, "UID"},
+		{"create uid XML cannot carry", func() error { _, err := p.Create(ctx, egressproxy.Spec{Name: "a", UID: "a\uFFFEb"}); return err }, "UID"},
+		{"get bad ref", func() error { _, err := p.Get(ctx, egressproxy.Ref{Name: "a--b", UID: "u"}); return err }, "Name"},
+		{"delete bad ref", func() error { return p.Delete(ctx, egressproxy.Ref{Name: "a", UID: ""}) }, "UID"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.call()
-			if provider.Code(err) != provider.Permanent {
-				t.Fatalf("err = %v (code %v), want Permanent", err, provider.Code(err))
+			if errs.Code(err) != errs.Permanent {
+				t.Fatalf("err = %v (code %v), want Permanent", err, errs.Code(err))
 			}
 			found := false
 			for _, e := range unjoin(err) {
-				var fe *provider.FieldError
+				var fe *errs.FieldError
 				if errors.As(e, &fe) && fe.Field == tt.field {
 					found = true
 				}
@@ -77,13 +79,13 @@ func TestCallsAfterClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	_, e1 := p.Create(ctx, provider.Spec{Name: "a", UID: "u"})
-	_, e2 := p.Get(ctx, provider.Ref{Name: "a", UID: "u"})
-	e3 := p.Delete(ctx, provider.Ref{Name: "a", UID: "u"})
+	_, e1 := p.Create(ctx, egressproxy.Spec{Name: "a", UID: "u"})
+	_, e2 := p.Get(ctx, egressproxy.Ref{Name: "a", UID: "u"})
+	e3 := p.Delete(ctx, egressproxy.Ref{Name: "a", UID: "u"})
 	_, e4 := p.List(ctx)
 	_, e5 := p.Check(ctx)
 	for i, err := range []error{e1, e2, e3, e4, e5} {
-		if !errors.Is(err, provider.ErrClosed) || provider.Code(err) != provider.Permanent {
+		if !errors.Is(err, errs.ErrClosed) || errs.Code(err) != errs.Permanent {
 			t.Errorf("call %d after Close: %v", i, err)
 		}
 	}
@@ -107,7 +109,7 @@ func TestNameLocks(t *testing.T) {
 	// The same name waits; a cancelled wait returns the context code.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := n.lock(ctx, "a"); provider.Code(err) != provider.Canceled {
+	if _, err := n.lock(ctx, "a"); errs.Code(err) != errs.Canceled {
 		t.Errorf("locked name with cancelled ctx: %v", err)
 	}
 	unlock()

@@ -17,8 +17,9 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // logKeys are the keys a log line of this module may carry: funcr's own
@@ -58,20 +59,20 @@ func TestIntegrationLogCapture(t *testing.T) {
 	}, funcr.Options{Verbosity: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	p, err := Open(ctx, e.cfg, &Options{Logger: log})
+	p, err := open(ctx, e.cfg, &Options{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := egressproxy.New(p, &egressproxy.Options{Logger: log})
-	ok := provider.Spec{Name: "logs-ok", UID: "uid-logs-ok", ImageKey: "tiny", MachineType: "tiny"}
-	bad := provider.Spec{Name: "logs-bad", UID: "uid-logs-bad", ImageKey: "gone", MachineType: "tiny"}
-	if _, err := c.Get(ctx, ok.Ref()); provider.Code(err) != provider.NotFound {
+	c := driver.NewClient(p, &egressproxy.Options{Logger: log})
+	ok := egressproxy.Spec{Name: "logs-ok", UID: "uid-logs-ok", ImageKey: "tiny", MachineType: "tiny"}
+	bad := egressproxy.Spec{Name: "logs-bad", UID: "uid-logs-bad", ImageKey: "gone", MachineType: "tiny"}
+	if _, err := c.Get(ctx, ok.Ref()); errs.Code(err) != errs.NotFound {
 		t.Fatalf("Get before Create: %v", err)
 	}
 	if _, err := c.Create(ctx, ok); err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	if _, err := c.Create(ctx, bad); provider.Code(err) != provider.Permanent {
+	if _, err := c.Create(ctx, bad); errs.Code(err) != errs.Permanent {
 		t.Fatalf("Create of an image the mirror does not have: %v, want Permanent", err)
 	}
 	if err := c.Delete(ctx, ok.Ref()); err != nil {

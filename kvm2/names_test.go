@@ -4,13 +4,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"pgregory.net/rapid"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 var labelGen = rapid.StringMatching(`[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?`).Filter(func(s string) bool {
-	return provider.ValidateName("x", s) == nil
+	return naming.ValidateName("x", s) == nil
 })
 
 // Property: the names of two different (entry, name) pairs never collide,

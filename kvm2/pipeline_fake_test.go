@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"go.uber.org/goleak"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // gate is a fault hook that holds the calls of op (before they take
@@ -105,7 +105,7 @@ func TestFakeListPipelined(t *testing.T) {
 		t.Errorf("%d calls (%d listings), want %d: one listing with states, one XML read per domain", c, s, n+1)
 	}
 	for i, inst := range got {
-		if want := fmt.Sprintf("s%03d", i); inst.Name != want || inst.State != provider.StateStopped {
+		if want := fmt.Sprintf("s%03d", i); inst.Name != want || inst.State != egressproxy.StateStopped {
 			t.Errorf("List[%d] = %s %s, want %s Stopped", i, inst.Name, inst.State, want)
 		}
 	}
@@ -168,7 +168,7 @@ func TestFakeListCancelled(t *testing.T) {
 				cancel()
 			}()
 			_, err := e.p.List(ctx)
-			wantCode(t, "cancelled List", err, provider.Canceled)
+			wantCode(t, "cancelled List", err, errs.Canceled)
 			// Only the abandoned calls (the fake's fn goroutines) remain.
 			if err := goleak.Find(goleak.IgnoreCurrent(), goleak.IgnoreAnyFunction("github.com/egressproxy/egressproxy/kvm2.(*fakeSession).Do.func1")); err != nil {
 				t.Errorf("List left goroutines behind: %v", err)
@@ -205,7 +205,7 @@ func TestFakeGetOverlapped(t *testing.T) {
 	}()
 	start := time.Now()
 	inst, err := e.p.Get(context.Background(), fakeSpec("a").Ref())
-	if err != nil || inst.State != provider.StateProvisioning {
+	if err != nil || inst.State != egressproxy.StateProvisioning {
 		t.Fatalf("Get = %+v, %v", inst, err)
 	}
 	if d := time.Since(start); d >= gateWait {
@@ -325,14 +325,14 @@ func TestFakeEntriesCreateConcurrently(t *testing.T) {
 	}
 	start := time.Now()
 	var wg sync.WaitGroup
-	errs := make([]error, hosts)
+	problems := make([]error, hosts)
 	for i, e := range envs {
 		wg.Go(func() {
-			_, errs[i] = e.p.Create(context.Background(), fakeSpec("a"))
+			_, problems[i] = e.p.Create(context.Background(), fakeSpec("a"))
 		})
 	}
 	wg.Wait()
-	for i, err := range errs {
+	for i, err := range problems {
 		if err != nil {
 			t.Errorf("entry %d: %v", i+1, err)
 		}

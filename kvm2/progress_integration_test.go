@@ -10,8 +10,8 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // TestIntegrationImageProgress: Options.ImageProgress sees a cold fetch on
@@ -22,7 +22,7 @@ func TestIntegrationImageProgress(t *testing.T) {
 	e := newLifecycleEnv(t)
 	var mu sync.Mutex
 	var got []imagecache.Progress
-	p, err := Open(context.Background(), e.cfg, &Options{
+	p, err := open(context.Background(), e.cfg, &Options{
 		Logger:                testr.New(t),
 		ImageProgressInterval: time.Millisecond,
 		ImageProgress: func(pr imagecache.Progress) {
@@ -36,7 +36,7 @@ func TestIntegrationImageProgress(t *testing.T) {
 	}
 	defer p.Close()
 	ctx := ctxT(t)
-	spec := provider.Spec{Name: "progress", UID: "uid-progress"}
+	spec := egressproxy.Spec{Name: "progress", UID: "uid-progress"}
 	if _, err := p.Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestIntegrationImageProgress(t *testing.T) {
 	}
 	t.Logf("%d progress reports, last %+v", len(cold), last)
 
-	spec2 := provider.Spec{Name: "progress2", UID: "uid-progress2"}
+	spec2 := egressproxy.Spec{Name: "progress2", UID: "uid-progress2"}
 	if _, err := p.Create(ctx, spec2); err != nil {
 		t.Fatal(err)
 	}

@@ -16,19 +16,21 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/libvirterr"
 	"github.com/egressproxy/egressproxy/internal/obs"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
-// TracerName is the instrumentation name of this package's spans.
-const TracerName = "github.com/egressproxy/egressproxy/kvm2"
+// tracerName is the instrumentation name of this package's spans.
+const tracerName = "github.com/egressproxy/egressproxy/kvm2"
 
-// Provider is the kvm2 provider of one entry (one host, one pool). It is safe
-// for concurrent use. Create it with Open; release it with Close.
-type Provider struct {
+// provider is the kvm2 driver.Provider of one entry (one host, one pool). It
+// is safe for concurrent use.
+type provider struct {
 	cfg    Config
 	log    logr.Logger
 	tracer trace.Tracer
@@ -44,13 +46,26 @@ type Provider struct {
 	closeErr  error
 }
 
-// Open validates cfg and returns the provider of that entry. It does not
-// touch the host: the first call dials, so Check can report an unreachable
-// host, bad credentials or an unknown host key as a Health reason. A bad cfg
-// is a Permanent error that names each field and rule. A nil opts is valid.
-func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
+// Open validates cfg and returns the portable client of that entry. It does
+// not touch the host: the first call dials, so Check can report an
+// unreachable host, bad credentials or an unknown host key as a Health
+// reason. A bad cfg is a Permanent error that names each field and rule. A
+// nil opts is valid. Closing the client closes the entry's connections.
+func Open(ctx context.Context, cfg Config, opts *Options) (*egressproxy.Client, error) {
+	p, err := open(ctx, cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	if opts == nil {
+		opts = &Options{}
+	}
+	return driver.NewClient(p, &egressproxy.Options{Logger: opts.Logger, TracerProvider: opts.TracerProvider}), nil
+}
+
+// open is Open without the client: the driver itself.
+func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, provider.FromContext(err)
+		return nil, errs.FromContext(err)
 	}
 	if opts == nil {
 		opts = &Options{}
@@ -86,7 +101,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		Logger:            log,
 	})
 	if err != nil {
-		return nil, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
+		return nil, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
 	}
 	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{
 		Socket:      cfg.LibvirtSocket,
@@ -108,7 +123,7 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 		ClaimTimeout:     cfg.ClaimTimeout,
 		HTTPClient:       opts.HTTPClient,
 		Progress:         opts.ImageProgress,
-		ProgressInterval: provider.Duration(opts.ImageProgressInterval),
+		ProgressInterval: opts.ImageProgressInterval,
 		Fanout:           fanout,
 		Logger:           base,
 		TracerProvider:   tp,
@@ -116,17 +131,14 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*Provider, error) {
 	if err != nil {
 		_ = lv.Close()
 		_ = pool.Close()
-		return nil, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
+		return nil, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
 	}
-	return newProvider(cfg, log, tp.Tracer(TracerName), &sshSession{lv: lv, pool: pool}, cache), nil
+	return newProvider(cfg, log, tp.Tracer(tracerName), &sshSession{lv: lv, pool: pool}, cache), nil
 }
 
-// Config returns the validated configuration with defaults applied.
-func (p *Provider) Config() Config { return p.cfg }
-
-func (p *Provider) checkOpen() error {
+func (p *provider) checkOpen() error {
 	if p.closed.Load() {
-		return provider.WithCode(provider.Permanent, fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, provider.ErrClosed))
+		return errs.WithCode(errs.Permanent, fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, errs.ErrClosed))
 	}
 	return nil
 }
@@ -135,7 +147,7 @@ func (p *Provider) checkOpen() error {
 // public operation's, named "kvm2.libvirt." + op without its "kvm2." prefix
 // (a fixed set: see docs/observability.md), and returns fn's error
 // unclassified (the caller classifies; the span gets classify's class).
-func (p *Provider) do(ctx context.Context, op string, fn func(lvAPI) error, attrs ...attribute.KeyValue) error {
+func (p *provider) do(ctx context.Context, op string, fn func(lvAPI) error, attrs ...attribute.KeyValue) error {
 	ctx, span := obs.Start(ctx, p.tracer, "kvm2.libvirt."+strings.TrimPrefix(op, "kvm2."), obs.Attrs{}, libvirtAttrs(attrs)...)
 	err := p.lv.Do(ctx, fn)
 	obs.End(span, classify(err))
@@ -160,7 +172,7 @@ func libvirtAttrs(attrs []attribute.KeyValue) []attribute.KeyValue {
 // start starts the span of a public operation (entry, the instance when
 // there is one, its overlay volume when withVolume) and returns the
 // function that ends it with the operation's error.
-func (p *Provider) start(ctx context.Context, name, instance string, withVolume bool) (context.Context, func(error)) {
+func (p *provider) start(ctx context.Context, name, instance string, withVolume bool) (context.Context, func(error)) {
 	a := obs.Attrs{Entry: p.cfg.Entry, Instance: instance}
 	if withVolume && instance != "" {
 		a.Volume = overlayVolume(domainName(p.cfg.Entry, instance))
@@ -222,11 +234,11 @@ func formatGiB(b uint64) string {
 //
 // The error is only for the call itself: the context ended (Canceled /
 // DeadlineExceeded) or the provider is closed (ErrClosed, Permanent).
-func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
+func (p *provider) Check(ctx context.Context) (_ egressproxy.Health, opErr error) {
 	ctx, end := p.start(ctx, "kvm2.Check", "", false)
 	defer func() { end(opErr) }()
 	if err := p.checkOpen(); err != nil {
-		return provider.Health{}, err
+		return egressproxy.Health{}, err
 	}
 	var (
 		mu      sync.Mutex
@@ -268,7 +280,7 @@ func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 			// A volume is being built in the pool (another call's
 			// Create): libvirt refuses refreshes until it is done. The
 			// pool runs; its figures are those of the last refresh.
-			set(detailPoolRefresh, "skipped: "+provider.ClipMessage(refreshErr.Error()))
+			set(detailPoolRefresh, "skipped: "+errs.ClipMessage(refreshErr.Error()))
 		default:
 			return fmt.Errorf("refresh storage pool %q: %w", p.cfg.Pool, refreshErr)
 		}
@@ -291,7 +303,7 @@ func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 	}
 
 	mu.Lock()
-	h := provider.Health{Details: details, CheckedAt: time.Now().UTC()}
+	h := egressproxy.Health{Details: details, CheckedAt: time.Now().UTC()}
 	mu.Unlock()
 	if err == nil {
 		h.Reachable = true
@@ -301,21 +313,21 @@ func (p *Provider) Check(ctx context.Context) (_ provider.Health, opErr error) {
 	}
 	// The call itself failed: the caller's context ended or we are closed.
 	if cerr := ctx.Err(); cerr != nil {
-		return provider.Health{}, provider.FromContext(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
+		return egressproxy.Health{}, errs.FromContext(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
 	}
 	if sshconn.KindOf(err) == sshconn.KindClosed || p.closed.Load() {
-		return provider.Health{}, provider.WithCode(provider.Permanent, fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, closedError{Err: err}))
+		return egressproxy.Health{}, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, closedError{Err: err}))
 	}
 	h.Reason = healthReason(err)
-	h.Message = provider.ClipMessage(err.Error())
+	h.Message = errs.ClipMessage(err.Error())
 	p.log.Info("check: unhealthy", "reason", string(h.Reason), "err", err)
 	return h, nil
 }
 
 // Close releases the libvirt connection, the SSH connection and every
 // goroutine the provider started. It does not delete instances. It is
-// idempotent; calls after Close fail with provider.ErrClosed (Permanent).
-func (p *Provider) Close() error {
+// idempotent; calls after Close fail with errs.ErrClosed (Permanent).
+func (p *provider) Close() error {
 	p.closeOnce.Do(func() {
 		p.closed.Store(true)
 		cerr := p.cache.Close()

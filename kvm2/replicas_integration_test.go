@@ -10,9 +10,9 @@ import (
 	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/go-logr/logr/testr"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // replicaRounds is how many rounds each two-replica test runs; even rounds
@@ -30,13 +30,13 @@ func rounds() int {
 // twoReplicas opens two providers on one entry (two separate Opens: two
 // SSH connections, two name-lock tables, as an old and a new leader
 // during a handover have) and warms the entry's base.
-func twoReplicas(t *testing.T) (*lifecycleEnv, [2]*Provider, context.Context) {
+func twoReplicas(t *testing.T) (*lifecycleEnv, [2]*provider, context.Context) {
 	t.Helper()
 	e := newLifecycleEnv(t)
-	ps := [2]*Provider{openT(t, e.cfg, testr.New(t)), openT(t, e.cfg, testr.New(t))}
+	ps := [2]*provider{openT(t, e.cfg, testr.New(t)), openT(t, e.cfg, testr.New(t))}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
-	warm := provider.Spec{Name: "warm", UID: "uid-warm"}
+	warm := egressproxy.Spec{Name: "warm", UID: "uid-warm"}
 	if _, err := ps[0].Create(ctx, warm); err != nil {
 		t.Fatalf("warm Create: %v", err)
 	}
@@ -63,15 +63,15 @@ func race(offset time.Duration, first, second func()) {
 
 // createSettles calls Create until it succeeds, allowing at most two
 // Transient failures (a race the caller retries), and fails t otherwise.
-func createSettles(t *testing.T, ctx context.Context, p *Provider, spec provider.Spec, what string) provider.Instance {
+func createSettles(t *testing.T, ctx context.Context, p *provider, spec egressproxy.Spec, what string) egressproxy.Instance {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		inst, err := p.Create(ctx, spec)
 		if err == nil {
 			return inst
 		}
-		if provider.Code(err) != provider.Transient || attempt == 3 {
-			t.Fatalf("%s: Create attempt %d: %v (code %v)", what, attempt, err, provider.Code(err))
+		if errs.Code(err) != errs.Transient || attempt == 3 {
+			t.Fatalf("%s: Create attempt %d: %v (code %v)", what, attempt, err, errs.Code(err))
 		}
 		t.Logf("%s: Create attempt %d transient (retried): %v", what, attempt, err)
 	}
@@ -79,7 +79,7 @@ func createSettles(t *testing.T, ctx context.Context, p *Provider, spec provider
 
 // assertComplete fails t unless the host holds spec's instance running with
 // its overlay backed by the base and its seed carrying the user-data.
-func assertComplete(t *testing.T, cfg Config, spec provider.Spec, what string) {
+func assertComplete(t *testing.T, cfg Config, spec egressproxy.Spec, what string) {
 	t.Helper()
 	h := SettledHostInstanceT(t, cfg, spec.Name)
 	if !h.Defined || h.State != libvirt.DomainRunning {
@@ -101,23 +101,23 @@ func TestIntegrationTwoReplicasOneSpec(t *testing.T) {
 	e, ps, ctx := twoReplicas(t)
 	transient := 0
 	for round := range rounds() {
-		spec := provider.Spec{Name: fmt.Sprintf("twin-%d", round), UID: fmt.Sprintf("uid-twin-%d", round),
+		spec := egressproxy.Spec{Name: fmt.Sprintf("twin-%d", round), UID: fmt.Sprintf("uid-twin-%d", round),
 			UserData: fmt.Sprintf("#cloud-config\n# twin %d\n", round)}
 		order := [2]int{0, 1}
 		if round%2 == 1 {
 			order = [2]int{1, 0}
 		}
-		var insts [2]provider.Instance
-		var errs [2]error
+		var insts [2]egressproxy.Instance
+		var problems [2]error
 		run := func(i int) func() {
-			return func() { insts[i], errs[i] = ps[i].Create(ctx, spec) }
+			return func() { insts[i], problems[i] = ps[i].Create(ctx, spec) }
 		}
 		race(raceOffset(round), run(order[0]), run(order[1]))
 		what := fmt.Sprintf("round %d (replica %d first, offset %v)", round, order[0], raceOffset(round))
-		for i, err := range errs {
-			switch c := provider.Code(err); {
+		for i, err := range problems {
+			switch c := errs.Code(err); {
 			case err == nil:
-			case c == provider.Transient:
+			case c == errs.Transient:
 				transient++
 				t.Logf("%s: replica %d got Transient (allowed, retried): %v", what, i, err)
 				insts[i] = createSettles(t, ctx, ps[i], spec, what)
@@ -130,7 +130,7 @@ func TestIntegrationTwoReplicasOneSpec(t *testing.T) {
 			t.Errorf("%s: the replicas returned different instances: %+v and %+v", what, insts[0], insts[1])
 		}
 		for i, p := range ps {
-			if got, err := p.Get(ctx, spec.Ref()); err != nil || got.State != provider.StateProvisioning || !got.CreatedAt.Equal(insts[0].CreatedAt) {
+			if got, err := p.Get(ctx, spec.Ref()); err != nil || got.State != egressproxy.StateProvisioning || !got.CreatedAt.Equal(insts[0].CreatedAt) {
 				t.Errorf("%s: replica %d Get = %+v, %v; want Provisioning, created %v", what, i, got, err, insts[0].CreatedAt)
 			}
 		}
@@ -154,7 +154,7 @@ func TestIntegrationCreateRacesDelete(t *testing.T) {
 	e, ps, ctx := twoReplicas(t)
 	var outcomes []string
 	for round := range 2 * rounds() {
-		spec := provider.Spec{Name: fmt.Sprintf("cd-%d", round), UID: fmt.Sprintf("uid-cd-%d", round),
+		spec := egressproxy.Spec{Name: fmt.Sprintf("cd-%d", round), UID: fmt.Sprintf("uid-cd-%d", round),
 			UserData: fmt.Sprintf("#cloud-config\n# create-delete %d\n", round)}
 		exists := round%2 == 0
 		if exists {
@@ -175,23 +175,23 @@ func TestIntegrationCreateRacesDelete(t *testing.T) {
 			op  string
 			err error
 		}{{"Create", cerr}, {"Delete", derr}} {
-			if r.err != nil && provider.Code(r.err) != provider.Transient {
-				t.Errorf("%s: %s: %v (code %v), want success or Transient", what, r.op, r.err, provider.Code(r.err))
+			if r.err != nil && errs.Code(r.err) != errs.Transient {
+				t.Errorf("%s: %s: %v (code %v), want success or Transient", what, r.op, r.err, errs.Code(r.err))
 			}
 		}
 		// Consistent: Get either finds nothing or the instance; a domain
 		// that runs has both its volumes.
 		got, gerr := ps[0].Get(ctx, spec.Ref())
 		h := HostInstanceT(t, e.cfg, spec.Name)
-		outcome := fmt.Sprintf("create=%v delete=%v get=%v", provider.Code(cerr), provider.Code(derr), provider.Code(gerr))
+		outcome := fmt.Sprintf("create=%v delete=%v get=%v", errs.Code(cerr), errs.Code(derr), errs.Code(gerr))
 		if gerr == nil {
 			outcome += "/" + string(got.State)
 		}
 		outcomes = append(outcomes, outcome)
 		t.Logf("%s: %s; host: domain %v state %d overlay %v seed %v", what, outcome, h.Defined, h.State, h.Overlay, h.Seed)
-		switch c := provider.Code(gerr); {
+		switch c := errs.Code(gerr); {
 		case gerr == nil:
-		case c == provider.NotFound:
+		case c == errs.NotFound:
 		default:
 			t.Errorf("%s: Get after the race: %v (code %v), want the instance or NotFound", what, gerr, c)
 		}

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // TestIntegrationRPCCounts measures how many libvirt RPCs the operations
@@ -35,7 +35,7 @@ func TestIntegrationRPCCounts(t *testing.T) {
 	checkCalls := rc.Take()
 	t.Logf("connect + Check: %d RPCs: %s", len(checkCalls), benchutil.Summary(checkCalls))
 
-	cold := provider.Spec{Name: "cold", UID: "uid-cold"}
+	cold := egressproxy.Spec{Name: "cold", UID: "uid-cold"}
 	start := time.Now()
 	if _, err := p.Create(ctx, cold); err != nil {
 		t.Fatal(err)
@@ -43,7 +43,7 @@ func TestIntegrationRPCCounts(t *testing.T) {
 	coldCalls := rc.Take()
 	t.Logf("cold-cache Create: %d RPCs in %v: %s", len(coldCalls), time.Since(start).Round(time.Millisecond), benchutil.Summary(coldCalls))
 
-	hot := provider.Spec{Name: "hot", UID: "uid-hot"}
+	hot := egressproxy.Spec{Name: "hot", UID: "uid-hot"}
 	start = time.Now()
 	if _, err := p.Create(ctx, hot); err != nil {
 		t.Fatal(err)

@@ -15,11 +15,11 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
 	"github.com/egressproxy/egressproxy/internal/testing/lab/delayproxy"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // rttOp is one operation measured on both providers.
@@ -106,7 +106,7 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	open := func(c kvm2.Config) *kvm2.Provider {
+	open := func(c kvm2.Config) *egressproxy.Client {
 		p, err := kvm2.Open(ctx, c, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -138,7 +138,7 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 	// The cold Create (the base fetched, two dedicated connections dialled
 	// for the upload and its read-back) runs through the proxy and is
 	// logged with its RPCs.
-	warm := provider.Spec{Name: "warm", UID: "uid-warm"}
+	warm := egressproxy.Spec{Name: "warm", UID: "uid-warm"}
 	rc.Take()
 	coldStart := time.Now()
 	if _, err := remote.Create(ctx, warm); err != nil {
@@ -163,13 +163,13 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 	if err := direct.Delete(ctx, warm.Ref()); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []*kvm2.Provider{direct, remote} {
+	for _, p := range []*egressproxy.Client{direct, remote} {
 		if _, err := p.Check(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	measure := func(o *rttOp, p *kvm2.Provider, fn func(p *kvm2.Provider) error) {
+	measure := func(o *rttOp, p *egressproxy.Client, fn func(p *egressproxy.Client) error) {
 		t.Helper()
 		rc.Take()
 		start := time.Now()
@@ -196,26 +196,26 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 	del := &rttOp{name: "Delete (running)"}
 	for i := range runs {
 		// Interleaved: direct first in even runs, through the proxy in odd.
-		ps := []*kvm2.Provider{direct, remote}
+		ps := []*egressproxy.Client{direct, remote}
 		if i%2 == 1 {
 			ps[0], ps[1] = ps[1], ps[0]
 		}
 		for j, p := range ps {
-			s := provider.Spec{Name: fmt.Sprintf("c%d-%d", i, j), UID: fmt.Sprintf("uid-c%d-%d", i, j)}
-			measure(create, p, func(p *kvm2.Provider) error { _, err := p.Create(ctx, s); return err })
-			measure(get, p, func(p *kvm2.Provider) error {
+			s := egressproxy.Spec{Name: fmt.Sprintf("c%d-%d", i, j), UID: fmt.Sprintf("uid-c%d-%d", i, j)}
+			measure(create, p, func(p *egressproxy.Client) error { _, err := p.Create(ctx, s); return err })
+			measure(get, p, func(p *egressproxy.Client) error {
 				inst, err := p.Get(ctx, s.Ref())
-				if err == nil && inst.State != provider.StateProvisioning {
+				if err == nil && inst.State != egressproxy.StateProvisioning {
 					err = fmt.Errorf("state %s, want Provisioning (running, no address)", inst.State)
 				}
 				return err
 			})
-			measure(del, p, func(p *kvm2.Provider) error { return p.Delete(ctx, s.Ref()) })
+			measure(del, p, func(p *egressproxy.Client) error { return p.Delete(ctx, s.Ref()) })
 		}
 	}
 
 	for i := range listN {
-		s := provider.Spec{Name: fmt.Sprintf("l%03d", i), UID: fmt.Sprintf("uid-l%03d", i)}
+		s := egressproxy.Spec{Name: fmt.Sprintf("l%03d", i), UID: fmt.Sprintf("uid-l%03d", i)}
 		if _, err := direct.Create(ctx, s); err != nil {
 			t.Fatal(err)
 		}
@@ -223,12 +223,12 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 	}
 	list := &rttOp{name: fmt.Sprintf("List of %d (stopped)", listN)}
 	for i := range runs {
-		ps := []*kvm2.Provider{direct, remote}
+		ps := []*egressproxy.Client{direct, remote}
 		if i%2 == 1 {
 			ps[0], ps[1] = ps[1], ps[0]
 		}
 		for _, p := range ps {
-			measure(list, p, func(p *kvm2.Provider) error {
+			measure(list, p, func(p *egressproxy.Client) error {
 				got, err := p.List(ctx)
 				if err == nil && len(got) != listN {
 					err = fmt.Errorf("listed %d instances, want %d", len(got), listN)

@@ -92,8 +92,8 @@ type imageCache interface {
 var _ imageCache = (*imagecache.Cache)(nil)
 
 // newProvider builds a Provider of the validated cfg on sess and images.
-func newProvider(cfg Config, log logr.Logger, tracer trace.Tracer, sess lvSession, images imageCache) *Provider {
-	return &Provider{
+func newProvider(cfg Config, log logr.Logger, tracer trace.Tracer, sess lvSession, images imageCache) *provider {
+	return &provider{
 		cfg:    cfg,
 		log:    log.WithName("kvm2"),
 		tracer: tracer,

@@ -7,8 +7,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/isoseed"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/naming"
 )
 
 // seedLabel is the volume label cloud-init's NoCloud datasource looks for.
@@ -39,19 +40,19 @@ func (s seedData) metaData() ([]byte, error) {
 // Ridge names) labelled "cidata" holding the files user-data and meta-data,
 // built in memory: no temporary file or directory is made.
 func buildSeed(s seedData) ([]byte, error) {
-	if len(s.UserData) > provider.MaxUserDataBytes {
-		return nil, provider.WithCode(provider.Permanent, fieldErr("UserData", "",
-			fmt.Sprintf("is %d bytes, at most %d allowed", len(s.UserData), provider.MaxUserDataBytes)))
+	if len(s.UserData) > naming.MaxUserDataBytes {
+		return nil, errs.WithCode(errs.Permanent, fieldErr("UserData", "",
+			fmt.Sprintf("is %d bytes, at most %d allowed", len(s.UserData), naming.MaxUserDataBytes)))
 	}
 	if s.InstanceID == "" {
-		return nil, provider.WithCode(provider.Permanent, fieldErr("UID", "", "is required"))
+		return nil, errs.WithCode(errs.Permanent, fieldErr("UID", "", "is required"))
 	}
 	if s.Hostname == "" {
-		return nil, provider.WithCode(provider.Permanent, fieldErr("Name", "", "is required"))
+		return nil, errs.WithCode(errs.Permanent, fieldErr("Name", "", "is required"))
 	}
 	md, err := s.metaData()
 	if err != nil {
-		return nil, provider.WithCode(provider.Permanent, fmt.Errorf("encode meta-data: %w", err))
+		return nil, errs.WithCode(errs.Permanent, fmt.Errorf("encode meta-data: %w", err))
 	}
 	iso, err := isoseed.Build(isoseed.Volume{Label: seedLabel, Time: s.Created, Files: []isoseed.File{
 		{Name: "meta-data", Data: md},
@@ -60,7 +61,7 @@ func buildSeed(s seedData) ([]byte, error) {
 	if err != nil {
 		// Not reached for input that passed the checks above: the
 		// names are fixed and the sizes far below isoseed's limits.
-		return nil, provider.WithCode(provider.Permanent, fmt.Errorf("seed ISO: %w", err))
+		return nil, errs.WithCode(errs.Permanent, fmt.Errorf("seed ISO: %w", err))
 	}
 	seedsBuilt.Add(1)
 	return iso, nil

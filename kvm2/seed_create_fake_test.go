@@ -8,8 +8,7 @@ import (
 	"testing"
 
 	libvirt "github.com/digitalocean/go-libvirt"
-
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // unusableTempDir points TMPDIR at a regular file for the rest of t, so
@@ -66,7 +65,7 @@ func TestFakeCreateSeedNoTempDir(t *testing.T) {
 	b := fakeSpec("b")
 	e.lv.setFault(failOn("DomainCreate", "", false, libvirt.ErrInterrupted))
 	_, err := e.p.Create(ctx, b)
-	wantCode(t, "start interrupted", err, provider.Transient)
+	wantCode(t, "start interrupted", err, errs.Transient)
 	first, _ := e.lv.vol(e.cfg.Pool, seedVolume(e.dom("b")))
 	e.lv.setFault(nil)
 	built = seedsBuilt.Load()

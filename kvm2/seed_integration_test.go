@@ -7,9 +7,8 @@ import (
 	"testing"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy"
 	"github.com/go-logr/logr/testr"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // TestIntegrationCreateNoTempDir: on the real stack, with TMPDIR pointing
@@ -22,7 +21,7 @@ func TestIntegrationCreateNoTempDir(t *testing.T) {
 	e := newLifecycleEnv(t)
 	p := openT(t, e.cfg, testr.New(t))
 	ctx := ctxT(t)
-	spec := provider.Spec{Name: "notmp", UID: "uid-notmp", UserData: "#cloud-config\nhostname: notmp\n"}
+	spec := egressproxy.Spec{Name: "notmp", UID: "uid-notmp", UserData: "#cloud-config\nhostname: notmp\n"}
 	unusableTempDir(t)
 
 	inst, err := p.Create(ctx, spec)

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/kdomanski/iso9660"
 	"sigs.k8s.io/yaml"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // readSeed opens a seed ISO and returns its label and files.
@@ -53,7 +53,7 @@ func TestBuildSeed(t *testing.T) {
 		{"empty user-data", seedData{InstanceID: "uid-2", Hostname: "p"}},
 		{"metacharacters", seedData{InstanceID: `a: b # "c" 'd' <e> & ü ✓`, Hostname: "proxy-b", UserData: "#!/bin/sh\necho '<&>' \"ü\"\n"}},
 		{"yaml lookalikes", seedData{InstanceID: "- [x, y]", Hostname: "x", UserData: "---\n..."}},
-		{"max user-data", seedData{InstanceID: "u", Hostname: "h", UserData: strings.Repeat("x", provider.MaxUserDataBytes)}},
+		{"max user-data", seedData{InstanceID: "u", Hostname: "h", UserData: strings.Repeat("x", naming.MaxUserDataBytes)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -88,13 +88,13 @@ func TestBuildSeedRejects(t *testing.T) {
 		name string
 		in   seedData
 	}{
-		{"oversized user-data", seedData{InstanceID: "u", Hostname: "h", UserData: strings.Repeat("x", provider.MaxUserDataBytes+1)}},
+		{"oversized user-data", seedData{InstanceID: "u", Hostname: "h", UserData: strings.Repeat("x", naming.MaxUserDataBytes+1)}},
 		{"no instance id", seedData{Hostname: "h"}},
 		{"no hostname", seedData{InstanceID: "u"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := buildSeed(tt.in); provider.Code(err) != provider.Permanent {
+			if _, err := buildSeed(tt.in); errs.Code(err) != errs.Permanent {
 				t.Errorf("err = %v, want Permanent", err)
 			}
 		})
@@ -106,13 +106,13 @@ func TestBuildSeedRejects(t *testing.T) {
 // input (with its creation time) gives the same bytes.
 func TestBuildSeedSize(t *testing.T) {
 	t.Parallel()
-	in := seedData{InstanceID: "uid-1", Hostname: "proxy-a", UserData: strings.Repeat("x", provider.MaxUserDataBytes),
+	in := seedData{InstanceID: "uid-1", Hostname: "proxy-a", UserData: strings.Repeat("x", naming.MaxUserDataBytes),
 		Created: time.Date(2026, 12, 2, 3, 4, 5, 0, time.UTC)}
 	iso, err := buildSeed(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := 22*2048 + provider.MaxUserDataBytes + 2048; len(iso) != want {
+	if want := 22*2048 + naming.MaxUserDataBytes + 2048; len(iso) != want {
 		t.Errorf("seed is %d bytes, want %d", len(iso), want)
 	}
 	again, err := buildSeed(in)

@@ -6,13 +6,13 @@ import (
 	"context"
 	"testing"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/go-logr/logr/testr"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // TestIntegrationSpanTree: a cold Create makes the span tree of
@@ -29,7 +29,7 @@ func TestIntegrationSpanTree(t *testing.T) {
 	overlay := overlayVolume(dn)
 	type kv = map[attribute.Key]string
 
-	if _, err := p.Create(ctx, provider.Spec{Name: "tree", UID: "uid-tree"}); err != nil {
+	if _, err := p.Create(ctx, egressproxy.Spec{Name: "tree", UID: "uid-tree"}); err != nil {
 		t.Fatal(err)
 	}
 	assertTree(t, rec, []recordedSpan{
@@ -45,7 +45,7 @@ func TestIntegrationSpanTree(t *testing.T) {
 	rec2 := tracetest.NewSpanRecorder()
 	tp.RegisterSpanProcessor(rec2)
 	tp.UnregisterSpanProcessor(rec)
-	if _, err := p.Get(ctx, provider.Ref{Name: "missing", UID: "u"}); provider.Code(err) != provider.NotFound {
+	if _, err := p.Get(ctx, egressproxy.Ref{Name: "missing", UID: "u"}); errs.Code(err) != errs.NotFound {
 		t.Fatalf("Get of a missing instance = %v, want NotFound", err)
 	}
 	assertTree(t, rec2, []recordedSpan{
@@ -73,12 +73,12 @@ func assertTree(t *testing.T, rec *tracetest.SpanRecorder, want []recordedSpan) 
 // tracedProvider opens e's provider with an in-memory span recorder on its
 // own TracerProvider; provider and TracerProvider are closed when the test
 // ends.
-func tracedProvider(t *testing.T, e *lifecycleEnv) (*Provider, *tracetest.SpanRecorder, *sdktrace.TracerProvider) {
+func tracedProvider(t *testing.T, e *lifecycleEnv) (*provider, *tracetest.SpanRecorder, *sdktrace.TracerProvider) {
 	t.Helper()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	p, err := Open(context.Background(), e.cfg, &Options{Logger: testr.New(t), TracerProvider: tp})
+	p, err := open(context.Background(), e.cfg, &Options{Logger: testr.New(t), TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
 	}

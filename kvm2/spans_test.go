@@ -10,8 +10,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // recordedSpan is what the span tests assert of one span.
@@ -45,14 +46,14 @@ func recorded(rec *tracetest.SpanRecorder) []recordedSpan {
 // openTraced opens the offline provider of lifecycle_test.go (no host, no
 // key file: the first libvirt call fails before any network use) with a
 // span recorder.
-func openTraced(t *testing.T) (*Provider, *tracetest.SpanRecorder) {
+func openTraced(t *testing.T) (*provider, *tracetest.SpanRecorder) {
 	t.Helper()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	c := validConfig()
 	c.Images = map[string]imagecache.Image{"tiny": {URL: "http://127.0.0.1:1/tiny.qcow2"}}
-	p, err := Open(context.Background(), c, &Options{TracerProvider: tp})
+	p, err := open(context.Background(), c, &Options{TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestOpenWithBadConfigMakesNoSpan(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	c := validConfig()
 	c.Pool = ""
-	if p, err := Open(context.Background(), c, &Options{TracerProvider: tp}); err == nil {
+	if p, err := open(context.Background(), c, &Options{TracerProvider: tp}); err == nil {
 		p.Close()
 		t.Fatal("Open accepted a config without a pool")
 	}
@@ -87,40 +88,40 @@ func TestSpansOfPublicOperations(t *testing.T) {
 	cancel()
 	for _, tt := range []struct {
 		name     string
-		call     func(ctx context.Context, p *Provider) error
+		call     func(ctx context.Context, p *provider) error
 		close    bool // Close the provider first
 		want     recordedSpan
 		errType  string         // "" = success
 		children []recordedSpan // kvm2.libvirt.* spans, in end order
 	}{
-		{name: "create bad name", call: func(ctx context.Context, p *Provider) error {
-			_, err := p.Create(ctx, provider.Spec{Name: "Bad_Name", UID: "u"})
+		{name: "create bad name", call: func(ctx context.Context, p *provider) error {
+			_, err := p.Create(ctx, egressproxy.Spec{Name: "Bad_Name", UID: "u"})
 			return err
 		}, want: recordedSpan{name: "kvm2.Create", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1", "egressproxy.instance": "Bad_Name", "egressproxy.volume": overlayVolume(domainName("lab-1", "Bad_Name"))}}, errType: "Permanent"},
-		{name: "create without name", call: func(ctx context.Context, p *Provider) error {
-			_, err := p.Create(ctx, provider.Spec{UID: "u"})
+		{name: "create without name", call: func(ctx context.Context, p *provider) error {
+			_, err := p.Create(ctx, egressproxy.Spec{UID: "u"})
 			return err
 		}, want: recordedSpan{name: "kvm2.Create", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1"}}, errType: "Permanent"},
-		{name: "get bad ref", call: func(ctx context.Context, p *Provider) error {
-			_, err := p.Get(ctx, provider.Ref{Name: "a"})
+		{name: "get bad ref", call: func(ctx context.Context, p *provider) error {
+			_, err := p.Get(ctx, egressproxy.Ref{Name: "a"})
 			return err
 		}, want: recordedSpan{name: "kvm2.Get", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1", "egressproxy.instance": "a"}}, errType: "Permanent"},
-		{name: "get, host unusable", call: func(ctx context.Context, p *Provider) error {
-			_, err := p.Get(ctx, provider.Ref{Name: "a", UID: "u"})
+		{name: "get, host unusable", call: func(ctx context.Context, p *provider) error {
+			_, err := p.Get(ctx, egressproxy.Ref{Name: "a", UID: "u"})
 			return err
 		}, want: recordedSpan{name: "kvm2.Get", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1", "egressproxy.instance": "a"}}, errType: "Transient",
 			children: []recordedSpan{{name: "kvm2.libvirt.Get", attrs: map[attribute.Key]string{"kvm2.domain": domainName("lab-1", "a"), "error.type": "Permanent"}, status: codes.Error, parent: "kvm2.Get"}}},
-		{name: "get canceled", call: func(_ context.Context, p *Provider) error {
-			_, err := p.Get(canceled, provider.Ref{Name: "a", UID: "u"})
+		{name: "get canceled", call: func(_ context.Context, p *provider) error {
+			_, err := p.Get(canceled, egressproxy.Ref{Name: "a", UID: "u"})
 			return err
 		}, want: recordedSpan{name: "kvm2.Get", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1", "egressproxy.instance": "a"}}, errType: "Canceled",
 			children: []recordedSpan{{name: "kvm2.libvirt.Get", attrs: map[attribute.Key]string{"kvm2.domain": domainName("lab-1", "a"), "error.type": "Canceled"}, status: codes.Error, parent: "kvm2.Get"}}},
-		{name: "list, host unusable", call: func(ctx context.Context, p *Provider) error {
+		{name: "list, host unusable", call: func(ctx context.Context, p *provider) error {
 			_, err := p.List(ctx)
 			return err
 		}, want: recordedSpan{name: "kvm2.List", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1"}}, errType: "Transient",
 			children: []recordedSpan{{name: "kvm2.libvirt.List", attrs: map[attribute.Key]string{"error.type": "Permanent"}, status: codes.Error, parent: "kvm2.List"}}},
-		{name: "check, host unusable, is a health reason", call: func(ctx context.Context, p *Provider) error {
+		{name: "check, host unusable, is a health reason", call: func(ctx context.Context, p *provider) error {
 			h, err := p.Check(ctx)
 			if err == nil && h.Reachable {
 				t.Error("offline Check reports Reachable")
@@ -128,22 +129,22 @@ func TestSpansOfPublicOperations(t *testing.T) {
 			return err
 		}, want: recordedSpan{name: "kvm2.Check", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1"}},
 			children: []recordedSpan{{name: "kvm2.libvirt.Check", attrs: map[attribute.Key]string{"kvm2.pool": "default", "error.type": "Permanent"}, status: codes.Error, parent: "kvm2.Check"}}},
-		{name: "create after close", close: true, call: func(ctx context.Context, p *Provider) error {
-			_, err := p.Create(ctx, provider.Spec{Name: "a", UID: "u"})
+		{name: "create after close", close: true, call: func(ctx context.Context, p *provider) error {
+			_, err := p.Create(ctx, egressproxy.Spec{Name: "a", UID: "u"})
 			return err
 		}, want: recordedSpan{name: "kvm2.Create", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1", "egressproxy.instance": "a", "egressproxy.volume": vol}}, errType: "Permanent"},
-		{name: "get after close", close: true, call: func(ctx context.Context, p *Provider) error {
-			_, err := p.Get(ctx, provider.Ref{Name: "a", UID: "u"})
+		{name: "get after close", close: true, call: func(ctx context.Context, p *provider) error {
+			_, err := p.Get(ctx, egressproxy.Ref{Name: "a", UID: "u"})
 			return err
 		}, want: recordedSpan{name: "kvm2.Get", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1", "egressproxy.instance": "a"}}, errType: "Permanent"},
-		{name: "delete after close", close: true, call: func(ctx context.Context, p *Provider) error {
-			return p.Delete(ctx, provider.Ref{Name: "a", UID: "u"})
+		{name: "delete after close", close: true, call: func(ctx context.Context, p *provider) error {
+			return p.Delete(ctx, egressproxy.Ref{Name: "a", UID: "u"})
 		}, want: recordedSpan{name: "kvm2.Delete", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1", "egressproxy.instance": "a", "egressproxy.volume": vol}}, errType: "Permanent"},
-		{name: "list after close", close: true, call: func(ctx context.Context, p *Provider) error {
+		{name: "list after close", close: true, call: func(ctx context.Context, p *provider) error {
 			_, err := p.List(ctx)
 			return err
 		}, want: recordedSpan{name: "kvm2.List", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1"}}, errType: "Permanent"},
-		{name: "check after close", close: true, call: func(ctx context.Context, p *Provider) error {
+		{name: "check after close", close: true, call: func(ctx context.Context, p *provider) error {
 			_, err := p.Check(ctx)
 			return err
 		}, want: recordedSpan{name: "kvm2.Check", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1"}}, errType: "Permanent"},
@@ -157,7 +158,7 @@ func TestSpansOfPublicOperations(t *testing.T) {
 				}
 			}
 			err := tt.call(context.Background(), p)
-			if got := provider.Code(err).String(); tt.errType == "" && err != nil || tt.errType != "" && got != tt.errType {
+			if got := errs.Code(err).String(); tt.errType == "" && err != nil || tt.errType != "" && got != tt.errType {
 				t.Fatalf("call returned %v (%s), want class %q", err, got, tt.errType)
 			}
 			want := tt.want

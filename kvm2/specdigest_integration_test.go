@@ -8,9 +8,10 @@ import (
 	"time"
 
 	libvirt "github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/go-logr/logr/testr"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // TestIntegrationSpecConflict: Create of an existing UID with another
@@ -24,7 +25,7 @@ func TestIntegrationSpecConflict(t *testing.T) {
 	cfg.DefaultMachineType = "tiny"
 	p := openT(t, cfg, testr.New(t))
 	ctx := ctxT(t)
-	spec := provider.Spec{Name: "drift", UID: "uid-drift", UserData: "#cloud-config\n# secret-token-1\n"}
+	spec := egressproxy.Spec{Name: "drift", UID: "uid-drift", UserData: "#cloud-config\n# secret-token-1\n"}
 	inst, err := p.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -32,23 +33,23 @@ func TestIntegrationSpecConflict(t *testing.T) {
 	if inst.SpecDigest != spec.Digest() {
 		t.Errorf("Create SpecDigest %q, want %q", inst.SpecDigest, spec.Digest())
 	}
-	for name, mutate := range map[string]func(*provider.Spec){
-		"port":         func(s *provider.Spec) { s.Port = 8080 },
-		"user-data":    func(s *provider.Spec) { s.UserData = "#cloud-config\n# secret-token-2\n" },
-		"image key":    func(s *provider.Spec) { s.ImageKey = "tiny" }, // the default, named: another spec
-		"machine type": func(s *provider.Spec) { s.MachineType = "tiny2" },
+	for name, mutate := range map[string]func(*egressproxy.Spec){
+		"port":         func(s *egressproxy.Spec) { s.Port = 8080 },
+		"user-data":    func(s *egressproxy.Spec) { s.UserData = "#cloud-config\n# secret-token-2\n" },
+		"image key":    func(s *egressproxy.Spec) { s.ImageKey = "tiny" }, // the default, named: another spec
+		"machine type": func(s *egressproxy.Spec) { s.MachineType = "tiny2" },
 	} {
 		other := spec
 		mutate(&other)
 		_, err := p.Create(ctx, other)
-		if !errors.Is(err, provider.ErrSpecConflict) || provider.Code(err) != provider.Permanent {
-			t.Errorf("Create with another %s: %v (code %v), want ErrSpecConflict (Permanent)", name, err, provider.Code(err))
+		if !errors.Is(err, errs.ErrSpecConflict) || errs.Code(err) != errs.Permanent {
+			t.Errorf("Create with another %s: %v (code %v), want ErrSpecConflict (Permanent)", name, err, errs.Code(err))
 		} else {
 			t.Logf("another %s: %v", name, err)
 		}
 	}
 	got, err := p.Get(ctx, spec.Ref())
-	if err != nil || got.SpecDigest != spec.Digest() || !got.CreatedAt.Equal(inst.CreatedAt) || got.Port != provider.DefaultPort {
+	if err != nil || got.SpecDigest != spec.Digest() || !got.CreatedAt.Equal(inst.CreatedAt) || got.Port != naming.DefaultPort {
 		t.Errorf("Get after the conflicts = %+v, %v; want the original instance", got, err)
 	}
 	h := HostInstanceT(t, cfg, spec.Name)
@@ -68,7 +69,7 @@ func TestIntegrationLegacyDomainNotChecked(t *testing.T) {
 	e := newLifecycleEnv(t)
 	p := openT(t, e.cfg, testr.New(t))
 	ctx := ctxT(t)
-	spec := provider.Spec{Name: "legacy", UID: "uid-legacy", UserData: "#cloud-config\n"}
+	spec := egressproxy.Spec{Name: "legacy", UID: "uid-legacy", UserData: "#cloud-config\n"}
 	name := domainName(e.cfg.Entry, spec.Name)
 	created := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
 	x, err := buildDomainXML(domainParams{
@@ -86,7 +87,7 @@ func TestIntegrationLegacyDomainNotChecked(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Create over the legacy domain: %v", err)
 	}
-	if inst.State != provider.StateProvisioning || !inst.CreatedAt.Equal(created) || inst.SpecDigest != "" {
+	if inst.State != egressproxy.StateProvisioning || !inst.CreatedAt.Equal(created) || inst.SpecDigest != "" {
 		t.Errorf("Create = %+v; want the legacy instance (created %v, no digest) started", inst, created)
 	}
 	h := SettledHostInstanceT(t, e.cfg, spec.Name)

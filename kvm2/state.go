@@ -2,8 +2,7 @@ package kvm2
 
 import (
 	libvirt "github.com/digitalocean/go-libvirt"
-
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy"
 )
 
 // domainActive reports whether a domain in state st has a running QEMU, so
@@ -17,26 +16,26 @@ func domainActive(st libvirt.DomainState) bool {
 }
 
 // mapState maps a libvirt domain state and the presence of an address to a
-// provider.State:
+// egressproxy.State:
 //
 //	running, blocked, paused  → Running with an address, else Provisioning
 //	nostate                   → Provisioning (being set up)
 //	shutdown (shutting down), shutoff, pmsuspended → Stopped
 //	crashed                   → Failed
 //	anything else             → Failed
-func mapState(st libvirt.DomainState, hasAddress bool) provider.State {
+func mapState(st libvirt.DomainState, hasAddress bool) egressproxy.State {
 	switch st {
 	case libvirt.DomainRunning, libvirt.DomainBlocked, libvirt.DomainPaused:
 		if hasAddress {
-			return provider.StateRunning
+			return egressproxy.StateRunning
 		}
-		return provider.StateProvisioning
+		return egressproxy.StateProvisioning
 	case libvirt.DomainNostate:
-		return provider.StateProvisioning
+		return egressproxy.StateProvisioning
 	case libvirt.DomainShutdown, libvirt.DomainShutoff, libvirt.DomainPmsuspended:
-		return provider.StateStopped
+		return egressproxy.StateStopped
 	case libvirt.DomainCrashed:
-		return provider.StateFailed
+		return egressproxy.StateFailed
 	}
-	return provider.StateFailed
+	return egressproxy.StateFailed
 }

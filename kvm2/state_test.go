@@ -4,8 +4,7 @@ import (
 	"testing"
 
 	libvirt "github.com/digitalocean/go-libvirt"
-
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy"
 )
 
 func TestMapState(t *testing.T) {
@@ -13,23 +12,23 @@ func TestMapState(t *testing.T) {
 	tests := []struct {
 		st      libvirt.DomainState
 		addr    bool
-		want    provider.State
+		want    egressproxy.State
 		active  bool
 		comment string
 	}{
-		{libvirt.DomainRunning, true, provider.StateRunning, true, "running with address"},
-		{libvirt.DomainRunning, false, provider.StateProvisioning, true, "running, booting"},
-		{libvirt.DomainBlocked, true, provider.StateRunning, true, "blocked on I/O"},
-		{libvirt.DomainBlocked, false, provider.StateProvisioning, true, "blocked, no address"},
-		{libvirt.DomainPaused, true, provider.StateRunning, true, "paused keeps its address"},
-		{libvirt.DomainPaused, false, provider.StateProvisioning, true, "paused, no address"},
-		{libvirt.DomainNostate, false, provider.StateProvisioning, false, "no state yet"},
-		{libvirt.DomainShutdown, false, provider.StateStopped, false, "shutting down"},
-		{libvirt.DomainShutoff, false, provider.StateStopped, false, "shut off"},
-		{libvirt.DomainShutoff, true, provider.StateStopped, false, "shut off, stale address"},
-		{libvirt.DomainPmsuspended, false, provider.StateStopped, false, "suspended by the guest"},
-		{libvirt.DomainCrashed, false, provider.StateFailed, false, "crashed"},
-		{libvirt.DomainState(99), false, provider.StateFailed, false, "unknown"},
+		{libvirt.DomainRunning, true, egressproxy.StateRunning, true, "running with address"},
+		{libvirt.DomainRunning, false, egressproxy.StateProvisioning, true, "running, booting"},
+		{libvirt.DomainBlocked, true, egressproxy.StateRunning, true, "blocked on I/O"},
+		{libvirt.DomainBlocked, false, egressproxy.StateProvisioning, true, "blocked, no address"},
+		{libvirt.DomainPaused, true, egressproxy.StateRunning, true, "paused keeps its address"},
+		{libvirt.DomainPaused, false, egressproxy.StateProvisioning, true, "paused, no address"},
+		{libvirt.DomainNostate, false, egressproxy.StateProvisioning, false, "no state yet"},
+		{libvirt.DomainShutdown, false, egressproxy.StateStopped, false, "shutting down"},
+		{libvirt.DomainShutoff, false, egressproxy.StateStopped, false, "shut off"},
+		{libvirt.DomainShutoff, true, egressproxy.StateStopped, false, "shut off, stale address"},
+		{libvirt.DomainPmsuspended, false, egressproxy.StateStopped, false, "suspended by the guest"},
+		{libvirt.DomainCrashed, false, egressproxy.StateFailed, false, "crashed"},
+		{libvirt.DomainState(99), false, egressproxy.StateFailed, false, "unknown"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.comment, func(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // Our own budgets (DialTimeout, CallTimeout) are not the caller's deadline:
@@ -24,8 +24,8 @@ func TestDialTimeoutIsNotTheCallersDeadline(t *testing.T) {
 	f.srv.Freeze() // TCP accepts, the SSH handshake gets no answer
 	defer f.srv.Thaw()
 	cfg := f.config()
-	cfg.DialTimeout = provider.Duration(150 * time.Millisecond)
-	cfg.MaxRedialBackoff = provider.Duration(time.Millisecond)
+	cfg.DialTimeout = 150 * time.Millisecond
+	cfg.MaxRedialBackoff = time.Millisecond
 	p := newPool(t, cfg)
 	for i := range 8 {
 		_, err := p.Dedicated(context.Background()) // no backoff between attempts
@@ -51,7 +51,7 @@ func TestDialCallersDeadlineIsKept(t *testing.T) {
 	f.srv.Freeze()
 	defer f.srv.Thaw()
 	cfg := f.config()
-	cfg.DialTimeout = provider.Duration(10 * time.Second)
+	cfg.DialTimeout = 10 * time.Second
 	p := newPool(t, cfg)
 	for i := range 4 {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -68,7 +68,7 @@ func TestCallTimeoutIsNotTheCallersDeadline(t *testing.T) {
 	lvd := startLibvirtd(t, "h")
 	p := newPool(t, f.config())
 	l := NewLibvirt(p, LibvirtConfig{Socket: lvd.Path, URI: "test:///default",
-		CallTimeout: provider.Duration(200 * time.Millisecond)})
+		CallTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = l.Close() })
 	if _, err := hostname(context.Background(), l); err != nil {
 		t.Fatal(err)
@@ -125,7 +125,7 @@ func TestContextError(t *testing.T) {
 }
 
 // A dial the caller cancels mid-handshake is the caller's cancellation,
-// not the host's failure: it matches context.Canceled (provider.Canceled),
+// not the host's failure: it matches context.Canceled (errs.Canceled),
 // is not KindUnreachable (which kvm2 and imagecache take for a dead link),
 // and its text says the handshake was canceled, without the "i/o timeout"
 // of the connection deadline the cancel sets to cut the handshake. The
@@ -135,7 +135,7 @@ func TestDialCanceledIsNotUnreachable(t *testing.T) {
 	f.srv.Freeze() // TCP accepts, the SSH handshake gets no answer
 	defer f.srv.Thaw()
 	cfg := f.config()
-	cfg.DialTimeout = provider.Duration(10 * time.Second)
+	cfg.DialTimeout = 10 * time.Second
 	p := newPool(t, cfg)
 	dials := map[string]func(context.Context) error{
 		"Dedicated": func(ctx context.Context) error { _, err := p.Dedicated(ctx); return err },
@@ -148,8 +148,8 @@ func TestDialCanceledIsNotUnreachable(t *testing.T) {
 			err := dial(ctx)
 			cancel()
 			msg := fmt.Sprint(err)
-			if !errors.Is(err, context.Canceled) || provider.Code(err) != provider.Canceled || KindOf(err) == KindUnreachable {
-				t.Fatalf("%s %d: %v (kind %v, code %v), want the caller's context.Canceled, not unreachable", name, i, err, KindOf(err), provider.Code(err))
+			if !errors.Is(err, context.Canceled) || errs.Code(err) != errs.Canceled || KindOf(err) == KindUnreachable {
+				t.Fatalf("%s %d: %v (kind %v, code %v), want the caller's context.Canceled, not unreachable", name, i, err, KindOf(err), errs.Code(err))
 			}
 			if !strings.Contains(msg, "ssh handshake "+cfg.Addr+": canceled") || strings.Contains(msg, "unreachable") || strings.Contains(msg, "i/o timeout") {
 				t.Fatalf("%s %d: %q, want it to say the handshake was canceled, nothing of a network failure", name, i, msg)

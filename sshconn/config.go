@@ -11,10 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/go-logr/logr"
 	"golang.org/x/crypto/ssh"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // Config describes how to reach one hypervisor's sshd. Every field documents
@@ -74,16 +73,16 @@ type Config struct {
 	// DialTimeout bounds the TCP dial plus the SSH handshake. Zero: 10s.
 	// When it (not the caller's context) ends a dial, the error is a
 	// *TimeoutError naming it, KindUnreachable.
-	DialTimeout provider.Duration `json:"dialTimeout,omitempty"`
+	DialTimeout time.Duration `json:"dialTimeout,omitempty"`
 	// KeepaliveInterval is how often a keepalive@openssh.com request is sent
 	// on a shared or dedicated connection. Zero: 5s.
-	KeepaliveInterval provider.Duration `json:"keepaliveInterval,omitempty"`
+	KeepaliveInterval time.Duration `json:"keepaliveInterval,omitempty"`
 	// KeepaliveCount is how many intervals may pass without any answer from
 	// the server before the link is declared dead and torn down. Zero: 3.
 	KeepaliveCount int `json:"keepaliveCount,omitempty"`
 	// MaxRedialBackoff caps the exponential backoff (starting at 100ms)
 	// between failed dial attempts of the shared connection. Zero: 5s.
-	MaxRedialBackoff provider.Duration `json:"maxRedialBackoff,omitempty"`
+	MaxRedialBackoff time.Duration `json:"maxRedialBackoff,omitempty"`
 	// Logger receives debug/info lines. Zero value: discard.
 	Logger logr.Logger `json:"-"`
 }
@@ -97,13 +96,13 @@ const (
 )
 
 // Validate checks the config without touching the network or the files.
-// The error is a *Error of KindConfig wrapping one *provider.FieldError per
+// The error is a *Error of KindConfig wrapping one *errs.FieldError per
 // violation (all of them at once, joined), the validation error type of
 // every package of this module.
 func (c Config) Validate() error {
-	var errs []error
+	var problems []error
 	bad := func(field, rule string) {
-		errs = append(errs, &provider.FieldError{Field: field, Rule: rule})
+		problems = append(problems, &errs.FieldError{Field: field, Rule: rule})
 	}
 	if c.Addr == "" {
 		bad("Addr", "is required (host:port)")
@@ -155,10 +154,10 @@ func (c Config) Validate() error {
 	if c.MaxRedialBackoff < 0 {
 		bad("MaxRedialBackoff", "must not be negative (zero means 5s)")
 	}
-	if len(errs) == 0 {
+	if len(problems) == 0 {
 		return nil
 	}
-	return &Error{Kind: KindConfig, Addr: c.Addr, Op: "validate config", Err: errors.Join(errs...)}
+	return &Error{Kind: KindConfig, Addr: c.Addr, Op: "validate config", Err: errors.Join(problems...)}
 }
 
 // oneOf reports, through bad, a source group of which not exactly one is
@@ -245,16 +244,16 @@ func describeSigner(s ssh.Signer) (d string) {
 // withDefaults returns c with zero values replaced by their defaults.
 func (c Config) withDefaults() Config {
 	if c.DialTimeout == 0 {
-		c.DialTimeout = provider.Duration(defaultDialTimeout)
+		c.DialTimeout = defaultDialTimeout
 	}
 	if c.KeepaliveInterval == 0 {
-		c.KeepaliveInterval = provider.Duration(defaultKeepaliveInterval)
+		c.KeepaliveInterval = defaultKeepaliveInterval
 	}
 	if c.KeepaliveCount == 0 {
 		c.KeepaliveCount = defaultKeepaliveCount
 	}
 	if c.MaxRedialBackoff == 0 {
-		c.MaxRedialBackoff = provider.Duration(defaultMaxRedialBackoff)
+		c.MaxRedialBackoff = defaultMaxRedialBackoff
 	}
 	if c.Logger.GetSink() == nil {
 		c.Logger = logr.Discard()

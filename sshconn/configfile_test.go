@@ -16,8 +16,6 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"golang.org/x/crypto/ssh"
 	"sigs.k8s.io/yaml"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // fullConfig sets every marshalled field of Config to a value other than
@@ -32,10 +30,10 @@ func fullConfig() Config {
 		AgentSocket:       "/run/egressproxy/agent.sock",
 		KnownHostsFile:    "/etc/egressproxy/known_hosts",
 		KnownHosts:        []byte("[hv1.example.net]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"),
-		DialTimeout:       provider.Duration(15 * time.Second),
-		KeepaliveInterval: provider.Duration(10 * time.Second),
+		DialTimeout:       15 * time.Second,
+		KeepaliveInterval: 10 * time.Second,
 		KeepaliveCount:    5,
-		MaxRedialBackoff:  provider.Duration(90 * time.Second),
+		MaxRedialBackoff:  90 * time.Second,
 	}
 }
 
@@ -44,9 +42,9 @@ func fullLibvirtConfig() LibvirtConfig {
 	return LibvirtConfig{
 		Socket:       "/run/libvirt/libvirt-sock",
 		URI:          "qemu:///session",
-		CallTimeout:  provider.Duration(3 * time.Minute),
-		ProbeAfter:   provider.Duration(45 * time.Second),
-		ProbeTimeout: provider.Duration(1500 * time.Millisecond),
+		CallTimeout:  3 * time.Minute,
+		ProbeAfter:   45 * time.Second,
+		ProbeTimeout: 1500 * time.Millisecond,
 	}
 }
 
@@ -87,7 +85,7 @@ func TestFullConfigsAreFull(t *testing.T) {
 }
 
 // Every field is tagged, Kubernetes style: camelCase, the field's name up
-// to case, no two alike; durations are provider.Duration; collaborators and
+// to case, no two alike; durations are duration.Duration; collaborators and
 // secrets are hidden.
 func TestConfigTags(t *testing.T) {
 	t.Parallel()
@@ -102,7 +100,7 @@ func TestConfigTags(t *testing.T) {
 				continue
 			}
 			if f.Type == reflect.TypeFor[time.Duration]() {
-				t.Errorf("%s.%s is a time.Duration: use provider.Duration so files write \"30s\"", typ.Name(), f.Name)
+				t.Errorf("%s.%s is a time.Duration: use duration.Duration so files write \"30s\"", typ.Name(), f.Name)
 			}
 			name, _, _ := strings.Cut(tag, ",")
 			if (name == "-") != hidden[f.Name] {

@@ -15,11 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/crypto/ssh/knownhosts"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 func TestValidateCredentials(t *testing.T) {
@@ -64,7 +63,7 @@ func TestValidateCredentials(t *testing.T) {
 				t.Fatalf("Validate: kind %v (err %v), want %v", KindOf(err), err, KindConfig)
 			}
 			var got []string
-			for _, fe := range provider.FieldErrors(err) {
+			for _, fe := range errs.FieldErrors(err) {
 				got = append(got, fe.Field)
 			}
 			if strings.Join(got, ",") != strings.Join(tc.fields, ",") {

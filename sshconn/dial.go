@@ -410,7 +410,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		return nil, err
 	}
 
-	dctx, cancel := WithBudget(ctx, "DialTimeout", cfg.DialTimeout.Duration())
+	dctx, cancel := WithBudget(ctx, "DialTimeout", cfg.DialTimeout)
 	defer cancel()
 	// Pool.Close ends the dial too, so Close never waits for a dial timeout.
 	stopOnClose := context.AfterFunc(p.closeCtx, cancel)
@@ -572,7 +572,7 @@ func (p *Pool) reap(l *link) {
 // unanswered. Any reply, even a refusal, counts as an answer; so does any
 // other traffic.
 func (p *Pool) keepalive(l *link) {
-	iv := p.cfg.KeepaliveInterval.Duration()
+	iv := p.cfg.KeepaliveInterval
 	limit := time.Duration(p.cfg.KeepaliveCount) * iv
 	tick := time.NewTicker(iv)
 	defer tick.Stop()

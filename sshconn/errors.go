@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // Kind classifies why an SSH or libvirt-over-SSH operation failed, so the
@@ -84,8 +84,8 @@ type Error struct {
 // Error formats as "sshconn: <op> <addr>: <kind>: <err>" (KindForbidden
 // adds its two causes after the kind; an unclassified cancellation says
 // "canceled" in place of the kind).
-// Error is valid UTF-8 and at most provider.MaxErrorText bytes, whatever
-// the address or the cause (provider.ClipMessage).
+// Error is valid UTF-8 and at most errs.MaxErrorText bytes, whatever
+// the address or the cause (errs.ClipMessage).
 func (e *Error) Error() string {
 	s := "sshconn: " + e.Op
 	if e.Addr != "" {
@@ -104,7 +104,7 @@ func (e *Error) Error() string {
 	if e.Err != nil {
 		s += ": " + e.Err.Error()
 	}
-	return provider.ClipMessage(s)
+	return errs.ClipMessage(s)
 }
 
 // Unwrap returns the underlying error.
@@ -124,7 +124,7 @@ func KindOf(err error) Kind {
 // was still live. It comes wrapped in an *Error of KindUnreachable. It does
 // not match context.DeadlineExceeded: that is kept for the caller's own
 // deadline, so that a caller without one never sees its "deadline exceeded"
-// (provider.DeadlineExceeded means the caller's context deadline passed).
+// (errs.DeadlineExceeded means the caller's context deadline passed).
 //
 // Other packages that put such a budget on a context they then pass here
 // (kvm2's CallTimeout around a Create) use WithBudget, so the budget is

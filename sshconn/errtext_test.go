@@ -5,11 +5,11 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // TestErrorTextBounded: sshconn's errors are valid UTF-8 and at most
-// provider.MaxErrorText bytes, whatever the input (here a 1 MiB address
+// errs.MaxErrorText bytes, whatever the input (here a 1 MiB address
 // with invalid UTF-8 in it, through Validate).
 func TestErrorTextBounded(t *testing.T) {
 	t.Parallel()
@@ -19,10 +19,10 @@ func TestErrorTextBounded(t *testing.T) {
 		t.Fatal("no error")
 	}
 	s := err.Error()
-	if len(s) > provider.MaxErrorText || !utf8.ValidString(s) {
-		t.Errorf("error of %d bytes (valid UTF-8 %v), want at most %d", len(s), utf8.ValidString(s), provider.MaxErrorText)
+	if len(s) > errs.MaxErrorText || !utf8.ValidString(s) {
+		t.Errorf("error of %d bytes (valid UTF-8 %v), want at most %d", len(s), utf8.ValidString(s), errs.MaxErrorText)
 	}
-	if KindOf(err) != KindConfig || len(provider.FieldErrors(err)) == 0 {
-		t.Errorf("kind %v, %d field errors", KindOf(err), len(provider.FieldErrors(err)))
+	if KindOf(err) != KindConfig || len(errs.FieldErrors(err)) == 0 {
+		t.Errorf("kind %v, %d field errors", KindOf(err), len(errs.FieldErrors(err)))
 	}
 }

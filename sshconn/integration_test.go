@@ -19,7 +19,6 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 func stackConfig(t *testing.T, env teststack.Env) Config {
@@ -120,7 +119,7 @@ func TestIntegrationSSHDStopped(t *testing.T) {
 		}
 	})
 	cfg := stackConfig(t, env)
-	cfg.MaxRedialBackoff = provider.Duration(200 * time.Millisecond)
+	cfg.MaxRedialBackoff = 200 * time.Millisecond
 	_, l := stackLibvirt(t, env, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -209,7 +208,7 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 	pA, lA := stackLibvirt(t, env, stackConfig(t, env))
 	// pB: fast keepalive, to measure dead-link detection.
 	cfgB := stackConfig(t, env)
-	cfgB.KeepaliveInterval, cfgB.KeepaliveCount = provider.Duration(iv), count
+	cfgB.KeepaliveInterval, cfgB.KeepaliveCount = iv, count
 	pB, lB := stackLibvirt(t, env, cfgB)
 	// pC: only to measure Close with a frozen peer.
 	pC, lC := stackLibvirt(t, env, stackConfig(t, env))

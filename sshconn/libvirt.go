@@ -12,8 +12,6 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // LibvirtConfig describes the libvirt side of a Libvirt session.
@@ -26,14 +24,14 @@ type LibvirtConfig struct {
 	URI string `json:"uri,omitempty"`
 	// CallTimeout is the budget of one Do (connecting included) when its ctx
 	// has no deadline. Zero: 2m.
-	CallTimeout provider.Duration `json:"callTimeout,omitempty"`
+	CallTimeout time.Duration `json:"callTimeout,omitempty"`
 	// ProbeAfter is how long a call abandoned by its caller (its ctx ended)
 	// may stay unanswered before the shared session is probed with a cheap
 	// call; a session whose probe is not answered within ProbeTimeout is
 	// torn down (libvirtd stopped answering). Zero: 30s.
-	ProbeAfter provider.Duration `json:"probeAfter,omitempty"`
+	ProbeAfter time.Duration `json:"probeAfter,omitempty"`
 	// ProbeTimeout bounds that probe. Zero: 10s.
-	ProbeTimeout provider.Duration `json:"probeTimeout,omitempty"`
+	ProbeTimeout time.Duration `json:"probeTimeout,omitempty"`
 	// Logger receives debug/info lines. Zero value: discard.
 	Logger logr.Logger `json:"-"`
 }
@@ -148,13 +146,13 @@ func NewLibvirt(pool *Pool, cfg LibvirtConfig) *Libvirt {
 		cfg.URI = defaultLibvirtURI
 	}
 	if cfg.CallTimeout <= 0 {
-		cfg.CallTimeout = provider.Duration(defaultCallTimeout)
+		cfg.CallTimeout = defaultCallTimeout
 	}
 	if cfg.ProbeAfter <= 0 {
-		cfg.ProbeAfter = provider.Duration(defaultProbeAfter)
+		cfg.ProbeAfter = defaultProbeAfter
 	}
 	if cfg.ProbeTimeout <= 0 {
-		cfg.ProbeTimeout = provider.Duration(defaultProbeTimeout)
+		cfg.ProbeTimeout = defaultProbeTimeout
 	}
 	log := cfg.Logger
 	if log.GetSink() == nil {
@@ -223,7 +221,7 @@ func (l *Libvirt) Do(ctx context.Context, fn func(*libvirt.Libvirt) error) error
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = WithBudget(ctx, "CallTimeout", l.cfg.CallTimeout.Duration())
+		ctx, cancel = WithBudget(ctx, "CallTimeout", l.cfg.CallTimeout)
 		defer cancel()
 	}
 	s, err := l.session(ctx)
@@ -302,7 +300,7 @@ func (l *Libvirt) runExclusive(ctx context.Context, s *session, op string, f fun
 // unanswered for ProbeAfter, the session is probed; a session that does not
 // answer its probe is torn down, which ends the call.
 func (l *Libvirt) watchAbandoned(s *session, done <-chan error, op string) {
-	t := time.NewTimer(l.cfg.ProbeAfter.Duration())
+	t := time.NewTimer(l.cfg.ProbeAfter)
 	defer t.Stop()
 	for {
 		select {
@@ -318,7 +316,7 @@ func (l *Libvirt) watchAbandoned(s *session, done <-chan error, op string) {
 			l.abort(s, done, cause)
 			return
 		}
-		t.Reset(l.cfg.ProbeAfter.Duration())
+		t.Reset(l.cfg.ProbeAfter)
 	}
 }
 
@@ -331,14 +329,14 @@ func (l *Libvirt) probe(s *session) error {
 	if s.dead() {
 		return errors.New("session dead")
 	}
-	if !s.lastAlive.IsZero() && time.Since(s.lastAlive) < l.cfg.ProbeAfter.Duration()/2 {
+	if !s.lastAlive.IsZero() && time.Since(s.lastAlive) < l.cfg.ProbeAfter/2 {
 		return nil
 	}
 	done, ok := l.start(func() error { _, err := s.lv.ConnectGetLibVersion(); return err })
 	if !ok {
 		return errors.New("libvirt session closed")
 	}
-	t := time.NewTimer(l.cfg.ProbeTimeout.Duration())
+	t := time.NewTimer(l.cfg.ProbeTimeout)
 	defer t.Stop()
 	select {
 	case err := <-done:
@@ -578,7 +576,7 @@ type DedicatedConn struct {
 func (l *Libvirt) Dedicated(ctx context.Context) (*DedicatedConn, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = WithBudget(ctx, "CallTimeout", l.cfg.CallTimeout.Duration())
+		ctx, cancel = WithBudget(ctx, "CallTimeout", l.cfg.CallTimeout)
 		defer cancel()
 	}
 	l.mu.Lock()

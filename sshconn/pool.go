@@ -168,8 +168,8 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 				p.failures++
 				p.lastErr = err
 				backoff := minRedialBackoff << min(p.failures-1, 20)
-				if backoff > p.cfg.MaxRedialBackoff.Duration() || backoff <= 0 {
-					backoff = p.cfg.MaxRedialBackoff.Duration()
+				if backoff > p.cfg.MaxRedialBackoff || backoff <= 0 {
+					backoff = p.cfg.MaxRedialBackoff
 				}
 				p.retryAt = time.Now().Add(backoff)
 			}

@@ -14,8 +14,6 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"go.uber.org/goleak"
 	"golang.org/x/crypto/ssh"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 func TestMain(m *testing.M) {
@@ -88,7 +86,7 @@ func FuzzValidate(f *testing.F) {
 	f.Add("[::1]:65536", "u", "k", "kh", int64(5), 3)
 	f.Fuzz(func(t *testing.T, addr, user, key, kh string, d int64, n int) {
 		c := Config{Addr: addr, User: user, KeyFile: key, KnownHostsFile: kh,
-			DialTimeout: provider.Duration(d), KeepaliveInterval: provider.Duration(d), KeepaliveCount: n}
+			DialTimeout: time.Duration(d), KeepaliveInterval: time.Duration(d), KeepaliveCount: n}
 		err := c.Validate()
 		if err != nil {
 			if KindOf(err) != KindConfig {
@@ -259,7 +257,7 @@ func TestKeepaliveDeclaresDeadWhenFrozen(t *testing.T) {
 	const iv, count = 100 * time.Millisecond, 3
 	f := newFixture(t)
 	cfg := f.config()
-	cfg.KeepaliveInterval, cfg.KeepaliveCount = provider.Duration(iv), count
+	cfg.KeepaliveInterval, cfg.KeepaliveCount = iv, count
 	p := newPool(t, cfg)
 	c1, err := p.Client(context.Background())
 	if err != nil {
@@ -406,7 +404,7 @@ func TestRedialBackoff(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.config()
 	cfg.KeyFile = writeKey(t, f.dir, "unauthorized", genEd25519(t))
-	cfg.MaxRedialBackoff = provider.Duration(10 * time.Second)
+	cfg.MaxRedialBackoff = 10 * time.Second
 	p := newPool(t, cfg)
 	p.mu.Lock()
 	p.failures = 10 // the next failed dial backs off MaxRedialBackoff
@@ -565,7 +563,7 @@ func TestLibvirtDoCtxServerFrozen(t *testing.T) {
 	f := newFixture(t)
 	lvd := startLibvirtd(t, "h")
 	p, l := newLibvirt(t, f, lvd, func(c *Config) {
-		c.KeepaliveInterval = provider.Duration(500 * time.Millisecond)
+		c.KeepaliveInterval = 500 * time.Millisecond
 		c.KeepaliveCount = 3
 	})
 	if _, err := hostname(context.Background(), l); err != nil {
@@ -724,7 +722,7 @@ func TestLibvirtAbandonedCallProbe(t *testing.T) {
 	lvd := startLibvirtd(t, "h")
 	p := newPool(t, f.config())
 	l := NewLibvirt(p, LibvirtConfig{Socket: lvd.Path, URI: "test:///default",
-		ProbeAfter: provider.Duration(200 * time.Millisecond), ProbeTimeout: provider.Duration(200 * time.Millisecond)})
+		ProbeAfter: 200 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = l.Close() })
 	if _, err := hostname(context.Background(), l); err != nil {
 		t.Fatal(err)
@@ -800,7 +798,7 @@ func TestCloseEndsDialsInFlight(t *testing.T) {
 		t.Run("close "+closeWhat, func(t *testing.T) {
 			cfg := f.config()
 			cfg.Addr = addr
-			cfg.DialTimeout = provider.Duration(30 * time.Second)
+			cfg.DialTimeout = 30 * time.Second
 			p, err := New(cfg)
 			if err != nil {
 				t.Fatal(err)

@@ -14,11 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // shortImageMiB is the image size of the upload benchmarks here.
@@ -124,17 +123,17 @@ func BenchmarkControlPath(b *testing.B) {
 	for b.Loop() {
 		s := k.Spec("c", i)
 		i++
-		op, err := k.Measure(func(p *kvm2.Provider) error { _, err := p.Create(ctx, s); return err })
+		op, err := k.Measure(func(p *egressproxy.Client) error { _, err := p.Create(ctx, s); return err })
 		if err != nil {
 			b.Fatal(err)
 		}
 		create.add(op)
-		op, err = k.Measure(func(p *kvm2.Provider) error { _, err := p.Get(ctx, s.Ref()); return err })
+		op, err = k.Measure(func(p *egressproxy.Client) error { _, err := p.Get(ctx, s.Ref()); return err })
 		if err != nil {
 			b.Fatal(err)
 		}
 		get.add(op)
-		op, err = k.Measure(func(p *kvm2.Provider) error { return p.Delete(ctx, s.Ref()) })
+		op, err = k.Measure(func(p *egressproxy.Client) error { return p.Delete(ctx, s.Ref()) })
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -155,7 +154,7 @@ func BenchmarkConcurrentGets(b *testing.B) {
 	env := teststack.Require(b)
 	ctx := benchCtx(b)
 	k := shortKVM(b, env)
-	var refs []provider.Ref
+	var refs []egressproxy.Ref
 	var doms []string
 	for i := range 3 {
 		s := k.Spec("g", i)

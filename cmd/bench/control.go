@@ -10,10 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // opStats collects runs of one operation.
@@ -71,29 +70,29 @@ func runControl(ctx context.Context, env teststack.Env, o options) (*controlResu
 		return nil, err
 	}
 	res := &controlResult{}
-	var specs []provider.Spec
+	var specs []egressproxy.Spec
 	for i := range o.runs {
 		s := k.Spec("c", i)
 		specs = append(specs, s)
-		op, err := k.Measure(func(p *kvm2.Provider) error { _, err := p.Create(ctx, s); return err })
+		op, err := k.Measure(func(p *egressproxy.Client) error { _, err := p.Create(ctx, s); return err })
 		if err != nil {
 			return nil, fmt.Errorf("create %s: %w", s.Name, err)
 		}
 		res.create.add(op)
 	}
 	for _, s := range specs {
-		var inst provider.Instance
-		op, err := k.Measure(func(p *kvm2.Provider) error { var err error; inst, err = p.Get(ctx, s.Ref()); return err })
+		var inst egressproxy.Instance
+		op, err := k.Measure(func(p *egressproxy.Client) error { var err error; inst, err = p.Get(ctx, s.Ref()); return err })
 		if err != nil {
 			return nil, fmt.Errorf("get %s: %w", s.Name, err)
 		}
-		if inst.State != provider.StateProvisioning {
+		if inst.State != egressproxy.StateProvisioning {
 			return nil, fmt.Errorf("get %s: state %v, want Provisioning (running, no address)", s.Name, inst.State)
 		}
 		res.getRunning.add(op)
 	}
 	for _, s := range specs {
-		op, err := k.Measure(func(p *kvm2.Provider) error { return p.Delete(ctx, s.Ref()) })
+		op, err := k.Measure(func(p *egressproxy.Client) error { return p.Delete(ctx, s.Ref()) })
 		if err != nil {
 			return nil, fmt.Errorf("delete %s: %w", s.Name, err)
 		}
@@ -144,7 +143,7 @@ func runScale(ctx context.Context, env teststack.Env, o options) (*scaleResult, 
 	defer k.Close()
 	res := &scaleResult{stopAfterCreate: true}
 	have := 0
-	var specs []provider.Spec
+	var specs []egressproxy.Spec
 	for _, n := range counts {
 		for have < n {
 			s := k.Spec("i", have)
@@ -163,7 +162,7 @@ func runScale(ctx context.Context, env teststack.Env, o options) (*scaleResult, 
 		row := scaleRow{n: n}
 		for i := range o.runs {
 			s := k.Spec(fmt.Sprintf("x%d-", n), i)
-			op, err := k.Measure(func(p *kvm2.Provider) error { _, err := p.Create(ctx, s); return err })
+			op, err := k.Measure(func(p *egressproxy.Client) error { _, err := p.Create(ctx, s); return err })
 			if err != nil {
 				return nil, fmt.Errorf("create %s: %w", s.Name, err)
 			}
@@ -171,7 +170,7 @@ func runScale(ctx context.Context, env teststack.Env, o options) (*scaleResult, 
 			if err := k.Stop(ctx, s.Name); err != nil {
 				return nil, err
 			}
-			op, err = k.Measure(func(p *kvm2.Provider) error { return p.Delete(ctx, s.Ref()) })
+			op, err = k.Measure(func(p *egressproxy.Client) error { return p.Delete(ctx, s.Ref()) })
 			if err != nil {
 				return nil, fmt.Errorf("delete %s: %w", s.Name, err)
 			}
@@ -179,15 +178,15 @@ func runScale(ctx context.Context, env teststack.Env, o options) (*scaleResult, 
 		}
 		for range o.runs {
 			s := specs[rand.IntN(len(specs))]
-			op, err := k.Measure(func(p *kvm2.Provider) error { _, err := p.Get(ctx, s.Ref()); return err })
+			op, err := k.Measure(func(p *egressproxy.Client) error { _, err := p.Get(ctx, s.Ref()); return err })
 			if err != nil {
 				return nil, fmt.Errorf("get %s: %w", s.Name, err)
 			}
 			row.get.add(op)
 		}
 		for range o.runs {
-			var got []provider.Instance
-			op, err := k.Measure(func(p *kvm2.Provider) error { var err error; got, err = p.List(ctx); return err })
+			var got []egressproxy.Instance
+			op, err := k.Measure(func(p *egressproxy.Client) error { var err error; got, err = p.List(ctx); return err })
 			if err != nil {
 				return nil, fmt.Errorf("list: %w", err)
 			}
@@ -200,7 +199,7 @@ func runScale(ctx context.Context, env teststack.Env, o options) (*scaleResult, 
 	}
 	// Concurrent Gets over all instances: kvm2 on its pooled connection vs
 	// the same RPCs with go-libvirt directly on one connection, paired.
-	refs := make([]provider.Ref, len(specs))
+	refs := make([]egressproxy.Ref, len(specs))
 	doms := make([]string, len(specs))
 	for i, s := range specs {
 		refs[i], doms[i] = s.Ref(), k.DomainName(s.Name)

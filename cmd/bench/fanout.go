@@ -22,7 +22,6 @@ import (
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // The fanout phase (issue 21 point 4): the lab's mirror (scripts/lab
@@ -135,7 +134,7 @@ func fanoutEnsure(ctx context.Context, ts []fanoutTarget, url, sum string, fanou
 			return fanoutChildOut{}, err
 		}
 		defer closeLink()
-		c, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{Entry: t.Entry, Pool: t.Env.Pool, TransferBudget: provider.Duration(10 * time.Minute), Fanout: f})
+		c, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{Entry: t.Entry, Pool: t.Env.Pool, TransferBudget: 10 * time.Minute, Fanout: f})
 		if err != nil {
 			return fanoutChildOut{}, err
 		}

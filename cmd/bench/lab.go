@@ -16,11 +16,11 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // labResult holds the lab phase: one labRate per -lab-rates entry.
@@ -378,10 +378,10 @@ func measureCreates(ctx context.Context, o options, hosts []labHost, url string,
 // returned; then deletes the instances and the entry's base (untimed).
 func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil.Image, round int) (time.Duration, []float64, []float64, error) {
 	type entry struct {
-		p     *kvm2.Provider
+		p     *egressproxy.Client
 		name  string
 		h     labHost
-		specs []provider.Spec
+		specs []egressproxy.Spec
 	}
 	var es []*entry
 	defer func() {
@@ -404,7 +404,7 @@ func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil
 		}
 		e := &entry{p: p, name: name, h: h}
 		for i := range createsPer {
-			e.specs = append(e.specs, provider.Spec{Name: fmt.Sprintf("c%d", i), UID: fmt.Sprintf("uid-%s-c%d", name, i)})
+			e.specs = append(e.specs, egressproxy.Spec{Name: fmt.Sprintf("c%d", i), UID: fmt.Sprintf("uid-%s-c%d", name, i)})
 		}
 		es = append(es, e)
 	}
@@ -438,7 +438,7 @@ func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil
 
 // cleanupEntry deletes the entry's instances, closes its provider and
 // removes every volume of the entry (its base) from the host's pool.
-func cleanupEntry(ctx context.Context, h labHost, p *kvm2.Provider, name string, specs []provider.Spec) {
+func cleanupEntry(ctx context.Context, h labHost, p *egressproxy.Client, name string, specs []egressproxy.Spec) {
 	var wg sync.WaitGroup
 	for _, s := range specs {
 		wg.Add(1)

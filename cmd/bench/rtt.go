@@ -10,10 +10,10 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
 	"github.com/egressproxy/egressproxy/internal/testing/lab/delayproxy"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -127,7 +127,7 @@ func runRTT(ctx context.Context, env teststack.Env, o options) (*rttResult, erro
 	if err := k.Plain.Delete(ctx, warm.Ref()); err != nil {
 		return nil, err
 	}
-	for _, p := range []*kvm2.Provider{k.Counted, remote} {
+	for _, p := range []*egressproxy.Client{k.Counted, remote} {
 		if _, err := p.Check(ctx); err != nil {
 			return nil, err
 		}
@@ -190,7 +190,7 @@ func runRTT(ctx context.Context, env teststack.Env, o options) (*rttResult, erro
 	return res, nil
 }
 
-func listN(ctx context.Context, p *kvm2.Provider, n int) error {
+func listN(ctx context.Context, p *egressproxy.Client, n int) error {
 	got, err := p.List(ctx)
 	if err == nil && len(got) != n {
 		err = fmt.Errorf("listed %d instances, want %d", len(got), n)

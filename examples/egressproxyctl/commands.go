@@ -13,8 +13,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
 )
 
 // --- check ------------------------------------------------------------------
@@ -32,13 +34,13 @@ type checkRow struct {
 // unhealthyErr is the error of an unhealthy entry: Transient when the
 // reason may go away by itself (unreachable, unknown), Permanent when a
 // human must act (credentials, host key, permissions, pool).
-func unhealthyErr(h provider.Health) error {
-	code := provider.Permanent
+func unhealthyErr(h egressproxy.Health) error {
+	code := egressproxy.Permanent
 	switch h.Reason {
-	case provider.ReasonUnreachable, provider.ReasonUnknown:
-		code = provider.Transient
+	case egressproxy.ReasonUnreachable, egressproxy.ReasonUnknown:
+		code = egressproxy.Transient
 	}
-	return provider.Errorf(code, "unhealthy: %s: %s", h.Reason, h.Message)
+	return errs.Errorf(code, "unhealthy: %s: %s", h.Reason, h.Message)
 }
 
 func cmdCheck(ctx context.Context, c *cli, args []string) error {
@@ -55,7 +57,7 @@ func cmdCheck(ctx context.Context, c *cli, args []string) error {
 	}
 	defer c.closeAll()
 	rows := make([]checkRow, len(c.entries))
-	errs := c.forEach(ctx, func(ctx context.Context, e *entry) error {
+	problems := c.forEach(ctx, func(ctx context.Context, e *entry) error {
 		i := indexOf(c.entries, e)
 		rows[i].Entry = e.name()
 		h, err := e.client.Check(ctx)
@@ -90,7 +92,7 @@ func cmdCheck(ctx context.Context, c *cli, args []string) error {
 		}
 		c.printTable([]string{"ENTRY", "REACHABLE", "REASON", "DETAILS"}, table)
 	}
-	return worst(errs)
+	return worst(problems)
 }
 
 func formatDetails(d map[string]string) string {
@@ -129,7 +131,7 @@ type instanceRow struct {
 	Error         string    `json:"error,omitempty"` // reading the instance back failed
 }
 
-func rowOf(e *entry, inst provider.Instance) instanceRow {
+func rowOf(e *entry, inst egressproxy.Instance) instanceRow {
 	return instanceRow{Entry: e.name(), Name: inst.Name, UID: inst.UID, State: string(inst.State), Address: inst.Address(),
 		AddressSource: inst.AddressSource, CreatedAt: inst.CreatedAt, SpecDigest: inst.SpecDigest}
 }
@@ -163,24 +165,24 @@ func listEntry(ctx context.Context, e *entry) ([]instanceRow, error) {
 	}
 	sort.Slice(insts, func(i, j int) bool { return insts[i].Name < insts[j].Name })
 	var rows []instanceRow
-	var errs []error
+	var problems []error
 	for _, inst := range insts {
 		got, err := e.client.Get(ctx, inst.Ref)
 		switch {
 		case err == nil:
 			rows = append(rows, rowOf(e, got))
-		case provider.Code(err) == provider.NotFound:
+		case egressproxy.Code(err) == egressproxy.NotFound:
 		default:
 			r := rowOf(e, inst)
 			r.Error = err.Error()
 			rows = append(rows, r)
-			errs = append(errs, entryErr(e, err))
+			problems = append(problems, entryErr(e, err))
 		}
 		if ctx.Err() != nil {
 			break
 		}
 	}
-	return rows, worst(errs)
+	return rows, worst(problems)
 }
 
 func cmdLs(ctx context.Context, c *cli, args []string) error {
@@ -197,7 +199,7 @@ func cmdLs(ctx context.Context, c *cli, args []string) error {
 	}
 	defer c.closeAll()
 	perEntry := make([][]instanceRow, len(c.entries))
-	errs := c.forEach(ctx, func(ctx context.Context, e *entry) error {
+	problems := c.forEach(ctx, func(ctx context.Context, e *entry) error {
 		rows, err := listEntry(ctx, e)
 		perEntry[indexOf(c.entries, e)] = rows
 		return err
@@ -209,18 +211,18 @@ func cmdLs(ctx context.Context, c *cli, args []string) error {
 	if err := c.printInstances(rows); err != nil {
 		return err
 	}
-	return worst(errs)
+	return worst(problems)
 }
 
 // find looks an instance up by name on every selected entry. Exactly one
 // entry must have it.
-func (c *cli) find(ctx context.Context, name string) (*entry, provider.Instance, error) {
+func (c *cli) find(ctx context.Context, name string) (*entry, egressproxy.Instance, error) {
 	type hit struct {
 		e    *entry
-		inst provider.Instance
+		inst egressproxy.Instance
 	}
 	hits := make([][]hit, len(c.entries))
-	errs := c.forEach(ctx, func(ctx context.Context, e *entry) error {
+	problems := c.forEach(ctx, func(ctx context.Context, e *entry) error {
 		insts, err := e.client.List(ctx)
 		if err != nil {
 			return entryErr(e, err)
@@ -244,19 +246,19 @@ func (c *cli) find(ctx context.Context, name string) (*entry, provider.Instance,
 		for _, h := range all {
 			where = append(where, h.e.name())
 		}
-		return nil, provider.Instance{}, usagef("instance %q is on several entries (%s); choose one with -entry", name, strings.Join(where, ", "))
+		return nil, egressproxy.Instance{}, usagef("instance %q is on several entries (%s); choose one with -entry", name, strings.Join(where, ", "))
 	}
-	if err := worst(errs); err != nil {
-		return nil, provider.Instance{}, err // an entry we could not list may have it
+	if err := worst(problems); err != nil {
+		return nil, egressproxy.Instance{}, err // an entry we could not list may have it
 	}
-	return nil, provider.Instance{}, provider.Errorf(provider.NotFound, "no instance %s on %s (of the configured owners)", provider.Quote(name), strings.Join(c.names(), ", "))
+	return nil, egressproxy.Instance{}, errs.Errorf(egressproxy.NotFound, "no instance %s on %s (of the configured owners)", errs.Quote(name), strings.Join(c.names(), ", "))
 }
 
 // --- create -----------------------------------------------------------------
 
 func cmdCreate(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("create", "create -name NAME -uid UID [-image KEY] [-machine-type TYPE] [-port PORT] [-user-data-file FILE] [-wait DURATION]")
-	var spec provider.Spec
+	var spec egressproxy.Spec
 	var userDataFile string
 	var wait time.Duration
 	fs.StringVar(&spec.Name, "name", "", "instance name: lowercase DNS label (required; also accepted as the argument)")
@@ -318,7 +320,7 @@ func cmdCreate(ctx context.Context, c *cli, args []string) error {
 
 // coldImage reports whether the image key a spec uses has no base on the
 // entry yet (so Create fetches it first), when the provider can tell
-// (provider.ImageManager). It never fails: this is only for the progress
+// (driver.ImageManager). It never fails: this is only for the progress
 // line.
 func coldImage(ctx context.Context, e *entry, key string) (string, bool) {
 	infos, err := e.client.ListImages(ctx)
@@ -341,7 +343,7 @@ func coldImage(ctx context.Context, e *entry, key string) (string, bool) {
 
 // waitRunning polls the instance until it runs with an address, for at
 // most d. Transient read errors while it boots are expected and retried.
-func (c *cli) waitRunning(ctx context.Context, e *entry, inst provider.Instance, d time.Duration) (provider.Instance, error) {
+func (c *cli) waitRunning(ctx context.Context, e *entry, inst egressproxy.Instance, d time.Duration) (egressproxy.Instance, error) {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	every := c.pollEvery
@@ -350,18 +352,18 @@ func (c *cli) waitRunning(ctx context.Context, e *entry, inst provider.Instance,
 	}
 	var lastErr error
 	for {
-		if inst.State == provider.StateRunning && inst.IP != "" {
+		if inst.State == egressproxy.StateRunning && inst.IP != "" {
 			return inst, nil
 		}
-		if inst.State == provider.StateStopped || inst.State == provider.StateFailed {
-			return inst, provider.Errorf(provider.Permanent, "instance %s is %s", inst.Name, inst.State)
+		if inst.State == egressproxy.StateStopped || inst.State == egressproxy.StateFailed {
+			return inst, errs.Errorf(egressproxy.Permanent, "instance %s is %s", inst.Name, inst.State)
 		}
 		select {
 		case <-wctx.Done():
 			if ctx.Err() != nil {
-				return inst, provider.FromContext(ctx.Err())
+				return inst, errs.FromContext(ctx.Err())
 			}
-			return inst, provider.Errorf(provider.Transient, "instance %s not running with an address after %s (state %s; last read error: %v)", inst.Name, d, inst.State, lastErr)
+			return inst, errs.Errorf(egressproxy.Transient, "instance %s not running with an address after %s (state %s; last read error: %v)", inst.Name, d, inst.State, lastErr)
 		case <-time.After(every):
 		}
 		got, err := e.client.Get(wctx, inst.Ref)
@@ -370,7 +372,7 @@ func (c *cli) waitRunning(ctx context.Context, e *entry, inst provider.Instance,
 			inst, lastErr = got, nil
 		case wctx.Err() != nil:
 			// the loop reports it
-		case provider.Code(err) == provider.Transient:
+		case egressproxy.Code(err) == egressproxy.Transient:
 			lastErr = err
 		default:
 			return inst, err
@@ -391,8 +393,8 @@ func cmdDelete(ctx context.Context, c *cli, args []string) error {
 	if len(pos) != 1 {
 		return usagef("delete: want one instance NAME, got %q", pos)
 	}
-	ref := provider.Ref{Name: pos[0], UID: uid}
-	if err := provider.ValidateName("NAME", ref.Name); err != nil {
+	ref := egressproxy.Ref{Name: pos[0], UID: uid}
+	if err := naming.ValidateName("NAME", ref.Name); err != nil {
 		return usagef("delete: %v", err)
 	}
 	if err := c.open(ctx); err != nil {
@@ -401,7 +403,7 @@ func cmdDelete(ctx context.Context, c *cli, args []string) error {
 	defer c.closeAll()
 	var e *entry
 	if uid == "" {
-		var inst provider.Instance
+		var inst egressproxy.Instance
 		if e, inst, err = c.find(ctx, ref.Name); err != nil {
 			return err
 		}
@@ -442,11 +444,11 @@ type probeRow struct {
 func probeErr(res health.Result) error {
 	switch res.Kind {
 	case health.KindAuthRequired:
-		return provider.WithCode(provider.Permanent, res.Err)
+		return errs.WithCode(egressproxy.Permanent, res.Err)
 	case health.KindCanceled:
-		return provider.WithCode(provider.Canceled, res.Err)
+		return errs.WithCode(egressproxy.Canceled, res.Err)
 	}
-	return provider.WithCode(provider.Transient, res.Err)
+	return errs.WithCode(egressproxy.Transient, res.Err)
 }
 
 func cmdProbe(ctx context.Context, c *cli, args []string) error {
@@ -493,13 +495,13 @@ func cmdProbe(ctx context.Context, c *cli, args []string) error {
 	}
 	t, opts, err := health.TargetFor(inst, target, user, password)
 	if err != nil {
-		var fe *provider.FieldError
+		var fe *egressproxy.FieldError
 		if errors.As(err, &fe) {
 			return usagef("probe: %v", err)
 		}
 		return entryErr(e, err)
 	}
-	opts.Timeout = provider.Duration(timeout)
+	opts.Timeout = timeout
 	if body != "" {
 		opts.Exchange = health.HTTPGet(target, body)
 	}
@@ -602,14 +604,14 @@ func cmdGC(ctx context.Context, c *cli, args []string) error {
 
 	perEntry := make([][]gcRow, len(c.entries))
 	kept := make([]int, len(c.entries))
-	errs := c.forEach(ctx, func(ctx context.Context, e *entry) error {
+	problems := c.forEach(ctx, func(ctx context.Context, e *entry) error {
 		i := indexOf(c.entries, e)
 		insts, err := e.client.List(ctx)
 		if err != nil {
 			return entryErr(e, err)
 		}
 		sort.Slice(insts, func(i, j int) bool { return insts[i].Name < insts[j].Name })
-		var errs []error
+		var problems []error
 		for _, inst := range insts {
 			if keep[inst.UID] {
 				kept[i]++
@@ -619,7 +621,7 @@ func cmdGC(ctx context.Context, c *cli, args []string) error {
 			if !dryRun {
 				if err := e.client.Delete(ctx, inst.Ref); err != nil {
 					r.Action, r.Error = "failed", err.Error()
-					errs = append(errs, entryErr(e, err))
+					problems = append(problems, entryErr(e, err))
 				} else {
 					r.Action = "deleted"
 				}
@@ -629,7 +631,7 @@ func cmdGC(ctx context.Context, c *cli, args []string) error {
 				break
 			}
 		}
-		return worst(errs)
+		return worst(problems)
 	})
 	rows := []gcRow{}
 	nkept := 0
@@ -659,5 +661,5 @@ func cmdGC(ctx context.Context, c *cli, args []string) error {
 			c.note("gc: %d kept, %d deleted, %d failed", nkept, len(rows)-failed, failed)
 		}
 	}
-	return worst(errs)
+	return worst(problems)
 }

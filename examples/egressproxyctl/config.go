@@ -5,8 +5,8 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // fileConfig is the config file: the kvm2 entries an embedder would give
@@ -48,7 +48,7 @@ func loadConfig(path string) (*fileConfig, error) {
 	}
 	seen := map[string]bool{}
 	for i, e := range cfg.Entries {
-		if err := provider.ValidateName("entry", e.Entry); err != nil {
+		if err := naming.ValidateName("entry", e.Entry); err != nil {
 			return nil, usagef("%s: entries[%d]: %v", path, i, err)
 		}
 		if seen[e.Entry] {

@@ -18,10 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // The NAT network this test defines (transient) in the run's private
@@ -285,9 +285,9 @@ func TestE2ECLI(t *testing.T) {
 	t.Logf("probe: CONNECT %s via %s → %d in %d ms", pr.Target, pr.Proxy, pr.StatusCode, pr.LatencyMS)
 
 	// images ls: the guest base is present and used by proxy-a — when kvm2
-	// implements provider.ImageManager; otherwise the CLI says it is not
+	// implements driver.ImageManager; otherwise the CLI says it is not
 	// supported (Permanent).
-	if _, ok := any((*kvm2.Provider)(nil)).(provider.ImageManager); ok {
+	if _, ok := any((*egressproxy.Client)(nil)).(driver.ImageManager); ok {
 		im := ctlJSON[imagesJSON](t, cli.want(exitOK, "-o", "json", "images", "ls"))
 		if len(im.Images) != 1 || im.Images[0].Key != "guest" || !im.Images[0].Present || im.Images[0].Digest != sum || strings.Join(im.Images[0].InUseBy, ",") != "proxy-a" {
 			t.Fatalf("images ls: %+v", im)

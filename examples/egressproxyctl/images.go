@@ -7,12 +7,13 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/naming"
 )
 
 type imageRow struct {
 	Entry string `json:"entry"`
-	provider.ImageInfo
+	egressproxy.ImageInfo
 	Error string `json:"error,omitempty"`
 }
 
@@ -37,7 +38,7 @@ func cmdImages(ctx context.Context, c *cli, args []string) error {
 			return usagef("images %s: want one image KEY, got %q", sub, pos)
 		}
 		key = pos[0]
-		if err := provider.ValidateKey("KEY", key); err != nil {
+		if err := naming.ValidateKey("KEY", key); err != nil {
 			return usagef("images %s: %v", sub, err)
 		}
 	default:
@@ -52,7 +53,7 @@ func cmdImages(ctx context.Context, c *cli, args []string) error {
 	errs := c.forEach(ctx, func(ctx context.Context, e *entry) error {
 		i := indexOf(c.entries, e)
 		fail := func(err error) error {
-			perEntry[i] = []imageRow{{Entry: e.name(), ImageInfo: provider.ImageInfo{Key: key}, Error: err.Error()}}
+			perEntry[i] = []imageRow{{Entry: e.name(), ImageInfo: egressproxy.ImageInfo{Key: key}, Error: err.Error()}}
 			return err
 		}
 		switch sub {
@@ -76,7 +77,7 @@ func cmdImages(ctx context.Context, c *cli, args []string) error {
 			if err := e.client.EvictImage(ctx, key); err != nil {
 				return fail(entryErr(e, err))
 			}
-			perEntry[i] = []imageRow{{Entry: e.name(), ImageInfo: provider.ImageInfo{Key: key}}}
+			perEntry[i] = []imageRow{{Entry: e.name(), ImageInfo: egressproxy.ImageInfo{Key: key}}}
 		}
 		return nil
 	})
@@ -97,7 +98,7 @@ func cmdImages(ctx context.Context, c *cli, args []string) error {
 	for _, r := range rows {
 		if r.Error != "" {
 			msg := r.Error
-			if errors.Is(errs[indexOfName(c.entries, r.Entry)], provider.ErrNotSupported) {
+			if errors.Is(errs[indexOfName(c.entries, r.Entry)], egressproxy.ErrNotSupported) {
 				msg = "image management not supported by this entry's provider"
 			}
 			table = append(table, []string{r.Entry, r.Key, "error", "", "", "", msg})

@@ -19,7 +19,6 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // Exit codes, by error class (doc.go and -h list them).
@@ -78,10 +77,10 @@ type env struct {
 // opener opens one provider per config entry, in order. On error it closes
 // what it opened.
 // opts carries the logger and the image-fetch progress callback.
-type opener func(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]provider.Provider, error)
+type opener func(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]*egressproxy.Client, error)
 
-func openKVM2(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]provider.Provider, error) {
-	var out []provider.Provider
+func openKVM2(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]*egressproxy.Client, error) {
+	var out []*egressproxy.Client
 	for _, c := range cfgs {
 		o := opts
 		p, err := kvm2.Open(ctx, c, &o)
@@ -319,14 +318,14 @@ func (c *cli) open(ctx context.Context) error {
 	}
 	ps, err := c.env.open(ctx, cfgs, kvm2.Options{Logger: c.logger(), ImageProgress: c.onImageProgress, ImageProgressInterval: time.Second})
 	if err != nil {
-		var fe *provider.FieldError
+		var fe *egressproxy.FieldError
 		if errors.As(err, &fe) {
 			return usagef("%s: %v", path, err) // the config file is bad input
 		}
 		return err
 	}
 	for i, p := range ps {
-		c.entries = append(c.entries, &entry{cfg: cfgs[i], client: egressproxy.New(p, &egressproxy.Options{Logger: c.logger()})})
+		c.entries = append(c.entries, &entry{cfg: cfgs[i], client: p})
 	}
 	return nil
 }
@@ -412,14 +411,14 @@ func exitCode(err error) int {
 	case errors.As(err, &ue):
 		return exitUsage
 	}
-	switch provider.Code(err) {
-	case provider.Transient, provider.DeadlineExceeded:
+	switch egressproxy.Code(err) {
+	case egressproxy.Transient, egressproxy.DeadlineExceeded:
 		return exitTransient
-	case provider.Permanent:
+	case egressproxy.Permanent:
 		return exitPermanent
-	case provider.NotFound:
+	case egressproxy.NotFound:
 		return exitNotFound
-	case provider.Canceled:
+	case egressproxy.Canceled:
 		return exitCanceled
 	}
 	return exitFailure

@@ -20,10 +20,12 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/provider/memprovider"
+	"github.com/egressproxy/egressproxy/memprovider"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -51,7 +53,7 @@ func (s *syncBuffer) String() string {
 type world struct {
 	t      *testing.T
 	mu     sync.Mutex
-	mems   map[string]*memprovider.Provider
+	mems   map[string]*egressproxy.Client
 	images map[string]*fakeImages // entries whose provider implements ImageManager
 	opts   memprovider.Options
 	config string // path of the config file
@@ -61,7 +63,7 @@ type world struct {
 
 func newWorld(t *testing.T, entries ...string) *world {
 	t.Helper()
-	w := &world{t: t, mems: map[string]*memprovider.Provider{}, images: map[string]*fakeImages{}, opts: memprovider.Options{ServeProxies: true}}
+	w := &world{t: t, mems: map[string]*egressproxy.Client{}, images: map[string]*fakeImages{}, opts: memprovider.Options{ServeProxies: true}}
 	var b strings.Builder
 	b.WriteString("entries:\n")
 	for _, e := range entries {
@@ -79,7 +81,7 @@ func newWorld(t *testing.T, entries ...string) *world {
 	return w
 }
 
-func (w *world) mem(entry string) *memprovider.Provider {
+func (w *world) mem(entry string) *egressproxy.Client {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	p, ok := w.mems[entry]
@@ -93,7 +95,7 @@ func (w *world) mem(entry string) *memprovider.Provider {
 
 // bare hides every optional interface of the provider it wraps, and its
 // Close, so a memprovider lives across runs.
-type bare struct{ provider.Provider }
+type bare struct{ driver.Provider }
 
 func (bare) Close() error { return nil }
 
@@ -103,8 +105,9 @@ type managed struct {
 	*fakeImages
 }
 
-func (w *world) open(ctx context.Context, cfgs []kvm2.Config, _ kvm2.Options) ([]provider.Provider, error) {
-	var out []provider.Provider
+func (w *world) open(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]*egressproxy.Client, error) {
+	co := &egressproxy.Options{Logger: opts.Logger}
+	var out []*egressproxy.Client
 	w.mu.Lock()
 	w.opened = nil
 	w.mu.Unlock()
@@ -116,10 +119,10 @@ func (w *world) open(ctx context.Context, cfgs []kvm2.Config, _ kvm2.Options) ([
 		w.mu.Unlock()
 		if fi != nil {
 			fi.p = p
-			out = append(out, managed{p, fi})
+			out = append(out, driver.NewClient(managed{p, fi}, co))
 			continue
 		}
-		out = append(out, p)
+		out = append(out, driver.NewClient(p, co))
 	}
 	return out, nil
 }
@@ -127,7 +130,7 @@ func (w *world) open(ctx context.Context, cfgs []kvm2.Config, _ kvm2.Options) ([
 // fakeImages is an ImageManager over a fixed set of keys; a key is in use
 // by the instances whose spec names it (or that name none, for "base").
 type fakeImages struct {
-	p       provider.Provider
+	p       driver.Provider
 	mu      sync.Mutex
 	present map[string]bool
 	corrupt map[string]bool
@@ -146,34 +149,34 @@ func (f *fakeImages) users(ctx context.Context, key string) []string {
 	return out
 }
 
-func (f *fakeImages) info(ctx context.Context, key string) provider.ImageInfo {
-	info := provider.ImageInfo{Key: key, Present: f.present[key], InUseBy: f.users(ctx, key)}
+func (f *fakeImages) info(ctx context.Context, key string) egressproxy.ImageInfo {
+	info := egressproxy.ImageInfo{Key: key, Present: f.present[key], InUseBy: f.users(ctx, key)}
 	if info.Present {
 		info.Name, info.Digest, info.SizeBytes = "base-"+key+".qcow2", strings.Repeat("ab", 32), 3<<20
 	}
 	return info
 }
 
-func (f *fakeImages) ListImages(ctx context.Context) ([]provider.ImageInfo, error) {
+func (f *fakeImages) ListImages(ctx context.Context) ([]egressproxy.ImageInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []provider.ImageInfo
+	var out []egressproxy.ImageInfo
 	for _, k := range []string{"base", "other"} {
 		out = append(out, f.info(ctx, k))
 	}
 	return out, nil
 }
 
-func (f *fakeImages) VerifyImage(ctx context.Context, key string) (provider.ImageInfo, error) {
+func (f *fakeImages) VerifyImage(ctx context.Context, key string) (egressproxy.ImageInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
 	case key != "base" && key != "other":
-		return provider.ImageInfo{}, provider.Errorf(provider.Permanent, "unknown image key %q", key)
+		return egressproxy.ImageInfo{}, errs.Errorf(egressproxy.Permanent, "unknown image key %q", key)
 	case !f.present[key]:
-		return provider.ImageInfo{}, provider.Errorf(provider.NotFound, "image %q has no base", key)
+		return egressproxy.ImageInfo{}, errs.Errorf(egressproxy.NotFound, "image %q has no base", key)
 	case f.corrupt[key]:
-		return provider.ImageInfo{}, provider.Errorf(provider.Permanent, "image %q: stored bytes differ from the recorded digest", key)
+		return egressproxy.ImageInfo{}, errs.Errorf(egressproxy.Permanent, "image %q: stored bytes differ from the recorded digest", key)
 	}
 	info := f.info(ctx, key)
 	info.Verified = true
@@ -184,7 +187,7 @@ func (f *fakeImages) EvictImage(ctx context.Context, key string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if u := f.users(ctx, key); len(u) > 0 {
-		return provider.Errorf(provider.Permanent, "image %q in use by %v", key, u)
+		return errs.Errorf(egressproxy.Permanent, "image %q in use by %v", key, u)
 	}
 	delete(f.present, key)
 	return nil
@@ -305,8 +308,8 @@ func TestOpenFieldErrorIsUsage(t *testing.T) {
 	w := newWorld(t, "lab1")
 	var out, errb syncBuffer
 	e := &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" },
-		open: func(ctx context.Context, cfgs []kvm2.Config, _ kvm2.Options) ([]provider.Provider, error) {
-			return nil, provider.WithCode(provider.Permanent, &provider.FieldError{Field: "Pool", Rule: "is required"})
+		open: func(ctx context.Context, cfgs []kvm2.Config, _ kvm2.Options) ([]*egressproxy.Client, error) {
+			return nil, errs.WithCode(egressproxy.Permanent, &egressproxy.FieldError{Field: "Pool", Rule: "is required"})
 		}}
 	if code := run(context.Background(), []string{"-config", w.config, "check"}, e); code != exitUsage || !strings.Contains(errb.String(), "invalid Pool") {
 		t.Errorf("exit %d, stderr %q", code, errb.String())
@@ -405,7 +408,7 @@ func TestCheckAndExitCodes(t *testing.T) {
 		t.Errorf("check table:\n%s", out)
 	}
 
-	w.mem("lab2").InjectFault(memprovider.OpCheck, memprovider.Fault{Code: provider.Permanent, Reason: provider.ReasonUnauthorized, Err: errors.New("ssh: unable to authenticate")})
+	w.ctl("lab2").InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Permanent, Reason: egressproxy.ReasonUnauthorized, Err: errors.New("ssh: unable to authenticate")})
 	out, stderr := w.want(exitPermanent, "check")
 	if !regexp.MustCompile(`(?m)^lab2\s+no\s+Unauthorized\s+.*unable to authenticate`).MatchString(out) || !strings.Contains(stderr, "entry lab2") {
 		t.Errorf("check with lab2 unauthorized:\n%s\n%s", out, stderr)
@@ -415,48 +418,48 @@ func TestCheckAndExitCodes(t *testing.T) {
 	if len(c.Entries) != 2 || !c.Entries[0].Reachable || c.Entries[1].Reachable || c.Entries[1].Reason != "Unauthorized" {
 		t.Errorf("check json: %+v", c)
 	}
-	w.mem("lab2").ClearFaults()
-	w.mem("lab2").InjectFault(memprovider.OpCheck, memprovider.Fault{Code: provider.Transient, Reason: provider.ReasonUnreachable})
+	w.ctl("lab2").ClearFaults()
+	w.ctl("lab2").InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient, Reason: egressproxy.ReasonUnreachable})
 	w.want(exitTransient, "check")
-	w.mem("lab2").ClearFaults()
+	w.ctl("lab2").ClearFaults()
 
 	// ls: the class of a failing entry is the exit code; the other entry is
 	// still listed; the most severe class wins.
 	w.want(exitOK, "-entry", "lab1", "create", "-name", "proxy-a", "-uid", "uid-a")
 	for _, tc := range []struct {
-		lab1, lab2 provider.ErrorCode
+		lab1, lab2 egressproxy.ErrorCode
 		want       int
 	}{
-		{provider.OK, provider.Transient, exitTransient},
-		{provider.OK, provider.Permanent, exitPermanent},
-		{provider.Transient, provider.Permanent, exitPermanent},
-		{provider.NotFound, provider.Transient, exitTransient},
+		{egressproxy.OK, egressproxy.Transient, exitTransient},
+		{egressproxy.OK, egressproxy.Permanent, exitPermanent},
+		{egressproxy.Transient, egressproxy.Permanent, exitPermanent},
+		{egressproxy.NotFound, egressproxy.Transient, exitTransient},
 		// egressproxy.Client classes an unclassed backend error Transient.
-		{provider.OK, provider.Unknown, exitTransient},
+		{egressproxy.OK, egressproxy.Unknown, exitTransient},
 	} {
-		for entry, code := range map[string]provider.ErrorCode{"lab1": tc.lab1, "lab2": tc.lab2} {
-			w.mem(entry).ClearFaults()
+		for entry, code := range map[string]egressproxy.ErrorCode{"lab1": tc.lab1, "lab2": tc.lab2} {
+			w.ctl(entry).ClearFaults()
 			switch code {
-			case provider.OK:
-			case provider.Unknown:
-				w.mem(entry).InjectFault(memprovider.OpList, memprovider.Fault{Err: errors.New("unclassed")})
+			case egressproxy.OK:
+			case egressproxy.Unknown:
+				w.ctl(entry).InjectFault(memprovider.OpList, memprovider.Fault{Err: errors.New("unclassed")})
 			default:
-				w.mem(entry).InjectFault(memprovider.OpList, memprovider.Fault{Code: code})
+				w.ctl(entry).InjectFault(memprovider.OpList, memprovider.Fault{Code: code})
 			}
 		}
 		code, out, _ := w.runT("ls")
 		if code != tc.want {
 			t.Errorf("ls with faults lab1=%v lab2=%v: exit %d, want %d", tc.lab1, tc.lab2, code, tc.want)
 		}
-		if tc.lab1 == provider.OK && !strings.Contains(out, "proxy-a") {
+		if tc.lab1 == egressproxy.OK && !strings.Contains(out, "proxy-a") {
 			t.Errorf("ls with a failing lab2 does not list lab1's proxy:\n%s", out)
 		}
 	}
-	w.mem("lab1").ClearFaults()
-	w.mem("lab2").ClearFaults()
+	w.ctl("lab1").ClearFaults()
+	w.ctl("lab2").ClearFaults()
 
 	// A read-back failing in ls keeps the row and says why.
-	w.mem("lab1").InjectFault(memprovider.OpGet, memprovider.Fault{Code: provider.Transient, Err: errors.New("every address source failed")})
+	w.ctl("lab1").InjectFault(memprovider.OpGet, memprovider.Fault{Code: egressproxy.Transient, Err: errors.New("every address source failed")})
 	out, _ = w.want(exitTransient, "-entry", "lab1", "ls")
 	if !strings.Contains(out, "proxy-a") || !strings.Contains(out, "every address source failed") {
 		t.Errorf("ls with failing Get:\n%s", out)
@@ -541,7 +544,7 @@ func TestCreateWaitAndProgress(t *testing.T) {
 		t.Errorf("progress without a terminal: %q", stderr)
 	}
 	// A stopped instance ends the wait at once: Permanent.
-	if err := w.mem("lab1").SetState(provider.Ref{Name: "proxy-a", UID: "uid-a"}, provider.StateStopped); err != nil {
+	if err := w.ctl("lab1").SetState(egressproxy.Ref{Name: "proxy-a", UID: "uid-a"}, egressproxy.StateStopped); err != nil {
 		t.Fatal(err)
 	}
 	w.want(exitPermanent, "create", "-name", "proxy-a", "-uid", "uid-a", "-wait", "1m")
@@ -633,7 +636,7 @@ func TestGC(t *testing.T) {
 	}
 
 	// A failing delete is reported with its class.
-	w.mem("lab1").InjectFault(memprovider.OpDelete, memprovider.Fault{Code: provider.Transient})
+	w.ctl("lab1").InjectFault(memprovider.OpDelete, memprovider.Fault{Code: egressproxy.Transient})
 	empty := filepath.Join(dir, "empty")
 	if err := os.WriteFile(empty, []byte("# nothing\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -666,8 +669,8 @@ func TestCanceled(t *testing.T) {
 		{memprovider.OpGet, []string{"create", "-name", "proxy-b", "-uid", "uid-b", "-wait", "1h"}},
 	} {
 		ctx, cancel := context.WithCancel(context.Background())
-		w.mem("lab1").ClearFaults()
-		w.mem("lab1").InjectFault(tc.op, memprovider.Fault{Delay: time.Hour, Waiting: cancel})
+		w.ctl("lab1").ClearFaults()
+		w.ctl("lab1").InjectFault(tc.op, memprovider.Fault{Delay: time.Hour, Waiting: cancel})
 		start := time.Now()
 		code, _, stderr := w.runCtx(ctx, tc.args...)
 		cancel()
@@ -683,7 +686,7 @@ func TestCanceled(t *testing.T) {
 // -timeout ends the command as Transient (a retry may succeed).
 func TestTimeout(t *testing.T) {
 	w := newWorld(t, "lab1")
-	w.mem("lab1").InjectFault(memprovider.OpList, memprovider.Fault{Delay: time.Hour})
+	w.ctl("lab1").InjectFault(memprovider.OpList, memprovider.Fault{Delay: time.Hour})
 	w.want(exitTransient, "-timeout", "20ms", "ls")
 }
 
@@ -694,15 +697,15 @@ func TestExitCode(t *testing.T) {
 	}{
 		{nil, 0},
 		{usagef("x"), exitUsage},
-		{fmt.Errorf("entry x: %w", provider.ErrTransient), exitTransient},
-		{provider.Errorf(provider.Permanent, "x"), exitPermanent},
-		{provider.ErrNotSupported, exitPermanent},
-		{provider.Errorf(provider.NotFound, "x"), exitNotFound},
+		{fmt.Errorf("entry x: %w", egressproxy.ErrTransient), exitTransient},
+		{errs.Errorf(egressproxy.Permanent, "x"), exitPermanent},
+		{egressproxy.ErrNotSupported, exitPermanent},
+		{errs.Errorf(egressproxy.NotFound, "x"), exitNotFound},
 		{context.Canceled, exitCanceled},
 		{context.DeadlineExceeded, exitTransient},
 		{errors.New("x"), exitFailure},
-		{worst([]error{provider.ErrNotFound, nil, provider.ErrPermanent, provider.ErrTransient}), exitPermanent},
-		{worst([]error{provider.ErrTransient, context.Canceled}), exitCanceled},
+		{worst([]error{egressproxy.ErrNotFound, nil, egressproxy.ErrPermanent, egressproxy.ErrTransient}), exitPermanent},
+		{worst([]error{egressproxy.ErrTransient, context.Canceled}), exitCanceled},
 	} {
 		if got := exitCode(tc.err); got != tc.want {
 			t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
@@ -732,12 +735,12 @@ type fetching struct {
 	stderr   *syncBuffer
 }
 
-func (f fetching) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+func (f fetching) Create(ctx context.Context, spec egressproxy.Spec) (egressproxy.Instance, error) {
 	f.progress(imagecache.Progress{Volume: "base-lab1--base.qcow2", Bytes: 300 << 20, Total: 600 << 20, Rate: 50e6})
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(f.stderr.String(), "300.0 MiB of 600.0 MiB uploaded (50%), 50.0 MB/s") {
 		if time.Now().After(deadline) {
-			return provider.Instance{}, provider.Errorf(provider.Transient, "progress line never showed the fetch: %q", f.stderr.String())
+			return egressproxy.Instance{}, errs.Errorf(egressproxy.Transient, "progress line never showed the fetch: %q", f.stderr.String())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -750,13 +753,22 @@ func TestCreateShowsFetchBytes(t *testing.T) {
 	w := newWorld(t, "lab1")
 	var out, errb syncBuffer
 	e := &env{stdout: &out, stderr: &errb, tty: true, getenv: func(string) string { return "" },
-		open: func(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]provider.Provider, error) {
+		open: func(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]*egressproxy.Client, error) {
 			if opts.ImageProgress == nil || opts.ImageProgressInterval <= 0 {
 				t.Errorf("opener got no progress callback: %+v", opts)
 			}
-			return []provider.Provider{fetching{bare{w.mem(cfgs[0].Entry)}, opts.ImageProgress, &errb}}, nil
+			return []*egressproxy.Client{driver.NewClient(fetching{bare{w.mem(cfgs[0].Entry)}, opts.ImageProgress, &errb}, nil)}, nil
 		}}
 	if code := run(context.Background(), []string{"-config", w.config, "create", "-name", "proxy-f", "-uid", "uid-f"}, e); code != exitOK {
 		t.Fatalf("exit %d, stderr %q", code, errb.String())
 	}
+}
+
+// ctl is the Control of entry's memprovider.
+func (w *world) ctl(entry string) *memprovider.Control {
+	var c *memprovider.Control
+	if !w.mem(entry).As(&c) {
+		w.t.Fatalf("no memprovider.Control for %s", entry)
+	}
+	return c
 }

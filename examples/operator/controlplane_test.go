@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -22,8 +23,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // kubestack is the script that builds the control plane's binaries,
@@ -129,7 +128,7 @@ func TestControlPlaneConfigMap(t *testing.T) {
 
 	// The library's own helper names the object (the module uses the
 	// library through its replace of the repository root).
-	name := provider.NameFromKubernetes("default", "control-plane-check")
+	name := egressproxy.NameFromKubernetes("default", "control-plane-check")
 	want := map[string]string{"proxy.port": "3128", "note": "written through kube-apiserver into etcd"}
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},

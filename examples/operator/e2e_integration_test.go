@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
 	"github.com/egressproxy/egressproxy/health"
@@ -36,7 +37,6 @@ import (
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 const (
@@ -94,15 +94,15 @@ func entryConfig(h e2eHost, entry, own string, img imagecache.Image) kvm2.Config
 		LibvirtSocket: h.socket, LibvirtURI: h.uri, Pool: h.pool, Network: h.network,
 		Images:       map[string]imagecache.Image{"tiny": img},
 		MachineTypes: map[string]kvm2.MachineType{"tiny": {VCPUs: 1, MemoryMiB: 128}},
-		DialTimeout:  provider.Duration(10 * time.Second),
-		ClaimTimeout: provider.Duration(claimTimeout),
+		DialTimeout:  10 * time.Second,
+		ClaimTimeout: claimTimeout,
 		DomainType:   "qemu", // KVM hangs in firmware on the test machines (docs/config.md)
 	}
 }
 
 // sideProvider opens a provider of cfg with file credentials, for the
 // test's own look behind the operator's back.
-func sideProvider(t *testing.T, h e2eHost, cfg kvm2.Config) *kvm2.Provider {
+func sideProvider(t *testing.T, h e2eHost, cfg kvm2.Config) *egressproxy.Client {
 	t.Helper()
 	cfg.KeyFile, cfg.KnownHostsFile = h.keyFile, h.knownHosts
 	p, err := kvm2.Open(context.Background(), cfg, &kvm2.Options{Logger: testr.New(t)})
@@ -194,7 +194,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 		}
 	}
 	var ef controller.EntriesFile
-	side := map[string]*kvm2.Provider{}
+	side := map[string]*egressproxy.Client{}
 	for i, h := range hosts {
 		key, err := os.ReadFile(h.keyFile)
 		if err != nil {
@@ -308,9 +308,9 @@ func TestOperatorEndToEnd(t *testing.T) {
 	}
 
 	// vm reads an object's VM on its entry behind the operator's back.
-	vm := func(ep *v1alpha1.EgressProxy) (provider.Instance, error) {
+	vm := func(ep *v1alpha1.EgressProxy) (egressproxy.Instance, error) {
 		key := types.NamespacedName{Namespace: ep.Namespace, Name: ep.Name}
-		return side[ep.Spec.Provider].Get(ctx, provider.Ref{Name: controller.InstanceName(key), UID: string(ep.UID)})
+		return side[ep.Spec.Provider].Get(ctx, egressproxy.Ref{Name: controller.InstanceName(key), UID: string(ep.UID)})
 	}
 	get := func(ep *v1alpha1.EgressProxy) (*v1alpha1.EgressProxy, error) {
 		var got v1alpha1.EgressProxy
@@ -328,7 +328,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 		if err != nil {
 			return "VM: " + err.Error()
 		}
-		if inst.State != provider.StateProvisioning && inst.State != provider.StateRunning {
+		if inst.State != egressproxy.StateProvisioning && inst.State != egressproxy.StateRunning {
 			return fmt.Sprintf("VM state %s", inst.State)
 		}
 		if inst.Port != wantPort {
@@ -416,7 +416,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 		if cl := poolVolumes(t, hosts[1].poolPath, claimPrefix); len(cl) == 0 {
 			return "no claim volume " + claimPrefix + "* in the pool"
 		}
-		if _, err := vm(got); provider.Code(err) != provider.NotFound {
+		if _, err := vm(got); egressproxy.Code(err) != egressproxy.NotFound {
 			return fmt.Sprintf("gamma's VM: %v (want NotFound)", err)
 		}
 		return ""
@@ -442,17 +442,17 @@ func TestOperatorEndToEnd(t *testing.T) {
 	// While no operator runs: an owned VM without an object (to be
 	// collected) and a VM of another owner on the same entry (never to be
 	// touched) are created behind its back.
-	orphan := provider.Spec{Name: "orphan-" + sfx, UID: "no-such-object-" + sfx, ImageKey: "tiny", MachineType: "tiny"}
+	orphan := egressproxy.Spec{Name: "orphan-" + sfx, UID: "no-such-object-" + sfx, ImageKey: "tiny", MachineType: "tiny"}
 	if _, err := side[entryNames[0]].Create(ctx, orphan); err != nil {
 		t.Fatalf("create the orphan: %v", err)
 	}
 	foreignCfg := entryConfig(hosts[0], entryNames[0], "someone-else", img)
 	foreign := sideProvider(t, hosts[0], foreignCfg)
-	fspec := provider.Spec{Name: "foreign-" + sfx, UID: "foreign-" + sfx, ImageKey: "tiny", MachineType: "tiny"}
+	fspec := egressproxy.Spec{Name: "foreign-" + sfx, UID: "foreign-" + sfx, ImageKey: "tiny", MachineType: "tiny"}
 	if _, err := foreign.Create(ctx, fspec); err != nil {
 		t.Fatalf("create the foreign VM: %v", err)
 	}
-	t.Cleanup(func() { _ = foreign.Delete(context.Background(), provider.Ref{Name: fspec.Name, UID: fspec.UID}) })
+	t.Cleanup(func() { _ = foreign.Delete(context.Background(), egressproxy.Ref{Name: fspec.Name, UID: fspec.UID}) })
 
 	// The new replica: it gets the Lease only once the killed holder's
 	// has run out.
@@ -519,7 +519,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 90*time.Second, "beta converged on port 8081 while gamma's fetch is held", func() string { return converged(beta, 8081) })
-	if _, err := vm(gamma); provider.Code(err) != provider.NotFound {
+	if _, err := vm(gamma); egressproxy.Code(err) != egressproxy.NotFound {
 		t.Fatalf("gamma's VM while its image is still held: %v (want NotFound)", err)
 	}
 	held.unblock()
@@ -539,13 +539,13 @@ func TestOperatorEndToEnd(t *testing.T) {
 
 	// GC: the owned orphan is collected, the foreign VM is not.
 	eventually(t, time.Minute, "the orphan collected", func() string {
-		if _, err := side[entryNames[0]].Get(ctx, provider.Ref{Name: orphan.Name, UID: orphan.UID}); provider.Code(err) != provider.NotFound {
+		if _, err := side[entryNames[0]].Get(ctx, egressproxy.Ref{Name: orphan.Name, UID: orphan.UID}); egressproxy.Code(err) != egressproxy.NotFound {
 			return fmt.Sprintf("orphan Get: %v", err)
 		}
 		return ""
 	})
 	time.Sleep(5 * time.Second) // two more GC rounds
-	if _, err := foreign.Get(ctx, provider.Ref{Name: fspec.Name, UID: fspec.UID}); err != nil {
+	if _, err := foreign.Get(ctx, egressproxy.Ref{Name: fspec.Name, UID: fspec.UID}); err != nil {
 		t.Errorf("the foreign VM after GC: %v (want it untouched)", err)
 	}
 	// Exactly one VM per object, each on its object's entry: the kill
@@ -586,7 +586,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 			if _, err := get(ep); !apierrors.IsNotFound(err) {
 				return fmt.Sprintf("object: %v", err)
 			}
-			if _, err := vm(ep); provider.Code(err) != provider.NotFound {
+			if _, err := vm(ep); egressproxy.Code(err) != egressproxy.NotFound {
 				return fmt.Sprintf("VM: %v", err)
 			}
 			return ""
@@ -701,7 +701,7 @@ func healthyGuest(t *testing.T, ctx context.Context, c client.Client, ep *v1alph
 		}
 		return ""
 	})
-	res := health.Probe(ctx, got.Status.Address, g.targetIP+":9", &health.ProbeOptions{Timeout: provider.Duration(15 * time.Second)})
+	res := health.Probe(ctx, got.Status.Address, g.targetIP+":9", &health.ProbeOptions{Timeout: 15 * time.Second})
 	if res.OK || res.Kind != health.KindAuthRequired {
 		t.Fatalf("a probe of %s without credentials: ok %v kind %v status %d err %v; want AuthRequired (407)", got.Status.Address, res.OK, res.Kind, res.StatusCode, res.Err)
 	}

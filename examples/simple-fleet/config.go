@@ -10,8 +10,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // fleetConfig is the -config file, decoded and checked.
@@ -20,7 +21,7 @@ type fleetConfig struct {
 	// is spread over them round-robin.
 	Entries []kvm2.Config
 	// Spec is the template of every proxy (Name and UID are set here).
-	Spec provider.Spec
+	Spec egressproxy.Spec
 	// Target is the CONNECT target (host:port) probed through the proxies;
 	// the VMs must be able to reach it, and this program the VMs. Empty
 	// when the file has none: then only -until created or running work.
@@ -37,7 +38,7 @@ type fleetConfig struct {
 // kvm2.Open does, so an entry's errors name its key or Go field.
 type configFile struct {
 	Entries          []json.RawMessage `json:"entries"`
-	Spec             provider.Spec     `json:"spec"`
+	Spec             egressproxy.Spec  `json:"spec"`
 	Target           string            `json:"target"`
 	RunningTimeout   string            `json:"runningTimeout"`
 	ProgressInterval string            `json:"progressInterval"`
@@ -63,9 +64,9 @@ func loadConfig(path string) (*fleetConfig, error) {
 		return nil, fail("%s: %v", path, err)
 	}
 	cfg := &fleetConfig{Spec: f.Spec, Target: f.Target, RunningTimeout: defaultRunningTimeout, ProgressInterval: defaultProgressInterval}
-	var errs []error
+	var problems []error
 	field := func(name, value, rule string) {
-		errs = append(errs, &provider.FieldError{Field: name, Value: value, Rule: rule})
+		problems = append(problems, &egressproxy.FieldError{Field: name, Value: value, Rule: rule})
 	}
 	if len(f.Entries) == 0 {
 		field("entries", "", "want at least one kvm2 entry (one per hypervisor; docs/config.md)")
@@ -76,14 +77,14 @@ func loadConfig(path string) (*fleetConfig, error) {
 		if err != nil {
 			name := entryName(raw)
 			if name != "" {
-				name = " (" + provider.Quote(name) + ")"
+				name = " (" + errs.Quote(name) + ")"
 			}
-			fes := provider.FieldErrors(err)
+			fes := egressproxy.FieldErrors(err)
 			if len(fes) == 0 {
-				errs = append(errs, fmt.Errorf("entries[%d]%s: %w", i, name, err))
+				problems = append(problems, fmt.Errorf("entries[%d]%s: %w", i, name, err))
 			}
 			for _, fe := range fes {
-				errs = append(errs, fmt.Errorf("entries[%d]%s: %w", i, name, fe))
+				problems = append(problems, fmt.Errorf("entries[%d]%s: %w", i, name, fe))
 			}
 			continue
 		}
@@ -101,7 +102,7 @@ func loadConfig(path string) (*fleetConfig, error) {
 	}
 	s := f.Spec
 	s.Name, s.UID = "fleet-1", "simple-fleet-check-1"
-	for _, fe := range provider.FieldErrors(s.Validate()) {
+	for _, fe := range egressproxy.FieldErrors(s.Validate()) {
 		field("spec."+fe.Field, fe.Value, fe.Rule)
 	}
 	if f.Target != "" {
@@ -123,16 +124,16 @@ func loadConfig(path string) (*fleetConfig, error) {
 		}
 		*d.to = v
 	}
-	switch len(errs) {
+	switch len(problems) {
 	case 0:
 	case 1:
-		return nil, fail("%s: %v", path, errs[0])
+		return nil, fail("%s: %v", path, problems[0])
 	default: // one problem per line
-		msgs := make([]string, len(errs))
-		for i, e := range errs {
+		msgs := make([]string, len(problems))
+		for i, e := range problems {
 			msgs[i] = "\n  " + e.Error()
 		}
-		return nil, fail("%s: %d problems:%s", path, len(errs), strings.Join(msgs, ""))
+		return nil, fail("%s: %d problems:%s", path, len(problems), strings.Join(msgs, ""))
 	}
 	return cfg, nil
 }
@@ -145,7 +146,7 @@ func imageRule(c kvm2.Config, key string) string {
 		return "has no images; Create needs the one spec.imageKey names (or the entry's only one)"
 	case key != "":
 		if _, ok := c.Images[key]; !ok {
-			return fmt.Sprintf("has no image %s (spec.imageKey)", provider.Quote(key))
+			return fmt.Sprintf("has no image %s (spec.imageKey)", errs.Quote(key))
 		}
 	case c.DefaultImage == "" && len(c.Images) > 1:
 		return "has several images and no defaultImage; set spec.imageKey or defaultImage"

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
@@ -183,11 +184,11 @@ func TestLabFleet(t *testing.T) {
 
 // openEntries opens one kvm2 provider per entry, closed at cleanup (after
 // the cleanup that uses them, which is registered later).
-func openEntries(t *testing.T, cfgs []kvm2.Config) []*kvm2.Provider {
+func openEntries(t *testing.T, cfgs []kvm2.Config) []*egressproxy.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out []*kvm2.Provider
+	var out []*egressproxy.Client
 	for _, c := range cfgs {
 		p, err := kvm2.Open(ctx, c, nil)
 		if err != nil {

@@ -78,9 +78,9 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/provider/memprovider"
+	"github.com/egressproxy/egressproxy/memprovider"
 )
 
 func main() {
@@ -93,7 +93,7 @@ func main() {
 // Test hooks: tweak the memprovider of the default flow.
 var (
 	memOptionsHook  func(*memprovider.Options)
-	memProviderHook func(*memprovider.Provider)
+	memProviderHook func(*egressproxy.Client, *memprovider.Control)
 )
 
 // memProvisionDelay makes provisioning visible in the default flow.
@@ -115,9 +115,9 @@ func (b *backend) where() string {
 
 type member struct {
 	b         *backend
-	spec      provider.Spec
+	spec      egressproxy.Spec
 	attempted bool // Create was called: cleanUp deletes it (a missing one is no error)
-	inst      provider.Instance
+	inst      egressproxy.Instance
 	res       health.Result
 }
 
@@ -243,7 +243,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	switch fl.until {
 	case untilCreated, untilRunning, untilHealthy:
 	default:
-		return fl, &failure{code: 2, err: fmt.Errorf("-until %s: want created, running or healthy", provider.Quote(fl.until))}
+		return fl, &failure{code: 2, err: fmt.Errorf("-until %s: want created, running or healthy", errs.Quote(fl.until))}
 	}
 	return fl, nil
 }
@@ -254,12 +254,12 @@ type fleetRun struct {
 	stdout         io.Writer // a lockedWriter: entries print from goroutines of their own
 	stderr         io.Writer // a lockedWriter too
 	keep           bool
-	until          string        // the stage to stop after (-until)
-	inMemory       bool          // the embedded memprovider fleet (no -config)
-	timeout        time.Duration // overall deadline
-	ownTarget      string        // the address of the target this program serves
-	target         string        // the CONNECT target probed through the proxies
-	template       provider.Spec // every member's spec but Name and UID
+	until          string           // the stage to stop after (-until)
+	inMemory       bool             // the embedded memprovider fleet (no -config)
+	timeout        time.Duration    // overall deadline
+	ownTarget      string           // the address of the target this program serves
+	target         string           // the CONNECT target probed through the proxies
+	template       egressproxy.Spec // every member's spec but Name and UID
 	runningTimeout time.Duration
 	pollEvery      time.Duration
 	backends       []*backend
@@ -304,11 +304,13 @@ func (r *fleetRun) configure(ctx context.Context, fl flags) error {
 		if memOptionsHook != nil {
 			memOptionsHook(o)
 		}
-		p := memprovider.New(o)
+		c := memprovider.New(o)
 		if memProviderHook != nil {
-			memProviderHook(p)
+			var ctl *memprovider.Control
+			c.As(&ctl)
+			memProviderHook(c, ctl)
 		}
-		r.backends = []*backend{{name: "memory", client: egressproxy.New(p, nil)}}
+		r.backends = []*backend{{name: "memory", client: c}}
 		if r.timeout == 0 {
 			r.timeout = 30 * time.Second
 		}
@@ -349,7 +351,7 @@ func (r *fleetRun) closeBackends(err error) error {
 // reachable.
 func (r *fleetRun) checkProviders(ctx context.Context) error {
 	type result struct {
-		h       provider.Health
+		h       egressproxy.Health
 		err     error
 		elapsed time.Duration
 	}
@@ -407,7 +409,7 @@ func (r *fleetRun) planFleet(n int) {
 func (r *fleetRun) createFleet(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := r.perEntry(func(b *backend, m *member) (bool, error) {
+	problems := r.perEntry(func(b *backend, m *member) (bool, error) {
 		t0 := time.Now()
 		m.attempted = true
 		inst, err := b.client.Create(ctx, m.spec)
@@ -421,16 +423,16 @@ func (r *fleetRun) createFleet(ctx context.Context) error {
 	})
 	// The first failure that is not the cancellation it caused.
 	var first error
-	for _, err := range errs {
+	for _, err := range problems {
 		if err == nil {
 			continue
 		}
-		if c := provider.Code(err); first == nil || (c != provider.Canceled && provider.Code(first) == provider.Canceled) {
+		if c := egressproxy.Code(err); first == nil || (c != egressproxy.Canceled && egressproxy.Code(first) == egressproxy.Canceled) {
 			first = err
 		}
 	}
 	if first != nil {
-		return fail("%v (class %s)", first, provider.Code(first))
+		return fail("%v (class %s)", first, egressproxy.Code(first))
 	}
 	return nil
 }
@@ -440,7 +442,7 @@ func (r *fleetRun) createFleet(ctx context.Context) error {
 // with the entry's next member and its member's error. It returns each entry's
 // first error, once every entry is done.
 func (r *fleetRun) perEntry(f func(*backend, *member) (bool, error)) []error {
-	errs := make([]error, len(r.backends))
+	problems := make([]error, len(r.backends))
 	var wg sync.WaitGroup
 	for i, b := range r.backends {
 		wg.Add(1)
@@ -451,8 +453,8 @@ func (r *fleetRun) perEntry(f func(*backend, *member) (bool, error)) []error {
 					continue
 				}
 				more, err := f(b, m)
-				if errs[i] == nil {
-					errs[i] = err
+				if problems[i] == nil {
+					problems[i] = err
 				}
 				if !more {
 					return
@@ -461,7 +463,7 @@ func (r *fleetRun) perEntry(f func(*backend, *member) (bool, error)) []error {
 		}()
 	}
 	wg.Wait()
-	return errs
+	return problems
 }
 
 // waitRunning polls until every member is Running, printing progress when
@@ -499,23 +501,23 @@ func (r *fleetRun) waitRunning(ctx context.Context) error {
 func (r *fleetRun) pollFleet(ctx, wctx context.Context) (running int, line string, err error) {
 	var parts []string
 	for _, m := range r.fleet {
-		if m.inst.State != provider.StateRunning {
+		if m.inst.State != egressproxy.StateRunning {
 			inst, err := m.b.client.Get(wctx, m.spec.Ref())
 			switch {
 			case err == nil:
 				m.inst = inst
-			case provider.Code(err) == provider.Transient:
+			case egressproxy.Code(err) == egressproxy.Transient:
 				// A read may fail now and then; the next poll decides.
 			case wctx.Err() != nil && ctx.Err() == nil:
 				return 0, "", fail("the fleet did not reach Running within %v: %v", r.runningTimeout, err)
 			default:
-				return 0, "", fail("%v (class %s)", err, provider.Code(err))
+				return 0, "", fail("%v (class %s)", err, egressproxy.Code(err))
 			}
 		}
 		switch m.inst.State {
-		case provider.StateRunning:
+		case egressproxy.StateRunning:
 			running++
-		case provider.StateFailed, provider.StateStopped:
+		case egressproxy.StateFailed, egressproxy.StateStopped:
 			return 0, "", fail("%s is %s while starting", m.spec.Name, m.inst.State)
 		}
 		parts = append(parts, m.spec.Name+" "+string(m.inst.State))
@@ -528,7 +530,7 @@ func (r *fleetRun) pollFleet(ctx, wctx context.Context) (running int, line strin
 func (r *fleetRun) probeFleet(ctx context.Context) {
 	for _, m := range r.fleet {
 		m.res = health.Probe(ctx, m.inst.Address(), r.target, &health.ProbeOptions{
-			Timeout:  provider.Duration(5 * time.Second),
+			Timeout:  5 * time.Second,
 			Exchange: exchangeFor(r.target, r.ownTarget),
 		})
 	}
@@ -629,7 +631,7 @@ func (r *fleetRun) cleanUp(err error) error {
 	return nil
 }
 
-func countRun(l []provider.Instance, runID string) int {
+func countRun(l []egressproxy.Instance, runID string) int {
 	n := 0
 	for _, inst := range l {
 		if strings.HasPrefix(inst.UID, "simple-fleet-"+runID+"-") {
@@ -663,7 +665,7 @@ func randomHex(n int) string {
 func (r *fleetRun) openKVM2(ctx context.Context, cfg *fleetConfig) ([]*backend, error) {
 	var out []*backend
 	for i, c := range cfg.Entries {
-		kp, err := kvm2.Open(ctx, c, &kvm2.Options{
+		kc, err := kvm2.Open(ctx, c, &kvm2.Options{
 			ImageProgress:         r.imageProgress(c.Entry),
 			ImageProgressInterval: cfg.ProgressInterval,
 		})
@@ -673,7 +675,7 @@ func (r *fleetRun) openKVM2(ctx context.Context, cfg *fleetConfig) ([]*backend, 
 			}
 			return nil, fail("entry %d (%s): %v", i, c.Entry, err)
 		}
-		out = append(out, &backend{name: c.Entry, addr: c.Address, client: egressproxy.New(kp, nil)})
+		out = append(out, &backend{name: c.Entry, addr: c.Address, client: kc})
 	}
 	return out, nil
 }

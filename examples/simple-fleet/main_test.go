@@ -14,8 +14,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/provider/memprovider"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/memprovider"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -137,7 +137,7 @@ func TestRunFailures(t *testing.T) {
 		name       string
 		args       []string
 		memOptions func(*memprovider.Options)
-		memFaults  func(*memprovider.Provider)
+		memFaults  func(*egressproxy.Client, *memprovider.Control)
 		code       int
 		stderr     []string
 		stdout     []string
@@ -159,19 +159,19 @@ func TestRunFailures(t *testing.T) {
 		{name: "config kvm2 without target", args: []string{"-config", write("kvmnotarget.yaml", "entries:\n"+entryYAML("lab1", "127.0.0.1:1", "/k"))},
 			code: 1, stderr: []string{"target: required to probe kvm2 proxies", "-until created"}},
 		{name: "until unknown", args: []string{"-until", "ready"}, code: 2, stderr: []string{`-until "ready": want created, running or healthy`}},
-		{name: "create refused", memFaults: func(p *memprovider.Provider) {
-			p.InjectFault(memprovider.OpCreate, memprovider.Fault{Code: provider.Permanent, Times: 1})
+		{name: "create refused", memFaults: func(c *egressproxy.Client, p *memprovider.Control) {
+			p.InjectFault(memprovider.OpCreate, memprovider.Fault{Code: egressproxy.Permanent, Times: 1})
 		}, code: 1, stderr: []string{"create fleet-1", "class Permanent"}},
-		{name: "instance fails while starting", memFaults: func(p *memprovider.Provider) {
+		{name: "instance fails while starting", memFaults: func(c *egressproxy.Client, p *memprovider.Control) {
 			go func() { // once fleet-2 exists, break it
 				for i := 0; i < 400; i++ {
-					l, err := p.List(context.Background())
+					l, err := c.List(context.Background())
 					if err != nil {
 						return
 					}
 					for _, inst := range l {
 						if inst.Name == "fleet-2" {
-							p.SetState(inst.Ref, provider.StateFailed)
+							p.SetState(inst.Ref, egressproxy.StateFailed)
 							return
 						}
 					}
@@ -179,8 +179,8 @@ func TestRunFailures(t *testing.T) {
 				}
 			}()
 		}, code: 1, stderr: []string{"fleet-2 is Failed while starting"}},
-		{name: "provider unhealthy", memFaults: func(p *memprovider.Provider) {
-			p.InjectFault(memprovider.OpCheck, memprovider.Fault{Code: provider.Transient, Reason: provider.ReasonUnreachable})
+		{name: "provider unhealthy", memFaults: func(c *egressproxy.Client, p *memprovider.Control) {
+			p.InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient, Reason: egressproxy.ReasonUnreachable})
 		}, code: 1, stderr: []string{"provider memory is not usable: Unreachable"}},
 		{name: "proxy refuses the target", memOptions: func(o *memprovider.Options) {
 			o.AllowTarget = func(string) bool { return false }
@@ -283,7 +283,7 @@ func TestLoadConfigYAMLAndJSON(t *testing.T) {
 			for i, want := range []struct{ entry, addr, key string }{{"lab1", "10.251.1.2:22022", "/k/id1"}, {"lab2", "10.251.2.2:22022", "/k/id2"}} {
 				e := cfg.Entries[i]
 				if e.Entry != want.entry || e.Address != want.addr || e.KeyFile != want.key || e.Owner != "fleet" || e.Pool != "default" ||
-					e.DomainType != "qemu" || e.CallTimeout.Duration() != 30*time.Second || e.Images["tiny"].URL != "http://127.0.0.1:8099/tiny.qcow2" {
+					e.DomainType != "qemu" || e.CallTimeout != 30*time.Second || e.Images["tiny"].URL != "http://127.0.0.1:8099/tiny.qcow2" {
 					t.Errorf("entries[%d] = %v", i, e)
 				}
 			}

@@ -45,28 +45,29 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // Verdict is what the table says of one error.
 type Verdict struct {
 	// Code is the error's class.
-	Code provider.ErrorCode
+	Code errs.ErrorCode
 	// Reason is the health reason Check reports for a failure of this kind
 	// (ReasonUnknown when the failure says nothing specific).
-	Reason provider.HealthReason
+	Reason egressproxy.HealthReason
 	// Missing: libvirt said the object does not exist (Code NotFound).
 	Missing bool
 	// Closed: the link was closed by its owner (Code Permanent); the error
-	// is made to match provider.ErrClosed by Classify.
+	// is made to match errs.ErrClosed by Classify.
 	Closed bool
 }
 
 // Entry is one row of the libvirt-number table.
 type Entry struct {
-	Code   provider.ErrorCode
-	Reason provider.HealthReason
+	Code   errs.ErrorCode
+	Reason egressproxy.HealthReason
 }
 
 // Table maps the libvirt error numbers that are not Transient (and the
@@ -75,44 +76,44 @@ type Entry struct {
 // failures, timeouts, busy resources, agent failures.
 var Table = map[libvirt.ErrorNumber]Entry{
 	// The object the call names does not exist.
-	libvirt.ErrNoDomain:         {provider.NotFound, provider.ReasonUnknown},
-	libvirt.ErrNoStorageVol:     {provider.NotFound, provider.ReasonUnknown},
-	libvirt.ErrNoDomainMetadata: {provider.NotFound, provider.ReasonUnknown},
+	libvirt.ErrNoDomain:         {errs.NotFound, egressproxy.ReasonUnknown},
+	libvirt.ErrNoStorageVol:     {errs.NotFound, egressproxy.ReasonUnknown},
+	libvirt.ErrNoDomainMetadata: {errs.NotFound, egressproxy.ReasonUnknown},
 
 	// The entry's configuration is wrong: a human must act.
-	libvirt.ErrNoStoragePool: {provider.Permanent, provider.ReasonPoolNotFound},
-	libvirt.ErrNoNetwork:     {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrNoStoragePool: {errs.Permanent, egressproxy.ReasonPoolNotFound},
+	libvirt.ErrNoNetwork:     {errs.Permanent, egressproxy.ReasonUnknown},
 
 	// Refused for lack of rights.
-	libvirt.ErrAccessDenied:    {provider.Permanent, provider.ReasonForbidden},
-	libvirt.ErrAuthFailed:      {provider.Permanent, provider.ReasonForbidden},
-	libvirt.ErrAuthUnavailable: {provider.Permanent, provider.ReasonForbidden},
-	libvirt.ErrAuthCancelled:   {provider.Permanent, provider.ReasonForbidden},
-	libvirt.ErrOperationDenied: {provider.Permanent, provider.ReasonForbidden},
+	libvirt.ErrAccessDenied:    {errs.Permanent, egressproxy.ReasonForbidden},
+	libvirt.ErrAuthFailed:      {errs.Permanent, egressproxy.ReasonForbidden},
+	libvirt.ErrAuthUnavailable: {errs.Permanent, egressproxy.ReasonForbidden},
+	libvirt.ErrAuthCancelled:   {errs.Permanent, egressproxy.ReasonForbidden},
+	libvirt.ErrOperationDenied: {errs.Permanent, egressproxy.ReasonForbidden},
 
 	// The request itself cannot succeed as made.
-	libvirt.ErrInvalidArg:           {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrNoSupport:            {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrOperationInvalid:     {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrOperationUnsupported: {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrArgumentUnsupported:  {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrConfigUnsupported:    {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrXMLError:             {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrXMLDetail:            {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrXMLInvalidSchema:     {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrDomExist:             {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrStorageVolExist:      {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrInvalidStoragePool:   {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrInvalidStorageVol:    {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrInvalidDomain:        {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrInvalidMac:           {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrCPUIncompatible:      {provider.Permanent, provider.ReasonUnknown},
-	libvirt.ErrNoKernel:             {provider.Permanent, provider.ReasonUnknown},
+	libvirt.ErrInvalidArg:           {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrNoSupport:            {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrOperationInvalid:     {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrOperationUnsupported: {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrArgumentUnsupported:  {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrConfigUnsupported:    {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrXMLError:             {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrXMLDetail:            {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrXMLInvalidSchema:     {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrDomExist:             {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrStorageVolExist:      {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrInvalidStoragePool:   {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrInvalidStorageVol:    {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrInvalidDomain:        {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrInvalidMac:           {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrCPUIncompatible:      {errs.Permanent, egressproxy.ReasonUnknown},
+	libvirt.ErrNoKernel:             {errs.Permanent, egressproxy.ReasonUnknown},
 
 	// Transient, but the link to libvirtd is what failed.
-	libvirt.ErrNoConnect:   {provider.Transient, provider.ReasonUnreachable},
-	libvirt.ErrInvalidConn: {provider.Transient, provider.ReasonUnreachable},
-	libvirt.ErrRPC:         {provider.Transient, provider.ReasonUnreachable},
+	libvirt.ErrNoConnect:   {errs.Transient, egressproxy.ReasonUnreachable},
+	libvirt.ErrInvalidConn: {errs.Transient, egressproxy.ReasonUnreachable},
+	libvirt.ErrRPC:         {errs.Transient, egressproxy.ReasonUnreachable},
 }
 
 // ErrPoolInactive marks a storage pool that exists but does not run (wrap
@@ -202,26 +203,26 @@ func PoolBusy(err error) bool {
 }
 
 var sshKinds = map[sshconn.Kind]Verdict{
-	sshconn.KindUnreachable:     {Code: provider.Transient, Reason: provider.ReasonUnreachable},
-	sshconn.KindClosed:          {Code: provider.Permanent, Reason: provider.ReasonUnknown, Closed: true},
-	sshconn.KindConfig:          {Code: provider.Permanent, Reason: provider.ReasonUnknown},
-	sshconn.KindKeyUnreadable:   {Code: provider.Permanent, Reason: provider.ReasonCredentialsUnavailable},
-	sshconn.KindAuthRefused:     {Code: provider.Permanent, Reason: provider.ReasonUnauthorized},
-	sshconn.KindHostUnknown:     {Code: provider.Permanent, Reason: provider.ReasonHostKeyUnknown},
-	sshconn.KindHostKeyMismatch: {Code: provider.Permanent, Reason: provider.ReasonHostKeyMismatch},
-	sshconn.KindForbidden:       {Code: provider.Transient, Reason: provider.ReasonForbidden},
+	sshconn.KindUnreachable:     {Code: errs.Transient, Reason: egressproxy.ReasonUnreachable},
+	sshconn.KindClosed:          {Code: errs.Permanent, Reason: egressproxy.ReasonUnknown, Closed: true},
+	sshconn.KindConfig:          {Code: errs.Permanent, Reason: egressproxy.ReasonUnknown},
+	sshconn.KindKeyUnreadable:   {Code: errs.Permanent, Reason: egressproxy.ReasonCredentialsUnavailable},
+	sshconn.KindAuthRefused:     {Code: errs.Permanent, Reason: egressproxy.ReasonUnauthorized},
+	sshconn.KindHostUnknown:     {Code: errs.Permanent, Reason: egressproxy.ReasonHostKeyUnknown},
+	sshconn.KindHostKeyMismatch: {Code: errs.Permanent, Reason: egressproxy.ReasonHostKeyMismatch},
+	sshconn.KindForbidden:       {Code: errs.Transient, Reason: egressproxy.ReasonForbidden},
 }
 
 // Classed reports whether err already carries an explicit class: a
-// *provider.Error anywhere in its chain, or a class sentinel
-// (provider.ErrNotFound, …) wrapped bare. Such an error keeps its class.
+// *errs.Error anywhere in its chain, or a class sentinel
+// (errs.ErrNotFound, …) wrapped bare. Such an error keeps its class.
 func Classed(err error) bool {
-	var pe *provider.Error
+	var pe *errs.Error
 	if errors.As(err, &pe) {
 		return true
 	}
-	switch provider.Code(err) {
-	case provider.Transient, provider.Permanent, provider.NotFound:
+	switch errs.Code(err) {
+	case errs.Transient, errs.Permanent, errs.NotFound:
 		return true
 	}
 	return false
@@ -230,12 +231,12 @@ func Classed(err error) bool {
 // Of returns the verdict of err (see the package doc for the order).
 func Of(err error) Verdict {
 	if err == nil {
-		return Verdict{Code: provider.OK, Reason: provider.ReasonNone}
+		return Verdict{Code: errs.OK, Reason: egressproxy.ReasonNone}
 	}
 	v := inferred(err)
 	if Classed(err) {
-		v.Code = provider.Code(err)
-		v.Missing = v.Code == provider.NotFound
+		v.Code = errs.Code(err)
+		v.Missing = v.Code == errs.NotFound
 	}
 	return v
 }
@@ -245,40 +246,40 @@ func Of(err error) Verdict {
 func inferred(err error) Verdict {
 	switch {
 	case errors.Is(err, context.Canceled):
-		return Verdict{Code: provider.Canceled, Reason: provider.ReasonUnknown}
+		return Verdict{Code: errs.Canceled, Reason: egressproxy.ReasonUnknown}
 	case errors.Is(err, context.DeadlineExceeded):
-		return Verdict{Code: provider.DeadlineExceeded, Reason: provider.ReasonUnknown}
+		return Verdict{Code: errs.DeadlineExceeded, Reason: egressproxy.ReasonUnknown}
 	}
 	if v, ok := sshKinds[sshconn.KindOf(err)]; ok {
 		return v
 	}
 	if errors.As(err, new(*sshconn.TimeoutError)) {
-		return Verdict{Code: provider.Transient, Reason: provider.ReasonUnreachable}
+		return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnreachable}
 	}
 	if LinkDead(err) {
-		return Verdict{Code: provider.Transient, Reason: provider.ReasonUnreachable}
+		return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnreachable}
 	}
 	if PoolInactive(err) {
-		return Verdict{Code: provider.Permanent, Reason: provider.ReasonPoolNotActive}
+		return Verdict{Code: errs.Permanent, Reason: egressproxy.ReasonPoolNotActive}
 	}
 	if n, ok := Number(err); ok {
 		if busy(err) {
-			return Verdict{Code: provider.Transient, Reason: provider.ReasonUnknown}
+			return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnknown}
 		}
 		if e, ok := Table[n]; ok {
-			return Verdict{Code: e.Code, Reason: e.Reason, Missing: e.Code == provider.NotFound}
+			return Verdict{Code: e.Code, Reason: e.Reason, Missing: e.Code == errs.NotFound}
 		}
-		return Verdict{Code: provider.Transient, Reason: provider.ReasonUnknown}
+		return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnknown}
 	}
 	if errors.Is(err, libvirt.ErrUnsupported) {
-		return Verdict{Code: provider.Permanent, Reason: provider.ReasonUnknown}
+		return Verdict{Code: errs.Permanent, Reason: egressproxy.ReasonUnknown}
 	}
-	return Verdict{Code: provider.Transient, Reason: provider.ReasonUnknown}
+	return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnknown}
 }
 
 // Classify returns err with its class (Of(err).Code); an error that already
 // carries a class is returned unchanged, nil stays nil. A closed link also
-// matches provider.ErrClosed.
+// matches errs.ErrClosed.
 func Classify(err error) error {
 	if err == nil {
 		return nil
@@ -290,7 +291,7 @@ func Classify(err error) error {
 	if v.Closed {
 		err = ClosedError{Err: err}
 	}
-	return provider.WithCode(v.Code, err)
+	return errs.WithCode(v.Code, err)
 }
 
 // ClassifyRead classifies an error of a read (state, address, metadata) of
@@ -306,23 +307,23 @@ func ClassifyRead(err error) error {
 	if Classed(err) {
 		return err
 	}
-	if v := Of(err); v.Code == provider.Permanent && !v.Closed {
-		return provider.WithCode(provider.Transient, err)
+	if v := Of(err); v.Code == errs.Permanent && !v.Closed {
+		return errs.WithCode(errs.Transient, err)
 	}
 	return Classify(err)
 }
 
 // Reason is the health reason of a failed check (Of(err).Reason; nil is
 // ReasonNone).
-func Reason(err error) provider.HealthReason { return Of(err).Reason }
+func Reason(err error) egressproxy.HealthReason { return Of(err).Reason }
 
-// ClosedError makes an sshconn "closed" error match provider.ErrClosed.
+// ClosedError makes an sshconn "closed" error match errs.ErrClosed.
 type ClosedError struct{ Err error }
 
 func (e ClosedError) Error() string { return e.Err.Error() }
 func (e ClosedError) Unwrap() error { return e.Err }
 
-// Is matches provider.ErrClosed.
+// Is matches errs.ErrClosed.
 func (e ClosedError) Is(target error) bool {
-	return target == provider.ErrClosed
+	return target == errs.ErrClosed
 }

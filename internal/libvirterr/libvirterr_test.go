@@ -11,7 +11,8 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -29,24 +30,24 @@ func lvErr(n libvirt.ErrorNumber, msg string) error {
 
 // want is the class and reason of every libvirt number, written out apart
 // from Table so that a change to either is seen.
-func want(n libvirt.ErrorNumber) (provider.ErrorCode, provider.HealthReason) {
+func want(n libvirt.ErrorNumber) (errs.ErrorCode, egressproxy.HealthReason) {
 	switch n {
 	case libvirt.ErrNoDomain, libvirt.ErrNoStorageVol, libvirt.ErrNoDomainMetadata:
-		return provider.NotFound, provider.ReasonUnknown
+		return errs.NotFound, egressproxy.ReasonUnknown
 	case libvirt.ErrNoStoragePool:
-		return provider.Permanent, provider.ReasonPoolNotFound
+		return errs.Permanent, egressproxy.ReasonPoolNotFound
 	case libvirt.ErrAccessDenied, libvirt.ErrAuthFailed, libvirt.ErrAuthUnavailable, libvirt.ErrAuthCancelled, libvirt.ErrOperationDenied:
-		return provider.Permanent, provider.ReasonForbidden
+		return errs.Permanent, egressproxy.ReasonForbidden
 	case libvirt.ErrInvalidArg, libvirt.ErrNoSupport, libvirt.ErrOperationInvalid, libvirt.ErrOperationUnsupported,
 		libvirt.ErrArgumentUnsupported, libvirt.ErrConfigUnsupported, libvirt.ErrXMLError, libvirt.ErrXMLDetail,
 		libvirt.ErrXMLInvalidSchema, libvirt.ErrDomExist, libvirt.ErrStorageVolExist, libvirt.ErrInvalidStoragePool,
 		libvirt.ErrInvalidStorageVol, libvirt.ErrInvalidDomain, libvirt.ErrNoNetwork, libvirt.ErrInvalidMac,
 		libvirt.ErrCPUIncompatible, libvirt.ErrNoKernel:
-		return provider.Permanent, provider.ReasonUnknown
+		return errs.Permanent, egressproxy.ReasonUnknown
 	case libvirt.ErrNoConnect, libvirt.ErrInvalidConn, libvirt.ErrRPC:
-		return provider.Transient, provider.ReasonUnreachable
+		return errs.Transient, egressproxy.ReasonUnreachable
 	}
-	return provider.Transient, provider.ReasonUnknown
+	return errs.Transient, egressproxy.ReasonUnknown
 }
 
 // TestEveryLibvirtNumber checks the verdict of every libvirt error number,
@@ -57,21 +58,21 @@ func TestEveryLibvirtNumber(t *testing.T) {
 		code, reason := want(n)
 		for _, err := range []error{lvErr(n, ""), fmt.Errorf("look up: %w", lvErr(n, "")), &libvirt.Error{Code: uint32(n), Message: "pointer"}} {
 			v := Of(err)
-			if v.Code != code || v.Reason != reason || v.Missing != (code == provider.NotFound) {
+			if v.Code != code || v.Reason != reason || v.Missing != (code == errs.NotFound) {
 				t.Errorf("Of(%d %v) = %+v, want %v %v", n, err, v, code, reason)
 			}
 			got := Classify(err)
-			if c := provider.Code(got); c != code {
+			if c := errs.Code(got); c != code {
 				t.Errorf("Classify(%d) = %v, want %v", n, c, code)
 			}
 			if !errors.Is(got, err) {
 				t.Errorf("Classify(%d) lost its cause", n)
 			}
 			wantRead := code
-			if code == provider.Permanent {
-				wantRead = provider.Transient
+			if code == errs.Permanent {
+				wantRead = errs.Transient
 			}
-			if c := provider.Code(ClassifyRead(err)); c != wantRead {
+			if c := errs.Code(ClassifyRead(err)); c != wantRead {
 				t.Errorf("ClassifyRead(%d) = %v, want %v", n, c, wantRead)
 			}
 			if r := Reason(err); r != reason {
@@ -95,45 +96,45 @@ func TestShapes(t *testing.T) {
 	tests := []struct {
 		name   string
 		err    error
-		code   provider.ErrorCode
-		reason provider.HealthReason
-		read   provider.ErrorCode // ClassifyRead; zero: same as code
+		code   errs.ErrorCode
+		reason egressproxy.HealthReason
+		read   errs.ErrorCode // ClassifyRead; zero: same as code
 	}{
-		{"nil", nil, provider.OK, provider.ReasonNone, 0},
-		{"explicit class wins", provider.WithCode(provider.Transient, lvErr(libvirt.ErrNoDomain, "")), provider.Transient, provider.ReasonUnknown, 0},
-		{"explicit class keeps the reason of its cause", provider.WithCode(provider.Permanent, sshErr(sshconn.KindAuthRefused, nil)), provider.Permanent, provider.ReasonUnauthorized, provider.Permanent},
-		{"canceled", fmt.Errorf("call: %w", context.Canceled), provider.Canceled, provider.ReasonUnknown, 0},
-		{"deadline inside unreachable", sshErr(sshconn.KindUnreachable, context.DeadlineExceeded), provider.DeadlineExceeded, provider.ReasonUnknown, 0},
-		{"our DialTimeout inside unreachable", sshErr(sshconn.KindUnreachable, fmt.Errorf("%w (i/o timeout)", &sshconn.TimeoutError{Budget: "DialTimeout", After: time.Second})), provider.Transient, provider.ReasonUnreachable, 0},
-		{"our CallTimeout bare", fmt.Errorf("step: %w", &sshconn.TimeoutError{Budget: "CallTimeout", After: time.Second}), provider.Transient, provider.ReasonUnreachable, 0},
-		{"unreachable wraps access denied", sshErr(sshconn.KindUnreachable, lvErr(libvirt.ErrAccessDenied, "")), provider.Transient, provider.ReasonUnreachable, 0},
-		{"ssh closed", sshErr(sshconn.KindClosed, nil), provider.Permanent, provider.ReasonUnknown, provider.Permanent},
-		{"ssh config", sshErr(sshconn.KindConfig, nil), provider.Permanent, provider.ReasonUnknown, provider.Transient},
-		{"key unreadable", sshErr(sshconn.KindKeyUnreadable, nil), provider.Permanent, provider.ReasonCredentialsUnavailable, provider.Transient},
-		{"auth refused", sshErr(sshconn.KindAuthRefused, nil), provider.Permanent, provider.ReasonUnauthorized, provider.Transient},
-		{"host unknown", sshErr(sshconn.KindHostUnknown, nil), provider.Permanent, provider.ReasonHostKeyUnknown, provider.Transient},
-		{"host key mismatch", sshErr(sshconn.KindHostKeyMismatch, nil), provider.Permanent, provider.ReasonHostKeyMismatch, provider.Transient},
-		{"socket forbidden", sshErr(sshconn.KindForbidden, nil), provider.Transient, provider.ReasonForbidden, 0},
-		{"EINVAL after disconnect", fmt.Errorf("state: %w", syscall.EINVAL), provider.Transient, provider.ReasonUnreachable, 0},
-		{"interrupted", libvirt.ErrInterrupted, provider.Transient, provider.ReasonUnreachable, 0},
-		{"eof", io.EOF, provider.Transient, provider.ReasonUnreachable, 0},
-		{"pool marker", fmt.Errorf("pool %q is inactive: %w", "p", ErrPoolInactive), provider.Permanent, provider.ReasonPoolNotActive, provider.Transient},
-		{"libvirt pool not active", lvErr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' is not active"), provider.Permanent, provider.ReasonPoolNotActive, provider.Transient},
-		{"pool busy", lvErr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' has asynchronous jobs running."), provider.Transient, provider.ReasonUnknown, 0},
-		{"procedure unsupported", libvirt.ErrUnsupported, provider.Permanent, provider.ReasonUnknown, provider.Transient},
-		{"plain", errors.New("odd"), provider.Transient, provider.ReasonUnknown, 0},
+		{"nil", nil, errs.OK, egressproxy.ReasonNone, 0},
+		{"explicit class wins", errs.WithCode(errs.Transient, lvErr(libvirt.ErrNoDomain, "")), errs.Transient, egressproxy.ReasonUnknown, 0},
+		{"explicit class keeps the reason of its cause", errs.WithCode(errs.Permanent, sshErr(sshconn.KindAuthRefused, nil)), errs.Permanent, egressproxy.ReasonUnauthorized, errs.Permanent},
+		{"canceled", fmt.Errorf("call: %w", context.Canceled), errs.Canceled, egressproxy.ReasonUnknown, 0},
+		{"deadline inside unreachable", sshErr(sshconn.KindUnreachable, context.DeadlineExceeded), errs.DeadlineExceeded, egressproxy.ReasonUnknown, 0},
+		{"our DialTimeout inside unreachable", sshErr(sshconn.KindUnreachable, fmt.Errorf("%w (i/o timeout)", &sshconn.TimeoutError{Budget: "DialTimeout", After: time.Second})), errs.Transient, egressproxy.ReasonUnreachable, 0},
+		{"our CallTimeout bare", fmt.Errorf("step: %w", &sshconn.TimeoutError{Budget: "CallTimeout", After: time.Second}), errs.Transient, egressproxy.ReasonUnreachable, 0},
+		{"unreachable wraps access denied", sshErr(sshconn.KindUnreachable, lvErr(libvirt.ErrAccessDenied, "")), errs.Transient, egressproxy.ReasonUnreachable, 0},
+		{"ssh closed", sshErr(sshconn.KindClosed, nil), errs.Permanent, egressproxy.ReasonUnknown, errs.Permanent},
+		{"ssh config", sshErr(sshconn.KindConfig, nil), errs.Permanent, egressproxy.ReasonUnknown, errs.Transient},
+		{"key unreadable", sshErr(sshconn.KindKeyUnreadable, nil), errs.Permanent, egressproxy.ReasonCredentialsUnavailable, errs.Transient},
+		{"auth refused", sshErr(sshconn.KindAuthRefused, nil), errs.Permanent, egressproxy.ReasonUnauthorized, errs.Transient},
+		{"host unknown", sshErr(sshconn.KindHostUnknown, nil), errs.Permanent, egressproxy.ReasonHostKeyUnknown, errs.Transient},
+		{"host key mismatch", sshErr(sshconn.KindHostKeyMismatch, nil), errs.Permanent, egressproxy.ReasonHostKeyMismatch, errs.Transient},
+		{"socket forbidden", sshErr(sshconn.KindForbidden, nil), errs.Transient, egressproxy.ReasonForbidden, 0},
+		{"EINVAL after disconnect", fmt.Errorf("state: %w", syscall.EINVAL), errs.Transient, egressproxy.ReasonUnreachable, 0},
+		{"interrupted", libvirt.ErrInterrupted, errs.Transient, egressproxy.ReasonUnreachable, 0},
+		{"eof", io.EOF, errs.Transient, egressproxy.ReasonUnreachable, 0},
+		{"pool marker", fmt.Errorf("pool %q is inactive: %w", "p", ErrPoolInactive), errs.Permanent, egressproxy.ReasonPoolNotActive, errs.Transient},
+		{"libvirt pool not active", lvErr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' is not active"), errs.Permanent, egressproxy.ReasonPoolNotActive, errs.Transient},
+		{"pool busy", lvErr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' has asynchronous jobs running."), errs.Transient, egressproxy.ReasonUnknown, 0},
+		{"procedure unsupported", libvirt.ErrUnsupported, errs.Permanent, egressproxy.ReasonUnknown, errs.Transient},
+		{"plain", errors.New("odd"), errs.Transient, egressproxy.ReasonUnknown, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if c := provider.Code(Classify(tt.err)); c != tt.code {
+			if c := errs.Code(Classify(tt.err)); c != tt.code {
 				t.Errorf("Classify = %v, want %v", c, tt.code)
 			}
 			read := tt.read
 			if read == 0 {
 				read = tt.code
 			}
-			if c := provider.Code(ClassifyRead(tt.err)); c != read {
+			if c := errs.Code(ClassifyRead(tt.err)); c != read {
 				t.Errorf("ClassifyRead = %v, want %v", c, read)
 			}
 			if r := Reason(tt.err); r != tt.reason {
@@ -164,21 +165,21 @@ func TestPoolBusy(t *testing.T) {
 func TestClosedMatchesErrClosed(t *testing.T) {
 	t.Parallel()
 	err := Classify(sshErr(sshconn.KindClosed, nil))
-	if !errors.Is(err, provider.ErrClosed) || provider.Code(err) != provider.Permanent {
-		t.Errorf("%v: Is(ErrClosed) = %v, Code = %v", err, errors.Is(err, provider.ErrClosed), provider.Code(err))
+	if !errors.Is(err, errs.ErrClosed) || errs.Code(err) != errs.Permanent {
+		t.Errorf("%v: Is(ErrClosed) = %v, Code = %v", err, errors.Is(err, errs.ErrClosed), errs.Code(err))
 	}
 }
 
 // TestBareSentinelKeepsItsClass: an error wrapping a class sentinel bare
-// (not through provider.WithCode) is classed already; the table does not
+// (not through errs.WithCode) is classed already; the table does not
 // replace its class.
 func TestBareSentinelKeepsItsClass(t *testing.T) {
 	t.Parallel()
-	for _, s := range []error{provider.ErrNotFound, provider.ErrPermanent, provider.ErrTransient, provider.ErrClosed} {
+	for _, s := range []error{errs.ErrNotFound, errs.ErrPermanent, errs.ErrTransient, errs.ErrClosed} {
 		err := fmt.Errorf("step: %w (%w)", s, lvErr(libvirt.ErrInternalError, ""))
-		want := provider.Code(s)
+		want := errs.Code(s)
 		for name, got := range map[string]error{"Classify": Classify(err), "ClassifyRead": ClassifyRead(err)} {
-			if c := provider.Code(got); c != want || !errors.Is(got, s) {
+			if c := errs.Code(got); c != want || !errors.Is(got, s) {
 				t.Errorf("%s(%v) = %v, want %v", name, err, c, want)
 			}
 		}

@@ -14,7 +14,7 @@
 //     value is valid UTF-8 and at most MaxAttrLen bytes, whatever the
 //     input.
 //   - On failure the span gets error.type (the error's class,
-//     provider.Code(err).String(): "NotFound", "Permanent", "Transient",
+//     errs.Code(err).String(): "NotFound", "Permanent", "Transient",
 //     "Canceled", "DeadlineExceeded"; "_OTHER" for an unclassed error),
 //     status Error with a bounded description, and the error recorded as
 //     an exception event. On success none of these is set and the status
@@ -28,11 +28,10 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // The attribute keys of the convention.
@@ -124,10 +123,10 @@ func End(span trace.Span, err error) {
 // ErrorType is the error.type of err: its class, ErrorTypeOther for an
 // error without one, "" for nil.
 func ErrorType(err error) string {
-	switch c := provider.Code(err); c {
-	case provider.OK:
+	switch c := errs.Code(err); c {
+	case errs.OK:
 		return ""
-	case provider.Unknown:
+	case errs.Unknown:
 		return ErrorTypeOther
 	default:
 		return c.String()

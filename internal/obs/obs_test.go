@@ -8,12 +8,11 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 func record(t *testing.T, fn func(ctx context.Context, tr *sdktrace.TracerProvider)) []sdktrace.ReadOnlySpan {
@@ -71,9 +70,9 @@ func TestEndWithError(t *testing.T) {
 		err  error
 		want string
 	}{
-		{provider.Errorf(provider.NotFound, "no such proxy"), "NotFound"},
-		{provider.Errorf(provider.Permanent, "bad"), "Permanent"},
-		{fmt.Errorf("wrapped: %w", provider.Errorf(provider.Transient, "link")), "Transient"},
+		{errs.Errorf(errs.NotFound, "no such proxy"), "NotFound"},
+		{errs.Errorf(errs.Permanent, "bad"), "Permanent"},
+		{fmt.Errorf("wrapped: %w", errs.Errorf(errs.Transient, "link")), "Transient"},
 		{context.Canceled, "Canceled"},
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), "DeadlineExceeded"},
 		{errors.New("unclassed"), ErrorTypeOther},

@@ -121,12 +121,12 @@ func FillCredentials(cfg *kvm2.Config, s *corev1.Secret) error {
 func OpenEntries(ctx context.Context, cfgs []kvm2.Config, log logr.Logger) (map[string]*egressproxy.Client, error) {
 	out := map[string]*egressproxy.Client{}
 	for _, cfg := range cfgs {
-		p, err := kvm2.Open(ctx, cfg, &kvm2.Options{Logger: log})
+		c, err := kvm2.Open(ctx, cfg, &kvm2.Options{Logger: log})
 		if err != nil {
 			CloseEntries(out)
 			return nil, err
 		}
-		out[cfg.Entry] = egressproxy.New(p, &egressproxy.Options{Logger: log.WithValues("entry", cfg.Entry)})
+		out[cfg.Entry] = c
 	}
 	return out, nil
 }

@@ -36,7 +36,7 @@ func TestLoadEntries(t *testing.T) {
 	// The image cache's claim timeout is set per entry (README: keep it
 	// near the lease duration), with kvm2's lower bound.
 	cfgs, err = LoadEntries(context.Background(), r, []byte(strings.Replace(entry, "%s", ", claimTimeout: 15s", 1)))
-	if err != nil || len(cfgs) != 1 || cfgs[0].ClaimTimeout.Duration() != 15*time.Second {
+	if err != nil || len(cfgs) != 1 || cfgs[0].ClaimTimeout != 15*time.Second {
 		t.Fatalf("LoadEntries with claimTimeout 15s = %+v, %v", cfgs, err)
 	}
 	_, err = LoadEntries(context.Background(), r, []byte(strings.Replace(entry, "%s", ", claimTimeout: 2s", 1)))

@@ -9,7 +9,6 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // DefaultGCInterval is how often the orphan collector runs when
@@ -77,7 +76,7 @@ func (g *OrphanCollector) Start(ctx context.Context) error {
 // list unless it is gone, and no VM being created right now can be taken
 // for an orphan.
 func (g *OrphanCollector) Collect(ctx context.Context) ([]string, error) {
-	insts := map[string][]provider.Instance{}
+	insts := map[string][]egressproxy.Instance{}
 	var firstErr error
 	for entry, c := range g.entries {
 		l, err := c.List(ctx)

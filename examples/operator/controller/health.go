@@ -11,7 +11,6 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 	"github.com/egressproxy/egressproxy/health"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // DefaultHealthInterval is how often HealthRunnable checks the entries and
@@ -56,7 +55,7 @@ type HealthRunnable struct {
 
 	mu         sync.Mutex
 	members    map[string]Member // by ID
-	entryState map[string]provider.Health
+	entryState map[string]egressproxy.Health
 	notified   map[string]health.State
 }
 
@@ -76,12 +75,12 @@ func NewHealthRunnable(entries map[string]*egressproxy.Client, opts HealthOption
 			return nil, err
 		}
 	}
-	if _, _, err := health.TargetFor(provider.Instance{IP: "127.0.0.1", Port: 1}, opts.ConnectTarget, "", ""); err != nil {
+	if _, _, err := health.TargetFor(egressproxy.Instance{IP: "127.0.0.1", Port: 1}, opts.ConnectTarget, "", ""); err != nil {
 		return nil, err
 	}
 	return &HealthRunnable{
 		entries: entries, opts: opts, tracker: t, log: log.WithName("health"),
-		members: map[string]Member{}, entryState: map[string]provider.Health{}, notified: map[string]health.State{},
+		members: map[string]Member{}, entryState: map[string]egressproxy.Health{}, notified: map[string]health.State{},
 	}, nil
 }
 
@@ -138,7 +137,7 @@ func (h *HealthRunnable) ProxyHealth(id, addr string) ProxyStatus {
 func KindReason(k health.Kind) string { return "Probe" + k.Reason() }
 
 // EntryHealth returns the last Check of entry.
-func (h *HealthRunnable) EntryHealth(entry string) (provider.Health, bool) {
+func (h *HealthRunnable) EntryHealth(entry string) (egressproxy.Health, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	hl, ok := h.entryState[entry]
@@ -167,7 +166,7 @@ func (h *HealthRunnable) Round(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			hl = provider.Health{Reason: provider.ReasonUnknown, Message: err.Error()}
+			hl = egressproxy.Health{Reason: egressproxy.ReasonUnknown, Message: err.Error()}
 		}
 		h.mu.Lock()
 		prev, had := h.entryState[entry]

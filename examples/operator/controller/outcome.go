@@ -7,12 +7,11 @@ import (
 	"strings"
 
 	"github.com/GehirnInc/crypt/sha512_crypt"
-
-	"github.com/egressproxy/egressproxy/provider"
+	"github.com/egressproxy/egressproxy"
 )
 
 // Condition reasons the operator sets besides the library's own names
-// (provider.ErrorCode's String, provider.HealthReason, provider.State).
+// (egressproxy.ErrorCode's String, egressproxy.HealthReason, egressproxy.State).
 const (
 	ReasonUnknownProvider    = "UnknownProvider"
 	ReasonCredentialsInvalid = "CredentialsInvalid"
@@ -40,7 +39,7 @@ type Decision struct {
 }
 
 // Outcome maps a library error to the reconciler's decision by its class
-// (provider.Code), the table of the README:
+// (egressproxy.Code), the table of the README:
 //
 //	Transient         -> Backoff
 //	Unknown           -> Backoff (the client classes these Transient anyway)
@@ -50,14 +49,14 @@ type Decision struct {
 //	NotFound          -> condition, slow retry (the reconciler handles the
 //	                     NotFound it expects, of Get and Delete, before this)
 func Outcome(err error) Decision {
-	code := provider.Code(err)
+	code := egressproxy.Code(err)
 	switch code {
-	case provider.Transient, provider.Unknown, provider.DeadlineExceeded:
+	case egressproxy.Transient, egressproxy.Unknown, egressproxy.DeadlineExceeded:
 		return Decision{Reason: code.String(), Backoff: true}
-	case provider.Canceled:
+	case egressproxy.Canceled:
 		return Decision{Reason: ReasonShuttingDown, Stop: true}
-	case provider.Permanent:
-		if errors.Is(err, provider.ErrSpecConflict) {
+	case egressproxy.Permanent:
+		if errors.Is(err, egressproxy.ErrSpecConflict) {
 			return Decision{Reason: ReasonSpecConflict}
 		}
 	}

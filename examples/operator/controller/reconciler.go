@@ -27,8 +27,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // Finalizer is the finalizer the operator puts on every EgressProxy: the
@@ -137,7 +137,7 @@ func (r *Reconciler) notify(key types.NamespacedName) {
 
 // InstanceName is the instance name of the EgressProxy namespace/name.
 func InstanceName(key types.NamespacedName) string {
-	return provider.NameFromKubernetes(key.Namespace, key.Name)
+	return egressproxy.NameFromKubernetes(key.Namespace, key.Name)
 }
 
 // Reconcile drives one EgressProxy towards its spec. The outcome of every
@@ -213,7 +213,7 @@ func statusEqual(a, b v1alpha1.EgressProxyStatus) bool {
 func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha1.EgressProxy) (reconcile.Result, error) {
 	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(ep)}
 	name := InstanceName(req.NamespacedName)
-	ref := provider.Ref{Name: name, UID: string(ep.UID)}
+	ref := egressproxy.Ref{Name: name, UID: string(ep.UID)}
 	log = log.WithValues("instance", name)
 
 	if !ep.DeletionTimestamp.IsZero() {
@@ -226,7 +226,7 @@ func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha
 	// goes first (a failure there is handled like any other).
 	if old := ep.Status.Provider; old != "" && old != ep.Spec.Provider {
 		if oc, ok := r.Entries[old]; ok {
-			if err := oc.Delete(ctx, ref); err != nil && provider.Code(err) != provider.NotFound {
+			if err := oc.Delete(ctx, ref); err != nil && egressproxy.Code(err) != egressproxy.NotFound {
 				return r.failed(log, req, ep, err)
 			}
 		}
@@ -250,7 +250,7 @@ func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha
 	spec, creds, err := r.desiredSpec(ctx, ep, name)
 	if err != nil {
 		ep.Status.Phase = v1alpha1.PhasePending
-		if provider.Code(err) == provider.Transient {
+		if egressproxy.Code(err) == egressproxy.Transient {
 			return r.failed(log, req, ep, err)
 		}
 		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonCredentialsInvalid, err.Error())
@@ -261,7 +261,7 @@ func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha
 
 	inst, err := pc.Get(ctx, ref)
 	switch {
-	case provider.Code(err) == provider.NotFound:
+	case egressproxy.Code(err) == egressproxy.NotFound:
 		ep.Status.Provider = ep.Spec.Provider // from now on a VM may exist there
 		// A SpecConflict here (another spec's VM appeared between Get
 		// and Create) is left to failed: Permanent, no hot loop; the
@@ -273,7 +273,7 @@ func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha
 		log.Info("created", "entry", ep.Spec.Provider)
 	case err != nil:
 		return r.failed(log, req, ep, err)
-	case inst.State == provider.StateStopped && (inst.SpecDigest == "" || inst.SpecDigest == digest):
+	case inst.State == egressproxy.StateStopped && (inst.SpecDigest == "" || inst.SpecDigest == digest):
 		// Get cannot tell a VM someone stopped from one an interrupted
 		// Create defined but never started; Create can: it completes the
 		// latter (and returns the former as it is).
@@ -295,7 +295,7 @@ func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha
 
 // recreate deletes the VM that runs an outdated spec; the next reconcile
 // creates it anew.
-func (r *Reconciler) recreate(ctx context.Context, log logr.Logger, req reconcile.Request, ep *v1alpha1.EgressProxy, pc *egressproxy.Client, ref provider.Ref) (reconcile.Result, error) {
+func (r *Reconciler) recreate(ctx context.Context, log logr.Logger, req reconcile.Request, ep *v1alpha1.EgressProxy, pc *egressproxy.Client, ref egressproxy.Ref) (reconcile.Result, error) {
 	log.Info("spec drift: deleting the VM to recreate it", "entry", ep.Spec.Provider)
 	r.forgetHealth(req.NamespacedName, ref.Name)
 	ep.Status.Phase = v1alpha1.PhasePending
@@ -309,7 +309,7 @@ func (r *Reconciler) recreate(ctx context.Context, log logr.Logger, req reconcil
 
 // finalize deletes the VM of an object being deleted, then drops the
 // finalizer.
-func (r *Reconciler) finalize(ctx context.Context, log logr.Logger, req reconcile.Request, ep *v1alpha1.EgressProxy, ref provider.Ref) (reconcile.Result, error) {
+func (r *Reconciler) finalize(ctx context.Context, log logr.Logger, req reconcile.Request, ep *v1alpha1.EgressProxy, ref egressproxy.Ref) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(ep, Finalizer) {
 		return reconcile.Result{}, nil
 	}
@@ -320,7 +320,7 @@ func (r *Reconciler) finalize(ctx context.Context, log logr.Logger, req reconcil
 			continue // no such entry: nothing of ours can be there
 		}
 		// Delete of a missing instance succeeds; NotFound is done too.
-		if err := pc.Delete(ctx, ref); err != nil && provider.Code(err) != provider.NotFound {
+		if err := pc.Delete(ctx, ref); err != nil && egressproxy.Code(err) != egressproxy.NotFound {
 			return r.failed(log, req, ep, err)
 		}
 	}
@@ -376,23 +376,23 @@ func (r *Reconciler) failed(log logr.Logger, req reconcile.Request, ep *v1alpha1
 
 // observed writes what inst says into ep's status and registers the proxy
 // with the health runnable.
-func (r *Reconciler) observed(key types.NamespacedName, ep *v1alpha1.EgressProxy, inst provider.Instance, creds Credentials) reconcile.Result {
+func (r *Reconciler) observed(key types.NamespacedName, ep *v1alpha1.EgressProxy, inst egressproxy.Instance, creds Credentials) reconcile.Result {
 	ep.Status.Address = inst.Address()
 	switch inst.State {
-	case provider.StateRunning:
+	case egressproxy.StateRunning:
 		ep.Status.Phase = v1alpha1.PhaseRunning
-	case provider.StateProvisioning:
+	case egressproxy.StateProvisioning:
 		ep.Status.Phase = v1alpha1.PhaseProvisioning
-	case provider.StateStopped:
+	case egressproxy.StateStopped:
 		ep.Status.Phase = v1alpha1.PhaseStopped
-	case provider.StateFailed:
+	case egressproxy.StateFailed:
 		ep.Status.Phase = v1alpha1.PhaseFailed
 	}
 	reason := string(inst.State)
 	if reason == "" {
 		reason = "Unknown"
 	}
-	if inst.State == provider.StateRunning && ep.Status.Address != "" {
+	if inst.State == egressproxy.StateRunning && ep.Status.Address != "" {
 		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionTrue, reason, "the VM runs the current spec at "+ep.Status.Address)
 	} else {
 		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionFalse, reason, "the VM exists but has no proxy address yet")
@@ -434,7 +434,7 @@ func (r *Reconciler) providerCondition(ep *v1alpha1.EgressProxy, entry string) {
 	}
 	reason := string(h.Reason)
 	if reason == "" {
-		reason = string(provider.ReasonUnknown)
+		reason = string(egressproxy.ReasonUnknown)
 	}
 	r.setCondition(ep, v1alpha1.ConditionProviderReachable, metav1.ConditionFalse, reason, h.Message)
 }
@@ -448,29 +448,29 @@ func (r *Reconciler) setCondition(ep *v1alpha1.EgressProxy, typ string, st metav
 	})
 }
 
-// desiredSpec is the provider.Spec of ep, with the proxy credentials read
+// desiredSpec is the egressproxy.Spec of ep, with the proxy credentials read
 // from its Secret.
-func (r *Reconciler) desiredSpec(ctx context.Context, ep *v1alpha1.EgressProxy, name string) (provider.Spec, Credentials, error) {
+func (r *Reconciler) desiredSpec(ctx context.Context, ep *v1alpha1.EgressProxy, name string) (egressproxy.Spec, Credentials, error) {
 	var creds Credentials
 	if ref := ep.Spec.CredentialsSecretRef; ref != nil {
 		var s corev1.Secret
 		key := types.NamespacedName{Namespace: ep.Namespace, Name: ref.Name}
 		if err := r.APIReader.Get(ctx, key, &s); err != nil {
 			if apierrors.IsNotFound(err) {
-				return provider.Spec{}, creds, provider.Errorf(provider.Permanent, "proxy credentials Secret %s not found", key)
+				return egressproxy.Spec{}, creds, driver.Errorf(egressproxy.Permanent, "proxy credentials Secret %s not found", key)
 			}
-			return provider.Spec{}, creds, provider.Errorf(provider.Transient, "read proxy credentials Secret %s: %w", key, err)
+			return egressproxy.Spec{}, creds, driver.Errorf(egressproxy.Transient, "read proxy credentials Secret %s: %w", key, err)
 		}
 		creds = Credentials{User: string(s.Data["username"]), Password: string(s.Data["password"])}
 		if err := creds.validate(); err != nil {
-			return provider.Spec{}, creds, provider.Errorf(provider.Permanent, "proxy credentials Secret %s: %w", key, err)
+			return egressproxy.Spec{}, creds, driver.Errorf(egressproxy.Permanent, "proxy credentials Secret %s: %w", key, err)
 		}
 	}
 	userData, err := UserData(spec0Port(ep), creds, SaltFor(string(ep.UID)))
 	if err != nil {
-		return provider.Spec{}, creds, provider.Errorf(provider.Permanent, "proxy credentials Secret: %w", err)
+		return egressproxy.Spec{}, creds, driver.Errorf(egressproxy.Permanent, "proxy credentials Secret: %w", err)
 	}
-	spec := provider.Spec{
+	spec := egressproxy.Spec{
 		Name:        name,
 		UID:         string(ep.UID),
 		Port:        int(ep.Spec.Port),
@@ -479,14 +479,14 @@ func (r *Reconciler) desiredSpec(ctx context.Context, ep *v1alpha1.EgressProxy, 
 		UserData:    userData,
 	}
 	if err := spec.Validate(); err != nil {
-		return provider.Spec{}, creds, err
+		return egressproxy.Spec{}, creds, err
 	}
 	return spec, creds, nil
 }
 
 func spec0Port(ep *v1alpha1.EgressProxy) int {
 	if ep.Spec.Port == 0 {
-		return provider.DefaultPort
+		return egressproxy.DefaultPort
 	}
 	return int(ep.Spec.Port)
 }

@@ -19,8 +19,7 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 	"github.com/egressproxy/egressproxy/health"
-	"github.com/egressproxy/egressproxy/provider"
-	"github.com/egressproxy/egressproxy/provider/memprovider"
+	"github.com/egressproxy/egressproxy/memprovider"
 )
 
 func testScheme(t *testing.T) *runtime.Scheme {
@@ -37,7 +36,8 @@ func testScheme(t *testing.T) *runtime.Scheme {
 
 type fixture struct {
 	c   client.Client
-	mem *memprovider.Provider
+	mem *egressproxy.Client
+	ctl *memprovider.Control
 	r   *Reconciler
 	hr  *HealthRunnable
 	key types.NamespacedName
@@ -57,7 +57,9 @@ func newFixture(t *testing.T, memOpts *memprovider.Options) *fixture {
 		Data: map[string][]byte{"username": []byte("u1"), "password": []byte("p1")}}
 	c := fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(&v1alpha1.EgressProxy{}).WithObjects(ep, sec).Build()
 	mem := memprovider.New(memOpts)
-	entries := map[string]*egressproxy.Client{"mem": egressproxy.New(mem, nil)}
+	var ctl *memprovider.Control
+	mem.As(&ctl)
+	entries := map[string]*egressproxy.Client{"mem": mem}
 	t.Cleanup(func() {
 		if err := CloseEntries(entries); err != nil {
 			t.Errorf("close: %v", err)
@@ -70,7 +72,7 @@ func newFixture(t *testing.T, memOpts *memprovider.Options) *fixture {
 	r := &Reconciler{Client: c, APIReader: c, Entries: entries, Health: hr}
 	r.opts = Options{BackoffBase: time.Second, BackoffMax: time.Minute, PollInterval: 15 * time.Second, PermanentRetry: 10 * time.Minute}
 	r.backoff = workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](r.opts.BackoffBase, r.opts.BackoffMax)
-	return &fixture{c: c, mem: mem, r: r, hr: hr, key: client.ObjectKeyFromObject(ep)}
+	return &fixture{c: c, mem: mem, ctl: ctl, r: r, hr: hr, key: client.ObjectKeyFromObject(ep)}
 }
 
 func (f *fixture) reconcile(t *testing.T) (reconcile.Result, *v1alpha1.EgressProxy) {
@@ -102,15 +104,15 @@ func TestErrorClassRequeue(t *testing.T) {
 		wantReason string
 		wantAfter  []time.Duration // RequeueAfter of two reconciles in a row
 	}{
-		{"transient backs off exponentially", memprovider.Fault{Code: provider.Transient}, "Transient", []time.Duration{time.Second, 2 * time.Second}},
+		{"transient backs off exponentially", memprovider.Fault{Code: egressproxy.Transient}, "Transient", []time.Duration{time.Second, 2 * time.Second}},
 		{"unclassed is transient", memprovider.Fault{Err: errUnclassed{}}, "Transient", []time.Duration{time.Second, 2 * time.Second}},
-		{"deadline backs off", memprovider.Fault{Code: provider.DeadlineExceeded}, "DeadlineExceeded", []time.Duration{time.Second, 2 * time.Second}},
-		{"permanent waits for a change", memprovider.Fault{Code: provider.Permanent}, "Permanent", []time.Duration{10 * time.Minute, 10 * time.Minute}},
-		{"spec conflict is permanent", memprovider.Fault{Code: provider.Permanent, Err: provider.ErrSpecConflict}, "SpecConflict", []time.Duration{10 * time.Minute, 10 * time.Minute}},
+		{"deadline backs off", memprovider.Fault{Code: egressproxy.DeadlineExceeded}, "DeadlineExceeded", []time.Duration{time.Second, 2 * time.Second}},
+		{"permanent waits for a change", memprovider.Fault{Code: egressproxy.Permanent}, "Permanent", []time.Duration{10 * time.Minute, 10 * time.Minute}},
+		{"spec conflict is permanent", memprovider.Fault{Code: egressproxy.Permanent, Err: egressproxy.ErrSpecConflict}, "SpecConflict", []time.Duration{10 * time.Minute, 10 * time.Minute}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, nil)
-			f.mem.InjectFault(memprovider.OpCreate, tc.fault)
+			f.ctl.InjectFault(memprovider.OpCreate, tc.fault)
 			for i, want := range tc.wantAfter {
 				res, ep := f.reconcile(t)
 				if res.RequeueAfter != want {
@@ -125,7 +127,7 @@ func TestErrorClassRequeue(t *testing.T) {
 			}
 			// Once the fault is gone the object converges and the
 			// backoff is forgotten.
-			f.mem.ClearFaults()
+			f.ctl.ClearFaults()
 			if tc.wantReason == "SpecConflict" {
 				return // conflict recovery is TestSpecDriftRecreates
 			}
@@ -148,7 +150,7 @@ func (errUnclassed) Error() string { return "a class-less backend error" }
 // does not requeue.
 func TestCanceledStops(t *testing.T) {
 	f := newFixture(t, nil)
-	f.mem.InjectFault(memprovider.OpCreate, memprovider.Fault{Code: provider.Canceled})
+	f.ctl.InjectFault(memprovider.OpCreate, memprovider.Fault{Code: egressproxy.Canceled})
 	res, ep := f.reconcile(t)
 	if res != (reconcile.Result{}) {
 		t.Errorf("Result %+v, want none", res)
@@ -167,7 +169,7 @@ func TestSpecDriftRecreates(t *testing.T) {
 		t.Fatalf("phase %q, want Running", ep.Status.Phase)
 	}
 	firstDigest := ep.Status.SpecDigest
-	first, err := f.mem.Get(context.Background(), provider.Ref{Name: ep.Status.Instance, UID: string(ep.UID)})
+	first, err := f.mem.Get(context.Background(), egressproxy.Ref{Name: ep.Status.Instance, UID: string(ep.UID)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +183,7 @@ func TestSpecDriftRecreates(t *testing.T) {
 		t.Fatalf("after the change: reason %q requeue %v, want Recreating and a requeue", readyReason(ep), res.RequeueAfter)
 	}
 	_, ep = f.reconcile(t)
-	inst, err := f.mem.Get(context.Background(), provider.Ref{Name: ep.Status.Instance, UID: string(ep.UID)})
+	inst, err := f.mem.Get(context.Background(), egressproxy.Ref{Name: ep.Status.Instance, UID: string(ep.UID)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,12 +203,12 @@ func TestSpecDriftRecreates(t *testing.T) {
 func TestDeleteFinalizer(t *testing.T) {
 	f := newFixture(t, nil)
 	_, ep := f.reconcile(t)
-	ref := provider.Ref{Name: ep.Status.Instance, UID: string(ep.UID)}
+	ref := egressproxy.Ref{Name: ep.Status.Instance, UID: string(ep.UID)}
 	if err := f.c.Delete(context.Background(), ep); err != nil {
 		t.Fatal(err)
 	}
 	// The first delete attempt fails transiently: the object stays.
-	f.mem.InjectFault(memprovider.OpDelete, memprovider.Fault{Code: provider.Transient, Times: 1})
+	f.ctl.InjectFault(memprovider.OpDelete, memprovider.Fault{Code: egressproxy.Transient, Times: 1})
 	res, ep := f.reconcile(t)
 	if res.RequeueAfter != time.Second || ep.Status.Phase != v1alpha1.PhaseDeleting {
 		t.Errorf("failed delete: requeue %v phase %q, want 1s and Deleting", res.RequeueAfter, ep.Status.Phase)
@@ -217,7 +219,7 @@ func TestDeleteFinalizer(t *testing.T) {
 	if err := f.c.Get(context.Background(), f.key, &v1alpha1.EgressProxy{}); err == nil {
 		t.Error("object still there after its VM was deleted")
 	}
-	if _, err := f.mem.Get(context.Background(), ref); provider.Code(err) != provider.NotFound {
+	if _, err := f.mem.Get(context.Background(), ref); egressproxy.Code(err) != egressproxy.NotFound {
 		t.Errorf("VM after finalize: %v, want NotFound", err)
 	}
 }
@@ -256,7 +258,7 @@ func TestHealthFromTracker(t *testing.T) {
 func TestOrphanCollector(t *testing.T) {
 	f := newFixture(t, nil)
 	_, ep := f.reconcile(t)
-	if _, err := f.mem.Create(context.Background(), provider.Spec{Name: "orphan-1", UID: "uid-gone"}); err != nil {
+	if _, err := f.mem.Create(context.Background(), egressproxy.Spec{Name: "orphan-1", UID: "uid-gone"}); err != nil {
 		t.Fatal(err)
 	}
 	gc := NewOrphanCollector(f.r.Entries, f.c, GCOptions{})
@@ -267,7 +269,7 @@ func TestOrphanCollector(t *testing.T) {
 	if len(deleted) != 1 || deleted[0] != "mem/orphan-1" {
 		t.Errorf("deleted %v, want [mem/orphan-1]", deleted)
 	}
-	if _, err := f.mem.Get(context.Background(), provider.Ref{Name: ep.Status.Instance, UID: string(ep.UID)}); err != nil {
+	if _, err := f.mem.Get(context.Background(), egressproxy.Ref{Name: ep.Status.Instance, UID: string(ep.UID)}); err != nil {
 		t.Errorf("the object's own VM: %v", err)
 	}
 }

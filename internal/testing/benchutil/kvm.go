@@ -15,11 +15,11 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/domainmeta"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -29,8 +29,8 @@ import (
 // reaches libvirtd through an RPCCounter, Plain through its real socket.
 type KVM struct {
 	Entry   string
-	Counted *kvm2.Provider
-	Plain   *kvm2.Provider
+	Counted *egressproxy.Client
+	Plain   *egressproxy.Client
 	Counter *RPCCounter
 
 	env     teststack.Env
@@ -103,7 +103,7 @@ func NewKVM(ctx context.Context, env teststack.Env, dir, entry, bridge, subnet s
 		DomainType: "qemu",
 	}
 	for _, x := range []struct {
-		p    **kvm2.Provider
+		p    **egressproxy.Client
 		sock string
 	}{{&k.Counted, k.Counter.Path()}, {&k.Plain, env.LibvirtSocket}} {
 		c := cfg
@@ -125,7 +125,7 @@ func NewKVM(ctx context.Context, env teststack.Env, dir, entry, bridge, subnet s
 // whose SSH connection goes to addr instead of the stack's sshd, e.g. a
 // delay proxy relaying to it: the stack's host key is pinned at addr. The
 // provider is closed by Close.
-func (k *KVM) OpenVia(ctx context.Context, addr string) (*kvm2.Provider, error) {
+func (k *KVM) OpenVia(ctx context.Context, addr string) (*egressproxy.Client, error) {
 	known, err := os.ReadFile(k.env.KnownHosts)
 	if err != nil {
 		return nil, err
@@ -159,8 +159,8 @@ func (k *KVM) Raw(ctx context.Context, fn func(*libvirt.Libvirt) error) error {
 func (k *KVM) DomainName(name string) string { return "ep-" + k.Entry + "--" + name }
 
 // Spec is the spec of instance i of this entry.
-func (k *KVM) Spec(prefix string, i int) provider.Spec {
-	return provider.Spec{Name: fmt.Sprintf("%s%03d", prefix, i), UID: fmt.Sprintf("uid-%s%03d", prefix, i)}
+func (k *KVM) Spec(prefix string, i int) egressproxy.Spec {
+	return egressproxy.Spec{Name: fmt.Sprintf("%s%03d", prefix, i), UID: fmt.Sprintf("uid-%s%03d", prefix, i)}
 }
 
 // Stop destroys (powers off) the instance's domain, leaving it defined.
@@ -184,7 +184,7 @@ type Op struct {
 
 // Measure runs fn on the Counted provider and returns its wall time and
 // the RPCs it made.
-func (k *KVM) Measure(fn func(p *kvm2.Provider) error) (Op, error) {
+func (k *KVM) Measure(fn func(p *egressproxy.Client) error) (Op, error) {
 	k.Counter.Take()
 	start := time.Now()
 	err := fn(k.Counted)
@@ -195,7 +195,7 @@ func (k *KVM) Measure(fn func(p *kvm2.Provider) error) (Op, error) {
 
 // ConcurrentGets runs n Gets of refs (round robin) at once on p's pooled
 // connection and returns the wall time of all.
-func ConcurrentGets(ctx context.Context, p *kvm2.Provider, refs []provider.Ref, n int) (time.Duration, error) {
+func ConcurrentGets(ctx context.Context, p *egressproxy.Client, refs []egressproxy.Ref, n int) (time.Duration, error) {
 	return concurrently(n, func(i int) error {
 		_, err := p.Get(ctx, refs[i%len(refs)])
 		return err

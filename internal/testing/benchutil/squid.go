@@ -11,7 +11,6 @@ import (
 
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/internal/testing/allocprof"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // SinkTarget is a TCP listener on loopback that accepts connections and
@@ -91,7 +90,7 @@ func ProbeThroughAuth(ctx context.Context, proxyAddr, target, user, password str
 	for i := range targets {
 		targets[i] = health.Target{ID: fmt.Sprint("p", i), ProxyAddr: proxyAddr}
 	}
-	opts := &health.ProbeAllOptions{Workers: workers, TargetAddr: target, Probe: health.ProbeOptions{Timeout: provider.Duration(10 * time.Second), Username: user, Password: password}}
+	opts := &health.ProbeAllOptions{Workers: workers, TargetAddr: target, Probe: health.ProbeOptions{Timeout: 10 * time.Second, Username: user, Password: password}}
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	start := time.Now()

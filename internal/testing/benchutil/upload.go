@@ -18,7 +18,6 @@ import (
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/provider"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -62,7 +61,7 @@ func LibraryFetch(ctx context.Context, env teststack.Env, entry, key, imageURL, 
 	rec := tracetest.NewSpanRecorder()
 	tp := trace.NewTracerProvider(trace.WithSpanProcessor(rec))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
-	cache, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{Entry: entry, Pool: env.Pool, TransferBudget: provider.Duration(10 * time.Minute), TracerProvider: tp})
+	cache, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{Entry: entry, Pool: env.Pool, TransferBudget: 10 * time.Minute, TracerProvider: tp})
 	if err != nil {
 		return FetchResult{}, err
 	}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // hostConfig is a kvm2 Config for lab host h reached at addr (its veth
@@ -30,13 +30,13 @@ func hostConfig(h Host, addr string) kvm2.Config {
 		LibvirtURI:     h.LibvirtURI,
 		Pool:           h.Pool,
 		Network:        h.Network,
-		DialTimeout:    provider.Duration(10 * time.Second),
+		DialTimeout:    10 * time.Second,
 		// The lab hosts offer KVM that hangs in firmware (docs/config.md).
 		DomainType: "qemu",
 	}
 }
 
-func checkVia(t *testing.T, cfg kvm2.Config) (provider.Health, time.Duration) {
+func checkVia(t *testing.T, cfg kvm2.Config) (egressproxy.Health, time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

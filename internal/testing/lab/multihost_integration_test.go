@@ -22,10 +22,11 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr/testr"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // The budgets of the entry whose host is frozen, then cut off: a dead link
@@ -47,7 +48,7 @@ const (
 type multiEntry struct {
 	host Host
 	cfg  kvm2.Config
-	p    *kvm2.Provider
+	p    *egressproxy.Client
 	base string // its base volume of image "tiny"
 }
 
@@ -69,7 +70,7 @@ func entryConfig(h Host, entry, owner string, img imagecache.Image) kvm2.Config 
 	return cfg
 }
 
-func openEntry(t *testing.T, cfg kvm2.Config) *kvm2.Provider {
+func openEntry(t *testing.T, cfg kvm2.Config) *egressproxy.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -185,7 +186,7 @@ func freezeSSHD(t *testing.T, h Host) (thaw func()) {
 
 // timedCheck runs one Check with no deadline of its own (so the entry's
 // CallTimeout bounds it) and returns its duration, health and error.
-func timedCheck(p *kvm2.Provider) (time.Duration, provider.Health, error) {
+func timedCheck(p *egressproxy.Client) (time.Duration, egressproxy.Health, error) {
 	start := time.Now()
 	h, err := p.Check(context.Background())
 	return time.Since(start), h, err
@@ -220,10 +221,10 @@ func TestLabMultiHost(t *testing.T) {
 		if i == 0 {
 			// The entry whose host is frozen, then cut off: short budgets
 			// so that its calls fail in bounded time.
-			e.cfg.DialTimeout = provider.Duration(frozenDialTimeout)
-			e.cfg.KeepaliveInterval = provider.Duration(frozenKeepalive)
+			e.cfg.DialTimeout = frozenDialTimeout
+			e.cfg.KeepaliveInterval = frozenKeepalive
 			e.cfg.KeepaliveCount = frozenKeepalives
-			e.cfg.CallTimeout = provider.Duration(frozenCallTimeout)
+			e.cfg.CallTimeout = frozenCallTimeout
 		}
 		entries[i] = e
 		// Registered before the provider opens, so it runs after its Close:
@@ -248,15 +249,15 @@ func TestLabMultiHost(t *testing.T) {
 	// fetch included.
 	type created struct {
 		e    *multiEntry
-		spec provider.Spec
-		inst provider.Instance
+		spec egressproxy.Spec
+		inst egressproxy.Instance
 		err  error
 		took time.Duration
 	}
 	var jobs []*created
 	for _, e := range entries {
 		for _, name := range []string{"px-a", "px-b"} {
-			jobs = append(jobs, &created{e: e, spec: provider.Spec{Name: name, UID: fmt.Sprintf("uid-%s-%s-%d", name, sfx, e.host.N), MachineType: "tiny"}})
+			jobs = append(jobs, &created{e: e, spec: egressproxy.Spec{Name: name, UID: fmt.Sprintf("uid-%s-%s-%d", name, sfx, e.host.N), MachineType: "tiny"}})
 		}
 	}
 	t.Cleanup(func() { // every instance at once, before the providers close
@@ -343,7 +344,7 @@ func TestLabMultiHost(t *testing.T) {
 			}
 		}
 		// Another entry's instance is not found on this host.
-		if _, err := entries[1].p.Get(ctx, jobs[0].spec.Ref()); provider.Code(err) != provider.NotFound {
+		if _, err := entries[1].p.Get(ctx, jobs[0].spec.Ref()); errs.Code(err) != errs.NotFound {
 			t.Errorf("Get of host 1's %s on host 2: %v, want NotFound", jobs[0].spec.Name, err)
 		}
 		// Another owner of the same entry on the same host sees nothing.
@@ -351,7 +352,7 @@ func TestLabMultiHost(t *testing.T) {
 		if err != nil || len(list) != 0 {
 			t.Errorf("List of owner %s on host 1 = %+v, %v; want nothing of owner %s", otherOwner, list, err, owner)
 		}
-		if _, err := other.Get(ctx, jobs[0].spec.Ref()); provider.Code(err) != provider.NotFound {
+		if _, err := other.Get(ctx, jobs[0].spec.Ref()); errs.Code(err) != errs.NotFound {
 			t.Errorf("Get of owner %s's %s by owner %s: %v, want NotFound", owner, jobs[0].spec.Name, otherOwner, err)
 		}
 	})
@@ -437,7 +438,7 @@ func linkDown(t *testing.T, env Env, h Host) (restore func()) {
 // healthy's Checks, Create, Get and Delete go on at their usual speed; then
 // undoes the fault and checks that failing recovers on its own. probe is an
 // instance on failing's host, for the Gets.
-func oneHostFails(t *testing.T, ctx context.Context, fault hostFault, failing, healthy *multiEntry, probe provider.Spec, sfx string) {
+func oneHostFails(t *testing.T, ctx context.Context, fault hostFault, failing, healthy *multiEntry, probe egressproxy.Spec, sfx string) {
 	for _, e := range []*multiEntry{failing, healthy} {
 		if took, h, err := timedCheck(e.p); err != nil || !h.Reachable {
 			t.Fatalf("Check on host %d before the %s: %+v, %v", e.host.N, fault.name, h, err)
@@ -450,7 +451,7 @@ func oneHostFails(t *testing.T, ctx context.Context, fault hostFault, failing, h
 
 	// The failing entry's calls, while the healthy entry works.
 	var (
-		fHealth           provider.Health
+		fHealth           egressproxy.Health
 		fCheckErr         error
 		fCheck, fGet      time.Duration
 		fGetErr           error
@@ -494,7 +495,7 @@ func oneHostFails(t *testing.T, ctx context.Context, fault hostFault, failing, h
 		}
 	}()
 	tag := strings.ReplaceAll(fault.name, " ", "-")
-	spec := provider.Spec{Name: "px-during-" + tag, UID: "uid-during-" + tag + "-" + sfx, MachineType: "tiny"}
+	spec := egressproxy.Spec{Name: "px-during-" + tag, UID: "uid-during-" + tag + "-" + sfx, MachineType: "tiny"}
 	s := time.Now()
 	if _, err := healthy.p.Create(ctx, spec); err != nil {
 		t.Errorf("Create on healthy host %d during the %s: %v", healthy.host.N, fault.name, err)
@@ -521,14 +522,14 @@ func oneHostFails(t *testing.T, ctx context.Context, fault hostFault, failing, h
 	// The first call waits for keepalive to declare the link dead, a
 	// redial for its timeout; nothing outlives the call timeout.
 	bound := frozenCallTimeout + 2*time.Second
-	if fCheckErr != nil || fHealth.Reachable || fHealth.Reason != provider.ReasonUnreachable {
-		t.Errorf("Check on host %d after %s: %+v, %v; want not Reachable, reason %s, no error", failing.host.N, fault.name, fHealth, fCheckErr, provider.ReasonUnreachable)
+	if fCheckErr != nil || fHealth.Reachable || fHealth.Reason != egressproxy.ReasonUnreachable {
+		t.Errorf("Check on host %d after %s: %+v, %v; want not Reachable, reason %s, no error", failing.host.N, fault.name, fHealth, fCheckErr, egressproxy.ReasonUnreachable)
 	}
 	if fCheck > bound {
 		t.Errorf("Check on host %d after %s took %v, want <= %v", failing.host.N, fault.name, fCheck, bound)
 	}
-	if provider.Code(fGetErr) != provider.Transient {
-		t.Errorf("Get on host %d after %s: %v (code %v), want Transient", failing.host.N, fault.name, fGetErr, provider.Code(fGetErr))
+	if errs.Code(fGetErr) != errs.Transient {
+		t.Errorf("Get on host %d after %s: %v (code %v), want Transient", failing.host.N, fault.name, fGetErr, errs.Code(fGetErr))
 	}
 	if fGet > bound {
 		t.Errorf("Get on host %d after %s took %v, want <= %v", failing.host.N, fault.name, fGet, bound)
@@ -544,7 +545,7 @@ func oneHostFails(t *testing.T, ctx context.Context, fault hostFault, failing, h
 	t.Logf("host %d: %s for %v", failing.host.N, fault.name, restoredAt.Sub(faultAt).Round(time.Millisecond))
 	// The failing entry recovers on its own: each Check is bounded by its
 	// CallTimeout; a few may still meet the stale state.
-	var h provider.Health
+	var h egressproxy.Health
 	for tries := 0; ; tries++ {
 		var err error
 		_, h, err = timedCheck(failing.p)

@@ -34,8 +34,8 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 // childEnv, set in a re-executed test binary's environment, makes it a
@@ -110,9 +110,9 @@ type slotSpec struct {
 // deleted from the desired set whose instance may still exist: the driver
 // Deletes them and reports EvFinalized).
 type desiredSet struct {
-	Host     int            `json:"host"`
-	Specs    []slotSpec     `json:"specs"`
-	Deleting []provider.Ref `json:"deleting,omitempty"`
+	Host     int               `json:"host"`
+	Specs    []slotSpec        `json:"specs"`
+	Deleting []egressproxy.Ref `json:"deleting,omitempty"`
 }
 
 // toDriver is one line to a driver.
@@ -165,10 +165,10 @@ type dhost struct {
 
 	mu       sync.Mutex
 	c        *egressproxy.Client // nil until opened
-	desired  map[string]provider.Spec
-	deleting map[string]provider.Ref // name -> ref
-	stuck    map[string]string       // UID -> Permanent error: stop, retry only on a new spec
-	listed   []provider.Instance     // the last List, for the health rounds
+	desired  map[string]egressproxy.Spec
+	deleting map[string]egressproxy.Ref // name -> ref
+	stuck    map[string]string          // UID -> Permanent error: stop, retry only on a new spec
+	listed   []egressproxy.Instance     // the last List, for the health rounds
 	tracker  *health.Tracker
 	guest    *guestEntry // the guest entry's; nil for the tiny ones
 }
@@ -237,22 +237,22 @@ func driverMain() int {
 			LibvirtSocket: h.Socket, LibvirtURI: h.URI, Pool: h.Pool, Network: h.Network,
 			DomainType: "qemu", Images: images, DefaultImage: d.cfg.Images[0],
 			MachineTypes:   map[string]kvm2.MachineType{"tiny": {VCPUs: 1, MemoryMiB: 64}},
-			TransferBudget: provider.Duration(45 * time.Second),
-			DialTimeout:    provider.Duration(dialTimeout), CallTimeout: provider.Duration(callTimeout),
-			KeepaliveInterval: provider.Duration(keepalive), KeepaliveCount: keepalives,
+			TransferBudget: 45 * time.Second,
+			DialTimeout:    dialTimeout, CallTimeout: callTimeout,
+			KeepaliveInterval: keepalive, KeepaliveCount: keepalives,
 		}
 		if g := h.Guest; g != nil {
 			cfg.Images = map[string]imagecache.Image{"guest": {URL: g.URL, SHA256: g.SHA256}}
 			cfg.DefaultImage, cfg.MachineTypes = "guest", nil
 			cfg.Kernel, cfg.Initrd, cfg.Cmdline = g.Kernel, g.Initrd, g.Cmdline
-			cfg.TransferBudget = provider.Duration(guestTransfer)
+			cfg.TransferBudget = guestTransfer
 		}
-		tr, err := health.NewTracker(&health.TrackerOptions{Grace: provider.Duration(30 * time.Second), Logger: d.logger})
+		tr, err := health.NewTracker(&health.TrackerOptions{Grace: 30 * time.Second, Logger: d.logger})
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "soak driver: tracker: %v\n", err)
 			return 2
 		}
-		d.hosts[h.N] = &dhost{cfg: cfg, n: h.N, desired: map[string]provider.Spec{}, deleting: map[string]provider.Ref{},
+		d.hosts[h.N] = &dhost{cfg: cfg, n: h.N, desired: map[string]egressproxy.Spec{}, deleting: map[string]egressproxy.Ref{},
 			stuck: map[string]string{}, tracker: tr, guest: h.Guest}
 	}
 
@@ -317,13 +317,13 @@ func driverMain() int {
 	}
 	stop()
 	wg.Wait()
-	var errs []error
+	var problems []error
 	for _, h := range d.hosts {
 		h.mu.Lock()
 		c := h.c
 		h.mu.Unlock()
 		if c != nil {
-			errs = append(errs, c.Close())
+			problems = append(problems, c.Close())
 		}
 	}
 	// What a clean stop leaves: the goroutines every closed client and
@@ -331,7 +331,7 @@ func driverMain() int {
 	time.Sleep(200 * time.Millisecond)
 	g, r := settledSample()
 	e := Event{Kind: EvExit, Gor: g, RSS: r, Detail: fmt.Sprintf("goroutines at start %d", gor0)}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(problems...); err != nil {
 		e.Err = err.Error()
 	}
 	if g > gor0+2 {
@@ -387,28 +387,28 @@ func goroutineDump() string {
 func (h *dhost) setDesired(s desiredSet, userData string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.desired = map[string]provider.Spec{}
+	h.desired = map[string]egressproxy.Spec{}
 	for _, x := range s.Specs {
-		sp := provider.Spec{Name: x.Name, UID: x.UID, Port: x.Port, ImageKey: x.Image, MachineType: "tiny", UserData: userData}
+		sp := egressproxy.Spec{Name: x.Name, UID: x.UID, Port: x.Port, ImageKey: x.Image, MachineType: "tiny", UserData: userData}
 		if h.guest != nil {
 			sp.MachineType, sp.UserData = "", h.guest.UserData
 		}
 		h.desired[x.Name] = sp
 	}
-	h.deleting = map[string]provider.Ref{}
+	h.deleting = map[string]egressproxy.Ref{}
 	for _, r := range s.Deleting {
 		h.deleting[r.Name] = r
 	}
 }
 
-func (h *dhost) snapshot() (map[string]provider.Spec, map[string]provider.Ref) {
+func (h *dhost) snapshot() (map[string]egressproxy.Spec, map[string]egressproxy.Ref) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	d := make(map[string]provider.Spec, len(h.desired))
+	d := make(map[string]egressproxy.Spec, len(h.desired))
 	for k, v := range h.desired {
 		d[k] = v
 	}
-	del := make(map[string]provider.Ref, len(h.deleting))
+	del := make(map[string]egressproxy.Ref, len(h.deleting))
 	for k, v := range h.deleting {
 		del[k] = v
 	}
@@ -426,14 +426,14 @@ func (h *dhost) client() *egressproxy.Client {
 func (d *driverProc) open(ctx context.Context, h *dhost) bool {
 	backoff := 500 * time.Millisecond
 	for ctx.Err() == nil {
-		var pr *kvm2.Provider
+		var pr *egressproxy.Client
 		err := d.call(ctx, h.n, "open", "", budgetRead, func(c context.Context) (err error) {
-			pr, err = kvm2.Open(c, h.cfg, &kvm2.Options{Logger: d.logger.WithValues("entry", h.cfg.Entry)})
+			pr, err = kvm2.Open(c, h.cfg, &kvm2.Options{Logger: d.logger})
 			return err
 		})
 		if err == nil {
 			h.mu.Lock()
-			h.c = egressproxy.New(pr, &egressproxy.Options{Logger: d.logger})
+			h.c = pr
 			h.mu.Unlock()
 			return true
 		}
@@ -465,7 +465,7 @@ func (d *driverProc) callExpect(ctx context.Context, host int, op, inst string, 
 	took := time.Since(start)
 	class, text := "OK", ""
 	if err != nil {
-		class, text = provider.Code(err).String(), err.Error()
+		class, text = errs.Code(err).String(), err.Error()
 		switch {
 		case ctx.Err() != nil && errors.Is(err, context.Canceled):
 			class = "Canceled" // this driver is stopping
@@ -500,7 +500,7 @@ func (d *driverProc) reconcile(ctx context.Context, h *dhost) {
 
 func (d *driverProc) reconcileOnce(ctx context.Context, h *dhost) (clean bool) {
 	c := h.client()
-	var list []provider.Instance
+	var list []egressproxy.Instance
 	if err := d.call(ctx, h.n, "list", "", budgetRead, func(cc context.Context) (err error) {
 		list, err = c.List(cc)
 		return err
@@ -513,17 +513,17 @@ func (d *driverProc) reconcileOnce(ctx context.Context, h *dhost) (clean bool) {
 	desired, deleting := h.snapshot()
 	clean = true
 	blocked := map[string]bool{} // names whose old UID is not gone yet
-	del := func(ref provider.Ref) bool {
+	del := func(ref egressproxy.Ref) bool {
 		err := d.call(ctx, h.n, "delete", ref.Name, budgetDelete, func(cc context.Context) error { return c.Delete(cc, ref) })
-		switch provider.Code(err) {
-		case provider.OK, provider.NotFound: // NotFound on delete: done
+		switch errs.Code(err) {
+		case errs.OK, errs.NotFound: // NotFound on delete: done
 			return true
 		}
 		blocked[ref.Name] = true
 		clean = false
 		return false
 	}
-	seen := map[string]provider.Instance{}
+	seen := map[string]egressproxy.Instance{}
 	for _, in := range list {
 		if s, ok := desired[in.Name]; ok && s.UID == in.UID {
 			seen[in.Name] = in
@@ -566,9 +566,9 @@ func (d *driverProc) reconcileOnce(ctx context.Context, h *dhost) (clean bool) {
 			_, err := c.Create(cc, s)
 			return err
 		})
-		switch provider.Code(err) {
-		case provider.OK:
-		case provider.Permanent:
+		switch errs.Code(err) {
+		case errs.OK:
+		case errs.Permanent:
 			h.mu.Lock()
 			h.stuck[s.UID] = err.Error()
 			h.mu.Unlock()
@@ -582,9 +582,11 @@ func (d *driverProc) reconcileOnce(ctx context.Context, h *dhost) (clean bool) {
 // up reports whether an instance is up: the tiny image does not boot, so
 // its domain runs without an address (Provisioning); Running would need a
 // booting guest.
-func up(s provider.State) bool { return s == provider.StateRunning || s == provider.StateProvisioning }
+func up(s egressproxy.State) bool {
+	return s == egressproxy.StateRunning || s == egressproxy.StateProvisioning
+}
 
-var upStates = []string{string(provider.StateRunning), string(provider.StateProvisioning)}
+var upStates = []string{string(egressproxy.StateRunning), string(egressproxy.StateProvisioning)}
 
 // inUse reports EvictImage's refusal of a base some domain uses.
 func inUse(err error) bool {
@@ -643,7 +645,7 @@ func (d *driverProc) sideLoad(ctx context.Context, h *dhost, r *mrand.Rand) {
 			}
 			_ = d.call(ctx, h.n, "health-round", strconv.Itoa(len(members)), budgetRead, func(cc context.Context) error {
 				res := h.tracker.Round(cc, members, &health.ProbeAllOptions{TargetAddr: target,
-					Probe: health.ProbeOptions{Timeout: provider.Duration(5 * time.Second)}})
+					Probe: health.ProbeOptions{Timeout: 5 * time.Second}})
 				healthy := 0
 				for _, st := range h.tracker.Snapshot() {
 					if st.Healthy() {

@@ -29,11 +29,11 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
-	"github.com/egressproxy/egressproxy/provider"
 )
 
 const (
@@ -118,7 +118,7 @@ type shost struct {
 	pool  string              // the entry's pool (the tmpfs one on the pool host)
 	c     *egressproxy.Client // the supervisor's own client (over the link, not the delay proxy): convergence checks
 	fc    *egressproxy.Client // the foreign owner's client
-	fref  provider.Ref        // the foreign owner's instance
+	fref  egressproxy.Ref     // the foreign owner's instance
 	plant *foreign
 	guest *guestEntry // the guest entry (its own key after the lab's hosts)
 }
@@ -189,7 +189,7 @@ type supervisor struct {
 
 	mu       sync.Mutex
 	desired  map[int]map[string]slotSpec
-	deleting map[int]map[string]provider.Ref
+	deleting map[int]map[string]egressproxy.Ref
 	main     *proc
 	replicas map[int]*proc
 	calls    map[callKey]*inflight
@@ -716,7 +716,7 @@ func (s *supervisor) verifyList(ctx context.Context, h *shost) []string {
 	}
 	up := upStates
 	if h.guest != nil {
-		up = []string{string(provider.StateRunning)} // it boots: up means an address
+		up = []string{string(egressproxy.StateRunning)} // it boots: up means an address
 	}
 	var out []string
 	for _, x := range Diff(want, obs, up...) {
@@ -813,7 +813,7 @@ func TestSoak(t *testing.T) {
 	imgSum := sha256.Sum256(m.img)
 	s := &supervisor{t: t, env: env, seed: seed, sfx: sfx, log: log, chk: chk, mirror: m,
 		ts:      filepath.Join(filepath.Dir(env.Script), "teststack"),
-		desired: map[int]map[string]slotSpec{}, deleting: map[int]map[string]provider.Ref{},
+		desired: map[int]map[string]slotSpec{}, deleting: map[int]map[string]egressproxy.Ref{},
 		replicas: map[int]*proc{}, calls: map[callKey]*inflight{}, active: map[string]bool{},
 		base: driverConfig{Seed: seed, Owner: "soak", ImageURL: strings.Replace(srv.URL, "http://", "http://soak:"+urlPass+"@", 1),
 			Digest: hex.EncodeToString(imgSum[:]), Images: p.Images,
@@ -842,7 +842,7 @@ func TestSoak(t *testing.T) {
 		}
 		s.hosts = append(s.hosts, h)
 		s.desired[lh.N] = map[string]slotSpec{}
-		s.deleting[lh.N] = map[string]provider.Ref{}
+		s.deleting[lh.N] = map[string]egressproxy.Ref{}
 	}
 
 	// The guest entry (SOAK_GUEST=1): one proxy of the project's real guest
@@ -867,7 +867,7 @@ func TestSoak(t *testing.T) {
 		guestHost = len(s.hosts) + 1
 		s.hosts = append(s.hosts, gh)
 		s.desired[guestHost] = map[string]slotSpec{"guest": {Name: "guest", UID: "guest-" + sfx, Port: 3128, Image: "guest"}}
-		s.deleting[guestHost] = map[string]provider.Ref{}
+		s.deleting[guestHost] = map[string]egressproxy.Ref{}
 		log.Add(Event{Kind: EvNote, Detail: fmt.Sprintf("guest entry %s on lab host %d is host key %d in this log", gh.entry, g.N, guestHost)})
 	}
 
@@ -890,14 +890,14 @@ func TestSoak(t *testing.T) {
 				cfg.Images = map[string]imagecache.Image{"guest": {URL: g.URL, SHA256: g.SHA256}}
 				cfg.DefaultImage, cfg.MachineTypes = "guest", nil
 				cfg.Kernel, cfg.Initrd, cfg.Cmdline = g.Kernel, g.Initrd, g.Cmdline
-				cfg.TransferBudget = provider.Duration(guestTransfer)
+				cfg.TransferBudget = guestTransfer
 				cfg.ConsoleLogDir = consoleDir // the domain is made by this client
 			}
 			pr, err := kvm2.Open(ctx, cfg, nil)
 			if err != nil {
 				t.Fatalf("host %d: open %s as %s: %v", h.h.N, h.entry, owner, err)
 			}
-			c := egressproxy.New(pr, nil)
+			c := pr
 			t.Cleanup(func() { _ = c.Close() })
 			return c
 		}
@@ -910,13 +910,13 @@ func TestSoak(t *testing.T) {
 			t0 := time.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), budgetGuestCreate)
 			x := s.desired[s.keyOf(h)]["guest"]
-			spec := provider.Spec{Name: x.Name, UID: x.UID, Port: x.Port, ImageKey: x.Image, UserData: g.UserData}
+			spec := egressproxy.Spec{Name: x.Name, UID: x.UID, Port: x.Port, ImageKey: x.Image, UserData: g.UserData}
 			in, err := h.c.Create(ctx, spec)
-			for err == nil && (in.State != provider.StateRunning || in.IP == "") && ctx.Err() == nil {
+			for err == nil && (in.State != egressproxy.StateRunning || in.IP == "") && ctx.Err() == nil {
 				time.Sleep(2 * time.Second)
 				if got, gerr := h.c.Get(ctx, spec.Ref()); gerr == nil {
 					in = got
-				} else if provider.Code(gerr) != provider.Transient {
+				} else if errs.Code(gerr) != errs.Transient {
 					err = gerr
 				}
 			}
@@ -930,7 +930,7 @@ func TestSoak(t *testing.T) {
 			// cores): the schedule starts once a probe goes through.
 			var res health.Result
 			for ctx.Err() == nil {
-				res = health.Probe(ctx, in.Address(), g.ProbeTarget, &health.ProbeOptions{Timeout: provider.Duration(5 * time.Second)})
+				res = health.Probe(ctx, in.Address(), g.ProbeTarget, &health.ProbeOptions{Timeout: 5 * time.Second})
 				if res.OK {
 					break
 				}
@@ -946,7 +946,7 @@ func TestSoak(t *testing.T) {
 		}
 		h.fc = open("soak-foreign")
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		spec := provider.Spec{Name: "foreign", UID: "foreign-" + sfx, MachineType: "tiny"}
+		spec := egressproxy.Spec{Name: "foreign", UID: "foreign-" + sfx, MachineType: "tiny"}
 		_, err = h.fc.Create(ctx, spec)
 		cancel()
 		if err != nil {
@@ -962,7 +962,7 @@ func TestSoak(t *testing.T) {
 		defer cancel()
 		for _, h := range s.hosts {
 			for _, x := range s.desired[s.keyOf(h)] {
-				_ = h.c.Delete(ctx, provider.Ref{Name: x.Name, UID: x.UID})
+				_ = h.c.Delete(ctx, egressproxy.Ref{Name: x.Name, UID: x.UID})
 			}
 			for _, r := range s.deleting[s.keyOf(h)] {
 				_ = h.c.Delete(ctx, r)
@@ -1065,7 +1065,7 @@ func TestSoak(t *testing.T) {
 		if had && old.UID != s.desired[st.Host][name].UID {
 			// The old instance may linger: a tombstone until a driver has
 			// deleted it (as a finalizer would keep the object).
-			s.deleting[st.Host][name] = provider.Ref{Name: name, UID: old.UID}
+			s.deleting[st.Host][name] = egressproxy.Ref{Name: name, UID: old.UID}
 		}
 		s.mu.Unlock()
 		s.publish(st.Host)

@@ -1,0 +1,581 @@
+// Package memprovider is an in-memory driver.Provider: the embedded default
+// for examples and for an embedder's own tests.
+//
+// It keeps instances in a map behind a mutex and copies every value in and
+// out, so callers never share state with it. It validates input exactly as a
+// real backend must (Spec.Validate, provider.ValidateRef), honours contexts,
+// and can be made to misbehave on purpose with InjectFault (an error of a
+// class, a delay, N times) and SetState (Stopped, Failed).
+//
+// With Options.ServeProxies every Running instance serves a real HTTP
+// CONNECT proxy on 127.0.0.1 (Instance.IP and Instance.Port are that
+// listener), so health probes and anything else an embedder does with a
+// proxy work for real without a hypervisor. The listener is closed when the
+// instance is deleted, stops running, or the provider is closed.
+//
+// It does not own persistence (everything is lost on Close), owners or
+// provider entries: one Provider is one entry.
+//
+// Create records every instance's Spec.Digest (Instance.SpecDigest) and
+// reports a Create of an existing UID with another spec as
+// errs.ErrSpecConflict, naming the fields that differ.
+//
+// # Images
+//
+// It implements driver.ImageManager over a simple image notion: the image
+// keys are Options.Images (every valid key when empty); the base of a key is
+// stored by the first Create that uses it (a few bytes and their sha256),
+// is used by the instances created from it, verifies unless CorruptImage
+// changed it, and can be evicted only while no instance uses it.
+//
+// memprovider passes the full providertest conformance suite.
+package memprovider
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/driver"
+	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/naming"
+	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Options configure a Provider. A nil *Options is valid.
+type Options struct {
+	// ProvisionDelay is how long a new instance reports StateProvisioning
+	// (no address) before it reports StateRunning. Zero: Running at once.
+	ProvisionDelay time.Duration
+	// Now is the clock used for CreatedAt and ProvisionDelay. Nil:
+	// time.Now. Tests inject a fake clock to step through provisioning.
+	Now func() time.Time
+	// ServeProxies makes every Running instance serve a real HTTP CONNECT
+	// proxy on 127.0.0.1:0; Instance.IP is "127.0.0.1" and Instance.Port
+	// the listener's port. False: no listener; Instance.IP is a
+	// documentation address (192.0.2.x) and Port comes from the Spec.
+	ServeProxies bool
+	// AllowTarget decides which CONNECT targets ("host:port") the served
+	// proxies tunnel to; others get 403 Forbidden. Nil: loopback targets
+	// only (127.0.0.0/8, ::1, "localhost").
+	AllowTarget func(hostport string) bool
+	// ProxyUser and ProxyPassword, when ProxyUser is not empty, make the
+	// served proxies require HTTP basic proxy authentication (407
+	// otherwise). Zero: no authentication.
+	ProxyUser, ProxyPassword string
+	// DialTimeout bounds the proxy's dial to a CONNECT target. Zero: 5s.
+	DialTimeout time.Duration
+	// Logger receives the client's line per operation and debug lines
+	// (V(1)) about proxies. Zero value: discard.
+	Logger logr.Logger
+	// TracerProvider creates the client's span per operation. Nil: no-op.
+	TracerProvider trace.TracerProvider
+	// Images are the image keys the provider offers (see the package doc,
+	// "Images"); the first is the default of a Spec without ImageKey, and
+	// a Create of another key is Permanent. Each must be a valid key
+	// (naming.ValidateKey); others are ignored. Zero: every valid key is
+	// offered, and the default is DefaultImageKey.
+	Images []string
+}
+
+// Op names a provider operation, for InjectFault.
+type Op string
+
+// The operations faults can be injected into.
+const (
+	OpCreate Op = "create"
+	OpGet    Op = "get"
+	OpDelete Op = "delete"
+	OpList   Op = "list"
+	OpCheck  Op = "check"
+	// The driver.ImageManager operations.
+	OpListImages  Op = "list-images"
+	OpVerifyImage Op = "verify-image"
+	OpEvictImage  Op = "evict-image"
+)
+
+// Fault describes how the next calls of one operation misbehave.
+type Fault struct {
+	// Code is the class of the returned error. OK with a nil Err: the call
+	// is only delayed, then runs normally. OK with a non-nil Err: Err is
+	// returned as is (unclassed, like a buggy backend).
+	Code errs.ErrorCode
+	// Err is the cause. Nil with a Code: a generic "injected fault" error.
+	Err error
+	// Delay is waited before the call runs (or fails). It honours the
+	// call's context and Close.
+	Delay time.Duration
+	// Waiting, when set, is called as a delayed call starts its Delay: a
+	// test can then act (cancel, Close) while the call is surely in
+	// flight, without sleeping. It must not block.
+	Waiting func()
+	// Times is how many calls the fault applies to; 0 means every call
+	// until ClearFaults.
+	Times int
+	// Reason is used for OpCheck only: a failing Check reports
+	// Health{Reachable: false, Reason: Reason} (ReasonUnreachable when
+	// empty) rather than an error, as the Provider contract requires.
+	Reason egressproxy.HealthReason
+}
+
+// provider is the in-memory driver.Provider. It is safe for concurrent use.
+type provider struct {
+	opts  Options
+	now   func() time.Time
+	log   logr.Logger
+	close chan struct{} // closed by Close: wakes fault delays
+
+	mu       sync.Mutex
+	closed   bool
+	items    map[string]*item
+	faults   map[Op][]*Fault
+	nextIP   int
+	proxies  sync.WaitGroup // every proxy goroutine
+	reserved map[int]bool   // documentation addresses in use
+	images   imageSet       // configured keys and their bases
+}
+
+type item struct {
+	inst   egressproxy.Instance
+	spec   egressproxy.Spec  // the spec it was created from (for ErrSpecConflict's message)
+	image  string            // the image key it uses (its spec's, or the default)
+	forced egressproxy.State // state forced by SetState; "" = follow the clock
+	ready  time.Time         // when Provisioning turns Running
+	host   int               // last octet of the 192.0.2.x address
+	proxy  *proxyServer      // non-nil while the served proxy runs
+}
+
+// New returns the portable client over a new, empty in-memory entry. Its
+// Control, for tests that make it misbehave, is reached with Client.As:
+//
+//	c := memprovider.New(nil)
+//	var ctl *memprovider.Control
+//	c.As(&ctl)
+//	ctl.InjectFault(memprovider.OpGet, memprovider.Fault{Code: egressproxy.Transient, Times: 1})
+func New(opts *Options) *egressproxy.Client {
+	p := newProvider(opts)
+	return driver.NewClient(p, &egressproxy.Options{Logger: p.opts.Logger, TracerProvider: p.opts.TracerProvider})
+}
+
+// Control steers one memprovider entry from a test: faults injected into
+// its operations, states forced on its instances, an image base damaged on
+// purpose. Get it from the entry's client with Client.As.
+type Control struct{ p *provider }
+
+// As offers *Control (see Client.As).
+func (p *provider) As(target any) bool {
+	if c, ok := target.(**Control); ok && c != nil {
+		*c = &Control{p: p}
+		return true
+	}
+	return false
+}
+
+func newProvider(opts *Options) *provider {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	now := o.Now
+	if now == nil {
+		now = time.Now
+	}
+	log := o.Logger
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	if o.AllowTarget == nil {
+		o.AllowTarget = LoopbackOnly
+	}
+	return &provider{
+		opts:     o,
+		now:      now,
+		log:      log,
+		close:    make(chan struct{}),
+		items:    map[string]*item{},
+		faults:   map[Op][]*Fault{},
+		reserved: map[int]bool{},
+		images:   newImageSet(o.Images),
+	}
+}
+
+var _ driver.Provider = (*provider)(nil)
+
+// LoopbackOnly allows CONNECT targets on loopback addresses only. It is the
+// default Options.AllowTarget.
+func LoopbackOnly(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// InjectFault makes the next f.Times calls of op (every call when Times is
+// 0) misbehave as f describes. Faults of one operation apply in the order
+// they were injected.
+func (c *Control) InjectFault(op Op, f Fault) {
+	p := c.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.faults[op] = append(p.faults[op], &f)
+}
+
+// ClearFaults removes every injected fault.
+func (c *Control) ClearFaults() {
+	p := c.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.faults = map[Op][]*Fault{}
+}
+
+// SetState forces the state of an existing instance (for example
+// StateFailed or StateStopped, to test an embedder's handling of them).
+// An empty state returns it to normal provisioning. It returns NotFound
+// when the instance does not exist.
+func (c *Control) SetState(ref egressproxy.Ref, s egressproxy.State) error {
+	p := c.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errClosed()
+	}
+	it, ok := p.items[ref.Name]
+	if !ok || it.inst.UID != ref.UID {
+		return notFound(ref)
+	}
+	it.forced = s
+	return nil
+}
+
+func errClosed() error {
+	return errs.WithCode(errs.Permanent, fmt.Errorf("memprovider: %w", errs.ErrClosed))
+}
+
+func notFound(ref egressproxy.Ref) error {
+	return errs.Errorf(errs.NotFound, "memprovider: no instance with UID %s", errs.Quote(ref.UID))
+}
+
+// enter checks ctx and closed, then applies an injected fault. A non-nil
+// fault result with a nil error means "report unhealthy" (OpCheck only).
+func (p *provider) enter(ctx context.Context, op Op) (*Fault, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, errs.FromContext(err)
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errClosed()
+	}
+	var f *Fault
+	if q := p.faults[op]; len(q) > 0 {
+		f = q[0]
+		if f.Times > 0 {
+			f.Times--
+			if f.Times == 0 {
+				p.faults[op] = q[1:]
+			}
+		}
+		cp := *f
+		f = &cp
+	}
+	p.mu.Unlock()
+	if f == nil {
+		return nil, nil
+	}
+	if f.Delay > 0 {
+		t := time.NewTimer(f.Delay)
+		defer t.Stop()
+		if f.Waiting != nil {
+			f.Waiting()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errs.FromContext(ctx.Err())
+		case <-p.close:
+			return nil, errClosed()
+		case <-t.C:
+		}
+	}
+	if f.Code == errs.OK && f.Err == nil {
+		return nil, nil
+	}
+	if op == OpCheck {
+		return f, nil
+	}
+	err := f.Err
+	if err == nil {
+		err = fmt.Errorf("memprovider: injected %s fault", f.Code)
+	}
+	if f.Code == errs.OK {
+		return nil, err
+	}
+	return nil, errs.WithCode(f.Code, err)
+}
+
+// Create creates the instance, or returns the existing one with the same
+// name, UID and spec digest. Same name and UID but another spec:
+// errs.ErrSpecConflict (Permanent), naming the fields that differ (never
+// their user-data). Same name, other UID: Permanent.
+func (p *provider) Create(ctx context.Context, spec egressproxy.Spec) (egressproxy.Instance, error) {
+	if _, err := p.enter(ctx, OpCreate); err != nil {
+		return egressproxy.Instance{}, err
+	}
+	if err := spec.Validate(); err != nil {
+		return egressproxy.Instance{}, err
+	}
+	key := p.images.resolve(spec.ImageKey)
+	if !p.images.configured(key) {
+		return egressproxy.Instance{}, errs.WithCode(errs.Permanent, &errs.FieldError{Field: "ImageKey", Value: key, Rule: "is not a configured image of this provider"})
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return egressproxy.Instance{}, errClosed()
+	}
+	if it, ok := p.items[spec.Name]; ok {
+		if it.inst.UID != spec.UID {
+			return egressproxy.Instance{}, errs.Errorf(errs.Permanent,
+				"memprovider: the name is taken by an instance with another UID")
+		}
+		if d := spec.Digest(); d != it.inst.SpecDigest {
+			return egressproxy.Instance{}, errs.Errorf(errs.Permanent,
+				"memprovider: %w (%s)", errs.ErrSpecConflict, specDiff(it.spec, spec))
+		}
+		return p.readLocked(it)
+	}
+	port := spec.Port
+	if port == 0 {
+		port = naming.DefaultPort
+	}
+	now := p.now().UTC()
+	it := &item{
+		inst: egressproxy.Instance{
+			Ref:        egressproxy.Ref{Name: spec.Name, UID: spec.UID},
+			CreatedAt:  now,
+			Port:       port,
+			SpecDigest: spec.Digest(),
+		},
+		spec:  spec,
+		image: key,
+		ready: now.Add(p.opts.ProvisionDelay),
+		host:  p.allocHostLocked(),
+	}
+	p.images.publishLocked(key)
+	p.items[spec.Name] = it
+	return p.readLocked(it)
+}
+
+// specDiff names the fields in which b differs from a (values only for
+// Port, ImageKey and MachineType: user-data may hold secrets).
+func specDiff(a, b egressproxy.Spec) string {
+	var out []string
+	if a.EffectivePort() != b.EffectivePort() {
+		out = append(out, fmt.Sprintf("Port %d, now %d", a.EffectivePort(), b.EffectivePort()))
+	}
+	if a.ImageKey != b.ImageKey {
+		out = append(out, fmt.Sprintf("ImageKey %s, now %s", errs.Quote(a.ImageKey), errs.Quote(b.ImageKey)))
+	}
+	if a.MachineType != b.MachineType {
+		out = append(out, fmt.Sprintf("MachineType %s, now %s", errs.Quote(a.MachineType), errs.Quote(b.MachineType)))
+	}
+	if a.UserData != b.UserData {
+		out = append(out, "UserData differs")
+	}
+	if len(out) == 0 {
+		return "the digest differs"
+	}
+	return strings.Join(out, "; ")
+}
+
+func (p *provider) allocHostLocked() int {
+	for i := 0; i < 254; i++ {
+		h := (p.nextIP+i)%254 + 1
+		if !p.reserved[h] {
+			p.reserved[h] = true
+			p.nextIP = h
+			return h
+		}
+	}
+	return 0 // more than 254 instances: they share .0, harmless in memory
+}
+
+// readLocked computes the instance as a backend would report it now,
+// starting or stopping its served proxy as its state requires. It returns a
+// copy.
+func (p *provider) readLocked(it *item) (egressproxy.Instance, error) {
+	inst := it.inst
+	switch {
+	case it.forced != "":
+		inst.State = it.forced
+	case p.now().Before(it.ready):
+		inst.State = egressproxy.StateProvisioning
+	default:
+		inst.State = egressproxy.StateRunning
+	}
+	if inst.State != egressproxy.StateRunning {
+		p.stopProxyLocked(it)
+		return inst, nil
+	}
+	if !p.opts.ServeProxies {
+		inst.IP = "192.0.2." + strconv.Itoa(it.host)
+		inst.AddressSource = "static"
+		return inst, nil
+	}
+	if it.proxy == nil {
+		ps, err := p.startProxy(it.inst.Name)
+		if err != nil {
+			return egressproxy.Instance{}, errs.Errorf(errs.Transient,
+				"memprovider: serving the proxy: %w", err)
+		}
+		it.proxy = ps
+	}
+	inst.IP = "127.0.0.1"
+	inst.Port = it.proxy.port
+	inst.AddressSource = "listener"
+	return inst, nil
+}
+
+func (p *provider) stopProxyLocked(it *item) {
+	if it.proxy != nil {
+		it.proxy.shutdown()
+		it.proxy = nil
+	}
+}
+
+// Get reads the instance. Missing, or present with another UID: NotFound.
+func (p *provider) Get(ctx context.Context, ref egressproxy.Ref) (egressproxy.Instance, error) {
+	if _, err := p.enter(ctx, OpGet); err != nil {
+		return egressproxy.Instance{}, err
+	}
+	if err := naming.ValidateRef(ref.Name, ref.UID); err != nil {
+		return egressproxy.Instance{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return egressproxy.Instance{}, errClosed()
+	}
+	it, ok := p.items[ref.Name]
+	if !ok || it.inst.UID != ref.UID {
+		return egressproxy.Instance{}, notFound(ref)
+	}
+	return p.readLocked(it)
+}
+
+// Delete removes the instance and stops its proxy. Missing (or another
+// UID under that name): nil, and nothing is removed.
+func (p *provider) Delete(ctx context.Context, ref egressproxy.Ref) error {
+	if _, err := p.enter(ctx, OpDelete); err != nil {
+		return err
+	}
+	if err := naming.ValidateRef(ref.Name, ref.UID); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errClosed()
+	}
+	it, ok := p.items[ref.Name]
+	if !ok || it.inst.UID != ref.UID {
+		return nil
+	}
+	p.stopProxyLocked(it)
+	delete(p.reserved, it.host)
+	delete(p.items, ref.Name)
+	return nil
+}
+
+// List returns every instance, sorted by name.
+func (p *provider) List(ctx context.Context) ([]egressproxy.Instance, error) {
+	if _, err := p.enter(ctx, OpList); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errClosed()
+	}
+	out := make([]egressproxy.Instance, 0, len(p.items))
+	for _, it := range p.items {
+		inst, err := p.readLocked(it)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, inst)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Check reports the provider reachable, with details: "backend"
+// ("memory"), "instances", "serveProxies". An OpCheck fault makes it report
+// unreachable instead.
+func (p *provider) Check(ctx context.Context) (egressproxy.Health, error) {
+	f, err := p.enter(ctx, OpCheck)
+	if err != nil {
+		return egressproxy.Health{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return egressproxy.Health{}, errClosed()
+	}
+	h := egressproxy.Health{
+		Reachable: true,
+		Details: map[string]string{
+			"backend":      "memory",
+			"instances":    strconv.Itoa(len(p.items)),
+			"serveProxies": strconv.FormatBool(p.opts.ServeProxies),
+		},
+		CheckedAt: p.now().UTC(),
+	}
+	if f != nil {
+		h.Reachable = false
+		h.Reason = f.Reason
+		if h.Reason == egressproxy.ReasonNone {
+			h.Reason = egressproxy.ReasonUnreachable
+		}
+		h.Message = "injected fault"
+		if f.Err != nil {
+			h.Message = f.Err.Error()
+		}
+	}
+	return h, nil
+}
+
+// Close stops every served proxy and its goroutines and waits for them.
+// Instances are forgotten (it is memory). Calls after Close return an error
+// wrapping errs.ErrClosed, classed Permanent. Close is idempotent and
+// returns nil.
+func (p *provider) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	close(p.close)
+	for _, it := range p.items {
+		p.stopProxyLocked(it)
+	}
+	p.items = nil
+	p.mu.Unlock()
+	p.proxies.Wait()
+	return nil
+}

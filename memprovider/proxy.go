@@ -1,0 +1,195 @@
+package memprovider
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// proxyServer is a minimal HTTP CONNECT proxy on one loopback listener. Its
+// goroutines are counted in the provider's WaitGroup; shutdown closes the
+// listener and every connection without waiting (Close waits).
+type proxyServer struct {
+	p      *provider
+	name   string
+	ln     net.Listener
+	port   int
+	ctx    context.Context // cancelled by shutdown: aborts dials
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	closed bool
+	conns  map[net.Conn]struct{}
+}
+
+// startProxy listens on 127.0.0.1:0 and serves CONNECT. Called with p.mu
+// held (it does not take it).
+func (p *provider) startProxy(name string) (*proxyServer, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ps := &proxyServer{
+		p:      p,
+		name:   name,
+		ln:     ln,
+		port:   ln.Addr().(*net.TCPAddr).Port,
+		ctx:    ctx,
+		cancel: cancel,
+		conns:  map[net.Conn]struct{}{},
+	}
+	p.proxies.Add(1)
+	go ps.serve()
+	p.log.V(1).Info("proxy serving", "instance", name, "addr", ln.Addr().String())
+	return ps, nil
+}
+
+func (ps *proxyServer) serve() {
+	defer ps.p.proxies.Done()
+	for {
+		c, err := ps.ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return // listener closed
+		}
+		if !ps.track(c) {
+			c.Close()
+			return
+		}
+		ps.p.proxies.Add(1)
+		go func() {
+			defer ps.p.proxies.Done()
+			defer ps.untrack(c)
+			ps.handle(c)
+		}()
+	}
+}
+
+// track registers a connection; false once shut down.
+func (ps *proxyServer) track(c net.Conn) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.closed {
+		return false
+	}
+	ps.conns[c] = struct{}{}
+	return true
+}
+
+func (ps *proxyServer) untrack(c net.Conn) {
+	c.Close()
+	ps.mu.Lock()
+	delete(ps.conns, c)
+	ps.mu.Unlock()
+}
+
+func (ps *proxyServer) shutdown() {
+	ps.mu.Lock()
+	if ps.closed {
+		ps.mu.Unlock()
+		return
+	}
+	ps.closed = true
+	ps.cancel()
+	ps.ln.Close()
+	for c := range ps.conns {
+		c.Close()
+	}
+	ps.mu.Unlock()
+	ps.p.log.V(1).Info("proxy stopped", "instance", ps.name)
+}
+
+func writeStatus(c net.Conn, code int, headers string) {
+	line := "HTTP/1.1 " + strconv.Itoa(code) + " " + http.StatusText(code) + "\r\n" + headers + "Content-Length: 0\r\nConnection: close\r\n\r\n"
+	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, line)
+}
+
+func (ps *proxyServer) handle(c net.Conn) {
+	o := &ps.p.opts
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		writeStatus(c, http.StatusBadRequest, "")
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	if req.Method != http.MethodConnect {
+		writeStatus(c, http.StatusMethodNotAllowed, "Allow: CONNECT\r\n")
+		return
+	}
+	if o.ProxyUser != "" && !authorized(req.Header.Get("Proxy-Authorization"), o.ProxyUser, o.ProxyPassword) {
+		writeStatus(c, http.StatusProxyAuthRequired, "Proxy-Authenticate: Basic realm=\"memprovider\"\r\n")
+		return
+	}
+	target := req.Host
+	if target == "" {
+		target = req.RequestURI
+	}
+	if !o.AllowTarget(target) {
+		writeStatus(c, http.StatusForbidden, "")
+		return
+	}
+	d := net.Dialer{Timeout: o.DialTimeout}
+	up, err := d.DialContext(ps.ctx, "tcp", target)
+	if err != nil {
+		writeStatus(c, http.StatusBadGateway, "")
+		return
+	}
+	if !ps.track(up) {
+		up.Close()
+		return
+	}
+	defer ps.untrack(up)
+	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		return
+	}
+	c.SetWriteDeadline(time.Time{})
+	// Bytes the client sent after the CONNECT head are in br already.
+	done := make(chan struct{})
+	ps.p.proxies.Add(1)
+	go func() {
+		defer ps.p.proxies.Done()
+		defer close(done)
+		io.Copy(up, br)
+		closeWrite(up)
+	}()
+	io.Copy(c, up)
+	closeWrite(c)
+	<-done
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		return
+	}
+	c.Close()
+}
+
+func authorized(h, user, pass string) bool {
+	const prefix = "Basic "
+	if len(h) < len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return false
+	}
+	b, err := base64.StdEncoding.DecodeString(h[len(prefix):])
+	if err != nil {
+		return false
+	}
+	u, pw, ok := strings.Cut(string(b), ":")
+	return ok && u == user && pw == pass
+}
