@@ -16,6 +16,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/budget"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -178,7 +179,7 @@ func (p *provider) Create(ctx context.Context, spec egressproxy.Spec) (_ egressp
 	// has none; so does this.
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = sshconn.WithBudget(ctx, "CallTimeout", p.cfg.CallTimeout)
+		ctx, cancel = budget.WithTimeout(ctx, "CallTimeout", p.cfg.CallTimeout)
 		defer cancel()
 	}
 	c.ctx = ctx
@@ -310,7 +311,7 @@ func (c *creation) set(f func(*made)) { c.mu.Lock(); f(&c.made); c.mu.Unlock() }
 
 // step returns an error when Create must stop before its next RPC.
 func (c *creation) step() error {
-	if err := sshconn.ContextError(c.ctx); err != nil {
+	if err := budget.Err(c.ctx); err != nil {
 		return err // the caller's context error, or our CallTimeout (Transient)
 	}
 	return c.p.checkOpen()
@@ -647,7 +648,7 @@ func (c *creation) whileBusy(call func() error) error {
 		select {
 		case <-c.ctx.Done():
 			t.Stop()
-			return sshconn.ContextError(c.ctx)
+			return budget.Err(c.ctx)
 		case <-t.C:
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/budget"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -887,7 +888,7 @@ func (s *fakeSession) closedError() error {
 
 func fakeCtxError(err error) error {
 	k := sshconn.KindUnknown
-	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*sshconn.TimeoutError)) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*budget.TimeoutError)) {
 		k = sshconn.KindUnreachable
 	}
 	return &sshconn.Error{Kind: k, Addr: fakeAddr, Op: "libvirt call", Err: err}
@@ -900,7 +901,7 @@ func (s *fakeSession) setDial(d func() error) {
 }
 
 func (s *fakeSession) Do(ctx context.Context, fn func(lvAPI) error) error {
-	if err := sshconn.ContextError(ctx); err != nil {
+	if err := budget.Err(ctx); err != nil {
 		return fakeCtxError(err)
 	}
 	s.mu.Lock()
@@ -929,7 +930,7 @@ func (s *fakeSession) Do(ctx context.Context, fn func(lvAPI) error) error {
 		}
 		return err
 	case <-ctx.Done():
-		return fakeCtxError(sshconn.ContextError(ctx))
+		return fakeCtxError(budget.Err(ctx))
 	case <-s.closing:
 		return s.closedError()
 	}

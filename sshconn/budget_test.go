@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy/internal/budget"
 	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 // Our own budgets (DialTimeout, CallTimeout) are not the caller's deadline:
 // a caller without a deadline must never see context.DeadlineExceeded
 // (which provider classes as the caller's DeadlineExceeded), but a
-// *TimeoutError naming the budget, KindUnreachable. The caller's own
+// *budget.TimeoutError naming the budget, KindUnreachable. The caller's own
 // deadline still comes back as context.DeadlineExceeded. Each case runs
 // several times: the handshake's connection deadline and DialTimeout's
 // timer fire at the same instant, and which is seen first must not matter.
@@ -29,9 +30,9 @@ func TestDialTimeoutIsNotTheCallersDeadline(t *testing.T) {
 	p := newPool(t, cfg)
 	for i := range 8 {
 		_, err := p.Dedicated(context.Background()) // no backoff between attempts
-		var te *TimeoutError
+		var te *budget.TimeoutError
 		if !errors.As(err, &te) || te.Budget != "DialTimeout" || te.After != 150*time.Millisecond {
-			t.Fatalf("attempt %d: %v, want a *TimeoutError of DialTimeout 150ms", i, err)
+			t.Fatalf("attempt %d: %v, want a *budget.TimeoutError of DialTimeout 150ms", i, err)
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("attempt %d: %v matches context.DeadlineExceeded; the caller had no deadline", i, err)
@@ -41,8 +42,8 @@ func TestDialTimeoutIsNotTheCallersDeadline(t *testing.T) {
 		}
 	}
 	// The shared link's dial reports the same.
-	if _, err := p.Client(context.Background()); !errors.As(err, new(*TimeoutError)) || errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Client: %v, want a *TimeoutError", err)
+	if _, err := p.Client(context.Background()); !errors.As(err, new(*budget.TimeoutError)) || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Client: %v, want a *budget.TimeoutError", err)
 	}
 }
 
@@ -57,7 +58,7 @@ func TestDialCallersDeadlineIsKept(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		_, err := p.Dedicated(ctx)
 		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*TimeoutError)) || KindOf(err) != KindUnreachable {
+		if !errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*budget.TimeoutError)) || KindOf(err) != KindUnreachable {
 			t.Fatalf("attempt %d: %v (kind %v), want the caller's context.DeadlineExceeded, unreachable", i, err, KindOf(err))
 		}
 	}
@@ -76,52 +77,21 @@ func TestCallTimeoutIsNotTheCallersDeadline(t *testing.T) {
 	lvd.hang.Store(true)
 	for i := range 4 {
 		_, err := hostname(context.Background(), l)
-		var te *TimeoutError
+		var te *budget.TimeoutError
 		if !errors.As(err, &te) || te.Budget != "CallTimeout" || errors.Is(err, context.DeadlineExceeded) || KindOf(err) != KindUnreachable {
-			t.Fatalf("call %d: %v (kind %v), want a *TimeoutError of CallTimeout, unreachable, not context.DeadlineExceeded", i, err, KindOf(err))
+			t.Fatalf("call %d: %v (kind %v), want a *budget.TimeoutError of CallTimeout, unreachable, not context.DeadlineExceeded", i, err, KindOf(err))
 		}
 	}
 	// A caller's deadline shorter than CallTimeout is the caller's.
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if _, err := hostname(ctx, l); !errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*TimeoutError)) {
+	if _, err := hostname(ctx, l); !errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*budget.TimeoutError)) {
 		t.Fatalf("with the caller's deadline: %v", err)
 	}
 	if p.Dead() {
 		t.Error("abandoned calls tore the SSH link down")
 	}
 	lvd.hang.Store(false)
-}
-
-func TestContextError(t *testing.T) {
-	t.Parallel()
-	if err := ContextError(context.Background()); err != nil {
-		t.Fatalf("live context: %v", err)
-	}
-	ctx, cancel := WithBudget(context.Background(), "DialTimeout", time.Millisecond)
-	defer cancel()
-	<-ctx.Done()
-	var te *TimeoutError
-	if err := ContextError(ctx); !errors.As(err, &te) || te.Budget != "DialTimeout" || errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("budget ran out: %v", err)
-	}
-	// The caller cancels before the budget: Canceled.
-	parent, cancelParent := context.WithCancel(context.Background())
-	ctx2, cancel2 := WithBudget(parent, "CallTimeout", time.Hour)
-	defer cancel2()
-	cancelParent()
-	if err := ContextError(ctx2); !errors.Is(err, context.Canceled) {
-		t.Fatalf("caller canceled: %v", err)
-	}
-	// The caller's earlier deadline: DeadlineExceeded.
-	parent3, cancel3 := context.WithTimeout(context.Background(), time.Millisecond)
-	defer cancel3()
-	ctx3, cancel4 := WithBudget(parent3, "CallTimeout", time.Hour)
-	defer cancel4()
-	<-ctx3.Done()
-	if err := ContextError(ctx3); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("caller's deadline: %v", err)
-	}
 }
 
 // A dial the caller cancels mid-handshake is the caller's cancellation,

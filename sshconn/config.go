@@ -71,8 +71,9 @@ type Config struct {
 	// line. New keeps its own copy. Zero: KnownHostsFile.
 	KnownHosts []byte `json:"knownHosts,omitempty"`
 	// DialTimeout bounds the TCP dial plus the SSH handshake. Zero: 10s.
-	// When it (not the caller's context) ends a dial, the error is a
-	// *TimeoutError naming it, KindUnreachable.
+	// When it (not the caller's context) ends a dial, the error is
+	// KindUnreachable and says so; it does not match
+	// context.DeadlineExceeded, which is kept for the caller's deadline.
 	DialTimeout time.Duration `json:"dialTimeout,omitempty"`
 	// KeepaliveInterval is how often a keepalive@openssh.com request is sent
 	// on a shared or dedicated connection. Zero: 5s.

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/egressproxy/egressproxy/internal/budget"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/crypto/ssh/knownhosts"
@@ -410,7 +411,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		return nil, err
 	}
 
-	dctx, cancel := WithBudget(ctx, "DialTimeout", cfg.DialTimeout)
+	dctx, cancel := budget.WithTimeout(ctx, "DialTimeout", cfg.DialTimeout)
 	defer cancel()
 	// Pool.Close ends the dial too, so Close never waits for a dial timeout.
 	stopOnClose := context.AfterFunc(p.closeCtx, cancel)
@@ -438,7 +439,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		if cerr := canceledDial(dctx, cfg.Addr, "dial"); cerr != nil {
 			return nil, cerr
 		}
-		if ctxErr := ContextError(dctx); ctxErr != nil {
+		if ctxErr := budget.Err(dctx); ctxErr != nil {
 			// net's timeout error matches context.DeadlineExceeded even
 			// when our DialTimeout, not the caller, ended the dial: report
 			// why dctx ended, and the dial's error only as text.
@@ -464,7 +465,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	if !stop() && err == nil {
 		// ctx ended just as the handshake finished: honour ctx.
 		_ = sc.Close()
-		err = ContextError(dctx)
+		err = budget.Err(dctx)
 		if err == nil {
 			err = context.Canceled
 		}
@@ -490,9 +491,9 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 				return nil, cerr
 			}
 		}
-		if ctxErr := ContextError(dctx); ctxErr != nil && k == KindUnreachable {
+		if ctxErr := budget.Err(dctx); ctxErr != nil && k == KindUnreachable {
 			// The caller's deadline (context.DeadlineExceeded) or our
-			// DialTimeout (*TimeoutError, which is not the caller's).
+			// DialTimeout (*budget.TimeoutError, which is not the caller's).
 			err = fmt.Errorf("%w (%v)", ctxErr, err)
 		}
 		return nil, &Error{Kind: k, Addr: cfg.Addr, Op: "ssh handshake", Err: err}
@@ -523,7 +524,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 
 // canceledDial returns the error of a dial step cut short because the
 // caller canceled its context, or nil when that is not why dctx ended (the
-// pool's Close is closedError, our DialTimeout a *TimeoutError and the
+// pool's Close is closedError, our DialTimeout a *budget.TimeoutError and the
 // caller's deadline KindUnreachable: the host did not answer in time). A
 // cancellation says nothing about the host, so it is not KindUnreachable
 // (which reads as a network failure, and which kvm2 and imagecache take
@@ -533,7 +534,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 // by an expired connection deadline, whose "i/o timeout" would again read
 // as the host's fault.
 func canceledDial(dctx context.Context, addr, op string) error {
-	if err := ContextError(dctx); errors.Is(err, context.Canceled) {
+	if err := budget.Err(dctx); errors.Is(err, context.Canceled) {
 		return ctxError(addr, op, err)
 	}
 	return nil

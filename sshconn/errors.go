@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/egressproxy/egressproxy/internal/errs"
 )
@@ -117,50 +116,4 @@ func KindOf(err error) Kind {
 		return e.Kind
 	}
 	return KindUnknown
-}
-
-// TimeoutError says that one of this package's own budgets ran out
-// (Config.DialTimeout, LibvirtConfig.CallTimeout) while the caller's context
-// was still live. It comes wrapped in an *Error of KindUnreachable. It does
-// not match context.DeadlineExceeded: that is kept for the caller's own
-// deadline, so that a caller without one never sees its "deadline exceeded"
-// (errs.DeadlineExceeded means the caller's context deadline passed).
-//
-// Other packages that put such a budget on a context they then pass here
-// (kvm2's CallTimeout around a Create) use WithBudget, so the budget is
-// reported the same way.
-type TimeoutError struct {
-	Budget string        // the configuration field: "DialTimeout", "CallTimeout"
-	After  time.Duration // its value
-}
-
-func (e *TimeoutError) Error() string {
-	return fmt.Sprintf("no answer within %s (%v)", e.Budget, e.After)
-}
-
-// Timeout reports true, like the net package's timeout errors.
-func (e *TimeoutError) Timeout() bool { return true }
-
-// WithBudget returns ctx bounded by d; when d (and not ctx's own deadline
-// or cancellation) ends it, context.Cause of the returned context is a
-// *TimeoutError naming budget, which this package's errors then wrap in
-// place of context.DeadlineExceeded (see ContextError).
-func WithBudget(ctx context.Context, budget string, d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeoutCause(ctx, d, &TimeoutError{Budget: budget, After: d})
-}
-
-// ContextError returns why ctx ended: the *TimeoutError of a budget set by
-// WithBudget when that is what ended it, otherwise ctx.Err() (so
-// context.Canceled or context.DeadlineExceeded of the caller's own
-// context). It returns nil while ctx is live.
-func ContextError(ctx context.Context) error {
-	err := ctx.Err()
-	if err == nil {
-		return nil
-	}
-	var te *TimeoutError
-	if cause := context.Cause(ctx); errors.As(cause, &te) {
-		return cause
-	}
-	return err
 }

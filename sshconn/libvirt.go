@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/budget"
 	"github.com/go-logr/logr"
 )
 
@@ -195,7 +196,7 @@ func (l *Libvirt) closedError(op string) error {
 // fn runs in its own goroutine. When ctx ends (or, if ctx has no deadline,
 // LibvirtConfig.CallTimeout runs out) Do returns promptly an error wrapping
 // ctx.Err() (KindUnreachable for a deadline, unclassified for a cancel), or,
-// when CallTimeout ran out, a *TimeoutError naming it (KindUnreachable; it
+// when CallTimeout ran out, a *budget.TimeoutError naming it (KindUnreachable; it
 // does not match context.DeadlineExceeded, which is the caller's).
 // The call is abandoned for this caller only: the shared session stays up
 // for every other caller, the RPC still completes on libvirtd and its reply
@@ -214,14 +215,14 @@ func (l *Libvirt) closedError(op string) error {
 // finished, and everything it wrote happened before Do returned). Write
 // results into variables fn owns and read them only on success.
 func (l *Libvirt) Do(ctx context.Context, fn func(*libvirt.Libvirt) error) error {
-	if err := ContextError(ctx); err != nil {
+	if err := budget.Err(ctx); err != nil {
 		// Never start a call whose caller has already gone: on a loaded
 		// machine its reply could otherwise win the race against ctx.
 		return ctxError(l.pool.cfg.Addr, "libvirt call", err)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = WithBudget(ctx, "CallTimeout", l.cfg.CallTimeout)
+		ctx, cancel = budget.WithTimeout(ctx, "CallTimeout", l.cfg.CallTimeout)
 		defer cancel()
 	}
 	s, err := l.session(ctx)
@@ -269,7 +270,7 @@ func (l *Libvirt) runShared(ctx context.Context, s *session, op string, f func()
 	case <-l.closing:
 		return l.closedError(op)
 	}
-	cause := ContextError(ctx)
+	cause := budget.Err(ctx)
 	l.log.V(1).Info("libvirt call abandoned by its caller; the session stays up", "op", op, "err", cause.Error())
 	l.goOwned(func() { l.watchAbandoned(s, done, op) })
 	return ctxError(l.pool.cfg.Addr, op, cause)
@@ -290,7 +291,7 @@ func (l *Libvirt) runExclusive(ctx context.Context, s *session, op string, f fun
 		l.abort(s, done, errors.New("libvirt session closed"))
 		return l.closedError(op)
 	}
-	cause := ContextError(ctx)
+	cause := budget.Err(ctx)
 	l.log.V(1).Info("abandoning libvirt connect", "op", op, "err", cause.Error())
 	l.abort(s, done, fmt.Errorf("%s abandoned: %w", op, cause))
 	return ctxError(l.pool.cfg.Addr, op, cause)
@@ -403,7 +404,7 @@ func (l *Libvirt) session(ctx context.Context) (*session, error) {
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return nil, ctxError(l.pool.cfg.Addr, "libvirt connect", ContextError(ctx))
+				return nil, ctxError(l.pool.cfg.Addr, "libvirt connect", budget.Err(ctx))
 			case <-l.closing:
 				return nil, l.closedError("libvirt connect")
 			}
@@ -576,7 +577,7 @@ type DedicatedConn struct {
 func (l *Libvirt) Dedicated(ctx context.Context) (*DedicatedConn, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = WithBudget(ctx, "CallTimeout", l.cfg.CallTimeout)
+		ctx, cancel = budget.WithTimeout(ctx, "CallTimeout", l.cfg.CallTimeout)
 		defer cancel()
 	}
 	l.mu.Lock()

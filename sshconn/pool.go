@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/egressproxy/egressproxy/internal/budget"
 	"github.com/go-logr/logr"
 	"golang.org/x/crypto/ssh"
 )
@@ -76,13 +77,13 @@ func (p *Pool) closedError(op string) error {
 	return &Error{Kind: KindClosed, Addr: p.cfg.Addr, Op: op, Err: errPoolClosed}
 }
 
-// ctxError wraps why a context ended (ContextError): a deadline that ran
-// out, the caller's or one of our budgets (*TimeoutError), is
+// ctxError wraps why a context ended (budget.Err): a deadline that ran
+// out, the caller's or one of our budgets (*budget.TimeoutError), is
 // KindUnreachable (the peer did not answer in time), a cancellation is left
 // unclassified.
 func ctxError(addr, op string, err error) error {
 	k := KindUnknown
-	var te *TimeoutError
+	var te *budget.TimeoutError
 	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &te) {
 		k = KindUnreachable
 	}
@@ -105,7 +106,7 @@ func (p *Pool) Client(ctx context.Context) (*ssh.Client, error) {
 
 func (p *Pool) shared(ctx context.Context) (*link, error) {
 	for {
-		if err := ContextError(ctx); err != nil {
+		if err := budget.Err(ctx); err != nil {
 			return nil, ctxError(p.cfg.Addr, "dial", err)
 		}
 		p.mu.Lock()
@@ -123,7 +124,7 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return nil, ctxError(p.cfg.Addr, "dial", ContextError(ctx))
+				return nil, ctxError(p.cfg.Addr, "dial", budget.Err(ctx))
 			case <-p.closing:
 				return nil, p.closedError("dial")
 			}
@@ -140,7 +141,7 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
-				return nil, ctxError(p.cfg.Addr, "dial", ContextError(ctx))
+				return nil, ctxError(p.cfg.Addr, "dial", budget.Err(ctx))
 			case <-p.closing:
 				t.Stop()
 				return nil, p.closedError("dial")
@@ -259,7 +260,7 @@ func (p *Pool) openUnix(ctx context.Context, l *link, path string) (net.Conn, er
 		return nil, &Error{Kind: KindUnreachable, Addr: p.cfg.Addr, Op: op, Err: r.err}
 	case <-ctx.Done():
 		close(abandon)
-		return nil, ctxError(p.cfg.Addr, op, ContextError(ctx))
+		return nil, ctxError(p.cfg.Addr, op, budget.Err(ctx))
 	case <-l.dead:
 		close(abandon)
 		return nil, &Error{Kind: KindUnreachable, Addr: p.cfg.Addr, Op: op, Err: l.deathCause()}
@@ -279,7 +280,7 @@ func (p *Pool) Dedicated(ctx context.Context) (*ssh.Client, error) {
 }
 
 func (p *Pool) dedicatedLink(ctx context.Context) (*link, error) {
-	if err := ContextError(ctx); err != nil {
+	if err := budget.Err(ctx); err != nil {
 		return nil, ctxError(p.cfg.Addr, "dial dedicated", err)
 	}
 	l, err := p.dialLink(ctx, true)

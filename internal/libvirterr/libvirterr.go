@@ -8,8 +8,8 @@
 //  1. nil is OK; an error that already carries a provider class keeps it
 //     (an explicit class wins over anything inferred);
 //  2. context errors are Canceled / DeadlineExceeded (the caller's context;
-//     sshconn's own budgets, DialTimeout and CallTimeout, come as an
-//     *sshconn.TimeoutError instead, Transient with ReasonUnreachable, with
+//     the module's own budgets, DialTimeout and CallTimeout, come as a
+//     *budget.TimeoutError instead, Transient with ReasonUnreachable, with
 //     or without an sshconn kind around it);
 //  3. sshconn kinds: unreachable is Transient (whatever libvirt code it
 //     wraps); closed and config are Permanent; key unreadable, auth refused,
@@ -46,6 +46,7 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/budget"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -253,7 +254,7 @@ func inferred(err error) Verdict {
 	if v, ok := sshKinds[sshconn.KindOf(err)]; ok {
 		return v
 	}
-	if errors.As(err, new(*sshconn.TimeoutError)) {
+	if errors.As(err, new(*budget.TimeoutError)) {
 		return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnreachable}
 	}
 	if LinkDead(err) {

@@ -12,6 +12,7 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/budget"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -105,8 +106,8 @@ func TestShapes(t *testing.T) {
 		{"explicit class keeps the reason of its cause", errs.WithCode(errs.Permanent, sshErr(sshconn.KindAuthRefused, nil)), errs.Permanent, egressproxy.ReasonUnauthorized, errs.Permanent},
 		{"canceled", fmt.Errorf("call: %w", context.Canceled), errs.Canceled, egressproxy.ReasonUnknown, 0},
 		{"deadline inside unreachable", sshErr(sshconn.KindUnreachable, context.DeadlineExceeded), errs.DeadlineExceeded, egressproxy.ReasonUnknown, 0},
-		{"our DialTimeout inside unreachable", sshErr(sshconn.KindUnreachable, fmt.Errorf("%w (i/o timeout)", &sshconn.TimeoutError{Budget: "DialTimeout", After: time.Second})), errs.Transient, egressproxy.ReasonUnreachable, 0},
-		{"our CallTimeout bare", fmt.Errorf("step: %w", &sshconn.TimeoutError{Budget: "CallTimeout", After: time.Second}), errs.Transient, egressproxy.ReasonUnreachable, 0},
+		{"our DialTimeout inside unreachable", sshErr(sshconn.KindUnreachable, fmt.Errorf("%w (i/o timeout)", &budget.TimeoutError{Budget: "DialTimeout", After: time.Second})), errs.Transient, egressproxy.ReasonUnreachable, 0},
+		{"our CallTimeout bare", fmt.Errorf("step: %w", &budget.TimeoutError{Budget: "CallTimeout", After: time.Second}), errs.Transient, egressproxy.ReasonUnreachable, 0},
 		{"unreachable wraps access denied", sshErr(sshconn.KindUnreachable, lvErr(libvirt.ErrAccessDenied, "")), errs.Transient, egressproxy.ReasonUnreachable, 0},
 		{"ssh closed", sshErr(sshconn.KindClosed, nil), errs.Permanent, egressproxy.ReasonUnknown, errs.Permanent},
 		{"ssh config", sshErr(sshconn.KindConfig, nil), errs.Permanent, egressproxy.ReasonUnknown, errs.Transient},
