@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/egressproxy/egressproxy/internal/testing/sshtest"
 	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -248,13 +249,13 @@ func TestConfigMarshalZero(t *testing.T) {
 func TestConfigMarshalNoSecrets(t *testing.T) {
 	t.Parallel()
 	const pass = "pass-" + secretMarker
-	blk, err := ssh.MarshalPrivateKey(genEd25519(t), "")
+	blk, err := ssh.MarshalPrivateKey(sshtest.GenEd25519(t), "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	key := pem.EncodeToMemory(blk)
-	signerKey := genEd25519(t)
-	signer := mustSigner(t, signerKey)
+	signerKey := sshtest.GenEd25519(t)
+	signer := sshtest.Signer(t, signerKey)
 	c := fullConfig()
 	c.Key, c.KeyPassphrase, c.Signer = key, []byte(pass), signer
 	c.Logger = logr.Discard()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/sshtest"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/crypto/ssh/knownhosts"
@@ -23,7 +24,7 @@ import (
 
 func TestValidateCredentials(t *testing.T) {
 	t.Parallel()
-	signer := mustSigner(t, genEd25519(t))
+	signer := sshtest.Signer(t, sshtest.GenEd25519(t))
 	base := Config{Addr: "127.0.0.1:22", User: "root"}
 	khLine := []byte(knownhosts.Line([]string{"host"}, signer.PublicKey()) + "\n")
 	tests := []struct {
@@ -79,7 +80,7 @@ const secretMarker = "SECRET-4a1f"
 
 func TestConfigTextHasNoSecrets(t *testing.T) {
 	t.Parallel()
-	signer := mustSigner(t, genEd25519(t))
+	signer := sshtest.Signer(t, sshtest.GenEd25519(t))
 	c := Config{Addr: "127.0.0.1:22", User: "root",
 		Key: []byte("-----BEGIN " + secretMarker + "-----"), KeyPassphrase: []byte(secretMarker),
 		Signer: signer, KnownHosts: []byte(plainLine("host", signer.PublicKey()) + "\n")}
@@ -139,10 +140,10 @@ func revokedLine(k ssh.PublicKey) string {
 // file alike, for the known_hosts features an operator relies on.
 func TestKnownHostsCases(t *testing.T) {
 	t.Parallel()
-	host := mustSigner(t, genEd25519(t)).PublicKey()
-	other := mustSigner(t, genEd25519(t)).PublicKey()
-	ca := mustSigner(t, genEd25519(t))
-	otherCA := mustSigner(t, genEd25519(t))
+	host := sshtest.Signer(t, sshtest.GenEd25519(t)).PublicKey()
+	other := sshtest.Signer(t, sshtest.GenEd25519(t)).PublicKey()
+	ca := sshtest.Signer(t, sshtest.GenEd25519(t))
+	otherCA := sshtest.Signer(t, sshtest.GenEd25519(t))
 	now := time.Now()
 	valid := func(principals ...string) *ssh.Certificate {
 		return hostCert(t, ca, host, now.Add(-time.Hour), now.Add(time.Hour), principals...)
@@ -227,8 +228,8 @@ func TestKnownHostsCases(t *testing.T) {
 // host; pinned plain types come before the other plain types.
 func TestHostKeyAlgorithmsWithCA(t *testing.T) {
 	t.Parallel()
-	ca := mustSigner(t, genEd25519(t)).PublicKey()
-	ec := mustSigner(t, genECDSA(t)).PublicKey()
+	ca := sshtest.Signer(t, sshtest.GenEd25519(t)).PublicKey()
+	ec := sshtest.Signer(t, sshtest.GenECDSA(t)).PublicKey()
 	for _, tc := range []struct {
 		name      string
 		lines     []string
@@ -284,7 +285,7 @@ func TestKnownHostsBytesNoFDLeak(t *testing.T) {
 		}
 		return len(ents)
 	}
-	k := mustSigner(t, genEd25519(t)).PublicKey()
+	k := sshtest.Signer(t, sshtest.GenEd25519(t)).PublicKey()
 	cfg := Config{Addr: "h:22", KnownHosts: []byte(plainLine("h", k) + "\n")}
 	before := fds()
 	for range 50 {
@@ -413,7 +414,7 @@ func TestDialKeySources(t *testing.T) {
 	}
 	goodAgent := startAgent(t, f.clientPriv)
 	emptyAgent := startAgent(t)
-	otherAgent := startAgent(t, genEd25519(t))
+	otherAgent := startAgent(t, sshtest.GenEd25519(t))
 	tests := []struct {
 		name      string
 		edit      func(*Config)
@@ -423,7 +424,7 @@ func TestDialKeySources(t *testing.T) {
 		{"key bytes", func(c *Config) { c.KeyFile, c.Key = "", plainPEM }, KindUnknown, false},
 		{"key bytes and known_hosts bytes", func(c *Config) { c.KeyFile, c.Key, c.KnownHostsFile, c.KnownHosts = "", plainPEM, "", knownHosts }, KindUnknown, false},
 		{"encrypted key bytes", func(c *Config) { c.KeyFile, c.Key, c.KeyPassphrase = "", encPEM, []byte(pass) }, KindUnknown, false},
-		{"signer", func(c *Config) { c.KeyFile, c.Signer = "", mustSigner(t, f.clientPriv) }, KindUnknown, false},
+		{"signer", func(c *Config) { c.KeyFile, c.Signer = "", sshtest.Signer(t, f.clientPriv) }, KindUnknown, false},
 		{"agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", goodAgent.path }, KindUnknown, false},
 		{"encrypted key without passphrase", func(c *Config) { c.KeyFile, c.Key = "", encPEM }, KindKeyUnreadable, true},
 		{"passphrase for an unencrypted key", func(c *Config) { c.KeyFile, c.Key, c.KeyPassphrase = "", plainPEM, []byte(secretMarker) }, KindKeyUnreadable, true},
@@ -437,7 +438,7 @@ func TestDialKeySources(t *testing.T) {
 			cfg := f.config()
 			tc.edit(&cfg)
 			p := newPool(t, cfg)
-			before := f.srv.accepts.Load()
+			before := f.srv.Accepts()
 			// Generous: decrypting a key runs bcrypt, which is slow under -race.
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
@@ -468,7 +469,7 @@ func TestDialKeySources(t *testing.T) {
 				if s := err.Error(); strings.Contains(s, secretMarker) || strings.Contains(s, "PRIVATE KEY") {
 					t.Errorf("error shows a secret: %v", err)
 				}
-				if tc.noNetwork && f.srv.accepts.Load() != before {
+				if tc.noNetwork && f.srv.Accepts() != before {
 					t.Errorf("the server was contacted although the failure is local")
 				}
 			}
@@ -487,8 +488,8 @@ func TestDialKeySources(t *testing.T) {
 // line (the algorithms offered make it present the certificate), refused
 // when the CA is revoked or absent.
 func TestDialHostCertificate(t *testing.T) {
-	ca := mustSigner(t, genEd25519(t))
-	hostSigner := mustSigner(t, genEd25519(t))
+	ca := sshtest.Signer(t, sshtest.GenEd25519(t))
+	hostSigner := sshtest.Signer(t, sshtest.GenEd25519(t))
 	now := time.Now()
 	cert := hostCert(t, ca, hostSigner.PublicKey(), now.Add(-time.Hour), now.Add(time.Hour), "127.0.0.1")
 	certSigner, err := ssh.NewCertSigner(cert, hostSigner)
@@ -504,7 +505,7 @@ func TestDialHostCertificate(t *testing.T) {
 		want  Kind
 	}{
 		{"CA line", []string{caLine(pattern, ca.PublicKey())}, KindUnknown},
-		{"CA line and a stale plain pin", []string{caLine(pattern, ca.PublicKey()), plainLine(knownhosts.Normalize(f.srv.Addr), mustSigner(t, genEd25519(t)).PublicKey())}, KindUnknown},
+		{"CA line and a stale plain pin", []string{caLine(pattern, ca.PublicKey()), plainLine(knownhosts.Normalize(f.srv.Addr), sshtest.Signer(t, sshtest.GenEd25519(t)).PublicKey())}, KindUnknown},
 		{"CA revoked", []string{caLine(pattern, ca.PublicKey()), revokedLine(ca.PublicKey())}, KindHostKeyMismatch},
 		{"host key revoked", []string{caLine(pattern, ca.PublicKey()), revokedLine(hostSigner.PublicKey())}, KindHostKeyMismatch},
 		{"CA absent", []string{caLine("[10.0.0.1]:22", ca.PublicKey())}, KindHostUnknown},

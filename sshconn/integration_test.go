@@ -18,6 +18,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr/testr"
 
+	"github.com/egressproxy/egressproxy/internal/testing/sshtest"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
 
@@ -76,20 +77,20 @@ func TestIntegrationDo(t *testing.T) {
 func TestIntegrationErrors(t *testing.T) {
 	env := teststack.Require(t)
 	dir := t.TempDir()
-	other := mustSigner(t, genEd25519(t)).PublicKey()
+	other := sshtest.Signer(t, sshtest.GenEd25519(t)).PublicKey()
 	tests := []struct {
 		name string
 		edit func(*Config)
 		want Kind
 	}{
 		{"missing key file", func(c *Config) { c.KeyFile = filepath.Join(dir, "missing") }, KindKeyUnreadable},
-		{"key not authorized", func(c *Config) { c.KeyFile = writeKey(t, dir, "stranger", genEd25519(t)) }, KindAuthRefused},
-		{"empty known_hosts", func(c *Config) { c.KnownHostsFile = writeKnownHosts(t, dir, "kh-empty", env.SSHAddr) }, KindHostUnknown},
+		{"key not authorized", func(c *Config) { c.KeyFile = sshtest.WriteKey(t, dir, "stranger", sshtest.GenEd25519(t)) }, KindAuthRefused},
+		{"empty known_hosts", func(c *Config) { c.KnownHostsFile = sshtest.WriteKnownHosts(t, dir, "kh-empty", env.SSHAddr) }, KindHostUnknown},
 		{"known_hosts with another key", func(c *Config) {
-			c.KnownHostsFile = writeKnownHosts(t, dir, "kh-other", env.SSHAddr, other)
+			c.KnownHostsFile = sshtest.WriteKnownHosts(t, dir, "kh-other", env.SSHAddr, other)
 		}, KindHostKeyMismatch},
 		{"known_hosts pins another key type (host rebuilt or intercepted)", func(c *Config) {
-			c.KnownHostsFile = writeKnownHosts(t, dir, "kh-ecdsa", env.SSHAddr, mustSigner(t, genECDSA(t)).PublicKey())
+			c.KnownHostsFile = sshtest.WriteKnownHosts(t, dir, "kh-ecdsa", env.SSHAddr, sshtest.Signer(t, sshtest.GenECDSA(t)).PublicKey())
 		}, KindHostKeyMismatch},
 		{"unprivileged user cannot open the socket", func(c *Config) { c.User = env.UnprivUser }, KindForbidden},
 	}

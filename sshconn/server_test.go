@@ -2,300 +2,22 @@ package sshconn
 
 import (
 	"bufio"
-	"crypto/ecdsa"
 	"crypto/ed25519"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/pem"
 	"hash"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"golang.org/x/crypto/ssh"
-	"golang.org/x/crypto/ssh/knownhosts"
+
+	"github.com/egressproxy/egressproxy/internal/testing/sshtest"
 )
-
-// testServer is an in-process sshd: public key auth, keepalive replies,
-// direct-streamlocal channels bridged to local unix sockets. It can freeze
-// (stop reading and writing, like a SIGSTOPped sshd) and refuse channels.
-type testServer struct {
-	t          *testing.T
-	ln         net.Listener
-	Addr       string
-	hostKeys   []ssh.Signer
-	authorized []byte // marshalled authorized public key
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	frozen bool
-	thaw   chan struct{}
-	refuse map[string]bool // socket paths to refuse
-
-	closed     chan struct{}
-	closeOnce  sync.Once
-	wg         sync.WaitGroup
-	accepts    atomic.Int64
-	keepalives atomic.Int64
-}
-
-func genEd25519(t *testing.T) ed25519.PrivateKey {
-	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return priv
-}
-
-func mustSigner(t *testing.T, k any) ssh.Signer {
-	t.Helper()
-	s, err := ssh.NewSignerFromKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// writeKey writes priv as an unencrypted OpenSSH private key file.
-func writeKey(t *testing.T, dir, name string, priv any) string {
-	t.Helper()
-	blk, err := ssh.MarshalPrivateKey(priv, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, pem.EncodeToMemory(blk), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-func writeKnownHosts(t *testing.T, dir, name, addr string, keys ...ssh.PublicKey) string {
-	t.Helper()
-	var b strings.Builder
-	for _, k := range keys {
-		b.WriteString(knownhosts.Line([]string{knownhosts.Normalize(addr)}, k) + "\n")
-	}
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// startServer starts a test sshd with the given host keys (ed25519 if none)
-// authorizing clientPub.
-func startServer(t *testing.T, clientPub ssh.PublicKey, hostKeys ...ssh.Signer) *testServer {
-	t.Helper()
-	if len(hostKeys) == 0 {
-		hostKeys = []ssh.Signer{mustSigner(t, genEd25519(t))}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &testServer{
-		t: t, ln: ln, Addr: ln.Addr().String(), hostKeys: hostKeys,
-		authorized: clientPub.Marshal(),
-		conns:      map[net.Conn]struct{}{},
-		refuse:     map[string]bool{},
-		closed:     make(chan struct{}),
-	}
-	s.wg.Add(1)
-	go s.serve()
-	t.Cleanup(s.Close)
-	return s
-}
-
-func (s *testServer) Close() {
-	s.closeOnce.Do(func() {
-		close(s.closed)
-		_ = s.ln.Close()
-		s.mu.Lock()
-		for c := range s.conns {
-			_ = c.Close()
-		}
-		s.mu.Unlock()
-		s.wg.Wait()
-	})
-}
-
-func (s *testServer) Freeze() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.frozen {
-		s.frozen = true
-		s.thaw = make(chan struct{})
-	}
-}
-
-func (s *testServer) Thaw() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.frozen {
-		s.frozen = false
-		close(s.thaw)
-	}
-}
-
-func (s *testServer) Refuse(path string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.refuse[path] = true
-}
-
-// DropAll closes every server-side connection (like killing sshd's children).
-func (s *testServer) DropAll() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for c := range s.conns {
-		_ = c.Close()
-	}
-}
-
-func (s *testServer) gate() {
-	s.mu.Lock()
-	if !s.frozen {
-		s.mu.Unlock()
-		return
-	}
-	thaw := s.thaw
-	s.mu.Unlock()
-	select {
-	case <-thaw:
-	case <-s.closed:
-	}
-}
-
-type freezeConn struct {
-	net.Conn
-	s *testServer
-}
-
-func (c *freezeConn) Read(b []byte) (int, error) {
-	c.s.gate()
-	n, err := c.Conn.Read(b)
-	c.s.gate()
-	return n, err
-}
-
-func (c *freezeConn) Write(b []byte) (int, error) {
-	c.s.gate()
-	return c.Conn.Write(b)
-}
-
-func (s *testServer) serve() {
-	defer s.wg.Done()
-	for {
-		c, err := s.ln.Accept()
-		if err != nil {
-			return
-		}
-		s.accepts.Add(1)
-		s.mu.Lock()
-		select {
-		case <-s.closed:
-			s.mu.Unlock()
-			_ = c.Close()
-			return
-		default:
-		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go s.handle(c)
-	}
-}
-
-func (s *testServer) handle(c net.Conn) {
-	defer s.wg.Done()
-	defer func() {
-		_ = c.Close()
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-	}()
-	cfg := &ssh.ServerConfig{
-		PublicKeyCallback: func(_ ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
-			if string(key.Marshal()) == string(s.authorized) {
-				return nil, nil
-			}
-			return nil, io.ErrUnexpectedEOF
-		},
-	}
-	for _, k := range s.hostKeys {
-		cfg.AddHostKey(k)
-	}
-	sc, chans, reqs, err := ssh.NewServerConn(&freezeConn{Conn: c, s: s}, cfg)
-	if err != nil {
-		return
-	}
-	defer sc.Close()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for r := range reqs {
-			if r.Type == "keepalive@openssh.com" {
-				s.keepalives.Add(1)
-			}
-			if r.WantReply {
-				_ = r.Reply(false, nil) // like OpenSSH: unknown global request -> failure reply
-			}
-		}
-	}()
-	for nc := range chans {
-		if nc.ChannelType() != "direct-streamlocal@openssh.com" {
-			_ = nc.Reject(ssh.UnknownChannelType, "unsupported")
-			continue
-		}
-		var req struct {
-			Path      string
-			Reserved0 string
-			Reserved1 uint32
-		}
-		if err := ssh.Unmarshal(nc.ExtraData(), &req); err != nil {
-			_ = nc.Reject(ssh.ConnectionFailed, "bad request")
-			continue
-		}
-		s.mu.Lock()
-		refused := s.refuse[req.Path]
-		s.mu.Unlock()
-		if refused {
-			_ = nc.Reject(ssh.ConnectionFailed, "open failed")
-			continue
-		}
-		uc, err := net.Dial("unix", req.Path)
-		if err != nil {
-			_ = nc.Reject(ssh.ConnectionFailed, "open failed")
-			continue
-		}
-		ch, creqs, err := nc.Accept()
-		if err != nil {
-			_ = uc.Close()
-			continue
-		}
-		s.wg.Add(3)
-		go func() { defer s.wg.Done(); ssh.DiscardRequests(creqs) }()
-		go func() {
-			defer s.wg.Done()
-			_, _ = io.Copy(ch, uc)
-			_ = ch.Close()
-		}()
-		go func() {
-			defer s.wg.Done()
-			_, _ = io.Copy(uc, ch)
-			_ = uc.Close()
-		}()
-	}
-}
 
 // fakeLibvirtd speaks just enough of the libvirt RPC protocol on a unix
 // socket: AuthList, ConnectOpen, ConnectClose, ConnectGetHostname.
@@ -607,7 +329,7 @@ func (f *fakeLibvirtd) finishUpload(u *uploadState, aborted bool) {
 
 // fixture is a test server plus the client files that reach it.
 type fixture struct {
-	srv        *testServer
+	srv        *sshtest.Server
 	dir        string
 	keyFile    string
 	knownHosts string
@@ -616,31 +338,10 @@ type fixture struct {
 
 func newFixture(t *testing.T, hostKeys ...ssh.Signer) *fixture {
 	t.Helper()
-	dir := t.TempDir()
-	priv := genEd25519(t)
-	clientPub, err := ssh.NewPublicKey(priv.Public())
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, clientPub, hostKeys...)
-	return &fixture{
-		srv:        srv,
-		dir:        dir,
-		keyFile:    writeKey(t, dir, "id_ed25519", priv),
-		knownHosts: writeKnownHosts(t, dir, "known_hosts", srv.Addr, srv.hostKeys[0].PublicKey()),
-		clientPriv: priv,
-	}
+	x := sshtest.NewFixture(t, hostKeys...)
+	return &fixture{srv: x.Server, dir: x.Dir, keyFile: x.KeyFile, knownHosts: x.KnownHosts, clientPriv: x.ClientKey}
 }
 
 func (f *fixture) config() Config {
 	return Config{Addr: f.srv.Addr, User: "root", KeyFile: f.keyFile, KnownHostsFile: f.knownHosts}
-}
-
-func genECDSA(t *testing.T) *ecdsa.PrivateKey {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/testing/sshtest"
 	"go.uber.org/goleak"
 	"golang.org/x/crypto/ssh"
 )
@@ -120,7 +121,7 @@ func TestKindString(t *testing.T) {
 
 func TestDialErrors(t *testing.T) {
 	f := newFixture(t)
-	other := mustSigner(t, genEd25519(t)).PublicKey()
+	other := sshtest.Signer(t, sshtest.GenEd25519(t)).PublicKey()
 	closedPort := func() string {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -138,16 +139,16 @@ func TestDialErrors(t *testing.T) {
 	}{
 		{"ok", func(*Config) {}, KindUnknown, false},
 		{"unknown host", func(c *Config) {
-			c.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-other-host", "10.9.9.9:22", f.srv.hostKeys[0].PublicKey())
+			c.KnownHostsFile = sshtest.WriteKnownHosts(t, f.dir, "kh-other-host", "10.9.9.9:22", f.srv.HostKeys[0].PublicKey())
 		}, KindHostUnknown, false},
 		{"empty known_hosts", func(c *Config) {
-			c.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-empty", f.srv.Addr)
+			c.KnownHostsFile = sshtest.WriteKnownHosts(t, f.dir, "kh-empty", f.srv.Addr)
 		}, KindHostUnknown, false},
 		{"missing known_hosts", func(c *Config) {
 			c.KnownHostsFile = filepath.Join(f.dir, "nope")
 		}, KindHostUnknown, true},
 		{"host key mismatch", func(c *Config) {
-			c.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-mismatch", f.srv.Addr, other)
+			c.KnownHostsFile = sshtest.WriteKnownHosts(t, f.dir, "kh-mismatch", f.srv.Addr, other)
 		}, KindHostKeyMismatch, false},
 		{"missing key file", func(c *Config) { c.KeyFile = filepath.Join(f.dir, "missing") }, KindKeyUnreadable, true},
 		{"garbage key file", func(c *Config) {
@@ -157,10 +158,10 @@ func TestDialErrors(t *testing.T) {
 			}
 			c.KeyFile = p
 		}, KindKeyUnreadable, true},
-		{"auth refused", func(c *Config) { c.KeyFile = writeKey(t, f.dir, "unauthorized", genEd25519(t)) }, KindAuthRefused, false},
+		{"auth refused", func(c *Config) { c.KeyFile = sshtest.WriteKey(t, f.dir, "unauthorized", sshtest.GenEd25519(t)) }, KindAuthRefused, false},
 		{"unreachable", func(c *Config) {
 			c.Addr = closedPort
-			c.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-closed", closedPort, f.srv.hostKeys[0].PublicKey())
+			c.KnownHostsFile = sshtest.WriteKnownHosts(t, f.dir, "kh-closed", closedPort, f.srv.HostKeys[0].PublicKey())
 		}, KindUnreachable, false},
 	}
 	for _, tc := range tests {
@@ -168,7 +169,7 @@ func TestDialErrors(t *testing.T) {
 			cfg := f.config()
 			tc.edit(&cfg)
 			p := newPool(t, cfg)
-			before := f.srv.accepts.Load()
+			before := f.srv.Accepts()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			c, err := p.Client(ctx)
@@ -191,7 +192,7 @@ func TestDialErrors(t *testing.T) {
 				!strings.Contains(err.Error(), "SHA256:") {
 				t.Errorf("host key error does not show the presented key: %v", err)
 			}
-			if tc.noNetwork && f.srv.accepts.Load() != before {
+			if tc.noNetwork && f.srv.Accepts() != before {
 				t.Errorf("the server was contacted although the failure is local")
 			}
 			if !p.Dead() {
@@ -207,8 +208,8 @@ func TestDialErrors(t *testing.T) {
 // A server offering ecdsa first and ed25519 must be accepted when
 // known_hosts pins only the ed25519 key (and vice versa).
 func TestHostKeyAlgorithmFromKnownHosts(t *testing.T) {
-	ec := mustSigner(t, genECDSA(t))
-	ed := mustSigner(t, genEd25519(t))
+	ec := sshtest.Signer(t, sshtest.GenECDSA(t))
+	ed := sshtest.Signer(t, sshtest.GenEd25519(t))
 	f := newFixture(t, ec, ed)
 	for _, tc := range []struct {
 		name string
@@ -216,7 +217,7 @@ func TestHostKeyAlgorithmFromKnownHosts(t *testing.T) {
 	}{{"ed25519", ed.PublicKey()}, {"ecdsa", ec.PublicKey()}} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := f.config()
-			cfg.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-"+tc.name, f.srv.Addr, tc.pin)
+			cfg.KnownHostsFile = sshtest.WriteKnownHosts(t, f.dir, "kh-"+tc.name, f.srv.Addr, tc.pin)
 			p := newPool(t, cfg)
 			if _, err := p.Client(context.Background()); err != nil {
 				t.Fatalf("Client: %v", err)
@@ -267,8 +268,8 @@ func TestKeepaliveDeclaresDeadWhenFrozen(t *testing.T) {
 	if p.Dead() {
 		t.Fatal("healthy link declared dead")
 	}
-	if f.srv.keepalives.Load() < 2 {
-		t.Errorf("server saw %d keepalives in %v", f.srv.keepalives.Load(), 3*iv)
+	if f.srv.Keepalives() < 2 {
+		t.Errorf("server saw %d keepalives in %v", f.srv.Keepalives(), 3*iv)
 	}
 	f.srv.Freeze()
 	frozenAt := time.Now()
@@ -387,7 +388,7 @@ func TestRedialAfterDeath(t *testing.T) {
 			if _, _, err := c2.SendRequest("keepalive@openssh.com", true, nil); err != nil {
 				t.Fatalf("new client: %v", err)
 			}
-			if got := f.srv.accepts.Load(); got != 2 {
+			if got := f.srv.Accepts(); got != 2 {
 				t.Errorf("server accepted %d connections, want 2", got)
 			}
 		})
@@ -403,7 +404,7 @@ func TestRedialAfterDeath(t *testing.T) {
 func TestRedialBackoff(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.config()
-	cfg.KeyFile = writeKey(t, f.dir, "unauthorized", genEd25519(t))
+	cfg.KeyFile = sshtest.WriteKey(t, f.dir, "unauthorized", sshtest.GenEd25519(t))
 	cfg.MaxRedialBackoff = 10 * time.Second
 	p := newPool(t, cfg)
 	p.mu.Lock()
@@ -422,7 +423,7 @@ func TestRedialBackoff(t *testing.T) {
 			t.Fatalf("call %d during the backoff: kind %v (err %v)", i, KindOf(err), err)
 		}
 	}
-	if got := f.srv.accepts.Load(); got != 1 {
+	if got := f.srv.Accepts(); got != 1 {
 		t.Errorf("server contacted %d times by 5 calls within one backoff, want 1", got)
 	}
 	// A call that can wait waits the backoff out and dials again.
@@ -432,7 +433,7 @@ func TestRedialBackoff(t *testing.T) {
 	if _, err := p.Client(ctx); KindOf(err) != KindAuthRefused {
 		t.Fatalf("kind %v", KindOf(err))
 	}
-	if got := f.srv.accepts.Load(); got != 2 {
+	if got := f.srv.Accepts(); got != 2 {
 		t.Errorf("server contacted %d times, want 2", got)
 	}
 }
@@ -595,7 +596,7 @@ func TestLibvirtDoCtxServerFrozen(t *testing.T) {
 	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
 		t.Fatalf("after thaw: %q %v", h, err)
 	}
-	if got := f.srv.accepts.Load(); got != 2 {
+	if got := f.srv.Accepts(); got != 2 {
 		t.Errorf("accepts %d, want 2 (fresh connection)", got)
 	}
 }
@@ -626,7 +627,7 @@ func TestLibvirtReconnectAfterLibvirtdRestart(t *testing.T) {
 	if n := lvd.opens.Load(); n != 2 {
 		t.Errorf("opens %d, want 2", n)
 	}
-	if got := f.srv.accepts.Load(); got != 1 {
+	if got := f.srv.Accepts(); got != 1 {
 		t.Errorf("accepts %d, want 1 (SSH link reused)", got)
 	}
 }
@@ -708,7 +709,7 @@ func TestLibvirtDedicated(t *testing.T) {
 		t.Errorf("Kill took %v to abort the call", el)
 	}
 	_ = d2.Close()
-	if got := f.srv.accepts.Load(); got != 2 {
+	if got := f.srv.Accepts(); got != 2 {
 		t.Errorf("accepts %d, want 2 dedicated connections", got)
 	}
 }
@@ -942,10 +943,10 @@ func TestCloseOrderDeadBeforeConnClose(t *testing.T) {
 // interception) is a host key mismatch, as OpenSSH reports it ("remote host
 // identification has changed"), never a network fault.
 func TestHostKeyOfAnotherTypeIsMismatch(t *testing.T) {
-	ec := mustSigner(t, genECDSA(t))
+	ec := sshtest.Signer(t, sshtest.GenECDSA(t))
 	f := newFixture(t, ec) // the server has only an ECDSA host key
 	cfg := f.config()
-	cfg.KnownHostsFile = writeKnownHosts(t, f.dir, "kh-ed", f.srv.Addr, mustSigner(t, genEd25519(t)).PublicKey())
+	cfg.KnownHostsFile = sshtest.WriteKnownHosts(t, f.dir, "kh-ed", f.srv.Addr, sshtest.Signer(t, sshtest.GenEd25519(t)).PublicKey())
 	p := newPool(t, cfg)
 	_, err := p.Client(context.Background())
 	if KindOf(err) != KindHostKeyMismatch {
@@ -953,9 +954,9 @@ func TestHostKeyOfAnotherTypeIsMismatch(t *testing.T) {
 	}
 	t.Logf("%v", err)
 	// A host still presenting the pinned type is unaffected.
-	f2 := newFixture(t, ec, mustSigner(t, genEd25519(t)))
+	f2 := newFixture(t, ec, sshtest.Signer(t, sshtest.GenEd25519(t)))
 	cfg2 := f2.config()
-	cfg2.KnownHostsFile = writeKnownHosts(t, f2.dir, "kh-ec", f2.srv.Addr, ec.PublicKey())
+	cfg2.KnownHostsFile = sshtest.WriteKnownHosts(t, f2.dir, "kh-ec", f2.srv.Addr, ec.PublicKey())
 	if _, err := newPool(t, cfg2).Client(context.Background()); err != nil {
 		t.Fatalf("pinned ECDSA on a host with ECDSA and ed25519: %v", err)
 	}
