@@ -73,7 +73,7 @@ KEEP_STACK ?=
 #               operator's control plane on a new machine and runs the
 #               5-minute soak, which keeps the same packages busy under
 #               faults; make stress is the repeated proof).
-STRESS_PKGS := ./sshconn ./imagecache ./kvm2
+STRESS_PKGS := ./sshconn ./internal/libvirtconn ./imagecache ./kvm2
 STRESS_COUNT ?= 20
 STRESS_FLAGS ?=
 CI_STRESS_COUNT ?= 1

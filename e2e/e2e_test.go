@@ -17,6 +17,7 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
@@ -157,7 +158,7 @@ func labSite(t *testing.T) guestSite {
 		clients:  h.CallerAddr + "/32",
 		targetIP: h.CallerAddr,
 		raw: guesttest.Dial(t, sshconn.Config{Addr: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts},
-			sshconn.LibvirtConfig{Socket: h.LibvirtSocket, URI: h.LibvirtURI}),
+			libvirtconn.Config{Socket: h.LibvirtSocket, URI: h.LibvirtURI}),
 	}
 	if len(env.Hosts) > 1 {
 		s.beyondIP = env.Hosts[1].CallerAddr

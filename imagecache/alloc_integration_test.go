@@ -18,7 +18,7 @@ import (
 // module cannot avoid; everything else must not grow with the image:
 // go-libvirt's stream calls allocated a buffer per received packet (1 byte
 // per byte read back) and 4 MiB per upload segment, 2.4 bytes per byte in
-// all, which sshconn's own stream calls (sshconn/ownstream.go) remove.
+// all, which the libvirt session's own stream calls (internal/libvirtconn) remove.
 func TestStackFetchAllocations(t *testing.T) {
 	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 96)

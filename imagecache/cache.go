@@ -8,8 +8,8 @@
 // base at once, single-flight inside one process, eviction that refuses while
 // a domain uses the base, List and Verify.
 //
-// It does not own the libvirt connection (Conn; SSH adapts
-// *sshconn.Libvirt), the overlays and domains that use a base (kvm2 does),
+// It does not own the libvirt connection (Conn; SSH adapts a libvirt
+// session over SSH), the overlays and domains that use a base (kvm2 does),
 // or retries: every error is classed with the provider error codes and the
 // caller decides.
 //

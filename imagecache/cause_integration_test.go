@@ -18,6 +18,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"libvirt.org/go/libvirtxml"
@@ -98,7 +99,7 @@ func (p *cutProxy) cut(n int) {
 // dirPool defines a dir pool in a fresh directory (persistent: defined and
 // started; else transient: created) and returns its name and directory.
 // When the test ends the pool is destroyed (and undefined).
-func dirPool(t *testing.T, lv *sshconn.Libvirt, persistent bool) (name, dir string) {
+func dirPool(t *testing.T, lv *libvirtconn.Session, persistent bool) (name, dir string) {
 	t.Helper()
 	name = "ic-cause-" + testEntry()
 	dir = filepath.Join(t.TempDir(), "pool")
@@ -143,7 +144,7 @@ func dirPool(t *testing.T, lv *sshconn.Libvirt, persistent bool) (name, dir stri
 // restorePool starts pool again (persistent) or re-creates it from the
 // same directory (transient) when the test destroyed it; the entry's
 // volumes can then be checked and removed.
-func restorePool(t *testing.T, lv *sshconn.Libvirt, pool, dir string, persistent bool) {
+func restorePool(t *testing.T, lv *libvirtconn.Session, pool, dir string, persistent bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -245,12 +246,12 @@ func TestStackLibvirtFailureNamed(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				conn = sshconn.NewLibvirt(p, sshconn.LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI})
+				conn = libvirtconn.New(p, libvirtconn.Config{Socket: env.LibvirtSocket, URI: env.LibvirtURI}, nil)
 				t.Cleanup(func() { _ = conn.Close(); _ = p.Close() })
 			} else {
 				conn = link(t, env)
 			}
-			r.rc = &recordingConn{Libvirt: conn}
+			r.rc = &recordingConn{Session: conn}
 			im := Image{Key: "img", URL: srv.URL + "/i"}
 			r.base = BaseName(entry, im.Key, "qcow2")
 			var once sync.Once

@@ -5,7 +5,7 @@ import (
 	"io"
 
 	"github.com/digitalocean/go-libvirt"
-	"github.com/egressproxy/egressproxy/sshconn"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 )
 
 // Libvirt is what the cache calls on a libvirt session: a subset of
@@ -43,7 +43,7 @@ type Libvirt interface {
 var _ Libvirt = (*libvirt.Libvirt)(nil)
 
 // Conn is the cache's link to one libvirtd: a shared session for short
-// calls and dedicated sessions for streams. SSH adapts *sshconn.Libvirt;
+// calls and dedicated sessions for streams. SSH adapts a libvirt session over SSH;
 // tests use an in-memory one (internal/libvirtfake). Implementations must
 // be safe for concurrent use.
 type Conn interface {
@@ -76,14 +76,14 @@ type Dedicated interface {
 // SSH adapts l for New: the shared session is l.Do's, a dedicated session
 // is l.Dedicated's (its own SSH connection). SSH(nil) returns nil, which
 // New refuses.
-func SSH(l *sshconn.Libvirt) Conn {
+func SSH(l *libvirtconn.Session) Conn {
 	if l == nil {
 		return nil
 	}
 	return sshConn{l}
 }
 
-type sshConn struct{ l *sshconn.Libvirt }
+type sshConn struct{ l *libvirtconn.Session }
 
 func (s sshConn) Do(ctx context.Context, fn func(Libvirt) error) error {
 	return s.l.Do(ctx, func(l *libvirt.Libvirt) error { return fn(l) })
@@ -97,16 +97,16 @@ func (s sshConn) Dedicated(ctx context.Context) (Dedicated, error) {
 	return sshDedicated{d}, nil
 }
 
-// sshDedicated is a *sshconn.DedicatedConn as a Dedicated: go-libvirt's
-// calls, except the two stream calls, which sshconn makes itself without
+// sshDedicated is a *libvirtconn.Dedicated as a Dedicated: go-libvirt's
+// calls, except the two stream calls, which libvirtconn makes itself without
 // go-libvirt's per-packet and per-call buffers (the cold fetch's memory).
-type sshDedicated struct{ d *sshconn.DedicatedConn }
+type sshDedicated struct{ d *libvirtconn.Dedicated }
 
 func (s sshDedicated) Libvirt() Libvirt { return dedicatedLibvirt{s.d.L, s.d} }
 
 type dedicatedLibvirt struct {
 	*libvirt.Libvirt
-	d *sshconn.DedicatedConn
+	d *libvirtconn.Dedicated
 }
 
 func (l dedicatedLibvirt) StorageVolUpload(vol libvirt.StorageVol, src io.Reader, offset, length uint64, flags libvirt.StorageVolUploadFlags) error {

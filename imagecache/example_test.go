@@ -6,6 +6,7 @@ import (
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -83,7 +84,7 @@ func ExampleRedactURL() {
 	// {Key:debian-12 URL:https://REDACTED@mirror.example.net/img.qcow2 SHA256: Format:}
 }
 
-// New takes a Conn: imagecache.SSH adapts an sshconn.Libvirt (kvm2 does
+// New takes a Conn: imagecache.SSH adapts a libvirt session over SSH (kvm2 does
 // this for each provider entry). Nothing here touches the host: the first
 // Ensure dials.
 func ExampleNew() {
@@ -96,7 +97,7 @@ func ExampleNew() {
 		return
 	}
 	defer pool.Close()
-	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{})
+	lv := libvirtconn.New(pool, libvirtconn.Config{}, nil)
 	defer lv.Close()
 	c, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{
 		Entry:          "lab-1",

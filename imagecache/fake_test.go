@@ -19,6 +19,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"go.uber.org/goleak"
@@ -879,7 +880,7 @@ func TestSSHAdapter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{})
+	lv := libvirtconn.New(pool, libvirtconn.Config{}, nil)
 	defer lv.Close()
 	conn := SSH(lv)
 	ran := false

@@ -21,6 +21,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -50,7 +51,7 @@ func labTarget(t *testing.T, h lab.Host, mod func(*sshconn.Config)) fanTarget {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lv := sshconn.NewLibvirt(p, sshconn.LibvirtConfig{Socket: h.LibvirtSocket, URI: h.LibvirtURI})
+	lv := libvirtconn.New(p, libvirtconn.Config{Socket: h.LibvirtSocket, URI: h.LibvirtURI}, nil)
 	t.Cleanup(func() {
 		_ = lv.Close()
 		_ = p.Close()

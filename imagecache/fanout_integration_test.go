@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
@@ -20,7 +21,7 @@ import (
 // fanTarget is one host (pool) a fan-out test publishes on.
 type fanTarget struct {
 	name string
-	lv   *sshconn.Libvirt
+	lv   *libvirtconn.Session
 	pool string
 }
 
@@ -42,7 +43,7 @@ func fanTargets(t *testing.T) []fanTarget {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lv := sshconn.NewLibvirt(p, sshconn.LibvirtConfig{Socket: h.LibvirtSocket, URI: h.LibvirtURI})
+		lv := libvirtconn.New(p, libvirtconn.Config{Socket: h.LibvirtSocket, URI: h.LibvirtURI}, nil)
 		t.Cleanup(func() {
 			_ = lv.Close()
 			_ = p.Close()

@@ -394,7 +394,7 @@ func (c *Cache) poolAvailable(ctx context.Context) (uint64, error) {
 // offer to the read-back (see committed) or close. vol is the volume's
 // handle (nil: looked up on the connection, see doHandle).
 //
-// Two guards keep libvirt from losing bytes silently (sshconn's stream
+// Two guards keep libvirt from losing bytes silently (the libvirt session's stream
 // guard keeps go-libvirt's router from deadlocking on the packets libvirtd
 // sends after a failed stream): the source never announces the end of a
 // segment before libvirt has written every byte of it (the volume's size
@@ -537,7 +537,7 @@ func uploadCause(name string, n int64, f meterFailure, callErr error) error {
 var (
 	// streamWait bounds how long runStream waits for a stream call to
 	// return once its link was killed. Killing the link always ends the
-	// call (sshconn's stream guard keeps go-libvirt's router from
+	// call (the libvirt session's stream guard keeps go-libvirt's router from
 	// deadlocking), so this is a bound for logs, not an expected wait; the
 	// goroutine is owned by the cache either way and Close waits for it.
 	streamWait = 10 * time.Second

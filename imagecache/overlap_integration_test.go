@@ -19,8 +19,8 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
-	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // slowReader hands out its bytes 64 KiB at a time, pausing between reads,
@@ -156,7 +156,7 @@ func TestStackUploadSetupRacesDownloadSetup(t *testing.T) {
 		t.Fatal(err)
 	}
 	data := randBytes(64 << 10)
-	conns := make([]*sshconn.DedicatedConn, 2)
+	conns := make([]*libvirtconn.Dedicated, 2)
 	vols := make([]libvirt.StorageVol, 2)
 	for i := range conns {
 		d, err := lv.Dedicated(ctx)

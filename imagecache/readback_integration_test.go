@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -18,7 +19,7 @@ import (
 // Many read-backs in a row each deliver every byte and return. Under CPU
 // load the real libvirtd sometimes sends a download's first data packet
 // before the call's reply (measured: 11 of 200 read-backs with both cores
-// busy); without sshconn's stream guard each of those left go-libvirt's
+// busy); without the libvirt session's stream guard each of those left go-libvirt's
 // router deadlocked and the read-back never started (docs/upstream.md).
 // The test logs how often the guard had to act.
 func TestStackReadBacksComplete(t *testing.T) {
@@ -34,7 +35,7 @@ func TestStackReadBacksComplete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lv := sshconn.NewLibvirt(p, sshconn.LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI, Logger: log})
+	lv := libvirtconn.New(p, libvirtconn.Config{Socket: env.LibvirtSocket, URI: env.LibvirtURI}, &libvirtconn.Options{Logger: log})
 	t.Cleanup(func() {
 		_ = lv.Close()
 		_ = p.Close()

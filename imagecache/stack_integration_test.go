@@ -27,6 +27,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"github.com/go-logr/logr/testr"
@@ -39,13 +40,13 @@ import (
 
 // link opens a fresh sshconn pool + libvirt session to the stack (each call
 // is a separate SSH connection, as another process would have).
-func link(t *testing.T, env teststack.Env) *sshconn.Libvirt {
+func link(t *testing.T, env teststack.Env) *libvirtconn.Session {
 	t.Helper()
 	p, err := sshconn.New(sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lv := sshconn.NewLibvirt(p, sshconn.LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI})
+	lv := libvirtconn.New(p, libvirtconn.Config{Socket: env.LibvirtSocket, URI: env.LibvirtURI}, nil)
 	t.Cleanup(func() {
 		_ = lv.Close()
 		_ = p.Close()
@@ -55,7 +56,7 @@ func link(t *testing.T, env teststack.Env) *sshconn.Libvirt {
 
 // stackEntry links to the stack and returns a fresh entry whose volumes
 // are deleted when the test ends.
-func stackEntry(t *testing.T) (teststack.Env, *sshconn.Libvirt, string) {
+func stackEntry(t *testing.T) (teststack.Env, *libvirtconn.Session, string) {
 	t.Helper()
 	env := teststack.Require(t)
 	lv := link(t, env)
@@ -97,7 +98,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 }
 
 // poolNames lists the pool's volume names.
-func poolNames(t *testing.T, lv *sshconn.Libvirt, pool string) []string {
+func poolNames(t *testing.T, lv *libvirtconn.Session, pool string) []string {
 	t.Helper()
 	var names []string
 	err := lv.Do(ctxT(t, 30*time.Second), onPool(pool, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
@@ -117,7 +118,7 @@ func poolNames(t *testing.T, lv *sshconn.Libvirt, pool string) []string {
 }
 
 // ours returns the volumes of entry (bases, markers, claims).
-func ours(t *testing.T, lv *sshconn.Libvirt, pool, entry string) []string {
+func ours(t *testing.T, lv *libvirtconn.Session, pool, entry string) []string {
 	var out []string
 	for _, n := range poolNames(t, lv, pool) {
 		if strings.HasPrefix(n, basePrefix+entry+sep) || strings.HasPrefix(n, claimPrefix+entry+sep) {
@@ -128,7 +129,7 @@ func ours(t *testing.T, lv *sshconn.Libvirt, pool, entry string) []string {
 }
 
 // cleanupEntry deletes every volume of entry when the test ends.
-func cleanupEntry(t *testing.T, lv *sshconn.Libvirt, pool, entry string) {
+func cleanupEntry(t *testing.T, lv *libvirtconn.Session, pool, entry string) {
 	t.Cleanup(func() {
 		for _, n := range ours(t, lv, pool, entry) {
 			_ = delVol(lv, pool, n)
@@ -136,7 +137,7 @@ func cleanupEntry(t *testing.T, lv *sshconn.Libvirt, pool, entry string) {
 	})
 }
 
-func delVol(lv *sshconn.Libvirt, pool, name string) error {
+func delVol(lv *libvirtconn.Session, pool, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return lv.Do(ctx, onVol(pool, name, func(l *libvirt.Libvirt, v libvirt.StorageVol) error {
@@ -145,7 +146,7 @@ func delVol(lv *sshconn.Libvirt, pool, name string) error {
 }
 
 // putVol creates a raw volume holding data.
-func putVol(t *testing.T, lv *sshconn.Libvirt, pool, name string, data []byte) {
+func putVol(t *testing.T, lv *libvirtconn.Session, pool, name string, data []byte) {
 	t.Helper()
 	x, _ := volXML(name, 0)
 	err := lv.Do(ctxT(t, 30*time.Second), onPool(pool, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
@@ -163,7 +164,7 @@ func putVol(t *testing.T, lv *sshconn.Libvirt, pool, name string, data []byte) {
 	}
 }
 
-func assertClean(t *testing.T, lv *sshconn.Libvirt, pool, entry string) {
+func assertClean(t *testing.T, lv *libvirtconn.Session, pool, entry string) {
 	t.Helper()
 	if left := ours(t, lv, pool, entry); len(left) > 0 {
 		t.Errorf("volumes left behind: %v", left)
@@ -299,17 +300,17 @@ func (truncatingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // recordingConn hands out dedicated connections and remembers the last one
 // so a test can kill it mid-upload.
 type recordingConn struct {
-	*sshconn.Libvirt
+	*libvirtconn.Session
 	mu   sync.Mutex
-	last *sshconn.DedicatedConn
+	last *libvirtconn.Dedicated
 }
 
 func (r *recordingConn) Do(ctx context.Context, fn func(Libvirt) error) error {
-	return SSH(r.Libvirt).Do(ctx, fn)
+	return SSH(r.Session).Do(ctx, fn)
 }
 
 func (r *recordingConn) Dedicated(ctx context.Context) (Dedicated, error) {
-	d, err := r.Libvirt.Dedicated(ctx)
+	d, err := r.Session.Dedicated(ctx)
 	r.mu.Lock()
 	r.last = d
 	r.mu.Unlock()
@@ -539,7 +540,7 @@ func TestStackUploadSabotage(t *testing.T) {
 					time.Sleep(5 * time.Millisecond)
 				}
 			})
-			rc := &recordingConn{Libvirt: link(t, env)}
+			rc := &recordingConn{Session: link(t, env)}
 			var once sync.Once
 			im := Image{Key: "img", URL: srv.URL + "/i"}
 			base := BaseName(entry, im.Key, "qcow2")
@@ -573,7 +574,7 @@ func TestStackUploadSabotage(t *testing.T) {
 
 // tmpfsPool mounts a small tmpfs under the stack dir and defines a
 // transient dir pool on it; both are removed when the test ends.
-func tmpfsPool(t *testing.T, env teststack.Env, lv *sshconn.Libvirt, size string) (name, dir string) {
+func tmpfsPool(t *testing.T, env teststack.Env, lv *libvirtconn.Session, size string) (name, dir string) {
 	t.Helper()
 	// A run killed by a timeout skips its cleanups: remove what it left.
 	_ = lv.Do(ctxT(t, 30*time.Second), func(l *libvirt.Libvirt) error {
@@ -632,7 +633,7 @@ func tmpfsPool(t *testing.T, env teststack.Env, lv *sshconn.Libvirt, size string
 	return name, dir
 }
 
-func poolFree(t *testing.T, lv *sshconn.Libvirt, pool string) uint64 {
+func poolFree(t *testing.T, lv *libvirtconn.Session, pool string) uint64 {
 	var avail uint64
 	err := lv.Do(ctxT(t, 30*time.Second), onPool(pool, func(l *libvirt.Libvirt, p libvirt.StoragePool) error {
 		if err := l.StoragePoolRefresh(p, 0); err != nil {
@@ -1191,7 +1192,7 @@ func BenchmarkStackTransfer(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	lv := sshconn.NewLibvirt(p, sshconn.LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI})
+	lv := libvirtconn.New(p, libvirtconn.Config{Socket: env.LibvirtSocket, URI: env.LibvirtURI}, nil)
 	defer p.Close()
 	defer lv.Close()
 	entry := testEntry()

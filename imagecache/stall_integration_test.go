@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -145,7 +146,7 @@ func TestStackStreamStallRetriedOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = pool.Close() })
-			lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI})
+			lv := libvirtconn.New(pool, libvirtconn.Config{Socket: env.LibvirtSocket, URI: env.LibvirtURI}, nil)
 			t.Cleanup(func() { _ = lv.Close() })
 			check := link(t, env)
 			entry := testEntry()

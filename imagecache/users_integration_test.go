@@ -15,13 +15,13 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy/internal/errs"
-	"github.com/egressproxy/egressproxy/sshconn"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 )
 
 // defineWithDisk defines (does not start) a domain whose only disk is the
 // file path with the given driver format. It returns a func that undefines
 // it, which also runs at cleanup (an already undefined domain is fine).
-func defineWithDisk(t *testing.T, lv *sshconn.Libvirt, name, file, format string) (undefine func() error) {
+func defineWithDisk(t *testing.T, lv *libvirtconn.Session, name, file, format string) (undefine func() error) {
 	t.Helper()
 	dx, err := (&libvirtxml.Domain{
 		Type: "qemu", Name: name,

@@ -61,7 +61,7 @@ func (f *fakeAddrBackend) InterfaceAddresses(ctx context.Context, src libvirt.Do
 	}
 	if a.cancel && f.cancel != nil {
 		f.cancel()
-		// what sshconn.Libvirt.Do returns when the ctx ends mid-call
+		// what libvirtconn.Session.Do returns when the ctx ends mid-call
 		return nil, &sshconn.Error{Kind: sshconn.KindUnreachable, Op: "libvirt call", Err: ctx.Err()}
 	}
 	if a.block {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -188,7 +189,7 @@ func rawLibvirt(t *testing.T, fn func(*libvirt.Libvirt) error) error {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{Socket: cfg.LibvirtSocket, URI: cfg.LibvirtURI})
+	lv := libvirtconn.New(pool, libvirtconn.Config{Socket: cfg.LibvirtSocket, URI: cfg.LibvirtURI}, nil)
 	defer lv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -59,7 +59,7 @@ func TestDocsConfigExample(t *testing.T) {
 	}
 	// The option structs of imagecache, health and sshconn are listed by key.
 	for _, typ := range []reflect.Type{reflect.TypeFor[imagecache.Config](), reflect.TypeFor[health.TrackerOptions](), reflect.TypeFor[health.ProbeAllOptions](), reflect.TypeFor[health.ProbeOptions](),
-		reflect.TypeFor[sshconn.Config](), reflect.TypeFor[sshconn.LibvirtConfig]()} {
+		reflect.TypeFor[sshconn.Config]()} {
 		names, _ := jsonFields(typ)
 		for name := range names {
 			if !strings.Contains(doc, "`"+name+"`") {

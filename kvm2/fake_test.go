@@ -858,7 +858,7 @@ func (f *fakeLibvirt) setARP(mac, ip string) {
 	f.mu.Unlock()
 }
 
-// fakeSession is the lvSession over a fakeLibvirt, with sshconn.Libvirt's
+// fakeSession is the lvSession over a fakeLibvirt, with libvirtconn.Session's
 // Do contract: fn runs on its own goroutine; a Do whose ctx ends returns at
 // once (fn is abandoned and completes later); Close ends every Do and waits
 // for their goroutines; after Close, Do fails with KindClosed. A call that

@@ -20,6 +20,7 @@ import (
 	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/libvirterr"
 	"github.com/egressproxy/egressproxy/internal/obs"
 	"github.com/egressproxy/egressproxy/sshconn"
@@ -103,12 +104,12 @@ func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 	if err != nil {
 		return nil, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
 	}
-	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{
+	lv := libvirtconn.New(pool, libvirtconn.Config{
+		Address:     cfg.Address,
 		Socket:      cfg.LibvirtSocket,
 		URI:         cfg.LibvirtURI,
 		CallTimeout: cfg.CallTimeout,
-		Logger:      log,
-	})
+	}, &libvirtconn.Options{Logger: log})
 	fanout := opts.ImageFanout
 	switch {
 	case opts.NoImageFanout:

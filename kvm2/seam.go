@@ -10,11 +10,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // The seam between the provider and what it drives: Open builds the real
-// ones (go-libvirt over sshconn, imagecache); the unit tests build a
+// ones (go-libvirt over SSH, imagecache); the unit tests build a
 // Provider on in-memory fakes through newProvider.
 
 // lvAPI is the part of go-libvirt's *libvirt.Libvirt that kvm2 calls, with
@@ -50,18 +51,18 @@ type lvAPI interface {
 var _ lvAPI = (*libvirt.Libvirt)(nil)
 
 // lvSession runs calls on the shared libvirt connection, with
-// sshconn.Libvirt.Do's contract: fn may outlive Do when ctx ends, so the
-// caller reads what fn writes only when Do returned nil; after Close, Do
-// fails with an sshconn KindClosed error.
+// libvirtconn.Session.Do's contract: fn may outlive Do when ctx ends, so
+// the caller reads what fn writes only when Do returned nil; after Close,
+// Do fails with an sshconn KindClosed error.
 type lvSession interface {
 	Do(ctx context.Context, fn func(lvAPI) error) error
 	Close() error
 }
 
-// sshSession is the real lvSession: the entry's sshconn.Libvirt and the SSH
-// pool under it (which the libvirt session does not own).
+// sshSession is the real lvSession: the entry's libvirt session and the
+// SSH pool under it (which the libvirt session does not own).
 type sshSession struct {
-	lv   *sshconn.Libvirt
+	lv   *libvirtconn.Session
 	pool *sshconn.Pool
 }
 

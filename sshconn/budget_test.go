@@ -12,7 +12,7 @@ import (
 	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
-// Our own budgets (DialTimeout, CallTimeout) are not the caller's deadline:
+// Our own budget (DialTimeout) is not the caller's deadline:
 // a caller without a deadline must never see context.DeadlineExceeded
 // (which provider classes as the caller's DeadlineExceeded), but a
 // *budget.TimeoutError naming the budget, KindUnreachable. The caller's own
@@ -62,36 +62,6 @@ func TestDialCallersDeadlineIsKept(t *testing.T) {
 			t.Fatalf("attempt %d: %v (kind %v), want the caller's context.DeadlineExceeded, unreachable", i, err, KindOf(err))
 		}
 	}
-}
-
-func TestCallTimeoutIsNotTheCallersDeadline(t *testing.T) {
-	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
-	p := newPool(t, f.config())
-	l := NewLibvirt(p, LibvirtConfig{Socket: lvd.Path, URI: "test:///default",
-		CallTimeout: 200 * time.Millisecond})
-	t.Cleanup(func() { _ = l.Close() })
-	if _, err := hostname(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	lvd.hang.Store(true)
-	for i := range 4 {
-		_, err := hostname(context.Background(), l)
-		var te *budget.TimeoutError
-		if !errors.As(err, &te) || te.Budget != "CallTimeout" || errors.Is(err, context.DeadlineExceeded) || KindOf(err) != KindUnreachable {
-			t.Fatalf("call %d: %v (kind %v), want a *budget.TimeoutError of CallTimeout, unreachable, not context.DeadlineExceeded", i, err, KindOf(err))
-		}
-	}
-	// A caller's deadline shorter than CallTimeout is the caller's.
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if _, err := hostname(ctx, l); !errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*budget.TimeoutError)) {
-		t.Fatalf("with the caller's deadline: %v", err)
-	}
-	if p.Dead() {
-		t.Error("abandoned calls tore the SSH link down")
-	}
-	lvd.hang.Store(false)
 }
 
 // A dial the caller cancels mid-handshake is the caller's cancellation,

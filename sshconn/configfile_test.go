@@ -38,22 +38,9 @@ func fullConfig() Config {
 	}
 }
 
-// fullLibvirtConfig is fullConfig for LibvirtConfig.
-func fullLibvirtConfig() LibvirtConfig {
-	return LibvirtConfig{
-		Socket:       "/run/libvirt/libvirt-sock",
-		URI:          "qemu:///session",
-		CallTimeout:  3 * time.Minute,
-		ProbeAfter:   45 * time.Second,
-		ProbeTimeout: 1500 * time.Millisecond,
-	}
-}
-
-// fullDurations is how fullConfig's and fullLibvirtConfig's durations are
-// written.
+// fullDurations is how fullConfig's durations are written.
 var fullDurations = map[string]string{
 	"dialTimeout": "15s", "keepaliveInterval": "10s", "maxRedialBackoff": "1m30s",
-	"callTimeout": "3m0s", "probeAfter": "45s", "probeTimeout": "1.5s",
 }
 
 // configCmp compares configs; the Logger (`json:"-"`, never marshalled) is
@@ -74,7 +61,7 @@ func jsonNames(t reflect.Type) map[string]string {
 
 func TestFullConfigsAreFull(t *testing.T) {
 	t.Parallel()
-	for _, c := range []any{fullConfig(), fullLibvirtConfig()} {
+	for _, c := range []any{fullConfig()} {
 		v := reflect.ValueOf(c)
 		for i := 0; i < v.NumField(); i++ {
 			f := v.Type().Field(i)
@@ -91,7 +78,7 @@ func TestFullConfigsAreFull(t *testing.T) {
 func TestConfigTags(t *testing.T) {
 	t.Parallel()
 	hidden := map[string]bool{"Key": true, "KeyPassphrase": true, "Signer": true, "Logger": true}
-	for _, typ := range []reflect.Type{reflect.TypeFor[Config](), reflect.TypeFor[LibvirtConfig]()} {
+	for _, typ := range []reflect.Type{reflect.TypeFor[Config]()} {
 		seen := map[string]bool{}
 		for i := 0; i < typ.NumField(); i++ {
 			f := typ.Field(i)
@@ -184,11 +171,6 @@ func TestConfigRoundTrip(t *testing.T) {
 	roundTrip(t, fullConfig())
 }
 
-func TestLibvirtConfigRoundTrip(t *testing.T) {
-	t.Parallel()
-	roundTrip(t, fullLibvirtConfig())
-}
-
 // A config file written by hand, as an adopter would, gives the same
 // values; a bare number for a duration is refused, naming the field.
 func TestConfigYAMLByHand(t *testing.T) {
@@ -212,16 +194,9 @@ maxRedialBackoff: 90s
 	if d := cmp.Diff(fullConfig(), got, configCmp); d != "" {
 		t.Errorf("(-want +got):\n%s", d)
 	}
-	var lv LibvirtConfig
-	if err := yaml.UnmarshalStrict([]byte("socket: /run/libvirt/libvirt-sock\nuri: qemu:///session\ncallTimeout: 3m\nprobeAfter: 45s\nprobeTimeout: 1500ms\n"), &lv); err != nil {
-		t.Fatal(err)
-	}
-	if d := cmp.Diff(fullLibvirtConfig(), lv, configCmp); d != "" {
-		t.Errorf("LibvirtConfig (-want +got):\n%s", d)
-	}
-	err := yaml.UnmarshalStrict([]byte("probeAfter: 30\n"), &lv)
-	if err == nil || !strings.Contains(err.Error(), "probeAfter") || !strings.Contains(err.Error(), "nanoseconds") {
-		t.Errorf("bare number: %v, want an error naming probeAfter", err)
+	err := yaml.UnmarshalStrict([]byte("dialTimeout: 30\n"), &got)
+	if err == nil || !strings.Contains(err.Error(), "dialTimeout") || !strings.Contains(err.Error(), "nanoseconds") {
+		t.Errorf("bare number: %v, want an error naming dialTimeout", err)
 	}
 }
 
@@ -232,7 +207,7 @@ func TestConfigMarshalZero(t *testing.T) {
 	for _, tc := range []struct {
 		v    any
 		want string
-	}{{Config{}, `{"addr":"","user":""}`}, {LibvirtConfig{}, `{}`}} {
+	}{{Config{}, `{"addr":"","user":""}`}} {
 		b, err := json.Marshal(tc.v)
 		if err != nil {
 			t.Fatal(err)

@@ -80,22 +80,22 @@ func startCertStack(t *testing.T) *certStack {
 		encKey: enc, encPass: pass, stackKey: stackKey}
 }
 
-// hostname opens a libvirt session through cfg and returns the host name,
-// proving the link carries real work.
+// hostname dials through cfg and returns the host name libvirtd answers
+// on a channel of the connection, proving the link carries real work.
 func (cs *certStack) hostname(t *testing.T, cfg Config) (string, error) {
 	t.Helper()
 	p, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	l := NewLibvirt(p, LibvirtConfig{Socket: cs.env.LibvirtSocket, URI: cs.env.LibvirtURI})
-	defer func() {
-		_ = l.Close()
-		_ = p.Close()
-	}()
+	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	return hostname(ctx, l)
+	c, err := p.Client(ctx)
+	if err != nil {
+		return "", err
+	}
+	return libvirtHostname(ctx, cs.env, p, c)
 }
 
 func TestIntegrationHostCertificate(t *testing.T) {
@@ -226,28 +226,26 @@ func TestIntegrationAgent(t *testing.T) {
 	cfg := Config{Addr: env.SSHAddr, User: env.SSHUser, AgentSocket: sock, KnownHostsFile: env.KnownHosts}
 
 	p := newPool(t, cfg)
-	l := NewLibvirt(p, LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if got, err := hostname(ctx, l); err != nil || got != want {
+	c, err := p.Client(ctx)
+	if err != nil {
+		t.Fatalf("Client through the agent's key: %v", err)
+	}
+	if got, err := libvirtHostname(ctx, env, p, c); err != nil || got != want {
 		t.Fatalf("hostname through the agent's key: %q, %v; want %q", got, err, want)
 	}
 	// A dedicated connection dials the agent again.
-	d, err := l.Dedicated(ctx)
+	d, err := p.Dedicated(ctx)
 	if err != nil {
 		t.Fatalf("Dedicated: %v", err)
 	}
-	if h, err := d.L.ConnectGetHostname(); err != nil || h != want {
-		t.Errorf("dedicated ConnectGetHostname: %q %v", h, err)
+	if h, err := libvirtHostname(ctx, env, p, d); err != nil || h != want {
+		t.Errorf("dedicated: hostname %q %v", h, err)
 	}
 	// Both links are up, and no agent connection is held by them.
 	waitAgentIdle(t, sock)
-	if err := d.Close(); err != nil {
-		t.Errorf("dedicated Close: %v", err)
-	}
-	if err := l.Close(); err != nil {
-		t.Errorf("Libvirt Close: %v", err)
-	}
+	p.Kill(d, nil)
 	if err := p.Close(); err != nil {
 		t.Errorf("Pool Close: %v", err)
 	}

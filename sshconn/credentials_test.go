@@ -452,7 +452,7 @@ func TestDialKeySources(t *testing.T) {
 				}
 				if cfg.Key != nil || cfg.KeyFile != "" {
 					// A redial reuses the parsed key (no second bcrypt).
-					p.Kill(errors.New("test: redial"))
+					p.Kill(c, errors.New("test: redial"))
 					start := time.Now()
 					if _, err := p.Client(ctx); err != nil {
 						t.Fatalf("Client after Kill: %v", err)

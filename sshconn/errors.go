@@ -18,7 +18,7 @@ const (
 	// says "canceled" where the kind would be): it says nothing about the
 	// server.
 	KindUnknown Kind = iota
-	// KindConfig is an invalid Config or LibvirtConfig; nothing was touched.
+	// KindConfig is an invalid Config; nothing was touched.
 	KindConfig
 	// KindKeyUnreadable: the client key cannot be used (credentials
 	// unavailable): the key file is missing or unreadable, the file or Key

@@ -2,19 +2,18 @@ package sshconn_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
 
-	"github.com/digitalocean/go-libvirt"
-
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
-// One pooled SSH connection to a hypervisor and a libvirt session over it:
-// New and NewLibvirt only build them, the first Do dials. Every failure says
-// why as a Kind; here the private key file does not exist, which is found
-// before any network use (KindKeyUnreadable).
+// One pooled SSH connection to a hypervisor and a channel to libvirtd's
+// unix socket over it: New only builds the pool, the first Client dials.
+// Every failure says why as a Kind; here the private key file does not
+// exist, which is found before any network use (KindKeyUnreadable).
 func Example() {
 	dir := "/nonexistent" // where the embedder keeps its key and known_hosts
 	pool, err := sshconn.New(sshconn.Config{
@@ -27,29 +26,25 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	defer pool.Close()
-	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{}) // qemu:///system on the default socket
-	defer lv.Close()
-
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var hostname string
-	err = lv.Do(ctx, func(l *libvirt.Libvirt) error {
-		h, err := l.ConnectGetHostname()
-		if err != nil {
-			return err
-		}
-		hostname = h // read only when Do returns nil
-		return nil
-	})
+	client, err := pool.Client(ctx)
 	if err == nil {
-		fmt.Println("hostname:", hostname)
+		conn, err := pool.DialUnix(ctx, client, "/var/run/libvirt/libvirt-sock")
+		if err == nil {
+			defer conn.Close() // speak libvirt's protocol on conn
+		}
 	}
-	fmt.Println(sshconn.KindOf(err))
+	var e *sshconn.Error
+	if errors.As(err, &e) {
+		fmt.Println(e.Kind)
+	}
 
-	lv.Close()
-	err = lv.Do(ctx, func(*libvirt.Libvirt) error { return nil })
-	fmt.Println(sshconn.KindOf(err))
+	pool.Close()
+	_, err = pool.Client(ctx)
+	if errors.As(err, &e) {
+		fmt.Println(e.Kind)
+	}
 	// Output:
 	// key unreadable
 	// closed
@@ -60,10 +55,15 @@ func Example() {
 func ExampleConfig_Validate() {
 	cfg := sshconn.Config{Addr: "hv1.example.net", User: "egressproxy"} // no port, no key files
 	err := cfg.Validate()
-	fmt.Println(sshconn.KindOf(err))
+	var e *sshconn.Error
+	if errors.As(err, &e) {
+		fmt.Println(e.Kind)
+	}
 
 	_, err = sshconn.New(cfg)
-	fmt.Println(sshconn.KindOf(err))
+	if errors.As(err, &e) {
+		fmt.Println(e.Kind)
+	}
 
 	cfg.Addr = "hv1.example.net:22"
 	cfg.KeyFile, cfg.KnownHostsFile = "/etc/egressproxy/id_ed25519", "/etc/egressproxy/known_hosts"

@@ -27,20 +27,24 @@ type Pool struct {
 	closed    bool
 	closing   chan struct{} // closed by Close
 	closeCtx  context.Context
-	cancelAll context.CancelFunc // ends closeCtx: dials in flight end at Close
-	cur       *link              // the shared link; may be dead
-	dialing   chan struct{}      // non-nil while a dial of the shared link runs
-	lastErr   error              // error of the latest failed dial of the shared link
-	failures  int                // consecutive failed dials (ctx-caused ones excluded)
-	retryAt   time.Time          // no new dial before this (backoff)
-	dedicated map[*link]struct{}
-	keys      keyCache // the signer of the latest key content
+	cancelAll context.CancelFunc    // ends closeCtx: dials in flight end at Close
+	cur       *link                 // the shared link; may be dead
+	dialing   chan struct{}         // non-nil while a dial of the shared link runs
+	lastErr   error                 // error of the latest failed dial of the shared link
+	failures  int                   // consecutive failed dials (ctx-caused ones excluded)
+	retryAt   time.Time             // no new dial before this (backoff)
+	links     map[*ssh.Client]*link // every link not yet reaped: the shared one and the dedicated ones
+	keys      keyCache              // the signer of the latest key content
 
 	wg sync.WaitGroup // every goroutine the pool starts
+
+	// wrapConn, set by tests before the first dial, wraps every TCP
+	// connection a link is made of (to observe the close order).
+	wrapConn func(net.Conn) net.Conn
 }
 
-// New validates cfg and returns a Pool. It does not dial: the first Client,
-// DialUnix or Dedicated call does.
+// New validates cfg and returns a Pool. It does not dial: the first Client
+// or Dedicated call does.
 func New(cfg Config) (*Pool, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -53,7 +57,7 @@ func New(cfg Config) (*Pool, error) {
 		closing:   make(chan struct{}),
 		closeCtx:  closeCtx,
 		cancelAll: cancelAll,
-		dedicated: map[*link]struct{}{},
+		links:     map[*ssh.Client]*link{},
 	}, nil
 }
 
@@ -70,6 +74,26 @@ func (p *Pool) goOwned(f func()) bool {
 		defer p.wg.Done()
 		f()
 	}()
+	return true
+}
+
+// register records l among the pool's links and starts its reaper and
+// keepalive goroutines, unless the pool is closed (then it reports false and
+// starts nothing). Pool.Close tears down every link registered before it.
+func (p *Pool) register(l *link) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.links[l.client] = l
+	for _, f := range []func(*link){p.reap, p.keepalive} {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			f(l)
+		}()
+	}
 	return true
 }
 
@@ -95,7 +119,7 @@ func ctxError(addr, op string, err error) error {
 // backoff (100ms doubling up to MaxRedialBackoff): a call arriving during the
 // backoff waits for it when ctx allows, otherwise it fails at once with the
 // latest dial error. The first redial after a healthy link died is immediate.
-// The caller must not Close the returned client (use Kill to abandon it).
+// The caller must not Close the returned client (Kill abandons it).
 func (p *Pool) Client(ctx context.Context) (*ssh.Client, error) {
 	l, err := p.shared(ctx)
 	if err != nil {
@@ -188,7 +212,7 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 // Dead reports whether the shared link is known to be unusable: it was
 // declared dead (keepalives unanswered, connection ended, Kill) or the latest
 // dial failed, or the pool is closed. It is false before the first dial and
-// after a successful (re)dial. The next Client/DialUnix redials a dead link.
+// after a successful (re)dial. The next Client redials a dead link.
 func (p *Pool) Dead() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -204,30 +228,50 @@ func (p *Pool) Dead() bool {
 	}
 }
 
-// DialUnix opens a direct-streamlocal channel to the remote unix socket path
-// on the shared connection. A refusal by the server is KindForbidden (OpenSSH
-// refuses the same way when the socket does not exist or the user may not
-// open it). If ctx ends first the channel open is abandoned (its channel is
-// closed if it ever opens) and a ctx error is returned.
-func (p *Pool) DialUnix(ctx context.Context, path string) (net.Conn, error) {
-	c, _, err := p.dialUnix(ctx, path)
-	return c, err
+// Dedicated dials a new SSH connection, not shared and not subject to the
+// shared link's backoff, for a long transfer. It has its own keepalive (a
+// dead peer tears it down). The caller ends it with Kill; Pool.Close also
+// ends any still open.
+func (p *Pool) Dedicated(ctx context.Context) (*ssh.Client, error) {
+	if err := budget.Err(ctx); err != nil {
+		return nil, ctxError(p.cfg.Addr, "dial dedicated", err)
+	}
+	l, err := p.dialLink(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	return l.client, nil
 }
 
-func (p *Pool) dialUnix(ctx context.Context, path string) (net.Conn, *link, error) {
-	l, err := p.shared(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	c, err := p.openUnix(ctx, l, path)
-	if err != nil {
-		return nil, nil, err
-	}
-	return c, l, nil
+// lookup returns the link of c, or nil when c is not a connection of this
+// pool that is still open.
+func (p *Pool) lookup(c *ssh.Client) *link {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.links[c]
 }
 
-func (p *Pool) openUnix(ctx context.Context, l *link, path string) (net.Conn, error) {
+// DialUnix opens a direct-streamlocal channel to the remote unix socket
+// path on c, the shared connection (Client) or a dedicated one
+// (Dedicated). A refusal by the server is KindForbidden (OpenSSH refuses
+// the same way when the socket does not exist or the user may not open
+// it). If ctx ends first the channel open is abandoned (its channel is
+// closed if it ever opens) and a ctx error is returned. A connection that
+// has died, or is not this pool's, is KindUnreachable.
+func (p *Pool) DialUnix(ctx context.Context, c *ssh.Client, path string) (net.Conn, error) {
 	op := "open unix socket " + path
+	l := p.lookup(c)
+	if l == nil {
+		if p.closeCtx.Err() != nil {
+			return nil, p.closedError(op)
+		}
+		return nil, &Error{Kind: KindUnreachable, Addr: p.cfg.Addr, Op: op, Err: errLinkGone}
+	}
+	return p.openUnix(ctx, l, op, path)
+}
+
+// openUnix opens the channel to path on l, bounded by ctx and by l's death.
+func (p *Pool) openUnix(ctx context.Context, l *link, op, path string) (net.Conn, error) {
 	type result struct {
 		c   net.Conn
 		err error
@@ -267,50 +311,34 @@ func (p *Pool) openUnix(ctx context.Context, l *link, path string) (net.Conn, er
 	}
 }
 
-// Dedicated dials a new SSH connection, not shared and not subject to the
-// shared link's backoff, for a long transfer. It has its own keepalive (a
-// dead peer tears it down). The caller must Close it; Pool.Close also closes
-// any still open.
-func (p *Pool) Dedicated(ctx context.Context) (*ssh.Client, error) {
-	l, err := p.dedicatedLink(ctx)
-	if err != nil {
-		return nil, err
+// Done returns a channel that is closed when c's connection is declared
+// dead: its keepalives went unanswered, the connection ended, Kill or
+// Close. For a client that is not a connection of this pool still open,
+// the channel is closed already.
+func (p *Pool) Done(c *ssh.Client) <-chan struct{} {
+	if l := p.lookup(c); l != nil {
+		return l.dead
 	}
-	return l.client, nil
+	return closedChan
 }
 
-func (p *Pool) dedicatedLink(ctx context.Context) (*link, error) {
-	if err := budget.Err(ctx); err != nil {
-		return nil, ctxError(p.cfg.Addr, "dial dedicated", err)
-	}
-	l, err := p.dialLink(ctx, true)
-	if err != nil {
-		return nil, err
-	}
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		l.kill(errPoolClosed)
-		return nil, p.closedError("dial dedicated")
-	}
-	if !l.isDead() {
-		p.dedicated[l] = struct{}{}
-	}
-	p.mu.Unlock()
-	return l, nil
-}
+// closedChan is the Done of a connection that is gone.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
-// Kill declares the shared link dead and tears it down at once (never
-// blocks): calls blocked on it return with errors, and the next call redials
-// without backoff. cause is recorded for logs and error messages.
-func (p *Pool) Kill(cause error) {
+// Kill declares c's connection dead and tears it down at once (never
+// blocks): calls blocked on it return with errors, and after the shared
+// connection was killed the next Client redials without backoff. cause is
+// recorded for logs and error messages. A client that is not a connection
+// of this pool still open is ignored.
+func (p *Pool) Kill(c *ssh.Client, cause error) {
 	if cause == nil {
 		cause = errKilled
 	}
-	p.mu.Lock()
-	l := p.cur
-	p.mu.Unlock()
-	if l != nil {
+	if l := p.lookup(c); l != nil {
 		p.killLink(l, cause)
 	}
 }
@@ -322,7 +350,8 @@ func (p *Pool) killLink(l *link, cause error) {
 }
 
 // Close ends dials in flight, tears down the shared link and every
-// dedicated link still open, and waits (at most about a second) for the pool's goroutines. Each link is
+// dedicated link still open, and waits (at most about a second) for the
+// pool's goroutines. Each link is
 // first declared dead, then its TCP connection is closed, and only then its
 // ssh.Client, so an unresponsive or stopped peer cannot block Close. Calls
 // after Close fail with KindClosed. Close is idempotent.
@@ -339,8 +368,10 @@ func (p *Pool) Close() error {
 	if p.cur != nil {
 		links = append(links, p.cur)
 	}
-	for l := range p.dedicated {
-		links = append(links, l)
+	for _, l := range p.links {
+		if l != p.cur {
+			links = append(links, l)
+		}
 	}
 	p.mu.Unlock()
 

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/internal/testing/sshtest"
 	"go.uber.org/goleak"
 	"golang.org/x/crypto/ssh"
@@ -228,11 +227,15 @@ func TestHostKeyAlgorithmFromKnownHosts(t *testing.T) {
 
 func TestForbiddenChannel(t *testing.T) {
 	f := newFixture(t)
-	lv := startLibvirtd(t, "h")
-	f.srv.Refuse(lv.Path)
+	sock := sshtest.UnixSocket(t)
+	f.srv.Refuse(sock)
 	p := newPool(t, f.config())
 	ctx := context.Background()
-	_, err := p.DialUnix(ctx, lv.Path)
+	c, err := p.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.DialUnix(ctx, c, sock)
 	if KindOf(err) != KindForbidden {
 		t.Fatalf("kind %v, want forbidden (err: %v)", KindOf(err), err)
 	}
@@ -249,9 +252,15 @@ func TestForbiddenChannel(t *testing.T) {
 		t.Error("a refused channel marked the link dead")
 	}
 	// A missing socket is refused the same way by the server.
-	if _, err := p.DialUnix(ctx, lv.Path+".missing"); KindOf(err) != KindForbidden {
+	if _, err := p.DialUnix(ctx, c, sock+".missing"); KindOf(err) != KindForbidden {
 		t.Errorf("missing socket: kind %v", KindOf(err))
 	}
+	// The socket itself opens.
+	conn, err := p.DialUnix(ctx, c, sshtest.UnixSocket(t))
+	if err != nil {
+		t.Fatalf("DialUnix: %v", err)
+	}
+	_ = conn.Close()
 }
 
 func TestKeepaliveDeclaresDeadWhenFrozen(t *testing.T) {
@@ -301,37 +310,59 @@ func TestKeepaliveDeclaresDeadWhenFrozen(t *testing.T) {
 	}
 }
 
+// With the server frozen, Kill of a dedicated connection and Close of the
+// pool (with a channel open on the shared connection) return at once, and
+// every connection is Done.
 func TestCloseWithFrozenServer(t *testing.T) {
 	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
+	sock := sshtest.UnixSocket(t)
 	p := newPool(t, f.config())
-	l := NewLibvirt(p, LibvirtConfig{Socket: lvd.Path})
-	if err := l.Do(context.Background(), func(*libvirt.Libvirt) error { return nil }); err != nil {
+	ctx := context.Background()
+	shared, err := p.Client(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := l.Dedicated(context.Background())
+	ch, err := p.DialUnix(ctx, shared, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	d1, err := p.Dedicated(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d2, err := p.Dedicated(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.srv.Freeze()
 	defer f.srv.Thaw()
 	start := time.Now()
-	_ = l.Close()
-	_ = d.Close()
+	p.Kill(d1, nil)
 	_ = p.Close()
 	el := time.Since(start)
-	t.Logf("Libvirt.Close+DedicatedConn.Close+Pool.Close with a frozen server: %v", el)
-	if el > 3*time.Second {
+	t.Logf("Kill of a dedicated connection and Pool.Close with a frozen server: %v", el)
+	if el > 1500*time.Millisecond {
 		t.Errorf("closing took %v with a frozen server", el)
 	}
-	if _, err := p.Client(context.Background()); KindOf(err) != KindClosed {
+	for name, c := range map[string]*ssh.Client{"shared": shared, "killed dedicated": d1, "open dedicated": d2} {
+		select {
+		case <-p.Done(c):
+		default:
+			t.Errorf("the %s connection is not Done after Close", name)
+		}
+	}
+	if _, err := p.Client(ctx); KindOf(err) != KindClosed {
 		t.Errorf("Client after Close: %v", err)
 	}
-	if err := l.Do(context.Background(), func(*libvirt.Libvirt) error { return nil }); KindOf(err) != KindClosed {
-		t.Errorf("Do after Close: %v", err)
+	if _, err := p.Dedicated(ctx); KindOf(err) != KindClosed {
+		t.Errorf("Dedicated after Close: %v", err)
 	}
-	if !p.Dead() || !l.Dead() {
-		t.Error("closed pool/libvirt not Dead")
+	if _, err := p.DialUnix(ctx, shared, sock); KindOf(err) != KindClosed {
+		t.Errorf("DialUnix after Close: %v", err)
+	}
+	if !p.Dead() {
+		t.Error("closed pool not Dead")
 	}
 }
 
@@ -355,10 +386,10 @@ func TestPoolCloseFrozenReturnsFast(t *testing.T) {
 func TestRedialAfterDeath(t *testing.T) {
 	tests := []struct {
 		name string
-		kill func(*fixture, *Pool)
+		kill func(*fixture, *Pool, *ssh.Client)
 	}{
-		{"Kill", func(_ *fixture, p *Pool) { p.Kill(errors.New("test")) }},
-		{"server drops connection", func(f *fixture, _ *Pool) { f.srv.DropAll() }},
+		{"Kill", func(_ *fixture, p *Pool, c *ssh.Client) { p.Kill(c, errors.New("test")) }},
+		{"server drops connection", func(f *fixture, _ *Pool, _ *ssh.Client) { f.srv.DropAll() }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -368,7 +399,7 @@ func TestRedialAfterDeath(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tc.kill(f, p)
+			tc.kill(f, p, c1)
 			deadline := time.Now().Add(5 * time.Second)
 			for !p.Dead() && time.Now().Before(deadline) {
 				time.Sleep(5 * time.Millisecond)
@@ -440,9 +471,10 @@ func TestRedialBackoff(t *testing.T) {
 
 func TestDialUnixCtxCancelWhenFrozen(t *testing.T) {
 	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
+	sock := sshtest.UnixSocket(t)
 	p := newPool(t, f.config())
-	if _, err := p.Client(context.Background()); err != nil {
+	c, err := p.Client(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
 	f.srv.Freeze()
@@ -450,7 +482,7 @@ func TestDialUnixCtxCancelWhenFrozen(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := p.DialUnix(ctx, lvd.Path)
+	_, err = p.DialUnix(ctx, c, sock)
 	if !errors.Is(err, context.DeadlineExceeded) || KindOf(err) != KindUnreachable {
 		t.Fatalf("err %v (kind %v)", err, KindOf(err))
 	}
@@ -459,394 +491,54 @@ func TestDialUnixCtxCancelWhenFrozen(t *testing.T) {
 	}
 }
 
-func newLibvirt(t *testing.T, f *fixture, lvd *fakeLibvirtd, edit func(*Config)) (*Pool, *Libvirt) {
-	t.Helper()
-	cfg := f.config()
-	if edit != nil {
-		edit(&cfg)
-	}
-	p := newPool(t, cfg)
-	l := NewLibvirt(p, LibvirtConfig{Socket: lvd.Path, URI: "test:///default"})
-	t.Cleanup(func() { _ = l.Close() })
-	return p, l
-}
-
-func hostname(ctx context.Context, l *Libvirt) (string, error) {
-	var h string
-	err := l.Do(ctx, func(v *libvirt.Libvirt) error {
-		var err error
-		h, err = v.ConnectGetHostname()
-		return err
-	})
-	if err != nil {
-		return "", err // an abandoned fn may still write h
-	}
-	return h, nil
-}
-
-func TestLibvirtDo(t *testing.T) {
-	f := newFixture(t)
-	lvd := startLibvirtd(t, "hyper-1")
-	_, l := newLibvirt(t, f, lvd, nil)
-	if l.Dead() {
-		t.Error("Dead before first use")
-	}
-	for i := range 3 {
-		h, err := hostname(context.Background(), l)
-		if err != nil || h != "hyper-1" {
-			t.Fatalf("call %d: %q, %v", i, h, err)
-		}
-	}
-	if n := lvd.opens.Load(); n != 1 {
-		t.Errorf("libvirt connection opened %d times, want 1 (shared)", n)
-	}
-	// fn's own errors come back unchanged.
-	sentinel := errors.New("mine")
-	if err := l.Do(context.Background(), func(*libvirt.Libvirt) error { return sentinel }); err != sentinel {
-		t.Errorf("Do returned %v, want fn's error", err)
-	}
-	if l.Dead() {
-		t.Error("fn's error marked the session dead")
-	}
-}
-
-func TestLibvirtDoForbidden(t *testing.T) {
-	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
-	f.srv.Refuse(lvd.Path)
-	_, l := newLibvirt(t, f, lvd, nil)
-	_, err := hostname(context.Background(), l)
-	if KindOf(err) != KindForbidden {
-		t.Fatalf("kind %v (err %v)", KindOf(err), err)
-	}
-}
-
-func TestLibvirtDoCtxLibvirtdHangs(t *testing.T) {
-	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
-	p, l := newLibvirt(t, f, lvd, nil)
-	if _, err := hostname(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	lvd.hang.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	_, err := hostname(ctx, l)
-	el := time.Since(start)
-	if !errors.Is(err, context.DeadlineExceeded) || KindOf(err) != KindUnreachable {
-		t.Fatalf("err %v kind %v", err, KindOf(err))
-	}
-	if el > 2*time.Second {
-		t.Errorf("Do returned after %v with a 300ms ctx", el)
-	}
-	// sshd answered the channel close: the SSH link survived.
-	if p.Dead() {
-		t.Error("the SSH link was killed although closing the channel sufficed")
-	}
-	lvd.hang.Store(false)
-	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
-		t.Fatalf("next Do: %q %v", h, err)
-	}
-	// Cancel (not deadline) is returned wrapped too.
-	lvd.hang.Store(true)
-	cctx, ccancel := context.WithCancel(context.Background())
-	time.AfterFunc(100*time.Millisecond, ccancel)
-	if _, err := hostname(cctx, l); !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancel: %v", err)
-	}
-}
-
-// A caller whose ctx ends on a frozen server returns at once; the shared
-// link is torn down by liveness (keepalives unanswered), not by that
-// caller's ctx, and the abandoned call's goroutine ends with it.
-func TestLibvirtDoCtxServerFrozen(t *testing.T) {
-	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
-	p, l := newLibvirt(t, f, lvd, func(c *Config) {
-		c.KeepaliveInterval = 500 * time.Millisecond
-		c.KeepaliveCount = 3
-	})
-	if _, err := hostname(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	f.srv.Freeze()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	_, err := hostname(ctx, l)
-	el := time.Since(start)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("err %v", err)
-	}
-	t.Logf("Do with 300ms ctx on a frozen server returned after %v", el)
-	if el > 2*time.Second {
-		t.Errorf("Do returned after %v", el)
-	}
-	// Liveness declares the link dead (3 keepalives of 500ms unanswered).
-	deadline := time.Now().Add(10 * time.Second)
-	for !(p.Dead() && l.Dead()) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if !p.Dead() || !l.Dead() {
-		t.Fatal("link of a frozen server not declared dead by its keepalives")
-	}
-	t.Logf("declared dead %v after the freeze", time.Since(start))
-	f.srv.Thaw()
-	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
-		t.Fatalf("after thaw: %q %v", h, err)
-	}
-	if got := f.srv.Accepts(); got != 2 {
-		t.Errorf("accepts %d, want 2 (fresh connection)", got)
-	}
-}
-
-// A libvirtd restart drops the libvirt connection; the next Do reconnects
-// by itself, on the first try.
-func TestLibvirtReconnectAfterLibvirtdRestart(t *testing.T) {
-	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
-	p, l := newLibvirt(t, f, lvd, nil)
-	if _, err := hostname(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	lvd.DropAll()
-	deadline := time.Now().Add(5 * time.Second)
-	for !l.Dead() && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if !l.Dead() {
-		t.Fatal("session not seen dead after libvirtd dropped it")
-	}
-	if p.Dead() {
-		t.Error("SSH link dead after a libvirtd restart")
-	}
-	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
-		t.Fatalf("first Do after restart: %q %v", h, err)
-	}
-	if n := lvd.opens.Load(); n != 2 {
-		t.Errorf("opens %d, want 2", n)
-	}
-	if got := f.srv.Accepts(); got != 1 {
-		t.Errorf("accepts %d, want 1 (SSH link reused)", got)
-	}
-}
-
-// A call that is running when the connection drops fails as unreachable;
-// the next one succeeds.
-func TestLibvirtCallInterrupted(t *testing.T) {
-	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
-	_, l := newLibvirt(t, f, lvd, nil)
-	if _, err := hostname(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	lvd.hang.Store(true)
-	time.AfterFunc(100*time.Millisecond, lvd.DropAll)
-	_, err := hostname(context.Background(), l)
-	if KindOf(err) != KindUnreachable || !errors.Is(err, libvirt.ErrInterrupted) {
-		t.Fatalf("interrupted call: %v (kind %v)", err, KindOf(err))
-	}
-	lvd.hang.Store(false)
-	if _, err := hostname(context.Background(), l); err != nil {
-		t.Fatalf("next Do: %v", err)
-	}
-}
-
-// libvirtd accepting the connection but never answering ConnectOpen: the
-// connect is bounded by the Do's ctx too.
-func TestLibvirtConnectHangs(t *testing.T) {
-	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
-	_, l := newLibvirt(t, f, lvd, nil)
-	lvd.hangOpen.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	_, err := hostname(ctx, l)
-	if !errors.Is(err, context.DeadlineExceeded) || KindOf(err) != KindUnreachable {
-		t.Fatalf("err %v kind %v", err, KindOf(err))
-	}
-	if el := time.Since(start); el > 2*time.Second {
-		t.Errorf("Do returned after %v", el)
-	}
-	lvd.hangOpen.Store(false)
-	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
-		t.Fatalf("next Do: %q %v", h, err)
-	}
-}
-
-func TestLibvirtDedicated(t *testing.T) {
-	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
-	_, l := newLibvirt(t, f, lvd, nil)
-	d, err := l.Dedicated(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if h, err := d.L.ConnectGetHostname(); err != nil || h != "h" {
-		t.Fatalf("dedicated call: %q %v", h, err)
-	}
-	if err := d.Close(); err != nil {
-		t.Errorf("Close: %v", err)
-	}
-	if _, err := d.L.ConnectGetHostname(); err == nil {
-		t.Error("call after Close succeeded")
-	}
-
-	// Kill aborts a blocked call at once.
-	d2, err := l.Dedicated(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	lvd.hang.Store(true)
-	time.AfterFunc(100*time.Millisecond, d2.Kill)
-	start := time.Now()
-	if _, err := d2.L.ConnectGetHostname(); err == nil {
-		t.Error("blocked call succeeded after Kill")
-	}
-	if el := time.Since(start); el > 2*time.Second {
-		t.Errorf("Kill took %v to abort the call", el)
-	}
-	_ = d2.Close()
-	if got := f.srv.Accepts(); got != 2 {
-		t.Errorf("accepts %d, want 2 dedicated connections", got)
-	}
-}
-
-// An abandoned call whose libvirtd never answers: after ProbeAfter the
-// session is probed, the probe goes unanswered too, and the session (not
-// the SSH link, whose sshd still answers) is torn down, ending the call's
-// goroutine. A libvirtd that answers the probe keeps its session.
-func TestLibvirtAbandonedCallProbe(t *testing.T) {
-	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
-	p := newPool(t, f.config())
-	l := NewLibvirt(p, LibvirtConfig{Socket: lvd.Path, URI: "test:///default",
-		ProbeAfter: 200 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond})
-	t.Cleanup(func() { _ = l.Close() })
-	if _, err := hostname(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	lvd.hang.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	if _, err := hostname(ctx, l); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("err %v", err)
-	}
-	if l.Dead() {
-		t.Fatal("session torn down by a caller's deadline")
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !l.Dead() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if !l.Dead() {
-		t.Fatal("a session whose libvirtd answers nothing was not torn down after its probe")
-	}
-	if p.Dead() {
-		t.Error("the SSH link was killed although closing the channel sufficed")
-	}
-	lvd.hang.Store(false)
-	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
-		t.Fatalf("next Do: %q %v", h, err)
-	}
-}
-
-// silentServer accepts TCP connections and never says anything (a host
-// whose sshd hangs before its banner, or a black-holing middlebox).
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns []net.Conn
-	var mu sync.Mutex
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
-
-// Close ends every call in flight promptly, dials included: against a host
-// that accepts TCP and never speaks SSH, a Do, a Dedicated and a Pool.Client
-// blocked in the handshake return within a second of Close with KindClosed,
-// not at their dial timeout.
+// Close ends every dial in flight promptly: against a host that accepts TCP
+// and never speaks SSH, a Client and a Dedicated blocked in the handshake
+// return within a second of Close with KindClosed, not at their dial
+// timeout.
 func TestCloseEndsDialsInFlight(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
-	addr := silentServer(t)
-	for _, closeWhat := range []string{"libvirt", "pool"} {
-		t.Run("close "+closeWhat, func(t *testing.T) {
-			cfg := f.config()
-			cfg.Addr = addr
-			cfg.DialTimeout = 30 * time.Second
-			p, err := New(cfg)
-			if err != nil {
-				t.Fatal(err)
+	addr, spoke := sshtest.SilentServer(t)
+	cfg := f.config()
+	cfg.Addr = addr
+	cfg.DialTimeout = 30 * time.Second
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	type result struct {
+		what string
+		err  error
+		at   time.Time
+	}
+	res := make(chan result, 2)
+	go func() { _, err := p.Client(ctx); res <- result{"Client", err, time.Now()} }()
+	go func() { _, err := p.Dedicated(ctx); res <- result{"Dedicated", err, time.Now()} }()
+	for range 2 { // both are in the handshake
+		select {
+		case <-spoke:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the dials never reached the server")
+		}
+	}
+	closed := time.Now()
+	_ = p.Close()
+	for range 2 {
+		select {
+		case r := <-res:
+			after := r.at.Sub(closed)
+			t.Logf("%s returned %v after Close: %v", r.what, after.Round(time.Millisecond), r.err)
+			if KindOf(r.err) != KindClosed {
+				t.Errorf("%s: %v (kind %v), want KindClosed", r.what, r.err, KindOf(r.err))
 			}
-			l := NewLibvirt(p, LibvirtConfig{Socket: "/nonexistent", URI: "test:///default"})
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			type result struct {
-				what string
-				err  error
-				at   time.Time
+			if after > time.Second {
+				t.Errorf("%s returned %v after Close, want < 1s", r.what, after)
 			}
-			res := make(chan result, 3)
-			go func() { _, err := hostname(ctx, l); res <- result{"Do", err, time.Now()} }()
-			go func() {
-				d, err := l.Dedicated(ctx)
-				if d != nil {
-					_ = d.Close()
-				}
-				res <- result{"Dedicated", err, time.Now()}
-			}()
-			go func() { _, err := p.Client(ctx); res <- result{"Pool.Client", err, time.Now()} }()
-			time.Sleep(300 * time.Millisecond) // all three are in the handshake
-			closed := time.Now()
-			if closeWhat == "libvirt" {
-				_ = l.Close()
-				_ = p.Close()
-			} else {
-				_ = p.Close()
-				_ = l.Close()
-			}
-			for range 3 {
-				select {
-				case r := <-res:
-					after := r.at.Sub(closed)
-					t.Logf("%s returned %v after Close: %v", r.what, after.Round(time.Millisecond), r.err)
-					if r.err == nil {
-						t.Errorf("%s succeeded against a silent server", r.what)
-					}
-					if after > time.Second {
-						t.Errorf("%s returned %v after Close, want < 1s", r.what, after)
-					}
-				case <-time.After(10 * time.Second):
-					t.Fatal("a call still blocked 10s after Close")
-				}
-			}
-		})
+		case <-time.After(10 * time.Second):
+			t.Fatal("a call still blocked 10s after Close")
+		}
 	}
 }
 
@@ -868,72 +560,42 @@ func (c *closeOrderConn) Close() error {
 // reader that fails afterwards sees it dead, so its error is classified as
 // the link's death) before its TCP connection is closed, and that before
 // anything that may wait (ssh.Client.Close). Reversing either step in
-// link.kill, Pool.Close, Pool.Kill or DedicatedConn.Close fails this test.
+// link.kill, Pool.Close or Pool.Kill fails this test.
 func TestCloseOrderDeadBeforeConnClose(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
-	var mu sync.Mutex
-	var conns []*closeOrderConn
-	testWrapConn = func(c net.Conn) net.Conn {
-		oc := &closeOrderConn{Conn: c, deadSeen: make(chan bool, 1)}
-		mu.Lock()
-		conns = append(conns, oc)
-		mu.Unlock()
-		return oc
-	}
-	t.Cleanup(func() { testWrapConn = nil })
-	last := func() *closeOrderConn {
-		mu.Lock()
-		defer mu.Unlock()
-		return conns[len(conns)-1]
-	}
-	check := func(t *testing.T, c *closeOrderConn) {
-		t.Helper()
-		select {
-		case dead := <-c.deadSeen:
-			if !dead {
-				t.Error("the TCP connection was closed before the link was declared dead")
-			}
-		case <-time.After(5 * time.Second):
-			t.Error("the TCP connection was never closed")
-		}
-	}
 	ctx := context.Background()
-	for _, how := range []string{"Pool.Kill", "Pool.Close", "DedicatedConn.Close", "DedicatedConn.Kill"} {
+	for _, how := range []string{"Kill shared", "Kill dedicated", "Close shared", "Close dedicated"} {
 		t.Run(how, func(t *testing.T) {
-			p, l := newLibvirt(t, f, lvd, nil)
+			t.Parallel()
+			p := newPool(t, f.config())
 			var c *closeOrderConn
-			link := func(lk *link) {
-				c = last()
-				c.isDead = lk.isDead
+			p.wrapConn = func(nc net.Conn) net.Conn { // one dial below
+				c = &closeOrderConn{Conn: nc, deadSeen: make(chan bool, 1)}
+				return c
 			}
-			switch how {
-			case "DedicatedConn.Close", "DedicatedConn.Kill":
-				d, err := l.Dedicated(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				link(d.link)
-				if how == "DedicatedConn.Kill" {
-					d.Kill()
-				}
-				_ = d.Close()
-			default:
-				if _, err := hostname(ctx, l); err != nil {
-					t.Fatal(err)
-				}
-				p.mu.Lock()
-				lk := p.cur
-				p.mu.Unlock()
-				link(lk)
-				switch how {
-				case "Pool.Kill":
-					p.Kill(nil)
-				case "Pool.Close":
-					_ = p.Close()
-				}
+			dial := p.Client
+			if strings.HasSuffix(how, "dedicated") {
+				dial = p.Dedicated
 			}
-			check(t, c)
+			client, err := dial(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.isDead = p.lookup(client).isDead
+			if strings.HasPrefix(how, "Kill") {
+				p.Kill(client, nil)
+			} else {
+				_ = p.Close()
+			}
+			select {
+			case dead := <-c.deadSeen:
+				if !dead {
+					t.Error("the TCP connection was closed before the link was declared dead")
+				}
+			case <-time.After(5 * time.Second):
+				t.Error("the TCP connection was never closed")
+			}
 		})
 	}
 }
@@ -959,25 +621,5 @@ func TestHostKeyOfAnotherTypeIsMismatch(t *testing.T) {
 	cfg2.KnownHostsFile = sshtest.WriteKnownHosts(t, f2.dir, "kh-ec", f2.srv.Addr, ec.PublicKey())
 	if _, err := newPool(t, cfg2).Client(context.Background()); err != nil {
 		t.Fatalf("pinned ECDSA on a host with ECDSA and ed25519: %v", err)
-	}
-}
-
-// A call whose ctx has already ended is not started: its fast reply must
-// not win against the caller's cancellation on a loaded machine.
-func TestLibvirtDoCancelledBeforeCall(t *testing.T) {
-	f := newFixture(t)
-	lvd := startLibvirtd(t, "h")
-	_, l := newLibvirt(t, f, lvd, nil)
-	if _, err := hostname(context.Background(), l); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	for range 200 {
-		ran := false
-		err := l.Do(ctx, func(*libvirt.Libvirt) error { ran = true; return nil })
-		if !errors.Is(err, context.Canceled) || ran {
-			t.Fatalf("Do with a cancelled ctx: err %v, fn ran %v", err, ran)
-		}
 	}
 }

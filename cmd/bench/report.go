@@ -268,7 +268,7 @@ func (r *report) renderControl(p func(string, ...any)) {
 		p("%s", opRow(fmt.Sprintf("Get (with %d defined)", last.n), last.get))
 		p("")
 		ratio := med(s.pooledVsDirect)
-		p("**%d concurrent Gets** (round robin over the %d powered-off instances), all started at once: kvm2's `Get` on its pooled connection (sshconn.Libvirt: one SSH connection, one go-libvirt client) vs the same RPCs (DomainLookupByName, DomainGetXMLDesc, DomainGetState) made directly with go-libvirt on one connection over one SSH unix channel (no XML parsing, no classification). Interleaved, starting order alternated.", s.gets, s.domains)
+		p("**%d concurrent Gets** (round robin over the %d powered-off instances), all started at once: kvm2's `Get` on its pooled connection (a libvirt session: one SSH connection, one go-libvirt client) vs the same RPCs (DomainLookupByName, DomainGetXMLDesc, DomainGetState) made directly with go-libvirt on one connection over one SSH unix channel (no XML parsing, no classification). Interleaved, starting order alternated.", s.gets, s.domains)
 		p("")
 		p("| | median s | runs (s) |")
 		p("| --- | --- | --- |")

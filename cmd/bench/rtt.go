@@ -214,7 +214,12 @@ func newSeqLister(ctx context.Context, env teststack.Env, addr, socket string) (
 	if err != nil {
 		return nil, err
 	}
-	conn, err := pool.DialUnix(ctx, socket)
+	client, err := pool.Client(ctx)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	conn, err := pool.DialUnix(ctx, client, socket)
 	if err != nil {
 		pool.Close()
 		return nil, err

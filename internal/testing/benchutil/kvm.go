@@ -18,6 +18,7 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/domainmeta"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/sshconn"
@@ -37,7 +38,7 @@ type KVM struct {
 	cfg     kvm2.Config // the entry's configuration (Counted's socket)
 	network string
 	srv     *FileServer
-	raw     *sshconn.Libvirt
+	raw     *libvirtconn.Session
 	closers []func()
 }
 
@@ -215,7 +216,11 @@ func DirectGets(ctx context.Context, env teststack.Env, domains []string, n int,
 		return 0, err
 	}
 	defer pool.Close()
-	conn, err := pool.DialUnix(ctx, env.LibvirtSocket)
+	client, err := pool.Client(ctx)
+	if err != nil {
+		return 0, err
+	}
+	conn, err := pool.DialUnix(ctx, client, env.LibvirtSocket)
 	if err != nil {
 		return 0, err
 	}

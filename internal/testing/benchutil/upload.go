@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -34,9 +35,9 @@ type FetchResult struct {
 	Verify time.Duration
 }
 
-// Link opens an sshconn pool and a libvirt session on it to the stack.
+// Link opens an SSH pool and a libvirt session on it to the stack.
 // close releases both.
-func Link(env teststack.Env, socket string) (lv *sshconn.Libvirt, pool *sshconn.Pool, closeFn func(), err error) {
+func Link(env teststack.Env, socket string) (lv *libvirtconn.Session, pool *sshconn.Pool, closeFn func(), err error) {
 	if socket == "" {
 		socket = env.LibvirtSocket
 	}
@@ -44,7 +45,7 @@ func Link(env teststack.Env, socket string) (lv *sshconn.Libvirt, pool *sshconn.
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	lv = sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{Socket: socket, URI: env.LibvirtURI})
+	lv = libvirtconn.New(pool, libvirtconn.Config{Socket: socket, URI: env.LibvirtURI}, nil)
 	return lv, pool, func() { _ = lv.Close(); _ = pool.Close() }, nil
 }
 

@@ -21,6 +21,7 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -93,25 +94,25 @@ func RandHex(t testing.TB, n int) string {
 // path as kvm2), to set up networks and to check and clean the host.
 type Libvirt struct {
 	pool *sshconn.Pool
-	lv   *sshconn.Libvirt
+	lv   *libvirtconn.Session
 }
 
 // NewLibvirt connects to the stack's libvirtd; t.Cleanup closes it.
 func NewLibvirt(t testing.TB, env teststack.Env) *Libvirt {
 	t.Helper()
 	return Dial(t, sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts},
-		sshconn.LibvirtConfig{Socket: env.LibvirtSocket, URI: env.LibvirtURI})
+		libvirtconn.Config{Socket: env.LibvirtSocket, URI: env.LibvirtURI})
 }
 
 // Dial connects to the libvirtd behind ssh and lv (a lab host's, say);
 // t.Cleanup closes it.
-func Dial(t testing.TB, ssh sshconn.Config, lv sshconn.LibvirtConfig) *Libvirt {
+func Dial(t testing.TB, ssh sshconn.Config, lv libvirtconn.Config) *Libvirt {
 	t.Helper()
 	pool, err := sshconn.New(ssh)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Libvirt{pool: pool, lv: sshconn.NewLibvirt(pool, lv)}
+	r := &Libvirt{pool: pool, lv: libvirtconn.New(pool, lv, nil)}
 	t.Cleanup(func() {
 		_ = r.lv.Close()
 		_ = r.pool.Close()

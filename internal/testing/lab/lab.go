@@ -22,6 +22,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -176,7 +177,7 @@ func (h Host) Libvirt(fn func(*libvirt.Libvirt) error) error {
 		return err
 	}
 	defer pool.Close()
-	lv := sshconn.NewLibvirt(pool, sshconn.LibvirtConfig{Socket: h.LibvirtSocket, URI: h.LibvirtURI})
+	lv := libvirtconn.New(pool, libvirtconn.Config{Socket: h.LibvirtSocket, URI: h.LibvirtURI}, nil)
 	defer lv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -5,7 +5,7 @@
 // small interfaces packages declare for what they call (imagecache.Libvirt).
 //
 // It owns: the state (Host), the sessions (Session; Do and Dedicated mirror
-// sshconn's shared and dedicated sessions), the errors (libvirt.Error values
+// libvirtconn's shared and dedicated sessions), the errors (libvirt.Error values
 // with the codes and messages libvirtd returns, so classifiers see what
 // they see in production), and fault injection (SetHook, SetStreamHook: any
 // call can fail, block until released or until its session is killed, and
@@ -276,7 +276,7 @@ func (s *Session) isDead() bool {
 func (h *Host) Shared() *Session { return h.shared }
 
 // Do runs fn with the shared session in a goroutine of its own, with
-// sshconn.Libvirt.Do's semantics: a ctx that already ended starts nothing;
+// libvirtconn.Session.Do's semantics: a ctx that already ended starts nothing;
 // when ctx ends before fn returns, Do returns ctx's error at once and fn
 // goes on running (the caller must not read what fn writes unless Do
 // returned nil); Close waits for such fns. The hook "Do" runs first: its

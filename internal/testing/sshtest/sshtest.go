@@ -405,3 +405,50 @@ func UnixSocket(t testing.TB) string {
 	})
 	return p
 }
+
+// SilentServer accepts TCP connections and never says anything (a host
+// whose sshd hangs before its banner, or a black-holing middlebox). Each
+// connection sends on spoke once the client has written to it: the client
+// is then in its SSH handshake.
+func SilentServer(t testing.TB) (addr string, spoke <-chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sp := make(chan struct{}, 16)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var b [1]byte
+				if _, err := c.Read(b[:]); err == nil {
+					sp <- struct{}{}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String(), sp
+}

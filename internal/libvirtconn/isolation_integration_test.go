@@ -1,6 +1,6 @@
 //go:build integration
 
-package sshconn
+package libvirtconn
 
 import (
 	"context"
@@ -19,8 +19,7 @@ import (
 // TestIntegrationCancelIsolated: callers whose contexts end mid-call (1–8 ms
 // budgets, or cancelled at once) must not harm the 20 other callers sharing
 // the pooled session: their calls keep succeeding and the session is never
-// reconnected. Before callers were isolated, every abandoned call killed the
-// shared session and the bystanders failed.
+// reconnected.
 func TestIntegrationCancelIsolated(t *testing.T) {
 	env := teststack.Require(t)
 	_, l := stackLibvirt(t, env, stackConfig(t, env))
@@ -116,8 +115,8 @@ func TestIntegrationCancelIsolated(t *testing.T) {
 	}
 }
 
-func (l *Libvirt) currentSession() *session {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.sess
+func (s *Session) currentSession() *rpcConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
 }

@@ -1,4 +1,4 @@
-package sshconn
+package libvirtconn
 
 import (
 	"bufio"

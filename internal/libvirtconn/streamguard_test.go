@@ -1,4 +1,4 @@
-package sshconn
+package libvirtconn
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/testing/sshtest"
 )
 
 // Shapes of stream traffic libvirtd really sends that deadlock go-libvirt's
@@ -32,7 +33,7 @@ var guardShapes = []struct {
 // download runs one StorageVolDownload of shape pkts on a dedicated
 // connection and then one more call on the same connection (a router stuck
 // in go-libvirt would block it). It reports what arrived, bounded by bound.
-func download(t testing.TB, l *Libvirt, lvd *fakeLibvirtd, pkts []fakePacket, bound time.Duration) (got string, dlErr error, err error) {
+func download(t testing.TB, l *Session, lvd *fakeLibvirtd, pkts []fakePacket, bound time.Duration) (got string, dlErr error, err error) {
 	lvd.download.Store(&pkts)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -73,9 +74,9 @@ func download(t testing.TB, l *Libvirt, lvd *fakeLibvirtd, pkts []fakePacket, bo
 }
 
 func TestStreamGuard(t *testing.T) {
-	f := newFixture(t)
+	f := sshtest.NewFixture(t)
 	lvd := startLibvirtd(t, "h")
-	_, l := newLibvirt(t, f, lvd, nil)
+	_, l := newSession(t, f, lvd, nil, nil)
 	for _, tc := range guardShapes {
 		t.Run(tc.name, func(t *testing.T) {
 			for range 20 { // the races are timing-dependent without the guard
@@ -104,7 +105,7 @@ func TestStreamGuard(t *testing.T) {
 // hang (router stuck) or deliver wrong data. If this test fails, the pinned
 // go-libvirt no longer has the defect: update docs/upstream.md.
 func TestUpstreamStreamDeadlockReproducer(t *testing.T) {
-	if shape := os.Getenv("SSHCONN_UNGUARDED_SHAPE"); shape != "" {
+	if shape := os.Getenv("LIBVIRTCONN_UNGUARDED_SHAPE"); shape != "" {
 		unguardedChild(t, shape)
 		return
 	}
@@ -120,7 +121,7 @@ func TestUpstreamStreamDeadlockReproducer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // each shape is its own child process
 			cmd := exec.Command(exe, "-test.run=^TestUpstreamStreamDeadlockReproducer$", "-test.v")
-			cmd.Env = append(os.Environ(), "SSHCONN_UNGUARDED_SHAPE="+tc.name)
+			cmd.Env = append(os.Environ(), "LIBVIRTCONN_UNGUARDED_SHAPE="+tc.name)
 			out, _ := cmd.CombinedOutput()
 			var verdict string
 			for _, line := range strings.Split(string(out), "\n") {
@@ -143,10 +144,9 @@ func TestUpstreamStreamDeadlockReproducer(t *testing.T) {
 // the first failure (a hang or wrong result), then exits at once, leaving
 // the deadlocked goroutines behind.
 func unguardedChild(t *testing.T, shape string) {
-	testNoStreamGuard = true
-	f := newFixture(t)
+	f := sshtest.NewFixture(t)
 	lvd := startLibvirtd(t, "h")
-	_, l := newLibvirt(t, f, lvd, nil)
+	_, l := newSession(t, f, lvd, nil, &Options{bareChannel: true})
 	for _, tc := range guardShapes {
 		if tc.name != shape {
 			continue

@@ -1,4 +1,4 @@
-package sshconn
+package libvirtconn
 
 import (
 	"bufio"
@@ -14,7 +14,7 @@ import (
 // streamGuard sits between go-libvirt's packet reader and the channel to
 // libvirtd and keeps go-libvirt's reply router from deadlocking on streams.
 //
-// go-libvirt (pinned version and upstream as of writing, see
+// go-libvirt (the pinned version, and upstream; see
 // docs/upstream.md) delivers each incoming packet to the waiting call on an
 // unbuffered channel while holding the client's callback mutex, and a call
 // deregisters itself under that mutex when it returns. Two shapes of
@@ -39,7 +39,7 @@ import (
 // as the end (an error or OK status, or an empty data packet). Everything
 // else passes unchanged. Only go-libvirt's single reader goroutine calls
 // Read; Write goes straight to the channel (its frames are tracked so that
-// sshconn's own stream calls, ownstream.go, can write between them), and
+// the own stream calls, see ownState, can write between them), and
 // packets with the serial of an own call go to that call, never to
 // go-libvirt.
 //
@@ -66,7 +66,7 @@ type streamGuard struct {
 	droppedPackets atomic.Int64
 
 	// own stream calls made on this channel beside go-libvirt
-	// (ownstream.go); its write side serialises every Write.
+	// (ownState); its write side serialises every Write.
 	own ownState
 }
 
@@ -134,7 +134,7 @@ func (g *streamGuard) next() error {
 	}
 	n := binary.BigEndian.Uint32(g.hdr[:4])
 	if n < headerLen || n > maxPacket {
-		return fmt.Errorf("sshconn: libvirt packet of %d bytes: %w", n, errBadFrame)
+		return fmt.Errorf("libvirt packet of %d bytes: %w", n, errBadFrame)
 	}
 	if _, err := io.ReadFull(g.r, g.hdr[4:]); err != nil {
 		return unexpected(err)

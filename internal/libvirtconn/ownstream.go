@@ -1,4 +1,4 @@
-package sshconn
+package libvirtconn
 
 import (
 	"encoding/binary"
@@ -17,12 +17,11 @@ import (
 // StorageVolDownload itself, on the channel it shares with go-libvirt,
 // instead of through go-libvirt, whose stream code costs memory in
 // proportion to the bytes moved: it allocates a fresh buffer for every
-// incoming packet (a 1 GiB read-back allocated 1 GiB, 256 KiB at a time)
-// and a 4 MiB send buffer for every upload call (one per segment of an
-// overlapped fetch), which the garbage collector's heap goal then doubles.
-// An own call reuses one packet buffer per connection for an upload and hashes a
-// download straight out of the guard's read buffer, so a cold fetch's heap
-// no longer grows with its packets (TestOwnStreamAllocations pins this).
+// incoming packet and a 4 MiB send buffer for every upload call (one per
+// segment of an overlapped fetch), which the garbage collector's heap goal
+// then doubles. An own call reuses one packet buffer per connection for an
+// upload and hands a download's bytes straight out of the guard's read
+// buffer, so a fetch's heap does not grow with its packets.
 //
 // The protocol is libvirt's (src/rpc/virnetprotocol.x and
 // src/remote/remote_daemon_stream.c): a CALL, its REPLY, then STREAM
@@ -30,7 +29,7 @@ import (
 // finish (status OK, empty) or abort (status error, empty), libvirtd's
 // confirmation (status OK, empty) or error (a REPLY or STREAM packet with
 // status error). A download ends at libvirtd's empty data packet (end of
-// file), as go-libvirt's does: no finish is sent, exactly as before.
+// file), as go-libvirt's does: no finish is sent.
 //
 // Own calls use serials from ownSerialBase up, which go-libvirt (counting
 // from 1 on a connection that makes a few dozen calls) never reaches; the
@@ -45,7 +44,7 @@ const (
 	// ownPayload is the data of one upload packet (libvirt's own clients
 	// send 256 KiB; libvirtd reads a stream's file 256 KiB at a time).
 	ownPayload = 256 << 10
-	// ownSenderWait bounds how long DedicatedConn.Close waits for an
+	// ownSenderWait bounds how long Dedicated.Close waits for an
 	// upload's sender once the link is dead (the sender ends when its
 	// source's Read returns; the caller closes the source).
 	ownSenderWait = 10 * time.Second
@@ -184,7 +183,7 @@ func (o *ownState) lose(err error) {
 
 // lostErr: under o.mu or after lost was closed.
 func (o *ownState) lostErr() error {
-	return fmt.Errorf("sshconn: libvirt connection lost (%v): %w", o.lostBy, libvirt.ErrInterrupted)
+	return fmt.Errorf("libvirt connection lost (%v): %w", o.lostBy, libvirt.ErrInterrupted)
 }
 
 func (o *ownState) lostError() error {
@@ -241,12 +240,12 @@ func (g *streamGuard) writeOwn(pkt []byte) error {
 		o.wcond.Wait()
 	}
 	if o.werr != nil {
-		return fmt.Errorf("sshconn: write to libvirt: %w (%w)", o.werr, libvirt.ErrInterrupted)
+		return fmt.Errorf("write to libvirt: %w (%w)", o.werr, libvirt.ErrInterrupted)
 	}
 	if _, err := g.Conn.Write(pkt); err != nil {
 		o.werr = err
 		o.wcond.Broadcast()
-		return fmt.Errorf("sshconn: write to libvirt: %w (%w)", err, libvirt.ErrInterrupted)
+		return fmt.Errorf("write to libvirt: %w (%w)", err, libvirt.ErrInterrupted)
 	}
 	return nil
 }
@@ -364,7 +363,7 @@ func answerErr(ev ownEvent, what string) error {
 	if ev.status == socket.StatusError {
 		return decodeRemoteError(ev.body)
 	}
-	return fmt.Errorf("sshconn: libvirt answered %s with a packet of type %d, status %d", what, ev.typ, ev.status)
+	return fmt.Errorf("libvirt answered %s with a packet of type %d, status %d", what, ev.typ, ev.status)
 }
 
 // ownDownload is StorageVolDownload (proc) with XDR args: the call, then
@@ -409,7 +408,7 @@ func (g *streamGuard) ownDownload(proc uint32, args []byte, sink io.Writer) erro
 // the finish, whose confirmation ends it. Like go-libvirt's, the call
 // returns as soon as libvirtd reports an error, even while src's Read
 // blocks: src is read by a sender goroutine that ends when that Read
-// returns (DedicatedConn.Close waits for it); a source error is sent as
+// returns (Dedicated.Close waits for it); a source error is sent as
 // an abort and returned once libvirtd confirmed it.
 func (g *streamGuard) ownUpload(proc uint32, args []byte, src io.Reader) error {
 	c, err := g.own.register(nil)
@@ -522,7 +521,7 @@ func decodeRemoteError(b []byte) error {
 	_, ok3 := u32()
 	n, ok4 := u32()
 	if !ok1 || !ok2 || !ok3 || !ok4 || uint64(n) > uint64(len(b)) {
-		return errors.New("sshconn: libvirt sent a malformed error")
+		return errors.New("libvirt sent a malformed error")
 	}
 	msg := string(b[:n])
 	if strings.Contains(msg, "unknown procedure") {
@@ -552,13 +551,13 @@ func volStreamArgs(vol libvirt.StorageVol, offset, length uint64, flags uint32) 
 }
 
 // StorageVolUpload uploads src into vol at offset (length 0: until src
-// ends) like L.StorageVolUpload, with sshconn's own stream code (see
-// ownstream.go): one 256 KiB packet buffer per connection instead of
-// go-libvirt's 4 MiB buffer per call. It returns as soon as libvirtd reports an error,
-// even while a Read of src blocks; src is then read no further once that
-// Read returns, and Close waits for it to return (close src to end it).
+// ends) like L.StorageVolUpload, with this package's own stream code: one
+// 256 KiB packet buffer per connection instead of go-libvirt's 4 MiB
+// buffer per call. It returns as soon as libvirtd reports an error, even
+// while a Read of src blocks; src is then read no further once that Read
+// returns, and Close waits for it to return (close src to end it).
 // Kill ends a call blocked on a dead peer.
-func (d *DedicatedConn) StorageVolUpload(vol libvirt.StorageVol, src io.Reader, offset, length uint64, flags libvirt.StorageVolUploadFlags) error {
+func (d *Dedicated) StorageVolUpload(vol libvirt.StorageVol, src io.Reader, offset, length uint64, flags libvirt.StorageVolUploadFlags) error {
 	if d.guard == nil {
 		return d.L.StorageVolUpload(vol, src, offset, length, flags)
 	}
@@ -566,12 +565,12 @@ func (d *DedicatedConn) StorageVolUpload(vol libvirt.StorageVol, src io.Reader, 
 }
 
 // StorageVolDownload writes vol's bytes at [offset, offset+length) (length
-// 0: to the end) to w like L.StorageVolDownload, with sshconn's own stream
-// code: w is given the bytes straight from the connection's read buffer
+// 0: to the end) to w like L.StorageVolDownload, with this package's own
+// stream code: w is given the bytes straight from the connection's read buffer
 // (no buffer per packet), on the connection's reader goroutine. As with
 // go-libvirt, w should never fail (a failing w ends the call early); after
 // a call that returned early (Kill) w may still be written to once.
-func (d *DedicatedConn) StorageVolDownload(vol libvirt.StorageVol, w io.Writer, offset, length uint64, flags libvirt.StorageVolDownloadFlags) error {
+func (d *Dedicated) StorageVolDownload(vol libvirt.StorageVol, w io.Writer, offset, length uint64, flags libvirt.StorageVolDownloadFlags) error {
 	if d.guard == nil {
 		return d.L.StorageVolDownload(vol, w, offset, length, flags)
 	}

@@ -1,4 +1,4 @@
-package sshconn
+package libvirtconn
 
 import (
 	"bytes"
@@ -15,11 +15,12 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/egressproxy/egressproxy/internal/testing/sshtest"
 )
 
 var testVol = libvirt.StorageVol{Pool: "pool-a", Name: "base-x.qcow2", Key: "/pool/a/base-x.qcow2"}
 
-func dedicated(t *testing.T, l *Libvirt) *DedicatedConn {
+func dedicated(t *testing.T, l *Session) *Dedicated {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -35,9 +36,9 @@ func dedicated(t *testing.T, l *Libvirt) *DedicatedConn {
 // same CALL as go-libvirt (program, version, procedure, type, status and
 // XDR arguments; only the serial differs).
 func TestOwnStreamCallsMatchGoLibvirt(t *testing.T) {
-	f := newFixture(t)
+	f := sshtest.NewFixture(t)
 	lvd := startLibvirtd(t, "h")
-	_, l := newLibvirt(t, f, lvd, nil)
+	_, l := newSession(t, f, lvd, nil, nil)
 	d := dedicated(t, l)
 	for _, tc := range []struct {
 		name       string
@@ -78,9 +79,9 @@ func TestOwnStreamCallsMatchGoLibvirt(t *testing.T) {
 // packets after the end, errors), and the connection serves go-libvirt's
 // calls afterwards.
 func TestOwnDownloadShapes(t *testing.T) {
-	f := newFixture(t)
+	f := sshtest.NewFixture(t)
 	lvd := startLibvirtd(t, "h")
-	_, l := newLibvirt(t, f, lvd, nil)
+	_, l := newSession(t, f, lvd, nil, nil)
 	for _, tc := range guardShapes {
 		t.Run(tc.name, func(t *testing.T) {
 			lvd.download.Store(&tc.pkts)
@@ -146,9 +147,9 @@ func randomBytes(n int) []byte {
 // interleave), and each way an upload ends is reported as go-libvirt's
 // StorageVolUpload reports it.
 func TestOwnUpload(t *testing.T) {
-	f := newFixture(t)
+	f := sshtest.NewFixture(t)
 	lvd := startLibvirtd(t, "h")
-	_, l := newLibvirt(t, f, lvd, nil)
+	_, l := newSession(t, f, lvd, nil, nil)
 	img := randomBytes(3<<20 + 12345)
 	sum := sha256.Sum256(img)
 
