@@ -25,7 +25,7 @@ import (
 // classes its errors).
 func TestConstructorsReportEveryFieldTheSameWay(t *testing.T) {
 	t.Parallel()
-	_, sshErr := sshconn.New(sshconn.Config{Addr: "no-port", DialTimeout: -time.Second})
+	_, sshErr := sshconn.New(sshconn.Config{Address: "no-port", DialTimeout: -time.Second}, nil)
 	_, cacheErr := imagecache.New(nil, imagecache.Config{Entry: "Bad_Entry"})
 	_, trackErr := health.NewTracker(&health.TrackerOptions{Rise: -1, Fall: -1})
 	_, kvmErr := kvm2.Open(context.Background(), kvm2.Config{}, nil)
@@ -35,7 +35,7 @@ func TestConstructorsReportEveryFieldTheSameWay(t *testing.T) {
 		want      []string // fields that must be named (at least these)
 		permanent bool
 	}{
-		{"sshconn.New", sshErr, []string{"Addr", "DialTimeout", "KeyFile", "KnownHostsFile", "User"}, false},
+		{"sshconn.New", sshErr, []string{"Address", "DialTimeout", "KeyFile", "KnownHostsFile", "User"}, false},
 		{"imagecache.New", cacheErr, []string{"Entry", "Pool", "conn"}, true},
 		{"health.NewTracker", trackErr, []string{"TrackerOptions.Fall", "TrackerOptions.Rise"}, true},
 		{"kvm2.Open", kvmErr, []string{"Address", "Entry"}, true},

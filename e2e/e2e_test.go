@@ -157,7 +157,7 @@ func labSite(t *testing.T) guestSite {
 		subnet:   h.GuestNet,
 		clients:  h.CallerAddr + "/32",
 		targetIP: h.CallerAddr,
-		raw: guesttest.Dial(t, sshconn.Config{Addr: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts},
+		raw: guesttest.Dial(t, sshconn.Config{Address: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts},
 			libvirtconn.Config{Socket: h.LibvirtSocket, URI: h.LibvirtURI}),
 	}
 	if len(env.Hosts) > 1 {

@@ -242,7 +242,7 @@ func TestStackLibvirtFailureNamed(t *testing.T) {
 			conn := lv
 			if tt.viaProxy {
 				r.proxy = newCutProxy(t, env.SSHAddr)
-				p, err := sshconn.New(sshconn.Config{Addr: r.proxy.ln.Addr().String(), User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: knownHostsFor(t, env, r.proxy.ln.Addr().String())})
+				p, err := sshconn.New(sshconn.Config{Address: r.proxy.ln.Addr().String(), User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: knownHostsFor(t, env, r.proxy.ln.Addr().String())}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -89,9 +89,9 @@ func ExampleRedactURL() {
 // Ensure dials.
 func ExampleNew() {
 	pool, err := sshconn.New(sshconn.Config{
-		Addr: "hv1.example:22", User: "egress",
+		Address: "hv1.example:22", User: "egress",
 		KeyFile: "/etc/egress/id_ed25519", KnownHostsFile: "/etc/egress/known_hosts",
-	})
+	}, nil)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -875,7 +875,7 @@ func TestSSHAdapter(t *testing.T) {
 		t.Fatalf("New(SSH(nil)) = %v, want Permanent naming conn", err)
 	}
 	dir := t.TempDir()
-	pool, err := sshconn.New(sshconn.Config{Addr: "127.0.0.1:1", User: "u", KeyFile: dir + "/missing", KnownHostsFile: dir + "/known_hosts"})
+	pool, err := sshconn.New(sshconn.Config{Address: "127.0.0.1:1", User: "u", KeyFile: dir + "/missing", KnownHostsFile: dir + "/known_hosts"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

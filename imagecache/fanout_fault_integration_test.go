@@ -43,11 +43,11 @@ func labScript(env lab.Env, args ...string) error {
 // them), closed when the test ends.
 func labTarget(t *testing.T, h lab.Host, mod func(*sshconn.Config)) fanTarget {
 	t.Helper()
-	cfg := sshconn.Config{Addr: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts}
+	cfg := sshconn.Config{Address: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts}
 	if mod != nil {
 		mod(&cfg)
 	}
-	p, err := sshconn.New(cfg)
+	p, err := sshconn.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

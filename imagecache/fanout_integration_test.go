@@ -39,7 +39,7 @@ func fanTargets(t *testing.T) []fanTarget {
 	}
 	var out []fanTarget
 	for _, h := range env.Hosts[:2] {
-		p, err := sshconn.New(sshconn.Config{Addr: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts})
+		p, err := sshconn.New(sshconn.Config{Address: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -31,7 +31,7 @@ func TestStackReadBacksComplete(t *testing.T) {
 			t.Log(args)
 		}
 	}, funcr.Options{Verbosity: 1})
-	p, err := sshconn.New(sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts, Logger: log})
+	p, err := sshconn.New(sshconn.Config{Address: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts}, &sshconn.Options{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

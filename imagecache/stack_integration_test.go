@@ -42,7 +42,7 @@ import (
 // is a separate SSH connection, as another process would have).
 func link(t *testing.T, env teststack.Env) *libvirtconn.Session {
 	t.Helper()
-	p, err := sshconn.New(sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts})
+	p, err := sshconn.New(sshconn.Config{Address: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1188,7 +1188,7 @@ func BenchmarkStackTransfer(b *testing.B) {
 		b.Fatal(err)
 	}
 	f.Close()
-	p, err := sshconn.New(sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts})
+	p, err := sshconn.New(sshconn.Config{Address: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -141,7 +141,7 @@ func TestStackStreamStallRetriedOnce(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			proxy := newFreezeProxy(t, env.SSHAddr, tc.conn, 1<<20, tc.fromServer)
-			pool, err := sshconn.New(sshconn.Config{Addr: proxy.addr(), User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: knownHostsFor(t, env, proxy.addr())})
+			pool, err := sshconn.New(sshconn.Config{Address: proxy.addr(), User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: knownHostsFor(t, env, proxy.addr())}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

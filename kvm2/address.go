@@ -163,7 +163,7 @@ func sourceFailure(ctx context.Context, source string, err error) error {
 		return classifyRead(fmt.Errorf("address from %s: %w", source, err))
 	case c == errs.NotFound:
 		return errs.WithCode(errs.NotFound, fmt.Errorf("address from %s: %w", source, err))
-	case sshconn.KindOf(err) == sshconn.KindClosed:
+	case sshKind(err) == sshconn.KindClosed:
 		return classify(err)
 	}
 	return nil

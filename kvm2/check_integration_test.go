@@ -184,7 +184,7 @@ func TestIntegrationCheckReasons(t *testing.T) {
 func rawLibvirt(t *testing.T, fn func(*libvirt.Libvirt) error) error {
 	t.Helper()
 	cfg := stackConfig(t)
-	pool, err := sshconn.New(sshconn.Config{Addr: cfg.Address, User: cfg.User, KeyFile: cfg.KeyFile, KnownHostsFile: cfg.KnownHostsFile})
+	pool, err := sshconn.New(sshconn.Config{Address: cfg.Address, User: cfg.User, KeyFile: cfg.KeyFile, KnownHostsFile: cfg.KnownHostsFile}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,13 @@
 package kvm2
 
 import (
+	"errors"
+
 	libvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/libvirterr"
+	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // The classification of libvirt and link errors is one table shared with
@@ -13,6 +16,16 @@ import (
 // isLibvirtCode reports whether err carries one of the libvirt codes.
 func isLibvirtCode(err error, codes ...libvirt.ErrorNumber) bool {
 	return libvirterr.Is(err, codes...)
+}
+
+// sshKind is the kind of the *sshconn.Error in err's chain (the SSH link's
+// and the libvirt session's failures), or KindUnknown.
+func sshKind(err error) sshconn.Kind {
+	var se *sshconn.Error
+	if errors.As(err, &se) {
+		return se.Kind
+	}
+	return sshconn.KindUnknown
 }
 
 // linkDead reports whether err says the connection to libvirtd (or the SSH

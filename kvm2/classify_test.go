@@ -21,7 +21,7 @@ func lvErr(code libvirt.ErrorNumber) error {
 }
 
 func sshErr(k sshconn.Kind, inner error) error {
-	return &sshconn.Error{Kind: k, Addr: "127.0.0.1:22", Op: "test", Err: inner}
+	return &sshconn.Error{Kind: k, Address: "127.0.0.1:22", Op: "test", Err: inner}
 }
 
 func TestClassify(t *testing.T) {

@@ -220,7 +220,7 @@ func interrupted(ctx context.Context, p *provider, err error) bool {
 	if ctx.Err() != nil || p.closed.Load() {
 		return true
 	}
-	switch sshconn.KindOf(err) {
+	switch sshKind(err) {
 	case sshconn.KindUnreachable, sshconn.KindClosed:
 		return true
 	}

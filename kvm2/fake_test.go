@@ -883,7 +883,7 @@ func newFakeSession(lv *fakeLibvirt) *fakeSession {
 const fakeAddr = "hv1.example:22"
 
 func (s *fakeSession) closedError() error {
-	return &sshconn.Error{Kind: sshconn.KindClosed, Addr: fakeAddr, Op: "libvirt call", Err: errors.New("libvirt session closed")}
+	return &sshconn.Error{Kind: sshconn.KindClosed, Address: fakeAddr, Op: "libvirt call", Err: errors.New("libvirt session closed")}
 }
 
 func fakeCtxError(err error) error {
@@ -891,7 +891,7 @@ func fakeCtxError(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*budget.TimeoutError)) {
 		k = sshconn.KindUnreachable
 	}
-	return &sshconn.Error{Kind: k, Addr: fakeAddr, Op: "libvirt call", Err: err}
+	return &sshconn.Error{Kind: k, Address: fakeAddr, Op: "libvirt call", Err: err}
 }
 
 func (s *fakeSession) setDial(d func() error) {
@@ -926,7 +926,7 @@ func (s *fakeSession) Do(ctx context.Context, fn func(lvAPI) error) error {
 	select {
 	case err := <-done:
 		if errors.Is(err, libvirt.ErrInterrupted) {
-			return &sshconn.Error{Kind: sshconn.KindUnreachable, Addr: fakeAddr, Op: "libvirt call", Err: err}
+			return &sshconn.Error{Kind: sshconn.KindUnreachable, Address: fakeAddr, Op: "libvirt call", Err: err}
 		}
 		return err
 	case <-ctx.Done():

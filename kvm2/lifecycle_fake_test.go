@@ -429,7 +429,9 @@ func TestFakeCheck(t *testing.T) {
 
 	dial := func(k sshconn.Kind) func(*fakeEnv) {
 		return func(e *fakeEnv) {
-			e.sess.setDial(func() error { return &sshconn.Error{Kind: k, Addr: fakeAddr, Op: "dial", Err: errors.New(k.String())} })
+			e.sess.setDial(func() error {
+				return &sshconn.Error{Kind: k, Address: fakeAddr, Op: "dial", Err: errors.New(k.String())}
+			})
 		}
 	}
 	fault := func(op string, err error) func(*fakeEnv) {

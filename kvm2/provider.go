@@ -87,20 +87,18 @@ func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 		tp = noop.NewTracerProvider()
 	}
 	pool, err := sshconn.New(sshconn.Config{
-		Addr:              cfg.Address,
+		Address:           cfg.Address,
 		User:              cfg.User,
 		KeyFile:           cfg.KeyFile,
 		Key:               cfg.Key,
 		KeyPassphrase:     cfg.KeyPassphrase,
-		Signer:            cfg.Signer,
 		AgentSocket:       cfg.AgentSocket,
 		KnownHostsFile:    cfg.KnownHostsFile,
 		KnownHosts:        cfg.KnownHosts,
 		DialTimeout:       cfg.DialTimeout,
 		KeepaliveInterval: cfg.KeepaliveInterval,
 		KeepaliveCount:    cfg.KeepaliveCount,
-		Logger:            log,
-	})
+	}, &sshconn.Options{Logger: log, Signer: cfg.Signer})
 	if err != nil {
 		return nil, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
 	}
@@ -316,7 +314,7 @@ func (p *provider) Check(ctx context.Context) (_ egressproxy.Health, opErr error
 	if cerr := ctx.Err(); cerr != nil {
 		return egressproxy.Health{}, errs.FromContext(fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, err))
 	}
-	if sshconn.KindOf(err) == sshconn.KindClosed || p.closed.Load() {
+	if sshKind(err) == sshconn.KindClosed || p.closed.Load() {
 		return egressproxy.Health{}, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2 %s: %w", p.cfg.Entry, closedError{Err: err}))
 	}
 	h.Reason = healthReason(err)

@@ -37,8 +37,8 @@ func TestDialTimeoutIsNotTheCallersDeadline(t *testing.T) {
 		if errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("attempt %d: %v matches context.DeadlineExceeded; the caller had no deadline", i, err)
 		}
-		if KindOf(err) != KindUnreachable || !strings.Contains(err.Error(), "no answer within DialTimeout (150ms)") {
-			t.Fatalf("attempt %d: %v (kind %v), want unreachable naming DialTimeout", i, err, KindOf(err))
+		if errKind(err) != KindUnreachable || !strings.Contains(err.Error(), "no answer within DialTimeout (150ms)") {
+			t.Fatalf("attempt %d: %v (kind %v), want unreachable naming DialTimeout", i, err, errKind(err))
 		}
 	}
 	// The shared link's dial reports the same.
@@ -58,8 +58,8 @@ func TestDialCallersDeadlineIsKept(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		_, err := p.Dedicated(ctx)
 		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*budget.TimeoutError)) || KindOf(err) != KindUnreachable {
-			t.Fatalf("attempt %d: %v (kind %v), want the caller's context.DeadlineExceeded, unreachable", i, err, KindOf(err))
+		if !errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*budget.TimeoutError)) || errKind(err) != KindUnreachable {
+			t.Fatalf("attempt %d: %v (kind %v), want the caller's context.DeadlineExceeded, unreachable", i, err, errKind(err))
 		}
 	}
 }
@@ -88,10 +88,10 @@ func TestDialCanceledIsNotUnreachable(t *testing.T) {
 			err := dial(ctx)
 			cancel()
 			msg := fmt.Sprint(err)
-			if !errors.Is(err, context.Canceled) || errs.Code(err) != errs.Canceled || KindOf(err) == KindUnreachable {
-				t.Fatalf("%s %d: %v (kind %v, code %v), want the caller's context.Canceled, not unreachable", name, i, err, KindOf(err), errs.Code(err))
+			if !errors.Is(err, context.Canceled) || errs.Code(err) != errs.Canceled || errKind(err) == KindUnreachable {
+				t.Fatalf("%s %d: %v (kind %v, code %v), want the caller's context.Canceled, not unreachable", name, i, err, errKind(err), errs.Code(err))
 			}
-			if !strings.Contains(msg, "ssh handshake "+cfg.Addr+": canceled") || strings.Contains(msg, "unreachable") || strings.Contains(msg, "i/o timeout") {
+			if !strings.Contains(msg, "ssh handshake "+cfg.Address+": canceled") || strings.Contains(msg, "unreachable") || strings.Contains(msg, "i/o timeout") {
 				t.Fatalf("%s %d: %q, want it to say the handshake was canceled, nothing of a network failure", name, i, msg)
 			}
 		}
@@ -102,7 +102,7 @@ func TestDialCanceledIsNotUnreachable(t *testing.T) {
 	// Canceled before the dial: the same words.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := p.Client(ctx); !errors.Is(err, context.Canceled) || !strings.Contains(fmt.Sprint(err), "dial "+cfg.Addr+": canceled: context canceled") {
+	if _, err := p.Client(ctx); !errors.Is(err, context.Canceled) || !strings.Contains(fmt.Sprint(err), "dial "+cfg.Address+": canceled: context canceled") {
 		t.Fatalf("Client with a canceled context: %v", err)
 	}
 }

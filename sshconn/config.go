@@ -2,6 +2,7 @@ package sshconn
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -11,48 +12,48 @@ import (
 	"strings"
 	"time"
 
-	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/go-logr/logr"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/egressproxy/egressproxy/internal/duration"
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
-// Config describes how to reach one hypervisor's sshd. Every field documents
-// its zero value; there is no way to skip host key verification.
+// Config describes how to reach one host's sshd, as a person writes it in
+// a file: it marshals to JSON and YAML with camelCase keys and durations as
+// strings ("30s"), secrets left out. Every field documents its zero value;
+// there is no way to skip host key verification.
 type Config struct {
-	// Addr is the host:port of sshd. Required. It is also the name looked up
-	// in known_hosts ("[host]:port" unless the port is 22).
-	Addr string `json:"addr"`
+	// Address is the host:port of sshd. Required. It is also the name
+	// looked up in known_hosts ("[host]:port" unless the port is 22).
+	Address string `json:"address"`
 	// User is the SSH user name. Required.
 	User string `json:"user"`
-	// The client key comes from exactly one of KeyFile, Key, Signer and
-	// AgentSocket; Validate names the fields when none or several are set.
+	// The client key comes from exactly one of KeyFile, Key, AgentSocket and
+	// Options.Signer; New names the fields when none or several are set.
 	// None of them (nor KeyPassphrase) ever appears in an error, a log line,
 	// String or a marshalled Config.
 
 	// KeyFile is a private key file (OpenSSH or PEM), encrypted with
-	// KeyPassphrase or unencrypted. Zero: the key comes from Key, Signer or
-	// AgentSocket. It is read on every dial, so a rotated key is picked up by
-	// the next redial.
+	// KeyPassphrase or unencrypted. Zero: the key comes from Key,
+	// AgentSocket or Options.Signer. It is read on every dial, so a rotated
+	// key is picked up by the next redial.
 	KeyFile string `json:"keyFile,omitempty"`
 	// Key is a private key in PEM form (OpenSSH or PKCS#1/PKCS#8/SEC 1),
 	// encrypted with KeyPassphrase or unencrypted: for a key held in memory,
 	// e.g. read from a Kubernetes Secret. New keeps its own copy. Zero: the
-	// key comes from KeyFile, Signer or AgentSocket.
+	// key comes from KeyFile, AgentSocket or Options.Signer.
 	Key []byte `json:"-"`
 	// KeyPassphrase decrypts KeyFile or Key. Zero: the key is unencrypted
 	// (an encrypted key is then KindKeyUnreadable at dial). Setting it
 	// without KeyFile or Key is invalid. New keeps its own copy.
 	KeyPassphrase []byte `json:"-"`
-	// Signer signs with a key the embedder holds (a hardware token, its own
-	// agent client...). It must be safe for concurrent use. Zero: the key
-	// comes from KeyFile, Key or AgentSocket.
-	Signer ssh.Signer `json:"-"`
 	// AgentSocket is the path of an ssh-agent's unix socket (what
 	// SSH_AUTH_SOCK names). Each dial opens its own agent connection, offers
 	// every key the agent holds, and closes it when the handshake ends, so
 	// keys added or removed later are seen by the next dial. An agent that
 	// cannot be reached or holds no key is KindKeyUnreadable. Zero: the key
-	// comes from KeyFile, Key or Signer.
+	// comes from KeyFile, Key or Options.Signer.
 	AgentSocket string `json:"agentSocket,omitempty"`
 
 	// Host keys are pinned by exactly one of KnownHostsFile and KnownHosts
@@ -79,13 +80,29 @@ type Config struct {
 	// on a shared or dedicated connection. Zero: 5s.
 	KeepaliveInterval time.Duration `json:"keepaliveInterval,omitempty"`
 	// KeepaliveCount is how many intervals may pass without any answer from
-	// the server before the link is declared dead and torn down. Zero: 3.
+	// the server before the connection is declared dead and torn down.
+	// Zero: 3.
 	KeepaliveCount int `json:"keepaliveCount,omitempty"`
 	// MaxRedialBackoff caps the exponential backoff (starting at 100ms)
 	// between failed dial attempts of the shared connection. Zero: 5s.
 	MaxRedialBackoff time.Duration `json:"maxRedialBackoff,omitempty"`
-	// Logger receives debug/info lines. Zero value: discard.
-	Logger logr.Logger `json:"-"`
+}
+
+// Options holds a Pool's runtime dependencies. nil is valid: every field's
+// zero value is its default.
+type Options struct {
+	// Logger receives the pool's lines (named "sshconn", with the
+	// address). Zero: discard.
+	Logger logr.Logger
+	// Signer signs with a key the embedder holds (a hardware token, its own
+	// agent client...), as the client key instead of one of Config's key
+	// sources. It must be safe for concurrent use. Zero: the key comes from
+	// Config's KeyFile, Key or AgentSocket.
+	Signer ssh.Signer
+
+	// wrapConn, set by tests, wraps every TCP connection a link is made of
+	// (to observe the close order).
+	wrapConn func(net.Conn) net.Conn
 }
 
 const (
@@ -96,40 +113,29 @@ const (
 	minRedialBackoff         = 100 * time.Millisecond
 )
 
-// Validate checks the config without touching the network or the files.
-// The error is a *Error of KindConfig wrapping one *errs.FieldError per
-// violation (all of them at once, joined), the validation error type of
-// every package of this module.
-func (c Config) Validate() error {
+// validate checks c, with signer set when Options.Signer is, without
+// touching the network or the files. The error is an *Error of KindConfig
+// wrapping one *errs.FieldError per violation (all of them at once,
+// joined), naming the Go field.
+func (c Config) validate(signer bool) error {
 	var problems []error
-	bad := func(field, rule string) {
-		problems = append(problems, &errs.FieldError{Field: field, Rule: rule})
+	bad := func(field, value, rule string) {
+		problems = append(problems, &errs.FieldError{Field: field, Value: value, Rule: rule})
 	}
-	if c.Addr == "" {
-		bad("Addr", "is required (host:port)")
-	} else if host, port, err := net.SplitHostPort(c.Addr); err != nil {
-		bad("Addr", fmt.Sprintf("must be host:port (%v)", err))
-	} else {
-		if host == "" {
-			bad("Addr", "host part must not be empty")
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			bad("Addr", "port must be a number in 1..65535")
-		}
-	}
+	c.validateAddress(bad)
 	if c.User == "" {
-		bad("User", "is required")
+		bad("User", "", "is required")
 	}
 	keySources := map[string]bool{
 		"KeyFile":     c.KeyFile != "",
 		"Key":         len(c.Key) > 0,
-		"Signer":      c.Signer != nil,
 		"AgentSocket": c.AgentSocket != "",
+		"Signer":      signer,
 	}
-	oneOf(bad, keySources, []string{"KeyFile", "Key", "Signer", "AgentSocket"},
-		"KeyFile", "a client key is required: set one of KeyFile, Key, Signer or AgentSocket")
+	oneOf(bad, keySources, []string{"KeyFile", "Key", "AgentSocket", "Signer"},
+		"KeyFile", "a client key is required: set one of KeyFile, Key, AgentSocket or Options.Signer")
 	if len(c.KeyPassphrase) > 0 && c.KeyFile == "" && len(c.Key) == 0 {
-		bad("KeyPassphrase", "applies only to KeyFile or Key")
+		bad("KeyPassphrase", "", "applies only to KeyFile or Key")
 	}
 	hostSources := map[string]bool{
 		"KnownHostsFile": c.KnownHostsFile != "",
@@ -138,32 +144,56 @@ func (c Config) Validate() error {
 	oneOf(bad, hostSources, []string{"KnownHostsFile", "KnownHosts"},
 		"KnownHostsFile", "is required, or KnownHosts (host key verification cannot be skipped)")
 	if len(c.KnownHosts) > 0 && !hasKnownHostsLine(c.KnownHosts) {
-		bad("KnownHosts", "must contain at least one valid known_hosts line")
+		bad("KnownHosts", "", "must contain at least one valid known_hosts line")
 	}
 	if c.AgentSocket != "" && !filepath.IsAbs(c.AgentSocket) {
-		bad("AgentSocket", "must be an absolute path (the agent's unix socket)")
+		bad("AgentSocket", c.AgentSocket, "must be an absolute path (the agent's unix socket)")
 	}
-	if c.DialTimeout < 0 {
-		bad("DialTimeout", "must not be negative (zero means 10s)")
-	}
-	if c.KeepaliveInterval < 0 {
-		bad("KeepaliveInterval", "must not be negative (zero means 5s)")
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+		zero  string
+	}{
+		{"DialTimeout", c.DialTimeout, "10s"},
+		{"KeepaliveInterval", c.KeepaliveInterval, "5s"},
+		{"MaxRedialBackoff", c.MaxRedialBackoff, "5s"},
+	} {
+		if d.v < 0 {
+			bad(d.field, d.v.String(), "must not be negative (zero means "+d.zero+")")
+		}
 	}
 	if c.KeepaliveCount < 0 {
-		bad("KeepaliveCount", "must not be negative (zero means 3)")
-	}
-	if c.MaxRedialBackoff < 0 {
-		bad("MaxRedialBackoff", "must not be negative (zero means 5s)")
+		bad("KeepaliveCount", strconv.Itoa(c.KeepaliveCount), "must not be negative (zero means 3)")
 	}
 	if len(problems) == 0 {
 		return nil
 	}
-	return &Error{Kind: KindConfig, Addr: c.Addr, Op: "validate config", Err: errors.Join(problems...)}
+	return &Error{Kind: KindConfig, Op: "new pool", Err: errors.Join(problems...)}
+}
+
+// validateAddress reports, through bad, an Address that is not host:port
+// with a host and a port in 1..65535.
+func (c Config) validateAddress(bad func(field, value, rule string)) {
+	if c.Address == "" {
+		bad("Address", "", "is required (host:port)")
+		return
+	}
+	host, port, err := net.SplitHostPort(c.Address)
+	if err != nil {
+		bad("Address", c.Address, "must be host:port")
+		return
+	}
+	if host == "" {
+		bad("Address", c.Address, "host part must not be empty")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		bad("Address", c.Address, "port must be a number in 1..65535")
+	}
 }
 
 // oneOf reports, through bad, a source group of which not exactly one is
 // set: none names the field missing, several name every one that is set.
-func oneOf(bad func(field, rule string), set map[string]bool, order []string, missing, rule string) {
+func oneOf(bad func(field, value, rule string), set map[string]bool, order []string, missing, rule string) {
 	var given []string
 	for _, f := range order {
 		if set[f] {
@@ -172,11 +202,11 @@ func oneOf(bad func(field, rule string), set map[string]bool, order []string, mi
 	}
 	switch {
 	case len(given) == 0:
-		bad(missing, rule)
+		bad(missing, "", rule)
 	case len(given) > 1:
 		for _, f := range given {
 			others := slices.DeleteFunc(slices.Clone(given), func(g string) bool { return g == f })
-			bad(f, "set exactly one of "+strings.Join(order, ", ")+" (also set: "+strings.Join(others, ", ")+")")
+			bad(f, "", "set exactly one of "+strings.Join(order, ", ")+" (also set: "+strings.Join(others, ", ")+")")
 		}
 	}
 }
@@ -193,11 +223,11 @@ func hasKnownHostsLine(b []byte) bool {
 }
 
 // String describes c without any secret: the key source is named (a file
-// path, an agent socket, a signer's key type and fingerprint, or the size of
-// in-memory key bytes), never its content.
+// path, an agent socket, or the size of in-memory key bytes), never its
+// content.
 func (c Config) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "sshconn.Config{Addr: %q, User: %q", c.Addr, c.User)
+	fmt.Fprintf(&b, "sshconn.Config{Address: %q, User: %q", c.Address, c.User)
 	if c.KeyFile != "" {
 		fmt.Fprintf(&b, ", KeyFile: %q", c.KeyFile)
 	}
@@ -206,9 +236,6 @@ func (c Config) String() string {
 	}
 	if len(c.KeyPassphrase) > 0 {
 		b.WriteString(", KeyPassphrase: [redacted]")
-	}
-	if c.Signer != nil {
-		b.WriteString(", Signer: " + describeSigner(c.Signer))
 	}
 	if c.AgentSocket != "" {
 		fmt.Fprintf(&b, ", AgentSocket: %q", c.AgentSocket)
@@ -227,19 +254,40 @@ func (c Config) String() string {
 // GoString is String, so that %#v does not print key bytes either.
 func (c Config) GoString() string { return c.String() }
 
-// describeSigner names a signer by its public key's type and fingerprint
-// (public information), recovering from a signer that panics.
-func describeSigner(s ssh.Signer) (d string) {
-	defer func() {
-		if recover() != nil {
-			d = "[signer]"
+// MarshalJSON writes c with durations as strings ("30s", zero left out)
+// and without its secrets.
+func (c Config) MarshalJSON() ([]byte, error) {
+	type plain Config
+	d := func(v time.Duration) *duration.Duration {
+		if v == 0 {
+			return nil
 		}
-	}()
-	pub := s.PublicKey()
-	if pub == nil {
-		return "[signer]"
+		return (*duration.Duration)(&v)
 	}
-	return "[signer " + pub.Type() + " " + ssh.FingerprintSHA256(pub) + "]"
+	// The duration fields below shadow plain's of the same JSON names.
+	return json.Marshal(struct {
+		plain
+		DialTimeout       *duration.Duration `json:"dialTimeout,omitempty"`
+		KeepaliveInterval *duration.Duration `json:"keepaliveInterval,omitempty"`
+		MaxRedialBackoff  *duration.Duration `json:"maxRedialBackoff,omitempty"`
+	}{plain(c), d(c.DialTimeout), d(c.KeepaliveInterval), d(c.MaxRedialBackoff)})
+}
+
+// UnmarshalJSON reads c strictly (an unknown key is an error), durations
+// as strings in time.ParseDuration syntax ("30s"; a bare number, which
+// would read as nanoseconds, is refused).
+func (c *Config) UnmarshalJSON(b []byte) error {
+	type plain Config
+	v := struct {
+		*plain
+		DialTimeout       *duration.Duration `json:"dialTimeout,omitempty"`
+		KeepaliveInterval *duration.Duration `json:"keepaliveInterval,omitempty"`
+		MaxRedialBackoff  *duration.Duration `json:"maxRedialBackoff,omitempty"`
+	}{(*plain)(c), (*duration.Duration)(&c.DialTimeout), (*duration.Duration)(&c.KeepaliveInterval),
+		(*duration.Duration)(&c.MaxRedialBackoff)}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(&v)
 }
 
 // withDefaults returns c with zero values replaced by their defaults.
@@ -255,9 +303,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxRedialBackoff == 0 {
 		c.MaxRedialBackoff = defaultMaxRedialBackoff
-	}
-	if c.Logger.GetSink() == nil {
-		c.Logger = logr.Discard()
 	}
 	// Private copies: the caller may reuse or wipe its buffers.
 	c.Key = bytes.Clone(c.Key)

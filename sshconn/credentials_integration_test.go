@@ -84,7 +84,7 @@ func startCertStack(t *testing.T) *certStack {
 // on a channel of the connection, proving the link carries real work.
 func (cs *certStack) hostname(t *testing.T, cfg Config) (string, error) {
 	t.Helper()
-	p, err := New(cfg)
+	p, err := New(cfg, nil)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -137,7 +137,7 @@ func TestIntegrationHostCertificate(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			content := []byte(strings.Join(tc.lines, "\n") + "\n")
-			cfg := Config{Addr: addr, User: cs.env.SSHUser, Key: cs.stackKey}
+			cfg := Config{Address: addr, User: cs.env.SSHUser, Key: cs.stackKey}
 			if tc.file {
 				cfg.KnownHostsFile = filepath.Join(t.TempDir(), "known_hosts")
 				if err := os.WriteFile(cfg.KnownHostsFile, content, 0o600); err != nil {
@@ -153,7 +153,7 @@ func TestIntegrationHostCertificate(t *testing.T) {
 				}
 				return
 			}
-			if k := KindOf(err); k != tc.want {
+			if k := errKind(err); k != tc.want {
 				t.Fatalf("kind %v, want %v (err: %v)", k, tc.want, err)
 			}
 			if tc.lines[0] == ca && !strings.Contains(err.Error(), "certificate") {
@@ -185,13 +185,13 @@ func TestIntegrationKeyFromBytes(t *testing.T) {
 		cfg  Config
 		want Kind
 	}{
-		{"stack sshd, key and known_hosts as bytes", Config{Addr: cs.env.SSHAddr, Key: cs.stackKey, KnownHosts: stackKnownHosts}, KindUnknown},
-		{"encrypted key as bytes", Config{Addr: cs.sshd.Addr, Key: encPEM, KeyPassphrase: []byte(cs.encPass), KnownHosts: caKnownHosts}, KindUnknown},
-		{"encrypted key file", Config{Addr: cs.sshd.Addr, KeyFile: cs.encKey, KeyPassphrase: []byte(cs.encPass), KnownHosts: caKnownHosts}, KindUnknown},
-		{"encrypted key, wrong passphrase", Config{Addr: cs.sshd.Addr, Key: encPEM, KeyPassphrase: []byte("wrong " + secretMarker), KnownHosts: caKnownHosts}, KindKeyUnreadable},
-		{"encrypted key, no passphrase", Config{Addr: cs.sshd.Addr, Key: encPEM, KnownHosts: caKnownHosts}, KindKeyUnreadable},
+		{"stack sshd, key and known_hosts as bytes", Config{Address: cs.env.SSHAddr, Key: cs.stackKey, KnownHosts: stackKnownHosts}, KindUnknown},
+		{"encrypted key as bytes", Config{Address: cs.sshd.Addr, Key: encPEM, KeyPassphrase: []byte(cs.encPass), KnownHosts: caKnownHosts}, KindUnknown},
+		{"encrypted key file", Config{Address: cs.sshd.Addr, KeyFile: cs.encKey, KeyPassphrase: []byte(cs.encPass), KnownHosts: caKnownHosts}, KindUnknown},
+		{"encrypted key, wrong passphrase", Config{Address: cs.sshd.Addr, Key: encPEM, KeyPassphrase: []byte("wrong " + secretMarker), KnownHosts: caKnownHosts}, KindKeyUnreadable},
+		{"encrypted key, no passphrase", Config{Address: cs.sshd.Addr, Key: encPEM, KnownHosts: caKnownHosts}, KindKeyUnreadable},
 		// The stack's sshd does not authorize the encrypted key.
-		{"encrypted key not authorized", Config{Addr: cs.env.SSHAddr, Key: encPEM, KeyPassphrase: []byte(cs.encPass), KnownHosts: stackKnownHosts}, KindAuthRefused},
+		{"encrypted key not authorized", Config{Address: cs.env.SSHAddr, Key: encPEM, KeyPassphrase: []byte(cs.encPass), KnownHosts: stackKnownHosts}, KindAuthRefused},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -204,7 +204,7 @@ func TestIntegrationKeyFromBytes(t *testing.T) {
 				}
 				return
 			}
-			if k := KindOf(err); k != tc.want {
+			if k := errKind(err); k != tc.want {
 				t.Fatalf("kind %v, want %v (err: %v)", k, tc.want, err)
 			}
 			if s := err.Error(); strings.Contains(s, secretMarker) || strings.Contains(s, cs.encPass) || strings.Contains(s, "PRIVATE KEY") {
@@ -223,7 +223,7 @@ func TestIntegrationAgent(t *testing.T) {
 	}
 	sock := teststack.StartAgent(t, env.SSHKey)
 	empty := teststack.StartAgent(t)
-	cfg := Config{Addr: env.SSHAddr, User: env.SSHUser, AgentSocket: sock, KnownHostsFile: env.KnownHosts}
+	cfg := Config{Address: env.SSHAddr, User: env.SSHUser, AgentSocket: sock, KnownHostsFile: env.KnownHosts}
 
 	p := newPool(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -252,9 +252,9 @@ func TestIntegrationAgent(t *testing.T) {
 	waitAgentIdle(t, sock)
 
 	// An agent without keys: credentials unavailable, sshd never contacted.
-	pe := newPool(t, Config{Addr: env.SSHAddr, User: env.SSHUser, AgentSocket: empty, KnownHostsFile: env.KnownHosts})
-	if _, err := pe.Client(ctx); KindOf(err) != KindKeyUnreadable {
-		t.Errorf("empty agent: kind %v, want %v (err: %v)", KindOf(err), KindKeyUnreadable, err)
+	pe := newPool(t, Config{Address: env.SSHAddr, User: env.SSHUser, AgentSocket: empty, KnownHostsFile: env.KnownHosts})
+	if _, err := pe.Client(ctx); errKind(err) != KindKeyUnreadable {
+		t.Errorf("empty agent: kind %v, want %v (err: %v)", errKind(err), KindKeyUnreadable, err)
 	}
 	waitAgentIdle(t, empty)
 }

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/sshtest"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
@@ -25,49 +24,48 @@ import (
 func TestValidateCredentials(t *testing.T) {
 	t.Parallel()
 	signer := sshtest.Signer(t, sshtest.GenEd25519(t))
-	base := Config{Addr: "127.0.0.1:22", User: "root"}
+	base := Config{Address: "127.0.0.1:22", User: "root"}
 	khLine := []byte(knownhosts.Line([]string{"host"}, signer.PublicKey()) + "\n")
+	withSigner := &Options{Signer: signer}
 	tests := []struct {
 		name   string
 		edit   func(*Config)
+		opts   *Options
 		fields []string // nil: valid
 	}{
-		{"key file", func(c *Config) { c.KeyFile, c.KnownHostsFile = "/k", "/kh" }, nil},
-		{"key bytes", func(c *Config) { c.Key, c.KnownHosts = []byte("pem"), khLine }, nil},
-		{"key bytes with passphrase", func(c *Config) { c.Key, c.KeyPassphrase, c.KnownHostsFile = []byte("pem"), []byte("pw"), "/kh" }, nil},
-		{"key file with passphrase", func(c *Config) { c.KeyFile, c.KeyPassphrase, c.KnownHostsFile = "/k", []byte("pw"), "/kh" }, nil},
-		{"signer", func(c *Config) { c.Signer, c.KnownHostsFile = signer, "/kh" }, nil},
-		{"agent", func(c *Config) { c.AgentSocket, c.KnownHostsFile = "/run/agent.sock", "/kh" }, nil},
-		{"no key source", func(c *Config) { c.KnownHostsFile = "/kh" }, []string{"KeyFile"}},
-		{"two key sources", func(c *Config) { c.KeyFile, c.Key, c.KnownHostsFile = "/k", []byte("pem"), "/kh" }, []string{"KeyFile", "Key"}},
+		{"key file", func(c *Config) { c.KeyFile, c.KnownHostsFile = "/k", "/kh" }, nil, nil},
+		{"key bytes", func(c *Config) { c.Key, c.KnownHosts = []byte("pem"), khLine }, nil, nil},
+		{"key bytes with passphrase", func(c *Config) { c.Key, c.KeyPassphrase, c.KnownHostsFile = []byte("pem"), []byte("pw"), "/kh" }, nil, nil},
+		{"key file with passphrase", func(c *Config) { c.KeyFile, c.KeyPassphrase, c.KnownHostsFile = "/k", []byte("pw"), "/kh" }, nil, nil},
+		{"signer", func(c *Config) { c.KnownHostsFile = "/kh" }, withSigner, nil},
+		{"agent", func(c *Config) { c.AgentSocket, c.KnownHostsFile = "/run/agent.sock", "/kh" }, nil, nil},
+		{"no key source", func(c *Config) { c.KnownHostsFile = "/kh" }, nil, []string{"KeyFile"}},
+		{"two key sources", func(c *Config) { c.KeyFile, c.Key, c.KnownHostsFile = "/k", []byte("pem"), "/kh" }, nil, []string{"KeyFile", "Key"}},
 		{"all key sources", func(c *Config) {
-			c.KeyFile, c.Key, c.Signer, c.AgentSocket, c.KnownHostsFile = "/k", []byte("pem"), signer, "/a", "/kh"
-		}, []string{"KeyFile", "Key", "Signer", "AgentSocket"}},
-		{"passphrase without key", func(c *Config) { c.Signer, c.KeyPassphrase, c.KnownHostsFile = signer, []byte("pw"), "/kh" }, []string{"KeyPassphrase"}},
-		{"relative agent socket", func(c *Config) { c.AgentSocket, c.KnownHostsFile = "agent.sock", "/kh" }, []string{"AgentSocket"}},
-		{"no known_hosts", func(c *Config) { c.KeyFile = "/k" }, []string{"KnownHostsFile"}},
-		{"both known_hosts", func(c *Config) { c.KeyFile, c.KnownHostsFile, c.KnownHosts = "/k", "/kh", khLine }, []string{"KnownHostsFile", "KnownHosts"}},
-		{"known_hosts bytes without a valid line", func(c *Config) { c.KeyFile, c.KnownHosts = "/k", []byte("# only a comment\nnot a line\n") }, []string{"KnownHosts"}},
+			c.KeyFile, c.Key, c.AgentSocket, c.KnownHostsFile = "/k", []byte("pem"), "/a", "/kh"
+		}, withSigner, []string{"KeyFile", "Key", "AgentSocket", "Signer"}},
+		{"passphrase without key", func(c *Config) { c.KeyPassphrase, c.KnownHostsFile = []byte("pw"), "/kh" }, withSigner, []string{"KeyPassphrase"}},
+		{"relative agent socket", func(c *Config) { c.AgentSocket, c.KnownHostsFile = "agent.sock", "/kh" }, nil, []string{"AgentSocket"}},
+		{"no known_hosts", func(c *Config) { c.KeyFile = "/k" }, nil, []string{"KnownHostsFile"}},
+		{"both known_hosts", func(c *Config) { c.KeyFile, c.KnownHostsFile, c.KnownHosts = "/k", "/kh", khLine }, nil, []string{"KnownHostsFile", "KnownHosts"}},
+		{"known_hosts bytes without a valid line", func(c *Config) { c.KeyFile, c.KnownHosts = "/k", []byte("# only a comment\nnot a line\n") }, nil, []string{"KnownHosts"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base
 			tc.edit(&c)
-			err := c.Validate()
+			p, err := New(c, tc.opts)
 			if tc.fields == nil {
 				if err != nil {
-					t.Fatalf("Validate: %v", err)
+					t.Fatalf("New: %v", err)
 				}
+				_ = p.Close()
 				return
 			}
-			if KindOf(err) != KindConfig {
-				t.Fatalf("Validate: kind %v (err %v), want %v", KindOf(err), err, KindConfig)
+			if errKind(err) != KindConfig {
+				t.Fatalf("New: kind %v (err %v), want %v", errKind(err), err, KindConfig)
 			}
-			var got []string
-			for _, fe := range errs.FieldErrors(err) {
-				got = append(got, fe.Field)
-			}
-			if strings.Join(got, ",") != strings.Join(tc.fields, ",") {
+			if got := fieldsOf(err); strings.Join(got, ",") != strings.Join(tc.fields, ",") {
 				t.Errorf("fields %v, want %v (err: %v)", got, tc.fields, err)
 			}
 		})
@@ -81,9 +79,9 @@ const secretMarker = "SECRET-4a1f"
 func TestConfigTextHasNoSecrets(t *testing.T) {
 	t.Parallel()
 	signer := sshtest.Signer(t, sshtest.GenEd25519(t))
-	c := Config{Addr: "127.0.0.1:22", User: "root",
+	c := Config{Address: "127.0.0.1:22", User: "root",
 		Key: []byte("-----BEGIN " + secretMarker + "-----"), KeyPassphrase: []byte(secretMarker),
-		Signer: signer, KnownHosts: []byte(plainLine("host", signer.PublicKey()) + "\n")}
+		KnownHosts: []byte(plainLine("host", signer.PublicKey()) + "\n")}
 	js, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
@@ -94,11 +92,11 @@ func TestConfigTextHasNoSecrets(t *testing.T) {
 			t.Errorf("text shows a secret: %s", s)
 		}
 	}
-	if s := c.String(); !strings.Contains(s, "Key: [redacted") || !strings.Contains(s, ssh.FingerprintSHA256(signer.PublicKey())) {
+	if s := c.String(); !strings.Contains(s, "Key: [redacted") || !strings.Contains(s, "KnownHosts: [") {
 		t.Errorf("String does not name the key sources: %s", s)
 	}
 	// New keeps its own copies of the byte fields.
-	p, err := New(Config{Addr: "127.0.0.1:22", User: "u", Key: c.Key, KnownHosts: c.KnownHosts})
+	p, err := New(Config{Address: "127.0.0.1:22", User: "u", Key: c.Key, KnownHosts: c.KnownHosts}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +191,7 @@ func TestKnownHostsCases(t *testing.T) {
 		}
 		for _, src := range []string{"bytes", "file"} {
 			t.Run(tc.name+"/"+src, func(t *testing.T) {
-				cfg := Config{Addr: tc.addr}
+				cfg := Config{Address: tc.addr}
 				if src == "bytes" {
 					cfg.KnownHosts = content
 				} else {
@@ -242,7 +240,7 @@ func TestHostKeyAlgorithmsWithCA(t *testing.T) {
 		{"nothing for the host", []string{plainLine("g.example.com", ec)}, false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hk, err := loadKnownHosts(Config{Addr: "h.example.com:22", KnownHosts: []byte(strings.Join(tc.lines, "\n"))})
+			hk, err := loadKnownHosts(Config{Address: "h.example.com:22", KnownHosts: []byte(strings.Join(tc.lines, "\n"))})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -286,7 +284,7 @@ func TestKnownHostsBytesNoFDLeak(t *testing.T) {
 		return len(ents)
 	}
 	k := sshtest.Signer(t, sshtest.GenEd25519(t)).PublicKey()
-	cfg := Config{Addr: "h:22", KnownHosts: []byte(plainLine("h", k) + "\n")}
+	cfg := Config{Address: "h:22", KnownHosts: []byte(plainLine("h", k) + "\n")}
 	before := fds()
 	for range 50 {
 		if _, err := loadKnownHosts(cfg); err != nil {
@@ -297,8 +295,8 @@ func TestKnownHostsBytesNoFDLeak(t *testing.T) {
 		t.Errorf("open fds %d -> %d after 50 loads", before, after)
 	}
 	// Content that knownhosts refuses names the field, not the memfd.
-	_, err := loadKnownHosts(Config{Addr: "h:22", KnownHosts: []byte("@bogus-marker h ssh-ed25519 AAAA\n")})
-	if KindOf(err) != KindHostUnknown || !strings.Contains(err.Error(), "Config.KnownHosts") || strings.Contains(err.Error(), "/proc/") {
+	_, err := loadKnownHosts(Config{Address: "h:22", KnownHosts: []byte("@bogus-marker h ssh-ed25519 AAAA\n")})
+	if errKind(err) != KindHostUnknown || !strings.Contains(err.Error(), "Config.KnownHosts") || strings.Contains(err.Error(), "/proc/") {
 		t.Errorf("bad content: %v", err)
 	}
 }
@@ -415,29 +413,31 @@ func TestDialKeySources(t *testing.T) {
 	goodAgent := startAgent(t, f.clientPriv)
 	emptyAgent := startAgent(t)
 	otherAgent := startAgent(t, sshtest.GenEd25519(t))
+	signer := &Options{Signer: sshtest.Signer(t, f.clientPriv)}
 	tests := []struct {
 		name      string
 		edit      func(*Config)
 		want      Kind // KindUnknown: connects
 		noNetwork bool
+		opts      *Options
 	}{
-		{"key bytes", func(c *Config) { c.KeyFile, c.Key = "", plainPEM }, KindUnknown, false},
-		{"key bytes and known_hosts bytes", func(c *Config) { c.KeyFile, c.Key, c.KnownHostsFile, c.KnownHosts = "", plainPEM, "", knownHosts }, KindUnknown, false},
-		{"encrypted key bytes", func(c *Config) { c.KeyFile, c.Key, c.KeyPassphrase = "", encPEM, []byte(pass) }, KindUnknown, false},
-		{"signer", func(c *Config) { c.KeyFile, c.Signer = "", sshtest.Signer(t, f.clientPriv) }, KindUnknown, false},
-		{"agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", goodAgent.path }, KindUnknown, false},
-		{"encrypted key without passphrase", func(c *Config) { c.KeyFile, c.Key = "", encPEM }, KindKeyUnreadable, true},
-		{"passphrase for an unencrypted key", func(c *Config) { c.KeyFile, c.Key, c.KeyPassphrase = "", plainPEM, []byte(secretMarker) }, KindKeyUnreadable, true},
-		{"garbage key bytes", func(c *Config) { c.KeyFile, c.Key = "", []byte("not a key "+secretMarker) }, KindKeyUnreadable, true},
-		{"agent socket missing", func(c *Config) { c.KeyFile, c.AgentSocket = "", filepath.Join(f.dir, "no-agent") }, KindKeyUnreadable, true},
-		{"agent without keys", func(c *Config) { c.KeyFile, c.AgentSocket = "", emptyAgent.path }, KindKeyUnreadable, true},
-		{"agent with another key", func(c *Config) { c.KeyFile, c.AgentSocket = "", otherAgent.path }, KindAuthRefused, false},
+		{"key bytes", func(c *Config) { c.KeyFile, c.Key = "", plainPEM }, KindUnknown, false, nil},
+		{"key bytes and known_hosts bytes", func(c *Config) { c.KeyFile, c.Key, c.KnownHostsFile, c.KnownHosts = "", plainPEM, "", knownHosts }, KindUnknown, false, nil},
+		{"encrypted key bytes", func(c *Config) { c.KeyFile, c.Key, c.KeyPassphrase = "", encPEM, []byte(pass) }, KindUnknown, false, nil},
+		{"signer", func(c *Config) { c.KeyFile = "" }, KindUnknown, false, signer},
+		{"agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", goodAgent.path }, KindUnknown, false, nil},
+		{"encrypted key without passphrase", func(c *Config) { c.KeyFile, c.Key = "", encPEM }, KindKeyUnreadable, true, nil},
+		{"passphrase for an unencrypted key", func(c *Config) { c.KeyFile, c.Key, c.KeyPassphrase = "", plainPEM, []byte(secretMarker) }, KindKeyUnreadable, true, nil},
+		{"garbage key bytes", func(c *Config) { c.KeyFile, c.Key = "", []byte("not a key "+secretMarker) }, KindKeyUnreadable, true, nil},
+		{"agent socket missing", func(c *Config) { c.KeyFile, c.AgentSocket = "", filepath.Join(f.dir, "no-agent") }, KindKeyUnreadable, true, nil},
+		{"agent without keys", func(c *Config) { c.KeyFile, c.AgentSocket = "", emptyAgent.path }, KindKeyUnreadable, true, nil},
+		{"agent with another key", func(c *Config) { c.KeyFile, c.AgentSocket = "", otherAgent.path }, KindAuthRefused, false, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := f.config()
 			tc.edit(&cfg)
-			p := newPool(t, cfg)
+			p := newPoolWith(t, cfg, tc.opts)
 			before := f.srv.Accepts()
 			// Generous: decrypting a key runs bcrypt, which is slow under -race.
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -463,7 +463,7 @@ func TestDialKeySources(t *testing.T) {
 					t.Logf("redial: %v", time.Since(start))
 				}
 			} else {
-				if got := KindOf(err); got != tc.want {
+				if got := errKind(err); got != tc.want {
 					t.Fatalf("kind %v, want %v (err: %v)", got, tc.want, err)
 				}
 				if s := err.Error(); strings.Contains(s, secretMarker) || strings.Contains(s, "PRIVATE KEY") {
@@ -525,7 +525,7 @@ func TestDialHostCertificate(t *testing.T) {
 				}
 				return
 			}
-			if got := KindOf(err); got != tc.want {
+			if got := errKind(err); got != tc.want {
 				t.Fatalf("kind %v, want %v (err: %v)", got, tc.want, err)
 			}
 		})

@@ -20,20 +20,17 @@ import (
 	"golang.org/x/crypto/ssh/knownhosts"
 )
 
-// loadSigner returns the signer of a key source that is not the agent:
-// Signer as given, or KeyFile / Key parsed (with KeyPassphrase when set).
-// Any failure is KindKeyUnreadable; it happens before any network use. No
-// error text carries key bytes or the passphrase.
+// loadSigner returns the signer of KeyFile or Key, parsed (with
+// KeyPassphrase when set). Any failure is KindKeyUnreadable; it happens
+// before any network use. No error text carries key bytes or the
+// passphrase.
 func loadSigner(cfg Config, cache *keyCache) (ssh.Signer, error) {
-	if cfg.Signer != nil {
-		return cfg.Signer, nil
-	}
 	pem, src := cfg.Key, "Key"
 	if cfg.KeyFile != "" {
 		var err error
 		pem, err = os.ReadFile(cfg.KeyFile)
 		if err != nil {
-			return nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "read key file", Err: err}
+			return nil, &Error{Kind: KindKeyUnreadable, Address: cfg.Address, Op: "read key file", Err: err}
 		}
 		src = "key file " + cfg.KeyFile
 	}
@@ -58,7 +55,7 @@ func loadSigner(cfg Config, cache *keyCache) (ssh.Signer, error) {
 		default:
 			err = fmt.Errorf("%s: %w", src, err)
 		}
-		return nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "parse key", Err: err}
+		return nil, &Error{Kind: KindKeyUnreadable, Address: cfg.Address, Op: "parse key", Err: err}
 	}
 	cache.put(sum, signer)
 	return signer, nil
@@ -101,7 +98,7 @@ func authMethod(ctx context.Context, cfg Config, signer ssh.Signer) (ssh.AuthMet
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", cfg.AgentSocket)
 	if err != nil {
-		return nil, nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "dial ssh-agent", Err: err}
+		return nil, nil, &Error{Kind: KindKeyUnreadable, Address: cfg.Address, Op: "dial ssh-agent", Err: err}
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
@@ -118,7 +115,7 @@ func authMethod(ctx context.Context, cfg Config, signer ssh.Signer) (ssh.AuthMet
 	}
 	if err != nil {
 		closeAgent()
-		return nil, nil, &Error{Kind: KindKeyUnreadable, Addr: cfg.Addr, Op: "list ssh-agent keys", Err: err}
+		return nil, nil, &Error{Kind: KindKeyUnreadable, Address: cfg.Address, Op: "list ssh-agent keys", Err: err}
 	}
 	return ssh.PublicKeys(signers...), closeAgent, nil
 }
@@ -174,7 +171,7 @@ func loadKnownHosts(cfg Config) (*hostKeys, error) {
 	if cfg.KnownHostsFile != "" {
 		content, err = os.ReadFile(cfg.KnownHostsFile)
 		if err != nil {
-			return nil, &Error{Kind: KindHostUnknown, Addr: cfg.Addr, Op: "read known_hosts", Err: err}
+			return nil, &Error{Kind: KindHostUnknown, Address: cfg.Address, Op: "read known_hosts", Err: err}
 		}
 		hk.cb, err = knownhosts.New(cfg.KnownHostsFile)
 	} else {
@@ -183,7 +180,7 @@ func loadKnownHosts(cfg Config) (*hostKeys, error) {
 		hk.cb, err = knownHostsFromBytes(content)
 	}
 	if err != nil {
-		return nil, &Error{Kind: KindHostUnknown, Addr: cfg.Addr, Op: "read known_hosts", Err: err}
+		return nil, &Error{Kind: KindHostUnknown, Address: cfg.Address, Op: "read known_hosts", Err: err}
 	}
 	for _, line := range bytes.Split(content, []byte("\n")) {
 		marker, _, key, _, _, err := ssh.ParseKnownHosts(line)
@@ -194,7 +191,7 @@ func loadKnownHosts(cfg Config) (*hostKeys, error) {
 
 	var pinned []string
 	var keyErr *knownhosts.KeyError
-	if err := hk.cb(cfg.Addr, &net.TCPAddr{IP: net.IPv4zero}, probeKey); errors.As(err, &keyErr) {
+	if err := hk.cb(cfg.Address, &net.TCPAddr{IP: net.IPv4zero}, probeKey); errors.As(err, &keyErr) {
 		for _, k := range keyErr.Want {
 			if hk.cas[string(k.Key.Marshal())] {
 				hk.caMatch = true
@@ -305,8 +302,8 @@ func classifyHandshake(err error) Kind {
 // bounds the dial only; it is not stored.
 func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	cfg := p.cfg
-	var signer ssh.Signer
-	if cfg.AgentSocket == "" {
+	signer := p.signer
+	if signer == nil && cfg.AgentSocket == "" {
 		// Local failures first, before any network use.
 		var err error
 		if signer, err = loadSigner(cfg, &p.keys); err != nil {
@@ -330,7 +327,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		if p.closeCtx.Err() != nil {
 			return nil, p.closedError("dial ssh-agent")
 		}
-		if cerr := canceledDial(dctx, cfg.Addr, "dial ssh-agent"); cerr != nil {
+		if cerr := canceledDial(dctx, cfg.Address, "dial ssh-agent"); cerr != nil {
 			return nil, cerr
 		}
 		return nil, err
@@ -338,12 +335,12 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 	defer closeAgent()
 	var d net.Dialer
 	start := time.Now()
-	nc, err := d.DialContext(dctx, "tcp", cfg.Addr)
+	nc, err := d.DialContext(dctx, "tcp", cfg.Address)
 	if err != nil {
 		if p.closeCtx.Err() != nil {
 			return nil, p.closedError("dial")
 		}
-		if cerr := canceledDial(dctx, cfg.Addr, "dial"); cerr != nil {
+		if cerr := canceledDial(dctx, cfg.Address, "dial"); cerr != nil {
 			return nil, cerr
 		}
 		if ctxErr := budget.Err(dctx); ctxErr != nil {
@@ -352,7 +349,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 			// why dctx ended, and the dial's error only as text.
 			err = fmt.Errorf("%w (%v)", ctxErr, err)
 		}
-		return nil, &Error{Kind: KindUnreachable, Addr: cfg.Addr, Op: "dial", Err: err}
+		return nil, &Error{Kind: KindUnreachable, Address: cfg.Address, Op: "dial", Err: err}
 	}
 	// The handshake has no context: bound it by a deadline and by ctx.
 	if dl, ok := dctx.Deadline(); ok {
@@ -363,7 +360,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		nc = p.wrapConn(nc)
 	}
 	ac := newActivityConn(nc)
-	sc, chans, reqs, err := ssh.NewClientConn(ac, cfg.Addr, &ssh.ClientConfig{
+	sc, chans, reqs, err := ssh.NewClientConn(ac, cfg.Address, &ssh.ClientConfig{
 		User:              cfg.User,
 		Auth:              []ssh.AuthMethod{auth},
 		HostKeyCallback:   hk.check,
@@ -394,7 +391,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 			t.Stop()
 		}
 		if k == KindUnreachable {
-			if cerr := canceledDial(dctx, cfg.Addr, "ssh handshake"); cerr != nil {
+			if cerr := canceledDial(dctx, cfg.Address, "ssh handshake"); cerr != nil {
 				return nil, cerr
 			}
 		}
@@ -403,12 +400,12 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 			// DialTimeout (*budget.TimeoutError, which is not the caller's).
 			err = fmt.Errorf("%w (%v)", ctxErr, err)
 		}
-		return nil, &Error{Kind: k, Addr: cfg.Addr, Op: "ssh handshake", Err: err}
+		return nil, &Error{Kind: k, Address: cfg.Address, Op: "ssh handshake", Err: err}
 	}
 	_ = nc.SetDeadline(time.Time{})
 
 	l := &link{
-		addr:      cfg.Addr,
+		addr:      cfg.Address,
 		nc:        ac,
 		client:    ssh.NewClient(sc, chans, reqs),
 		dedicated: dedicated,

@@ -74,10 +74,10 @@ func (k Kind) String() string {
 
 // Error is the error type returned by this package for classified failures.
 type Error struct {
-	Kind Kind   // the class of the failure
-	Addr string // sshd address (host:port) involved, if any
-	Op   string // what was being done: "dial", "handshake", "open unix socket", ...
-	Err  error  // the underlying error (may be nil)
+	Kind    Kind   // the class of the failure
+	Address string // sshd address (host:port) involved, if any
+	Op      string // what was being done: "dial", "handshake", "open unix socket", ...
+	Err     error  // the underlying error (may be nil)
 }
 
 // Error formats as "sshconn: <op> <addr>: <kind>: <err>" (KindForbidden
@@ -87,8 +87,8 @@ type Error struct {
 // the address or the cause (errs.ClipMessage).
 func (e *Error) Error() string {
 	s := "sshconn: " + e.Op
-	if e.Addr != "" {
-		s += " " + e.Addr
+	if e.Address != "" {
+		s += " " + e.Address
 	}
 	if e.Kind == KindUnknown && errors.Is(e.Err, context.Canceled) {
 		s += ": canceled"
@@ -108,12 +108,3 @@ func (e *Error) Error() string {
 
 // Unwrap returns the underlying error.
 func (e *Error) Unwrap() error { return e.Err }
-
-// KindOf returns the Kind of the first *Error in err's chain, or KindUnknown.
-func KindOf(err error) Kind {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Kind
-	}
-	return KindUnknown
-}

@@ -14,7 +14,7 @@ import (
 func TestErrorTextBounded(t *testing.T) {
 	t.Parallel()
 	addr := strings.Repeat("h\xff", 1<<19) + ":22"
-	err := Config{Addr: addr, User: strings.Repeat("u", 1<<20)}.Validate()
+	_, err := New(Config{Address: addr, User: strings.Repeat("u", 1<<20)}, nil)
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -22,7 +22,7 @@ func TestErrorTextBounded(t *testing.T) {
 	if len(s) > errs.MaxErrorText || !utf8.ValidString(s) {
 		t.Errorf("error of %d bytes (valid UTF-8 %v), want at most %d", len(s), utf8.ValidString(s), errs.MaxErrorText)
 	}
-	if KindOf(err) != KindConfig || len(errs.FieldErrors(err)) == 0 {
-		t.Errorf("kind %v, %d field errors", KindOf(err), len(errs.FieldErrors(err)))
+	if errKind(err) != KindConfig || len(errs.FieldErrors(err)) == 0 {
+		t.Errorf("kind %v, %d field errors", errKind(err), len(errs.FieldErrors(err)))
 	}
 }

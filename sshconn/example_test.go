@@ -17,11 +17,11 @@ import (
 func Example() {
 	dir := "/nonexistent" // where the embedder keeps its key and known_hosts
 	pool, err := sshconn.New(sshconn.Config{
-		Addr:           "127.0.0.1:22",
+		Address:        "127.0.0.1:22",
 		User:           "egressproxy",
 		KeyFile:        filepath.Join(dir, "id_ed25519"),
 		KnownHostsFile: filepath.Join(dir, "known_hosts"),
-	})
+	}, nil)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -50,27 +50,28 @@ func Example() {
 	// closed
 }
 
-// Validate (which New runs) checks a Config without touching the network or
-// the files; a bad one is KindConfig.
-func ExampleConfig_Validate() {
-	cfg := sshconn.Config{Addr: "hv1.example.net", User: "egressproxy"} // no port, no key files
-	err := cfg.Validate()
+// New checks a Config without touching the network or the files; a bad
+// one is KindConfig, with one *errs.FieldError per problem, each naming the
+// Go field.
+func ExampleNew_invalidConfig() {
+	cfg := sshconn.Config{Address: "hv1.example.net", User: "egressproxy"} // no port, no key files
+	_, err := sshconn.New(cfg, nil)
 	var e *sshconn.Error
 	if errors.As(err, &e) {
 		fmt.Println(e.Kind)
 	}
+	fmt.Println(err)
 
-	_, err = sshconn.New(cfg)
-	if errors.As(err, &e) {
-		fmt.Println(e.Kind)
-	}
-
-	cfg.Addr = "hv1.example.net:22"
+	cfg.Address = "hv1.example.net:22"
 	cfg.KeyFile, cfg.KnownHostsFile = "/etc/egressproxy/id_ed25519", "/etc/egressproxy/known_hosts"
-	fmt.Println(cfg.Validate())
+	pool, err := sshconn.New(cfg, nil)
+	fmt.Println(err)
+	pool.Close()
 	// Output:
 	// invalid config
-	// invalid config
+	// sshconn: new pool: invalid config: invalid Address "hv1.example.net": must be host:port
+	// invalid KeyFile: a client key is required: set one of KeyFile, Key, AgentSocket or Options.Signer
+	// invalid KnownHostsFile: is required, or KnownHosts (host key verification cannot be skipped)
 	// <nil>
 }
 
@@ -87,15 +88,17 @@ func ExampleConfig_credentialsAsValues() {
 			"AAAAC3NzaC1lZDI1NTE5AAAAIDu1Kx+Yl1ZVZqJ8CAbf5m1Qq3uI7FlQ0bwDd0YbOe5s hv-ca\n"),
 	}
 	cfg := sshconn.Config{
-		Addr:          "hv1.hv.example.net:22",
+		Address:       "hv1.hv.example.net:22",
 		User:          "egressproxy",
 		Key:           secret["ssh-privatekey"],
 		KeyPassphrase: secret["passphrase"],
 		KnownHosts:    secret["known_hosts"],
 	}
-	fmt.Println(cfg.Validate())
+	pool, err := sshconn.New(cfg, nil)
+	fmt.Println(err)
+	defer pool.Close()
 	fmt.Println(cfg)
 	// Output:
 	// <nil>
-	// sshconn.Config{Addr: "hv1.hv.example.net:22", User: "egressproxy", Key: [redacted, 39 bytes], KeyPassphrase: [redacted], KnownHosts: [120 bytes], DialTimeout: 0s, KeepaliveInterval: 0s, KeepaliveCount: 0, MaxRedialBackoff: 0s}
+	// sshconn.Config{Address: "hv1.hv.example.net:22", User: "egressproxy", Key: [redacted, 39 bytes], KeyPassphrase: [redacted], KnownHosts: [120 bytes], DialTimeout: 0s, KeepaliveInterval: 0s, KeepaliveCount: 0, MaxRedialBackoff: 0s}
 }

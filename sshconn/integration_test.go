@@ -18,9 +18,14 @@ import (
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
 
-func stackConfig(t *testing.T, env teststack.Env) Config {
-	return Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts,
-		Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
+func stackConfig(env teststack.Env) Config {
+	return Config{Address: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts}
+}
+
+// stackPool is a Pool of cfg that logs to t.
+func stackPool(t *testing.T, cfg Config) *Pool {
+	t.Helper()
+	return newPoolWith(t, cfg, &Options{Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})})
 }
 
 // libvirtHostname opens a channel to the stack's libvirtd socket on c (a
@@ -54,7 +59,7 @@ func TestIntegrationChannel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newPool(t, stackConfig(t, env))
+	p := stackPool(t, stackConfig(env))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	shared, err := p.Client(ctx)
@@ -76,8 +81,8 @@ func TestIntegrationChannel(t *testing.T) {
 	default:
 		t.Error("a killed dedicated connection is not Done")
 	}
-	if _, err := p.DialUnix(ctx, d, env.LibvirtSocket); KindOf(err) != KindUnreachable {
-		t.Errorf("DialUnix on a killed connection: %v (kind %v), want unreachable", err, KindOf(err))
+	if _, err := p.DialUnix(ctx, d, env.LibvirtSocket); errKind(err) != KindUnreachable {
+		t.Errorf("DialUnix on a killed connection: %v (kind %v), want unreachable", err, errKind(err))
 	}
 	if h, err := libvirtHostname(ctx, env, p, shared); err != nil || h != want {
 		t.Errorf("shared after the dedicated one was killed: %q, %v", h, err)
@@ -106,16 +111,16 @@ func TestIntegrationErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := stackConfig(t, env)
+			cfg := stackConfig(env)
 			tc.edit(&cfg)
-			p := newPool(t, cfg)
+			p := stackPool(t, cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			c, err := p.Client(ctx)
 			if err == nil {
 				_, err = libvirtHostname(ctx, env, p, c)
 			}
-			if got := KindOf(err); got != tc.want {
+			if got := errKind(err); got != tc.want {
 				t.Fatalf("kind %v, want %v (err: %v)", got, tc.want, err)
 			}
 			t.Logf("%v", err)
@@ -132,14 +137,14 @@ func TestIntegrationSSHDStopped(t *testing.T) {
 			teststack.Run(t, "sshd-start")
 		}
 	})
-	cfg := stackConfig(t, env)
+	cfg := stackConfig(env)
 	cfg.MaxRedialBackoff = 200 * time.Millisecond
-	p := newPool(t, cfg)
+	p := stackPool(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := p.Client(ctx)
-	if KindOf(err) != KindUnreachable {
-		t.Fatalf("kind %v, want unreachable (err: %v)", KindOf(err), err)
+	if errKind(err) != KindUnreachable {
+		t.Fatalf("kind %v, want unreachable (err: %v)", errKind(err), err)
 	}
 	teststack.Run(t, "sshd-start")
 	restarted = true

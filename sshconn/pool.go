@@ -16,12 +16,14 @@ import (
 // closeWait bounds how long Close waits for the goroutines it owns.
 const closeWait = time.Second
 
-// Pool holds one shared SSH connection to one host (Config.Addr) for short
+// Pool holds one shared SSH connection to one host (Config.Address) for short
 // calls, redials it after it dies, and opens dedicated connections for long
 // transfers. It is safe for concurrent use.
 type Pool struct {
-	cfg Config
-	log logr.Logger
+	cfg      Config
+	signer   ssh.Signer              // Options.Signer; nil: a key source of cfg
+	wrapConn func(net.Conn) net.Conn // Options.wrapConn
+	log      logr.Logger
 
 	mu        sync.Mutex
 	closed    bool
@@ -37,23 +39,31 @@ type Pool struct {
 	keys      keyCache              // the signer of the latest key content
 
 	wg sync.WaitGroup // every goroutine the pool starts
-
-	// wrapConn, set by tests before the first dial, wraps every TCP
-	// connection a link is made of (to observe the close order).
-	wrapConn func(net.Conn) net.Conn
 }
 
-// New validates cfg and returns a Pool. It does not dial: the first Client
-// or Dedicated call does.
-func New(cfg Config) (*Pool, error) {
-	if err := cfg.Validate(); err != nil {
+// New validates cfg and opts (nil is valid) and returns a Pool. It does
+// not dial: the first Client or Dedicated call does. Bad input is an
+// *Error of KindConfig wrapping one *errs.FieldError per problem, all of
+// them at once, each naming the Go field (Address, Signer, ...), before
+// any file or the network is touched.
+func New(cfg Config, opts *Options) (*Pool, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	if err := cfg.validate(opts.Signer != nil); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	log := opts.Logger
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
 	closeCtx, cancelAll := context.WithCancel(context.Background())
 	return &Pool{
 		cfg:       cfg,
-		log:       cfg.Logger.WithName("sshconn").WithValues("addr", cfg.Addr),
+		signer:    opts.Signer,
+		wrapConn:  opts.wrapConn,
+		log:       log.WithName("sshconn").WithValues("addr", cfg.Address),
 		closing:   make(chan struct{}),
 		closeCtx:  closeCtx,
 		cancelAll: cancelAll,
@@ -98,7 +108,7 @@ func (p *Pool) register(l *link) bool {
 }
 
 func (p *Pool) closedError(op string) error {
-	return &Error{Kind: KindClosed, Addr: p.cfg.Addr, Op: op, Err: errPoolClosed}
+	return &Error{Kind: KindClosed, Address: p.cfg.Address, Op: op, Err: errPoolClosed}
 }
 
 // ctxError wraps why a context ended (budget.Err): a deadline that ran
@@ -111,7 +121,7 @@ func ctxError(addr, op string, err error) error {
 	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &te) {
 		k = KindUnreachable
 	}
-	return &Error{Kind: k, Addr: addr, Op: op, Err: err}
+	return &Error{Kind: k, Address: addr, Op: op, Err: err}
 }
 
 // Client returns the shared *ssh.Client, dialing it when there is none or
@@ -131,7 +141,7 @@ func (p *Pool) Client(ctx context.Context) (*ssh.Client, error) {
 func (p *Pool) shared(ctx context.Context) (*link, error) {
 	for {
 		if err := budget.Err(ctx); err != nil {
-			return nil, ctxError(p.cfg.Addr, "dial", err)
+			return nil, ctxError(p.cfg.Address, "dial", err)
 		}
 		p.mu.Lock()
 		if p.closed {
@@ -148,7 +158,7 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return nil, ctxError(p.cfg.Addr, "dial", budget.Err(ctx))
+				return nil, ctxError(p.cfg.Address, "dial", budget.Err(ctx))
 			case <-p.closing:
 				return nil, p.closedError("dial")
 			}
@@ -157,7 +167,9 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 			lastErr := p.lastErr
 			p.mu.Unlock()
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
-				return nil, &Error{Kind: KindOf(lastErr), Addr: p.cfg.Addr,
+				var last *Error
+				errors.As(lastErr, &last) // dialLink's errors are *Error
+				return nil, &Error{Kind: last.Kind, Address: p.cfg.Address,
 					Op: fmt.Sprintf("dial (backing off %v after failure)", wait.Round(time.Millisecond)), Err: lastErr}
 			}
 			t := time.NewTimer(wait)
@@ -165,7 +177,7 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
-				return nil, ctxError(p.cfg.Addr, "dial", budget.Err(ctx))
+				return nil, ctxError(p.cfg.Address, "dial", budget.Err(ctx))
 			case <-p.closing:
 				t.Stop()
 				return nil, p.closedError("dial")
@@ -234,7 +246,7 @@ func (p *Pool) Dead() bool {
 // ends any still open.
 func (p *Pool) Dedicated(ctx context.Context) (*ssh.Client, error) {
 	if err := budget.Err(ctx); err != nil {
-		return nil, ctxError(p.cfg.Addr, "dial dedicated", err)
+		return nil, ctxError(p.cfg.Address, "dial dedicated", err)
 	}
 	l, err := p.dialLink(ctx, true)
 	if err != nil {
@@ -265,7 +277,7 @@ func (p *Pool) DialUnix(ctx context.Context, c *ssh.Client, path string) (net.Co
 		if p.closeCtx.Err() != nil {
 			return nil, p.closedError(op)
 		}
-		return nil, &Error{Kind: KindUnreachable, Addr: p.cfg.Addr, Op: op, Err: errLinkGone}
+		return nil, &Error{Kind: KindUnreachable, Address: p.cfg.Address, Op: op, Err: errLinkGone}
 	}
 	return p.openUnix(ctx, l, op, path)
 }
@@ -297,17 +309,17 @@ func (p *Pool) openUnix(ctx context.Context, l *link, op, path string) (net.Conn
 		}
 		var oce *ssh.OpenChannelError
 		if errors.As(r.err, &oce) {
-			return nil, &Error{Kind: KindForbidden, Addr: p.cfg.Addr, Op: op, Err: r.err}
+			return nil, &Error{Kind: KindForbidden, Address: p.cfg.Address, Op: op, Err: r.err}
 		}
 		// Any other failure means the connection itself is broken.
 		l.kill(fmt.Errorf("channel open failed: %w", r.err))
-		return nil, &Error{Kind: KindUnreachable, Addr: p.cfg.Addr, Op: op, Err: r.err}
+		return nil, &Error{Kind: KindUnreachable, Address: p.cfg.Address, Op: op, Err: r.err}
 	case <-ctx.Done():
 		close(abandon)
-		return nil, ctxError(p.cfg.Addr, op, budget.Err(ctx))
+		return nil, ctxError(p.cfg.Address, op, budget.Err(ctx))
 	case <-l.dead:
 		close(abandon)
-		return nil, &Error{Kind: KindUnreachable, Addr: p.cfg.Addr, Op: op, Err: l.deathCause()}
+		return nil, &Error{Kind: KindUnreachable, Address: p.cfg.Address, Op: op, Err: l.deathCause()}
 	}
 }
 
@@ -382,7 +394,7 @@ func (p *Pool) Close() error {
 		_ = l.client.Close() // cannot block now: its net.Conn is closed
 	}
 	if !waitBounded(&p.wg, closeWait) {
-		return &Error{Kind: KindUnknown, Addr: p.cfg.Addr, Op: "close",
+		return &Error{Kind: KindUnknown, Address: p.cfg.Address, Op: "close",
 			Err: fmt.Errorf("goroutines still running after %v", closeWait)}
 	}
 	return nil

@@ -25,5 +25,5 @@ func newFixture(t *testing.T, hostKeys ...ssh.Signer) *fixture {
 }
 
 func (f *fixture) config() Config {
-	return Config{Addr: f.srv.Addr, User: "root", KeyFile: f.keyFile, KnownHostsFile: f.knownHosts}
+	return Config{Address: f.srv.Addr, User: "root", KeyFile: f.keyFile, KnownHostsFile: f.knownHosts}
 }

@@ -210,7 +210,7 @@ func newSeqLister(ctx context.Context, env teststack.Env, addr, socket string) (
 	if err != nil {
 		return nil, err
 	}
-	pool, err := sshconn.New(sshconn.Config{Addr: addr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHosts: []byte(benchutil.RepinKnownHosts(string(known), env.SSHAddr, addr))})
+	pool, err := sshconn.New(sshconn.Config{Address: addr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHosts: []byte(benchutil.RepinKnownHosts(string(known), env.SSHAddr, addr))}, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -29,8 +29,8 @@ func TestCallTimeoutIsNotTheCallersDeadline(t *testing.T) {
 	for i := range 4 {
 		_, err := hostname(context.Background(), l)
 		var te *budget.TimeoutError
-		if !errors.As(err, &te) || te.Budget != "CallTimeout" || errors.Is(err, context.DeadlineExceeded) || kind(err) != sshconn.KindUnreachable {
-			t.Fatalf("call %d: %v (kind %v), want a *budget.TimeoutError of CallTimeout, unreachable, not context.DeadlineExceeded", i, err, kind(err))
+		if !errors.As(err, &te) || te.Budget != "CallTimeout" || errors.Is(err, context.DeadlineExceeded) || errKind(err) != sshconn.KindUnreachable {
+			t.Fatalf("call %d: %v (kind %v), want a *budget.TimeoutError of CallTimeout, unreachable, not context.DeadlineExceeded", i, err, errKind(err))
 		}
 	}
 	// A caller's deadline shorter than CallTimeout is the caller's.

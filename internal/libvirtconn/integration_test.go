@@ -22,15 +22,20 @@ import (
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
-func stackConfig(t *testing.T, env teststack.Env) sshconn.Config {
-	return sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts,
-		Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
+func stackConfig(env teststack.Env) sshconn.Config {
+	return sshconn.Config{Address: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts}
 }
 
+// stackLibvirt is a Session on a new pool of cfg, both logging to t.
 func stackLibvirt(t *testing.T, env teststack.Env, cfg sshconn.Config) (*sshconn.Pool, *Session) {
 	t.Helper()
-	p := newPool(t, cfg)
-	l := New(p, Config{Address: cfg.Addr, Socket: env.LibvirtSocket, URI: env.LibvirtURI}, &Options{Logger: cfg.Logger})
+	log := testr.NewWithOptions(t, testr.Options{Verbosity: 1})
+	p, err := sshconn.New(cfg, &sshconn.Options{Logger: log})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	l := New(p, Config{Address: cfg.Address, Socket: env.LibvirtSocket, URI: env.LibvirtURI}, &Options{Logger: log})
 	t.Cleanup(func() { _ = l.Close() })
 	return p, l
 }
@@ -41,7 +46,7 @@ func TestIntegrationDo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, l := stackLibvirt(t, env, stackConfig(t, env))
+	_, l := stackLibvirt(t, env, stackConfig(env))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -145,13 +150,13 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 
 	// pA: default keepalive (5s*3), longer than the freeze: its stuck call
 	// is ended for its caller by the ctx, and the link must survive.
-	pA, lA := stackLibvirt(t, env, stackConfig(t, env))
+	pA, lA := stackLibvirt(t, env, stackConfig(env))
 	// pB: fast keepalive, to measure dead-link detection.
-	cfgB := stackConfig(t, env)
+	cfgB := stackConfig(env)
 	cfgB.KeepaliveInterval, cfgB.KeepaliveCount = iv, count
 	pB, lB := stackLibvirt(t, env, cfgB)
 	// pC: only to measure Close with a frozen peer.
-	pC, lC := stackLibvirt(t, env, stackConfig(t, env))
+	pC, lC := stackLibvirt(t, env, stackConfig(env))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -232,8 +237,8 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 	}
 	elA := time.Since(startA)
 	t.Logf("MEASURE Do with 2s ctx on frozen sshd returned after %v: %v", elA, errA)
-	if !errors.Is(errA, context.DeadlineExceeded) || kind(errA) != sshconn.KindUnreachable {
-		t.Errorf("Do error %v (kind %v), want a deadline, unreachable", errA, kind(errA))
+	if !errors.Is(errA, context.DeadlineExceeded) || errKind(errA) != sshconn.KindUnreachable {
+		t.Errorf("Do error %v (kind %v), want a deadline, unreachable", errA, errKind(errA))
 	}
 	if elA > 4*time.Second {
 		t.Errorf("Do returned after %v, budget 2s", elA)
@@ -277,7 +282,7 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 // after) succeeds without any manual reconnect.
 func TestIntegrationLibvirtdRestart(t *testing.T) {
 	env := teststack.Require(t)
-	p, l := stackLibvirt(t, env, stackConfig(t, env))
+	p, l := stackLibvirt(t, env, stackConfig(env))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if _, err := hostname(ctx, l); err != nil {

@@ -22,7 +22,7 @@ import (
 // reconnected.
 func TestIntegrationCancelIsolated(t *testing.T) {
 	env := teststack.Require(t)
-	_, l := stackLibvirt(t, env, stackConfig(t, env))
+	_, l := stackLibvirt(t, env, stackConfig(env))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := hostname(ctx, l); err != nil {

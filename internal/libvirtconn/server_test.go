@@ -28,12 +28,12 @@ func TestMain(m *testing.M) {
 
 // sshConfig is the pool config that reaches f's server.
 func sshConfig(f *sshtest.Fixture) sshconn.Config {
-	return sshconn.Config{Addr: f.Server.Addr, User: "root", KeyFile: f.KeyFile, KnownHostsFile: f.KnownHosts}
+	return sshconn.Config{Address: f.Server.Addr, User: "root", KeyFile: f.KeyFile, KnownHostsFile: f.KnownHosts}
 }
 
 func newPool(t *testing.T, cfg sshconn.Config) *sshconn.Pool {
 	t.Helper()
-	p, err := sshconn.New(cfg)
+	p, err := sshconn.New(cfg, nil)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -50,7 +50,7 @@ func newSession(t *testing.T, f *sshtest.Fixture, lvd *fakeLibvirtd, edit func(*
 		edit(&cfg)
 	}
 	p := newPool(t, cfg)
-	s := New(p, Config{Address: cfg.Addr, Socket: lvd.Path, URI: "test:///default"}, opts)
+	s := New(p, Config{Address: cfg.Address, Socket: lvd.Path, URI: "test:///default"}, opts)
 	t.Cleanup(func() { _ = s.Close() })
 	return p, s
 }
@@ -68,8 +68,8 @@ func hostname(ctx context.Context, s *Session) (string, error) {
 	return h, nil
 }
 
-// kind is the Kind of the *sshconn.Error in err's chain, or KindUnknown.
-func kind(err error) sshconn.Kind {
+// errKind is the Kind of the *sshconn.Error in err's chain, or KindUnknown.
+func errKind(err error) sshconn.Kind {
 	var e *sshconn.Error
 	if errors.As(err, &e) {
 		return e.Kind

@@ -214,7 +214,7 @@ var errClosed = errors.New("libvirt session closed")
 // fail is the *sshconn.Error of kind for op: the error type kvm2 and the
 // image cache classify, whichever layer the failure comes from.
 func (s *Session) fail(kind sshconn.Kind, op string, err error) error {
-	return &sshconn.Error{Kind: kind, Addr: s.cfg.Address, Op: op, Err: err}
+	return &sshconn.Error{Kind: kind, Address: s.cfg.Address, Op: op, Err: err}
 }
 
 func (s *Session) closedError(op string) error {

@@ -44,8 +44,8 @@ func TestLibvirtDoForbidden(t *testing.T) {
 	f.Server.Refuse(lvd.Path)
 	_, l := newSession(t, f, lvd, nil, nil)
 	_, err := hostname(context.Background(), l)
-	if kind(err) != sshconn.KindForbidden {
-		t.Fatalf("kind %v (err %v)", kind(err), err)
+	if errKind(err) != sshconn.KindForbidden {
+		t.Fatalf("kind %v (err %v)", errKind(err), err)
 	}
 }
 
@@ -62,8 +62,8 @@ func TestLibvirtDoCtxLibvirtdHangs(t *testing.T) {
 	start := time.Now()
 	_, err := hostname(ctx, l)
 	el := time.Since(start)
-	if !errors.Is(err, context.DeadlineExceeded) || kind(err) != sshconn.KindUnreachable {
-		t.Fatalf("err %v kind %v", err, kind(err))
+	if !errors.Is(err, context.DeadlineExceeded) || errKind(err) != sshconn.KindUnreachable {
+		t.Fatalf("err %v kind %v", err, errKind(err))
 	}
 	if el > 2*time.Second {
 		t.Errorf("Do returned after %v with a 300ms ctx", el)
@@ -172,8 +172,8 @@ func TestLibvirtCallInterrupted(t *testing.T) {
 	lvd.hang.Store(true)
 	time.AfterFunc(100*time.Millisecond, lvd.DropAll)
 	_, err := hostname(context.Background(), l)
-	if kind(err) != sshconn.KindUnreachable || !errors.Is(err, libvirt.ErrInterrupted) {
-		t.Fatalf("interrupted call: %v (kind %v)", err, kind(err))
+	if errKind(err) != sshconn.KindUnreachable || !errors.Is(err, libvirt.ErrInterrupted) {
+		t.Fatalf("interrupted call: %v (kind %v)", err, errKind(err))
 	}
 	lvd.hang.Store(false)
 	if _, err := hostname(context.Background(), l); err != nil {
@@ -192,8 +192,8 @@ func TestLibvirtConnectHangs(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, err := hostname(ctx, l)
-	if !errors.Is(err, context.DeadlineExceeded) || kind(err) != sshconn.KindUnreachable {
-		t.Fatalf("err %v kind %v", err, kind(err))
+	if !errors.Is(err, context.DeadlineExceeded) || errKind(err) != sshconn.KindUnreachable {
+		t.Fatalf("err %v kind %v", err, errKind(err))
 	}
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("Do returned after %v", el)
@@ -325,10 +325,10 @@ func TestCloseWithFrozenServer(t *testing.T) {
 	if el > 3*time.Second {
 		t.Errorf("closing took %v with a frozen server", el)
 	}
-	if err := l.Do(context.Background(), func(*libvirt.Libvirt) error { return nil }); kind(err) != sshconn.KindClosed {
+	if err := l.Do(context.Background(), func(*libvirt.Libvirt) error { return nil }); errKind(err) != sshconn.KindClosed {
 		t.Errorf("Do after Close: %v", err)
 	}
-	if _, err := l.Dedicated(context.Background()); kind(err) != sshconn.KindClosed {
+	if _, err := l.Dedicated(context.Background()); errKind(err) != sshconn.KindClosed {
 		t.Errorf("Dedicated after Close: %v", err)
 	}
 	if !l.Dead() {
@@ -348,9 +348,9 @@ func TestCloseEndsDialsInFlight(t *testing.T) {
 			t.Parallel()
 			addr, spoke := sshtest.SilentServer(t)
 			cfg := sshConfig(f)
-			cfg.Addr = addr
+			cfg.Address = addr
 			cfg.DialTimeout = 30 * time.Second
-			p, err := sshconn.New(cfg)
+			p, err := sshconn.New(cfg, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

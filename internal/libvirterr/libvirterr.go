@@ -151,7 +151,8 @@ func Is(err error, numbers ...libvirt.ErrorNumber) bool {
 // LinkDead reports whether err says the connection to libvirtd (or the SSH
 // link under it) is gone.
 func LinkDead(err error) bool {
-	if sshconn.KindOf(err) == sshconn.KindUnreachable {
+	var se *sshconn.Error
+	if errors.As(err, &se) && se.Kind == sshconn.KindUnreachable {
 		return true
 	}
 	switch {
@@ -251,8 +252,11 @@ func inferred(err error) Verdict {
 	case errors.Is(err, context.DeadlineExceeded):
 		return Verdict{Code: errs.DeadlineExceeded, Reason: egressproxy.ReasonUnknown}
 	}
-	if v, ok := sshKinds[sshconn.KindOf(err)]; ok {
-		return v
+	var se *sshconn.Error
+	if errors.As(err, &se) {
+		if v, ok := sshKinds[se.Kind]; ok {
+			return v
+		}
 	}
 	if errors.As(err, new(*budget.TimeoutError)) {
 		return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnreachable}

@@ -89,7 +89,7 @@ func TestEveryLibvirtNumber(t *testing.T) {
 }
 
 func sshErr(k sshconn.Kind, inner error) error {
-	return &sshconn.Error{Kind: k, Addr: "127.0.0.1:22", Op: "test", Err: inner}
+	return &sshconn.Error{Kind: k, Address: "127.0.0.1:22", Op: "test", Err: inner}
 }
 
 func TestShapes(t *testing.T) {

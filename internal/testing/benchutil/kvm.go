@@ -211,7 +211,7 @@ func ConcurrentGets(ctx context.Context, p *egressproxy.Client, refs []egresspro
 // a domain that is not running (see decodeLikeKVM2), to tell connection
 // overhead from decoding cost.
 func DirectGets(ctx context.Context, env teststack.Env, domains []string, n int, decode bool) (time.Duration, error) {
-	pool, err := sshconn.New(sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts})
+	pool, err := sshconn.New(sshconn.Config{Address: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts}, nil)
 	if err != nil {
 		return 0, err
 	}

@@ -41,7 +41,7 @@ func Link(env teststack.Env, socket string) (lv *libvirtconn.Session, pool *sshc
 	if socket == "" {
 		socket = env.LibvirtSocket
 	}
-	pool, err = sshconn.New(sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts})
+	pool, err = sshconn.New(sshconn.Config{Address: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts}, nil)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -100,7 +100,7 @@ type Libvirt struct {
 // NewLibvirt connects to the stack's libvirtd; t.Cleanup closes it.
 func NewLibvirt(t testing.TB, env teststack.Env) *Libvirt {
 	t.Helper()
-	return Dial(t, sshconn.Config{Addr: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts},
+	return Dial(t, sshconn.Config{Address: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts},
 		libvirtconn.Config{Socket: env.LibvirtSocket, URI: env.LibvirtURI})
 }
 
@@ -108,7 +108,7 @@ func NewLibvirt(t testing.TB, env teststack.Env) *Libvirt {
 // t.Cleanup closes it.
 func Dial(t testing.TB, ssh sshconn.Config, lv libvirtconn.Config) *Libvirt {
 	t.Helper()
-	pool, err := sshconn.New(ssh)
+	pool, err := sshconn.New(ssh, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -172,7 +172,7 @@ func parseRTT(v string) (time.Duration, error) {
 // link (bounded by 30 s): what a test reads or plants behind the library's
 // back.
 func (h Host) Libvirt(fn func(*libvirt.Libvirt) error) error {
-	pool, err := sshconn.New(sshconn.Config{Addr: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts})
+	pool, err := sshconn.New(sshconn.Config{Address: h.SSHAddr, User: h.SSHUser, KeyFile: h.SSHKey, KnownHostsFile: h.KnownHosts}, nil)
 	if err != nil {
 		return err
 	}
