@@ -86,13 +86,14 @@ func TestMessagesThroughClient(t *testing.T) {
 		prefix string
 		call   func() error
 	}{
-		{"egressproxy get a: kvm2 lab-1: sshconn: ", func() error { _, err := c.Get(ctx, ref); return err }},
-		{"egressproxy create a: kvm2 lab-1: sshconn: ", func() error { _, err := c.Create(ctx, egressproxy.Spec{Name: "a", UID: "u"}); return err }},
-		{"egressproxy delete a: kvm2 lab-1: sshconn: ", func() error { return c.Delete(ctx, ref) }},
-		{"egressproxy list: kvm2 lab-1: sshconn: ", func() error { _, err := c.List(ctx); return err }},
+		{"egressproxy get a: kvm2 lab-1: sshconn 127.0.0.1:22: ", func() error { _, err := c.Get(ctx, ref); return err }},
+		{"egressproxy create a: kvm2 lab-1: sshconn 127.0.0.1:22: ", func() error { _, err := c.Create(ctx, egressproxy.Spec{Name: "a", UID: "u"}); return err }},
+		{"egressproxy delete a: kvm2 lab-1: sshconn 127.0.0.1:22: ", func() error { return c.Delete(ctx, ref) }},
+		{"egressproxy list: kvm2 lab-1: sshconn 127.0.0.1:22: ", func() error { _, err := c.List(ctx); return err }},
 	} {
 		got := tt.call().Error()
-		if !strings.HasPrefix(got, tt.prefix) || strings.Count(got, "lab-1") != 1 || strings.Count(got, " a:") > 1 {
+		if !strings.HasPrefix(got, tt.prefix) || strings.Count(got, "lab-1") != 1 || strings.Count(got, " a:") > 1 ||
+			strings.Count(got, "127.0.0.1:22") != 1 {
 			t.Errorf("got %q, want %q and what failed, nothing said twice", got, tt.prefix+"…")
 		}
 	}

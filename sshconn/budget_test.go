@@ -91,7 +91,7 @@ func TestDialCanceledIsNotUnreachable(t *testing.T) {
 			if !errors.Is(err, context.Canceled) || errs.Code(err) != errs.Canceled || errKind(err) == KindUnreachable {
 				t.Fatalf("%s %d: %v (kind %v, code %v), want the caller's context.Canceled, not unreachable", name, i, err, errKind(err), errs.Code(err))
 			}
-			if !strings.Contains(msg, "ssh handshake "+cfg.Address+": canceled") || strings.Contains(msg, "unreachable") || strings.Contains(msg, "i/o timeout") {
+			if msg != "sshconn "+cfg.Address+": ssh handshake: canceled: context canceled" || strings.Contains(msg, "unreachable") || strings.Contains(msg, "i/o timeout") {
 				t.Fatalf("%s %d: %q, want it to say the handshake was canceled, nothing of a network failure", name, i, msg)
 			}
 		}
@@ -102,7 +102,7 @@ func TestDialCanceledIsNotUnreachable(t *testing.T) {
 	// Canceled before the dial: the same words.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := p.Client(ctx); !errors.Is(err, context.Canceled) || !strings.Contains(fmt.Sprint(err), "dial "+cfg.Address+": canceled: context canceled") {
+	if _, err := p.Client(ctx); !errors.Is(err, context.Canceled) || fmt.Sprint(err) != "sshconn "+cfg.Address+": dial: canceled: context canceled" {
 		t.Fatalf("Client with a canceled context: %v", err)
 	}
 }

@@ -347,7 +347,7 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 			// net's timeout error matches context.DeadlineExceeded even
 			// when our DialTimeout, not the caller, ended the dial: report
 			// why dctx ended, and the dial's error only as text.
-			err = fmt.Errorf("%w (%v)", ctxErr, err)
+			err = fmt.Errorf("%w (%s)", ctxErr, causeText(err))
 		}
 		return nil, &Error{Kind: KindUnreachable, Address: cfg.Address, Op: "dial", Err: err}
 	}
@@ -398,14 +398,13 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		if ctxErr := budget.Err(dctx); ctxErr != nil && k == KindUnreachable {
 			// The caller's deadline (context.DeadlineExceeded) or our
 			// DialTimeout (*budget.TimeoutError, which is not the caller's).
-			err = fmt.Errorf("%w (%v)", ctxErr, err)
+			err = fmt.Errorf("%w (%s)", ctxErr, causeText(err))
 		}
 		return nil, &Error{Kind: k, Address: cfg.Address, Op: "ssh handshake", Err: err}
 	}
 	_ = nc.SetDeadline(time.Time{})
 
 	l := &link{
-		addr:      cfg.Address,
 		nc:        ac,
 		client:    ssh.NewClient(sc, chans, reqs),
 		dedicated: dedicated,

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
 
 	"github.com/egressproxy/egressproxy/internal/errs"
 )
@@ -72,24 +74,27 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
-// Error is the error type returned by this package for classified failures.
+// Error is the error type returned by this package for classified
+// failures. Match it with errors.As and read its Kind.
 type Error struct {
-	Kind    Kind   // the class of the failure
-	Address string // sshd address (host:port) involved, if any
-	Op      string // what was being done: "dial", "handshake", "open unix socket", ...
+	Kind    Kind   // why it failed
+	Address string // the sshd address (host:port), if any
+	Op      string // what was being done: "dial", "ssh handshake", "open unix socket /path", ...
 	Err     error  // the underlying error (may be nil)
 }
 
-// Error formats as "sshconn: <op> <addr>: <kind>: <err>" (KindForbidden
-// adds its two causes after the kind; an unclassified cancellation says
-// "canceled" in place of the kind).
-// Error is valid UTF-8 and at most errs.MaxErrorText bytes, whatever
-// the address or the cause (errs.ClipMessage).
+// Error formats as "sshconn <address>: <op>: <kind>: <cause>". The address
+// is said once: a network error in the cause (*net.OpError) is said
+// without its addresses. KindForbidden adds its two possible reasons after
+// the kind; an unclassified cancellation says "canceled" in place of the
+// kind. The text is valid UTF-8 and at most errs.MaxErrorText bytes,
+// whatever the address or the cause.
 func (e *Error) Error() string {
-	s := "sshconn: " + e.Op
+	s := "sshconn"
 	if e.Address != "" {
 		s += " " + e.Address
 	}
+	s += ": " + e.Op
 	if e.Kind == KindUnknown && errors.Is(e.Err, context.Canceled) {
 		s += ": canceled"
 	} else {
@@ -101,9 +106,37 @@ func (e *Error) Error() string {
 		s += " (the user may not open the socket, or the daemon behind it is not running)"
 	}
 	if e.Err != nil {
-		s += ": " + e.Err.Error()
+		s += ": " + causeText(e.Err)
 	}
 	return errs.ClipMessage(s)
+}
+
+// causeText is err's text with every *net.OpError in its chain said
+// without the addresses it names ("connect: connection refused" for "dial
+// tcp 127.0.0.1:1: connect: connection refused"), so that an Error says
+// its address once.
+func causeText(err error) string {
+	s := err.Error()
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+			return
+		case *net.OpError:
+			if e.Err != nil {
+				s = strings.Replace(s, e.Error(), e.Err.Error(), 1)
+			}
+			return
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				walk(inner)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		}
+	}
+	walk(err)
+	return s
 }
 
 // Unwrap returns the underlying error.

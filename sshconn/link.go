@@ -59,7 +59,6 @@ func (c *activityConn) idle() time.Duration {
 
 // link is one SSH connection: the shared one of a Pool or a dedicated one.
 type link struct {
-	addr      string
 	nc        *activityConn
 	client    *ssh.Client
 	dedicated bool
@@ -165,7 +164,7 @@ func (p *Pool) keepalive(l *link) {
 		case <-check.C:
 			idle := l.nc.idle()
 			if idle >= limit {
-				cause := fmt.Errorf("no answer from %s for %v (%d keepalives at %v)", l.addr,
+				cause := fmt.Errorf("no answer for %v (%d keepalives at %v)",
 					idle.Round(time.Millisecond), p.cfg.KeepaliveCount, iv)
 				if l.kill(cause) {
 					p.log.Info("ssh link dead", "reason", cause.Error())

@@ -167,10 +167,7 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 			lastErr := p.lastErr
 			p.mu.Unlock()
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
-				var last *Error
-				errors.As(lastErr, &last) // dialLink's errors are *Error
-				return nil, &Error{Kind: last.Kind, Address: p.cfg.Address,
-					Op: fmt.Sprintf("dial (backing off %v after failure)", wait.Round(time.Millisecond)), Err: lastErr}
+				return nil, backingOff(lastErr, wait)
 			}
 			t := time.NewTimer(wait)
 			select {
@@ -415,4 +412,17 @@ func waitBounded(wg *sync.WaitGroup, d time.Duration) bool {
 	case <-t.C:
 		return false
 	}
+}
+
+// backingOff is the error of a dial refused during the backoff that
+// followed the failed dial last: last's kind, address and cause, its step
+// saying that the pool is backing off.
+func backingOff(last error, wait time.Duration) error {
+	e := &Error{Kind: KindUnknown, Op: "dial", Err: last}
+	var le *Error
+	if errors.As(last, &le) {
+		e = &Error{Kind: le.Kind, Address: le.Address, Op: le.Op, Err: le.Err}
+	}
+	e.Op += fmt.Sprintf(" (failed; backing off %v before the next dial)", wait.Round(time.Millisecond))
+	return e
 }

@@ -532,7 +532,11 @@ func (s *Session) connectURI(ctx context.Context, c *rpcConn) error {
 	if c.lost(err) {
 		return s.fail(sshconn.KindUnreachable, op, err)
 	}
-	return fmt.Errorf("%s: %w", op, err)
+	// libvirtd answered: not the link's failure, so not an *sshconn.Error.
+	if s.cfg.Address != "" {
+		return fmt.Errorf("libvirt %s: connect %s: %w", s.cfg.Address, s.cfg.URI, err)
+	}
+	return fmt.Errorf("libvirt: connect %s: %w", s.cfg.URI, err)
 }
 
 // Dead reports whether the shared libvirt connection is known to be
