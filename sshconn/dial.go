@@ -91,14 +91,14 @@ func (c *keyCache) put(sum [sha256.Size]byte, s ssh.Signer) {
 // connection by ctx's deadline and cancellation) and returns the
 // connection's closer, which the caller calls when the handshake has ended
 // (the agent signs during it); the closer is never nil.
-func authMethod(ctx context.Context, cfg Config, signer ssh.Signer) (ssh.AuthMethod, func(), error) {
+func authMethod(ctx context.Context, cfg Config, signer ssh.Signer) (ssh.AuthMethod, func(), *stepError) {
 	if signer != nil {
 		return ssh.PublicKeys(signer), func() {}, nil
 	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", cfg.AgentSocket)
 	if err != nil {
-		return nil, nil, &Error{Kind: KindKeyUnreadable, Address: cfg.Address, Op: "dial ssh-agent", Err: err}
+		return nil, nil, &stepError{op: "dial ssh-agent", kind: KindKeyUnreadable, err: err, ctxBound: true}
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
@@ -115,7 +115,7 @@ func authMethod(ctx context.Context, cfg Config, signer ssh.Signer) (ssh.AuthMet
 	}
 	if err != nil {
 		closeAgent()
-		return nil, nil, &Error{Kind: KindKeyUnreadable, Address: cfg.Address, Op: "list ssh-agent keys", Err: err}
+		return nil, nil, &stepError{op: "list ssh-agent keys", kind: KindKeyUnreadable, err: err, ctxBound: true}
 	}
 	return ssh.PublicKeys(signers...), closeAgent, nil
 }
@@ -298,115 +298,25 @@ func classifyHandshake(err error) Kind {
 }
 
 // dialLink opens a new SSH connection: key, known_hosts, TCP, handshake. It
-// starts the link's keepalive and reaper goroutines (owned by the pool). ctx
-// bounds the dial only; it is not stored.
+// registers the link, which starts its keepalive and reaper goroutines
+// (owned by the pool). ctx bounds the dial only; it is not stored.
 func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
-	cfg := p.cfg
-	signer := p.signer
-	if signer == nil && cfg.AgentSocket == "" {
-		// Local failures first, before any network use.
-		var err error
-		if signer, err = loadSigner(cfg, &p.keys); err != nil {
-			return nil, err
-		}
-	}
-	hk, err := loadKnownHosts(cfg)
+	signer, hk, err := p.credentials()
 	if err != nil {
 		return nil, err
 	}
-
-	dctx, cancel := budget.WithTimeout(ctx, "DialTimeout", cfg.DialTimeout)
+	dctx, cancel := budget.WithTimeout(ctx, "DialTimeout", p.cfg.DialTimeout)
 	defer cancel()
 	// Pool.Close ends the dial too, so Close never waits for a dial timeout.
-	stopOnClose := context.AfterFunc(p.closeCtx, cancel)
-	defer stopOnClose()
-	// The agent connection (if any) lives until the handshake has ended:
-	// the agent signs during it.
-	auth, closeAgent, err := authMethod(dctx, cfg, signer)
-	if err != nil {
-		if p.closeCtx.Err() != nil {
-			return nil, p.closedError("dial ssh-agent")
-		}
-		if cerr := canceledDial(dctx, cfg.Address, "dial ssh-agent"); cerr != nil {
-			return nil, cerr
-		}
-		return nil, err
-	}
-	defer closeAgent()
-	var d net.Dialer
+	defer context.AfterFunc(p.closeCtx, cancel)()
 	start := time.Now()
-	nc, err := d.DialContext(dctx, "tcp", cfg.Address)
-	if err != nil {
-		if p.closeCtx.Err() != nil {
-			return nil, p.closedError("dial")
-		}
-		if cerr := canceledDial(dctx, cfg.Address, "dial"); cerr != nil {
-			return nil, cerr
-		}
-		if ctxErr := budget.Err(dctx); ctxErr != nil {
-			// net's timeout error matches context.DeadlineExceeded even
-			// when our DialTimeout, not the caller, ended the dial: report
-			// why dctx ended, and the dial's error only as text.
-			err = fmt.Errorf("%w (%s)", ctxErr, causeText(err))
-		}
-		return nil, &Error{Kind: KindUnreachable, Address: cfg.Address, Op: "dial", Err: err}
+	ac, client, serr := p.connect(dctx, signer, hk)
+	if serr != nil {
+		return nil, p.dialFailed(dctx, serr)
 	}
-	// The handshake has no context: bound it by a deadline and by ctx.
-	if dl, ok := dctx.Deadline(); ok {
-		_ = nc.SetDeadline(dl)
-	}
-	stop := context.AfterFunc(dctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
-	if p.wrapConn != nil {
-		nc = p.wrapConn(nc)
-	}
-	ac := newActivityConn(nc)
-	sc, chans, reqs, err := ssh.NewClientConn(ac, cfg.Address, &ssh.ClientConfig{
-		User:              cfg.User,
-		Auth:              []ssh.AuthMethod{auth},
-		HostKeyCallback:   hk.check,
-		HostKeyAlgorithms: hk.algos,
-	})
-	if !stop() && err == nil {
-		// ctx ended just as the handshake finished: honour ctx.
-		_ = sc.Close()
-		err = budget.Err(dctx)
-		if err == nil {
-			err = context.Canceled
-		}
-	}
-	if err != nil {
-		_ = nc.Close()
-		if p.closeCtx.Err() != nil {
-			return nil, p.closedError("ssh handshake")
-		}
-		k := classifyHandshake(err)
-		if k == KindUnreachable && errors.Is(err, os.ErrDeadlineExceeded) {
-			// The connection's deadline is dctx's: dctx ends at once
-			// (its timer may not have fired yet), so say why it ended.
-			t := time.NewTimer(time.Second)
-			select {
-			case <-dctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
-		}
-		if k == KindUnreachable {
-			if cerr := canceledDial(dctx, cfg.Address, "ssh handshake"); cerr != nil {
-				return nil, cerr
-			}
-		}
-		if ctxErr := budget.Err(dctx); ctxErr != nil && k == KindUnreachable {
-			// The caller's deadline (context.DeadlineExceeded) or our
-			// DialTimeout (*budget.TimeoutError, which is not the caller's).
-			err = fmt.Errorf("%w (%s)", ctxErr, causeText(err))
-		}
-		return nil, &Error{Kind: k, Address: cfg.Address, Op: "ssh handshake", Err: err}
-	}
-	_ = nc.SetDeadline(time.Time{})
-
 	l := &link{
 		nc:        ac,
-		client:    ssh.NewClient(sc, chans, reqs),
+		client:    client,
 		dedicated: dedicated,
 		created:   time.Now(),
 		dead:      make(chan struct{}),
@@ -416,27 +326,130 @@ func (p *Pool) dialLink(ctx context.Context, dedicated bool) (*link, error) {
 		_ = l.client.Close()
 		return nil, p.closedError("dial")
 	}
-	p.log.V(1).Info("ssh connected", "user", cfg.User, "dedicated", dedicated,
+	p.log.V(1).Info("ssh connected", "user", p.cfg.User, "dedicated", dedicated,
 		"elapsed", time.Since(start))
 	return l, nil
 }
 
-// canceledDial returns the error of a dial step cut short because the
-// caller canceled its context, or nil when that is not why dctx ended (the
-// pool's Close is closedError, our DialTimeout a *budget.TimeoutError and the
-// caller's deadline KindUnreachable: the host did not answer in time). A
-// cancellation says nothing about the host, so it is not KindUnreachable
-// (which reads as a network failure, and which kvm2 and imagecache take
-// for a dead link) but unclassified like every cancellation in this
-// package (ctxError): context.Canceled, with text saying the step was
-// canceled. The error the cancel provoked is left out: the handshake is cut
-// by an expired connection deadline, whose "i/o timeout" would again read
-// as the host's fault.
-func canceledDial(dctx context.Context, addr, op string) error {
-	if err := budget.Err(dctx); errors.Is(err, context.Canceled) {
-		return ctxError(addr, op, err)
+// credentials loads what a dial needs before any network use, so that a
+// local failure never reaches the host: the client key (nil: the agent's,
+// loaded by authMethod during the dial) and the known host keys.
+func (p *Pool) credentials() (ssh.Signer, *hostKeys, error) {
+	signer := p.signer
+	if signer == nil && p.cfg.AgentSocket == "" {
+		var err error
+		if signer, err = loadSigner(p.cfg, &p.keys); err != nil {
+			return nil, nil, err
+		}
 	}
-	return nil
+	hk, err := loadKnownHosts(p.cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return signer, hk, nil
+}
+
+// stepError is the failure of one network step of a dial, before
+// dialFailed says what it means.
+type stepError struct {
+	op   string // the step: "dial ssh-agent", "dial", "ssh handshake", ...
+	kind Kind
+	err  error
+	// ctxBound: the failure may be dctx's doing (the step was cut by it);
+	// false for an answer of the server (a key refused, a host key
+	// mismatch), which no context changes.
+	ctxBound bool
+}
+
+// connect runs the network steps of a dial, bounded by dctx: the agent's
+// keys (when the key comes from the agent), the TCP connection and the
+// SSH handshake.
+func (p *Pool) connect(dctx context.Context, signer ssh.Signer, hk *hostKeys) (*activityConn, *ssh.Client, *stepError) {
+	// The agent connection (if any) lives until the handshake has ended:
+	// the agent signs during it.
+	auth, closeAgent, serr := authMethod(dctx, p.cfg, signer)
+	if serr != nil {
+		return nil, nil, serr
+	}
+	defer closeAgent()
+	var d net.Dialer
+	nc, err := d.DialContext(dctx, "tcp", p.cfg.Address)
+	if err != nil {
+		return nil, nil, &stepError{op: "dial", kind: KindUnreachable, err: err, ctxBound: true}
+	}
+	// The handshake has no context: bound it by a deadline and by dctx.
+	if dl, ok := dctx.Deadline(); ok {
+		_ = nc.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(dctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	if p.wrapConn != nil {
+		nc = p.wrapConn(nc)
+	}
+	ac := newActivityConn(nc)
+	sc, chans, reqs, err := ssh.NewClientConn(ac, p.cfg.Address, &ssh.ClientConfig{
+		User:              p.cfg.User,
+		Auth:              []ssh.AuthMethod{auth},
+		HostKeyCallback:   hk.check,
+		HostKeyAlgorithms: hk.algos,
+	})
+	if !stop() && err == nil {
+		// dctx ended just as the handshake finished: honour it.
+		_ = sc.Close()
+		if err = budget.Err(dctx); err == nil {
+			err = context.Canceled
+		}
+	}
+	if err != nil {
+		_ = nc.Close()
+		k := classifyHandshake(err)
+		return nil, nil, &stepError{op: "ssh handshake", kind: k, err: err, ctxBound: k == KindUnreachable}
+	}
+	_ = nc.SetDeadline(time.Time{})
+	return ac, ssh.NewClient(sc, chans, reqs), nil
+}
+
+// dialFailed is the error of a dial whose step s failed, saying why in one
+// place:
+//
+//   - the pool was closed meanwhile: KindClosed;
+//   - the caller canceled ctx and s may be its doing: the cancellation,
+//     unclassified like every cancellation in this package (ctxError). It
+//     says nothing about the host, so it is not KindUnreachable (which
+//     reads as a network failure, and which kvm2 and imagecache take for a
+//     dead link); the error the cancel provoked is left out (the handshake
+//     is cut by an expired connection deadline, whose "i/o timeout" would
+//     again read as the host's fault);
+//   - a deadline ended an unreachable step: the caller's
+//     (context.DeadlineExceeded) or our DialTimeout (*budget.TimeoutError,
+//     which is not the caller's), with the step's own error as text only:
+//     net's timeout error matches context.DeadlineExceeded even when
+//     DialTimeout ended it;
+//   - otherwise s as it is.
+func (p *Pool) dialFailed(dctx context.Context, s *stepError) error {
+	if p.closeCtx.Err() != nil {
+		return p.closedError(s.op)
+	}
+	err := s.err
+	if s.ctxBound {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The connection's deadline is dctx's: dctx ends at once (its
+			// timer may not have fired yet), so wait to say why it ended.
+			t := time.NewTimer(time.Second)
+			select {
+			case <-dctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		ctxErr := budget.Err(dctx)
+		if errors.Is(ctxErr, context.Canceled) {
+			return ctxError(p.cfg.Address, s.op, ctxErr)
+		}
+		if ctxErr != nil && s.kind == KindUnreachable {
+			err = fmt.Errorf("%w (%s)", ctxErr, causeText(err))
+		}
+	}
+	return &Error{Kind: s.kind, Address: p.cfg.Address, Op: s.op, Err: err}
 }
 
 // renameErr is err with the name of the file knownhosts read replaced by

@@ -138,6 +138,9 @@ func (p *Pool) Client(ctx context.Context) (*ssh.Client, error) {
 	return l.client, nil
 }
 
+// shared returns the shared link, dialing it when there is none or it
+// died: one dial at a time, which every other caller waits for, and none
+// during the backoff after a failed one.
 func (p *Pool) shared(ctx context.Context) (*link, error) {
 	for {
 		if err := budget.Err(ctx); err != nil {
@@ -154,68 +157,91 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 		}
 		if ch := p.dialing; ch != nil {
 			p.mu.Unlock()
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return nil, ctxError(p.cfg.Address, "dial", budget.Err(ctx))
-			case <-p.closing:
-				return nil, p.closedError("dial")
+			if err := p.await(ctx, ch); err != nil {
+				return nil, err
 			}
+			continue
 		}
 		if wait := time.Until(p.retryAt); wait > 0 {
-			lastErr := p.lastErr
+			last := p.lastErr
 			p.mu.Unlock()
-			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
-				return nil, backingOff(lastErr, wait)
-			}
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return nil, ctxError(p.cfg.Address, "dial", budget.Err(ctx))
-			case <-p.closing:
-				t.Stop()
-				return nil, p.closedError("dial")
+			if err := p.sitOut(ctx, wait, last); err != nil {
+				return nil, err
 			}
 			continue
 		}
 		ch := make(chan struct{})
 		p.dialing = ch
 		p.mu.Unlock()
-
-		l, err := p.dialLink(ctx, false)
-
-		p.mu.Lock()
-		p.dialing = nil
-		close(ch)
-		if p.closed {
-			p.mu.Unlock()
-			if l != nil {
-				l.kill(errPoolClosed)
-			}
-			return nil, p.closedError("dial")
-		}
-		if err != nil {
-			if ctx.Err() == nil { // our caller's ctx is not the server's fault
-				p.failures++
-				p.lastErr = err
-				backoff := minRedialBackoff << min(p.failures-1, 20)
-				if backoff > p.cfg.MaxRedialBackoff || backoff <= 0 {
-					backoff = p.cfg.MaxRedialBackoff
-				}
-				p.retryAt = time.Now().Add(backoff)
-			}
-			p.mu.Unlock()
-			p.log.V(1).Info("ssh dial failed", "err", err.Error())
-			return nil, err
-		}
-		p.failures, p.lastErr, p.retryAt = 0, nil, time.Time{}
-		p.cur = l
-		p.mu.Unlock()
-		return l, nil
+		return p.dialShared(ctx, ch)
 	}
+}
+
+// await waits for another caller's dial of the shared link (ch closes when
+// it ends), for ctx or for Close.
+func (p *Pool) await(ctx context.Context, ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctxError(p.cfg.Address, "dial", budget.Err(ctx))
+	case <-p.closing:
+		return p.closedError("dial")
+	}
+}
+
+// sitOut waits out the backoff left after the failed dial last, or fails
+// at once with last when ctx's deadline comes first.
+func (p *Pool) sitOut(ctx context.Context, wait time.Duration, last error) error {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+		return backingOff(last, wait)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctxError(p.cfg.Address, "dial", budget.Err(ctx))
+	case <-p.closing:
+		return p.closedError("dial")
+	}
+}
+
+// dialShared dials the shared link for the caller that set p.dialing to
+// ch, records the outcome (the new link, or the failure and the backoff
+// before the next dial) and releases the callers waiting on ch.
+func (p *Pool) dialShared(ctx context.Context, ch chan struct{}) (*link, error) {
+	l, err := p.dialLink(ctx, false)
+	if err != nil {
+		p.log.V(1).Info("ssh dial failed", "err", err.Error())
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dialing = nil
+	close(ch)
+	if p.closed {
+		if l != nil {
+			l.kill(errPoolClosed)
+		}
+		return nil, p.closedError("dial")
+	}
+	if err != nil {
+		if ctx.Err() == nil { // our caller's ctx is not the server's fault
+			p.failures++
+			p.lastErr = err
+			backoff := minRedialBackoff << min(p.failures-1, 20)
+			if backoff > p.cfg.MaxRedialBackoff || backoff <= 0 {
+				backoff = p.cfg.MaxRedialBackoff
+			}
+			p.retryAt = time.Now().Add(backoff)
+		}
+		return nil, err
+	}
+	p.failures, p.lastErr, p.retryAt = 0, nil, time.Time{}
+	p.cur = l
+	return l, nil
 }
 
 // Dead reports whether the shared link is known to be unusable: it was
