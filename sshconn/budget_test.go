@@ -10,6 +10,7 @@ import (
 
 	"github.com/egressproxy/egressproxy/internal/budget"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/sshtest"
 )
 
 // Our own budget (DialTimeout) is not the caller's deadline:
@@ -71,10 +72,11 @@ func TestDialCallersDeadlineIsKept(t *testing.T) {
 // of the connection deadline the cancel sets to cut the handshake. The
 // pool does not back off for it (Dead stays false).
 func TestDialCanceledIsNotUnreachable(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
-	f.srv.Freeze() // TCP accepts, the SSH handshake gets no answer
-	defer f.srv.Thaw()
+	addr, spoke := sshtest.SilentServer(t) // the SSH handshake gets no answer
 	cfg := f.config()
+	cfg.Address = addr
 	cfg.DialTimeout = 10 * time.Second
 	p := newPool(t, cfg)
 	dials := map[string]func(context.Context) error{
@@ -84,7 +86,10 @@ func TestDialCanceledIsNotUnreachable(t *testing.T) {
 	for name, dial := range dials {
 		for i := range 4 {
 			ctx, cancel := context.WithCancel(context.Background())
-			time.AfterFunc(100*time.Millisecond, cancel)
+			go func() {
+				<-spoke // the client wrote its banner: it is in the handshake
+				cancel()
+			}()
 			err := dial(ctx)
 			cancel()
 			msg := fmt.Sprint(err)

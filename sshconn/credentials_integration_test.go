@@ -15,6 +15,7 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
 
@@ -263,17 +264,6 @@ func TestIntegrationAgent(t *testing.T) {
 // connection: it sees our close only when it next reads the socket.
 func waitAgentIdle(t *testing.T, sock string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		n := teststack.AgentConnections(t, sock)
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ssh-agent %s: %d connections still open", sock, n)
-		}
-		<-tick.C
-	}
+	eventually.True(t, 10*time.Second, func() bool { return teststack.AgentConnections(t, sock) == 0 },
+		"ssh-agent %s has no connection open", sock)
 }

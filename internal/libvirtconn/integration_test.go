@@ -169,6 +169,10 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	clientB, err := pB.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	listener, err := strconv.Atoi(teststack.Run(t, "sshd-pid"))
 	if err != nil {
@@ -214,19 +218,21 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 	}()
 
 	// Dead within interval*count (+slack).
-	for !pB.Dead() {
-		if time.Since(frozenAt) > 10*time.Second {
-			t.Fatal("pool B not dead 10s after SIGSTOP")
-		}
-		time.Sleep(5 * time.Millisecond)
+	select {
+	case <-pB.Done(clientB):
+	case <-time.After(10 * time.Second):
+		t.Fatal("pool B not dead 10s after SIGSTOP")
 	}
 	detect := time.Since(frozenAt)
+	if !pB.Dead() {
+		t.Error("pool B not Dead although its shared connection is Done")
+	}
 	t.Logf("MEASURE dead-link detection under SIGSTOP: %v (keepalive %v x %d)", detect, iv, count)
 	if detect > iv*count+time.Second {
 		t.Errorf("dead after %v, want within %v (+1s slack)", detect, iv*count)
 	}
 	if !lB.Dead() {
-		t.Error("Libvirt B not Dead although its link is")
+		t.Error("Session B not Dead although its link is")
 	}
 
 	var errA error

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/digitalocean/go-libvirt"
 	"go.uber.org/goleak"
@@ -83,8 +84,9 @@ type fakeLibvirtd struct {
 	Path     string
 	ln       net.Listener
 	hostname string
-	hang     atomic.Bool // leave ConnectGetHostname unanswered
-	hangOpen atomic.Bool // leave ConnectOpen unanswered
+	hang     atomic.Bool   // leave ConnectGetHostname unanswered
+	held     chan struct{} // one value per ConnectGetHostname left unanswered
+	hangOpen atomic.Bool   // leave ConnectOpen unanswered
 	opens    atomic.Int64
 	// download answers StorageVolDownload with these packets (nil: the
 	// reply, then the data "0123456789" in two packets, then end of file).
@@ -155,11 +157,29 @@ func startLibvirtd(t *testing.T, hostname string) *fakeLibvirtd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeLibvirtd{Path: p, ln: ln, hostname: hostname, conns: map[net.Conn]struct{}{}, calls: map[uint32][]byte{}}
+	f := &fakeLibvirtd{Path: p, ln: ln, hostname: hostname, conns: map[net.Conn]struct{}{}, calls: map[uint32][]byte{},
+		held: make(chan struct{}, 64)}
 	f.wg.Add(1)
 	go f.serve()
 	t.Cleanup(f.Close)
 	return f
+}
+
+// whenHeld runs fn once a ConnectGetHostname made after this call is left
+// unanswered (hang is set): that call is then in flight.
+func (f *fakeLibvirtd) whenHeld(t *testing.T, fn func()) {
+	t.Helper()
+	for len(f.held) > 0 { // calls held earlier
+		<-f.held
+	}
+	go func() {
+		select {
+		case <-f.held:
+			fn()
+		case <-time.After(10 * time.Second):
+			fn() // the call never arrived: the test fails on its own
+		}
+	}()
 }
 
 func (f *fakeLibvirtd) Close() {
@@ -359,6 +379,10 @@ func (f *fakeLibvirtd) handle(c net.Conn) {
 		case procConnectClose:
 		case procConnectGetHostname:
 			if f.hang.Load() {
+				select {
+				case f.held <- struct{}{}:
+				default:
+				}
 				continue
 			}
 			payload = xdrString(f.hostname)

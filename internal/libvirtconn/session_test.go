@@ -8,6 +8,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/sshtest"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -79,7 +80,7 @@ func TestLibvirtDoCtxLibvirtdHangs(t *testing.T) {
 	// Cancel (not deadline) is returned wrapped too.
 	lvd.hang.Store(true)
 	cctx, ccancel := context.WithCancel(context.Background())
-	time.AfterFunc(100*time.Millisecond, ccancel)
+	lvd.whenHeld(t, ccancel)
 	if _, err := hostname(cctx, l); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancel: %v", err)
 	}
@@ -112,13 +113,8 @@ func TestLibvirtDoCtxServerFrozen(t *testing.T) {
 		t.Errorf("Do returned after %v", el)
 	}
 	// Liveness declares the link dead (3 keepalives of 500ms unanswered).
-	deadline := time.Now().Add(10 * time.Second)
-	for !(p.Dead() && l.Dead()) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if !p.Dead() || !l.Dead() {
-		t.Fatal("link of a frozen server not declared dead by its keepalives")
-	}
+	eventually.True(t, 10*time.Second, func() bool { return p.Dead() && l.Dead() },
+		"the link of a frozen server is declared dead by its keepalives")
 	t.Logf("declared dead %v after the freeze", time.Since(start))
 	f.Server.Thaw()
 	if h, err := hostname(context.Background(), l); err != nil || h != "h" {
@@ -139,13 +135,7 @@ func TestLibvirtReconnectAfterLibvirtdRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	lvd.DropAll()
-	deadline := time.Now().Add(5 * time.Second)
-	for !l.Dead() && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if !l.Dead() {
-		t.Fatal("session not seen dead after libvirtd dropped it")
-	}
+	eventually.True(t, 5*time.Second, l.Dead, "the session is seen dead after libvirtd dropped it")
 	if p.Dead() {
 		t.Error("SSH link dead after a libvirtd restart")
 	}
@@ -170,7 +160,7 @@ func TestLibvirtCallInterrupted(t *testing.T) {
 		t.Fatal(err)
 	}
 	lvd.hang.Store(true)
-	time.AfterFunc(100*time.Millisecond, lvd.DropAll)
+	lvd.whenHeld(t, lvd.DropAll)
 	_, err := hostname(context.Background(), l)
 	if errKind(err) != sshconn.KindUnreachable || !errors.Is(err, libvirt.ErrInterrupted) {
 		t.Fatalf("interrupted call: %v (kind %v)", err, errKind(err))
@@ -207,7 +197,7 @@ func TestLibvirtConnectHangs(t *testing.T) {
 func TestLibvirtDedicated(t *testing.T) {
 	f := sshtest.NewFixture(t)
 	lvd := startLibvirtd(t, "h")
-	_, l := newSession(t, f, lvd, nil, nil)
+	p, l := newSession(t, f, lvd, nil, nil)
 	d, err := l.Dedicated(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -217,6 +207,13 @@ func TestLibvirtDedicated(t *testing.T) {
 	}
 	if err := d.Close(); err != nil {
 		t.Errorf("Close: %v", err)
+	}
+	// Close tears the SSH connection down through the pool's Kill (dead
+	// first, then the TCP connection), not by closing the client alone.
+	select {
+	case <-p.Done(d.client):
+	default:
+		t.Error("the dedicated SSH connection is not Done when Close returns")
 	}
 	if _, err := d.L.ConnectGetHostname(); err == nil {
 		t.Error("call after Close succeeded")
@@ -228,7 +225,7 @@ func TestLibvirtDedicated(t *testing.T) {
 		t.Fatal(err)
 	}
 	lvd.hang.Store(true)
-	time.AfterFunc(100*time.Millisecond, d2.Kill)
+	lvd.whenHeld(t, d2.Kill)
 	start := time.Now()
 	if _, err := d2.L.ConnectGetHostname(); err == nil {
 		t.Error("blocked call succeeded after Kill")
@@ -265,13 +262,7 @@ func TestLibvirtAbandonedCallProbe(t *testing.T) {
 	if l.Dead() {
 		t.Fatal("session torn down by a caller's deadline")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !l.Dead() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if !l.Dead() {
-		t.Fatal("a session whose libvirtd answers nothing was not torn down after its probe")
-	}
+	eventually.True(t, 10*time.Second, l.Dead, "a session whose libvirtd answers nothing is torn down after its probe")
 	if p.Dead() {
 		t.Error("the SSH link was killed although closing the channel sufficed")
 	}
