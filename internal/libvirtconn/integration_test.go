@@ -9,8 +9,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -140,6 +142,59 @@ func signalAll(t *testing.T, pids []int, sig syscall.Signal) {
 	}
 }
 
+// freezeSSHD SIGSTOPs the stack's sshd listener and the sshd processes
+// serving the shared connections of pools (only our own sessions, not other
+// users of the stack's sshd); the returned thaw (also a t.Cleanup)
+// SIGCONTs them.
+func freezeSSHD(ctx context.Context, t *testing.T, env teststack.Env, pools ...*sshconn.Pool) (thaw func()) {
+	t.Helper()
+	listener, err := strconv.Atoi(teststack.Run(t, "sshd-pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clients []net.Addr
+	for _, p := range pools {
+		c, err := p.Client(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c.LocalAddr())
+	}
+	tree := append([]int{listener}, sshdPidsFor(t, env.SSHAddr, clients...)...)
+	if len(tree) < 1+len(clients) {
+		t.Fatalf("sshd processes of our connections not found (pids %v)", tree)
+	}
+	if slices.Contains(tree[1:], os.Getpid()) {
+		t.Fatalf("own pid %d among the sshd pids %v", os.Getpid(), tree)
+	}
+	t.Logf("SIGSTOP sshd listener and our sessions' processes: %v", tree)
+	signalAll(t, tree, syscall.SIGSTOP)
+	var once sync.Once
+	thaw = func() { once.Do(func() { signalAll(t, tree, syscall.SIGCONT) }) }
+	t.Cleanup(thaw)
+	return thaw
+}
+
+// closeFrozen closes l and then p, whose peer is frozen, and checks that
+// each Close returns within about a second.
+func closeFrozen(t *testing.T, l *Session, p *sshconn.Pool) {
+	t.Helper()
+	start := time.Now()
+	if err := l.Close(); err != nil {
+		t.Logf("Session.Close: %v", err)
+	}
+	elL := time.Since(start)
+	start = time.Now()
+	if err := p.Close(); err != nil {
+		t.Errorf("Pool.Close: %v", err)
+	}
+	elP := time.Since(start)
+	t.Logf("MEASURE with sshd frozen: Session.Close %v, Pool.Close %v", elL, elP)
+	if elL > 1500*time.Millisecond || elP > 1500*time.Millisecond {
+		t.Errorf("Close took Session %v / Pool %v, want about 1s at most", elL, elP)
+	}
+}
+
 // A SIGSTOPped sshd (listener and the processes of our connections): a Do with a 2s ctx
 // returns within its budget, keepalives declare the link dead within
 // interval*count, Close returns within a second, and after SIGCONT the next
@@ -174,38 +229,8 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	listener, err := strconv.Atoi(teststack.Run(t, "sshd-pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var clients []net.Addr
-	for _, p := range []*sshconn.Pool{pA, pB, pC} {
-		c, err := p.Client(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		clients = append(clients, c.LocalAddr())
-	}
-	tree := append([]int{listener}, sshdPidsFor(t, env.SSHAddr, clients...)...)
-	if len(tree) < 1+len(clients) {
-		t.Fatalf("sshd processes of our connections not found (pids %v)", tree)
-	}
-	for _, pid := range tree[1:] {
-		if pid == os.Getpid() {
-			t.Fatalf("own pid %d among the sshd pids %v", pid, tree)
-		}
-	}
-	t.Logf("SIGSTOP sshd listener and our sessions' processes: %v", tree)
-	signalAll(t, tree, syscall.SIGSTOP)
+	thaw := freezeSSHD(ctx, t, env, pA, pB, pC)
 	frozenAt := time.Now()
-	thawed := false
-	thaw := func() {
-		if !thawed {
-			thawed = true
-			signalAll(t, tree, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(thaw)
 
 	// Do with a 2s ctx on the frozen link.
 	doneA := make(chan error, 1)
@@ -250,20 +275,7 @@ func TestIntegrationFrozenSSHD(t *testing.T) {
 		t.Errorf("Do returned after %v, budget 2s", elA)
 	}
 
-	start := time.Now()
-	if err := lC.Close(); err != nil {
-		t.Logf("Libvirt.Close: %v", err)
-	}
-	elL := time.Since(start)
-	start = time.Now()
-	if err := pC.Close(); err != nil {
-		t.Errorf("Pool.Close: %v", err)
-	}
-	elP := time.Since(start)
-	t.Logf("MEASURE with sshd frozen: Libvirt.Close %v, Pool.Close %v", elL, elP)
-	if elL > 1500*time.Millisecond || elP > 1500*time.Millisecond {
-		t.Errorf("Close took Libvirt %v / Pool %v, want about 1s at most", elL, elP)
-	}
+	closeFrozen(t, lC, pC)
 
 	thaw()
 	for _, tc := range []struct {

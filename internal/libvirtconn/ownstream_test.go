@@ -151,145 +151,174 @@ func TestOwnUpload(t *testing.T) {
 	lvd := startLibvirtd(t, "h")
 	_, l := newSession(t, f, lvd, nil, nil)
 	img := randomBytes(3<<20 + 12345)
-	sum := sha256.Sum256(img)
+	u := uploadEnv{l: l, lvd: lvd, img: img, sum: sha256.Sum256(img)}
+	for _, tc := range []struct {
+		name string
+		run  func(*testing.T, uploadEnv)
+	}{
+		{"ok beside go-libvirt calls", uploadBesideCalls},
+		{"call refused", uploadCallRefused},
+		{"stream fails while the source blocks", uploadStreamFails},
+		{"source fails", uploadSourceFails},
+		{"finish fails", uploadFinishFails},
+		{"link killed while the source blocks", uploadLinkKilled},
+		{"download after kill", downloadAfterKill},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, u) })
+	}
+}
 
-	t.Run("ok beside go-libvirt calls", func(t *testing.T) {
-		lvd.upload.Store(nil)
-		d := dedicated(t, l)
-		stop := make(chan struct{})
-		var calls atomic.Int64
-		var wg sync.WaitGroup
-		for range 3 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					if h, err := d.L.ConnectGetHostname(); err != nil || h != "h" {
-						t.Errorf("go-libvirt call during the upload: %q, %v", h, err)
-						return
-					}
-					calls.Add(1)
+// uploadEnv is TestOwnUpload's session, fake libvirtd and image.
+type uploadEnv struct {
+	l   *Session
+	lvd *fakeLibvirtd
+	img []byte
+	sum [sha256.Size]byte
+}
+
+// uploadBesideCalls: an upload arrives whole while go-libvirt calls run beside it.
+func uploadBesideCalls(t *testing.T, u uploadEnv) {
+	u.lvd.upload.Store(nil)
+	d := dedicated(t, u.l)
+	stop := make(chan struct{})
+	var calls atomic.Int64
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
 				}
-			}()
-		}
-		before := len(lvd.uploads())
-		// A reader that returns little at a time, so that many packets
-		// go out between go-libvirt's calls.
-		err := d.StorageVolUpload(testVol, io.LimitReader(&smallReads{r: bytes.NewReader(img)}, int64(len(img))), 0, 0, 0)
-		close(stop)
-		wg.Wait()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ups := lvd.uploads()[before:]
-		if len(ups) != 1 || ups[0].n != int64(len(img)) || ups[0].sum != sum || ups[0].aborted {
-			t.Fatalf("libvirtd saw %+v, want one upload of %d bytes with the image's digest", ups, len(img))
-		}
-		if calls.Load() == 0 {
-			t.Error("no go-libvirt call ran during the upload")
-		}
-	})
-
-	t.Run("call refused", func(t *testing.T) {
-		lvd.upload.Store(&uploadScript{callErr: "volume 'x' is still in use"})
-		d := dedicated(t, l)
-		read := false
-		err := d.StorageVolUpload(testVol, readFunc(func([]byte) (int, error) { read = true; return 0, io.EOF }), 0, 0, 0)
-		var le libvirt.Error
-		if !errors.As(err, &le) || !strings.Contains(le.Message, "still in use") {
-			t.Fatalf("error %v, want the libvirt.Error of the refusal", err)
-		}
-		if read {
-			t.Error("the source was read although the call was refused")
-		}
-	})
-
-	t.Run("stream fails while the source blocks", func(t *testing.T) {
-		lvd.upload.Store(&uploadScript{failAfter: 1 << 20, failMsg: "cannot write: No space left on device"})
-		d := dedicated(t, l)
-		// The source blocks once it gave the 1 MiB after which the
-		// stream fails.
-		src := &gatedReader{r: bytes.NewReader(img), left: 1 << 20, reached: make(chan struct{}), release: make(chan struct{})}
-		done := make(chan error, 1)
-		go func() { done <- d.StorageVolUpload(testVol, src, 0, 0, 0) }()
-		var err error
-		select {
-		case err = <-done:
-		case <-time.After(5 * time.Second):
-			t.Fatal("the upload did not return when libvirtd failed the stream")
-		}
-		if !strings.Contains(errString(err), "No space left") {
-			t.Fatalf("error %v, want libvirtd's", err)
-		}
-		// The sender may still be in the source's Read; Close waits for
-		// it once the source is released.
-		close(src.release)
-		if err := d.Close(); err != nil {
-			t.Fatal(err)
-		}
-	})
-
-	t.Run("source fails", func(t *testing.T) {
-		lvd.upload.Store(nil)
-		d := dedicated(t, l)
-		boom := errors.New("body ended early")
-		src := &gatedReader{r: bytes.NewReader(img), left: 1 << 20, reached: make(chan struct{}), err: boom}
-		before := len(lvd.uploads())
-		err := d.StorageVolUpload(testVol, src, 0, 0, 0)
-		if !errors.Is(err, boom) {
-			t.Fatalf("error %v, want the source's", err)
-		}
-		ups := lvd.uploads()[before:]
-		if len(ups) != 1 || !ups[0].aborted || ups[0].n != 1<<20 {
-			t.Fatalf("libvirtd saw %+v, want an aborted upload of 1 MiB", ups)
-		}
-	})
-
-	t.Run("finish fails", func(t *testing.T) {
-		lvd.upload.Store(&uploadScript{finishErr: "unable to close: No space left on device"})
-		d := dedicated(t, l)
-		err := d.StorageVolUpload(testVol, bytes.NewReader(img), 0, 0, 0)
-		if !strings.Contains(errString(err), "unable to close") {
-			t.Fatalf("error %v, want the finish's", err)
-		}
-		if _, err := d.L.ConnectGetHostname(); err != nil {
-			t.Fatalf("go-libvirt call after the upload: %v", err)
-		}
-	})
-
-	t.Run("link killed while the source blocks", func(t *testing.T) {
-		lvd.upload.Store(nil)
-		d := dedicated(t, l)
-		src := &gatedReader{r: bytes.NewReader(img), left: 1 << 20, reached: make(chan struct{}), release: make(chan struct{})}
-		done := make(chan error, 1)
-		go func() { done <- d.StorageVolUpload(testVol, src, 0, 0, 0) }()
-		<-src.reached
-		d.Kill()
-		select {
-		case err := <-done:
-			if !errors.Is(err, libvirt.ErrInterrupted) {
-				t.Fatalf("error %v, want libvirt.ErrInterrupted", err)
+				if h, err := d.L.ConnectGetHostname(); err != nil || h != "h" {
+					t.Errorf("go-libvirt call during the upload: %q, %v", h, err)
+					return
+				}
+				calls.Add(1)
 			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("the upload did not return when its link was killed")
-		}
-		close(src.release)
-		_ = d.Close()
-	})
+		}()
+	}
+	before := len(u.lvd.uploads())
+	// A reader that returns little at a time, so that many packets
+	// go out between go-libvirt's calls.
+	err := d.StorageVolUpload(testVol, io.LimitReader(&smallReads{r: bytes.NewReader(u.img)}, int64(len(u.img))), 0, 0, 0)
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ups := u.lvd.uploads()[before:]
+	if len(ups) != 1 || ups[0].n != int64(len(u.img)) || ups[0].sum != u.sum || ups[0].aborted {
+		t.Fatalf("libvirtd saw %+v, want one upload of %d bytes with the image's digest", ups, len(u.img))
+	}
+	if calls.Load() == 0 {
+		t.Error("no go-libvirt call ran during the upload")
+	}
+}
 
-	t.Run("download after kill", func(t *testing.T) {
-		d := dedicated(t, l)
-		d.Kill()
-		err := d.StorageVolDownload(testVol, io.Discard, 0, 0, 0)
-		if err == nil {
-			t.Fatal("download on a killed connection succeeded")
+// uploadCallRefused: a refused call is libvirtd's error, and the source is not read.
+func uploadCallRefused(t *testing.T, u uploadEnv) {
+	u.lvd.upload.Store(&uploadScript{callErr: "volume 'x' is still in use"})
+	d := dedicated(t, u.l)
+	read := false
+	err := d.StorageVolUpload(testVol, readFunc(func([]byte) (int, error) { read = true; return 0, io.EOF }), 0, 0, 0)
+	var le libvirt.Error
+	if !errors.As(err, &le) || !strings.Contains(le.Message, "still in use") {
+		t.Fatalf("error %v, want the libvirt.Error of the refusal", err)
+	}
+	if read {
+		t.Error("the source was read although the call was refused")
+	}
+}
+
+// uploadStreamFails: libvirtd failing the stream ends the call while the source blocks.
+func uploadStreamFails(t *testing.T, u uploadEnv) {
+	u.lvd.upload.Store(&uploadScript{failAfter: 1 << 20, failMsg: "cannot write: No space left on device"})
+	d := dedicated(t, u.l)
+	// The source blocks once it gave the 1 MiB after which the
+	// stream fails.
+	src := &gatedReader{r: bytes.NewReader(u.img), left: 1 << 20, reached: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() { done <- d.StorageVolUpload(testVol, src, 0, 0, 0) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upload did not return when libvirtd failed the stream")
+	}
+	if !strings.Contains(errString(err), "No space left") {
+		t.Fatalf("error %v, want libvirtd's", err)
+	}
+	// The sender may still be in the source's Read; Close waits for
+	// it once the source is released.
+	close(src.release)
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// uploadSourceFails: a failing source aborts the stream and is the call's error.
+func uploadSourceFails(t *testing.T, u uploadEnv) {
+	u.lvd.upload.Store(nil)
+	d := dedicated(t, u.l)
+	boom := errors.New("body ended early")
+	src := &gatedReader{r: bytes.NewReader(u.img), left: 1 << 20, reached: make(chan struct{}), err: boom}
+	before := len(u.lvd.uploads())
+	err := d.StorageVolUpload(testVol, src, 0, 0, 0)
+	if !errors.Is(err, boom) {
+		t.Fatalf("error %v, want the source's", err)
+	}
+	ups := u.lvd.uploads()[before:]
+	if len(ups) != 1 || !ups[0].aborted || ups[0].n != 1<<20 {
+		t.Fatalf("libvirtd saw %+v, want an aborted upload of 1 MiB", ups)
+	}
+}
+
+// uploadFinishFails: a refused finish is the call's error; the connection stays usable.
+func uploadFinishFails(t *testing.T, u uploadEnv) {
+	u.lvd.upload.Store(&uploadScript{finishErr: "unable to close: No space left on device"})
+	d := dedicated(t, u.l)
+	err := d.StorageVolUpload(testVol, bytes.NewReader(u.img), 0, 0, 0)
+	if !strings.Contains(errString(err), "unable to close") {
+		t.Fatalf("error %v, want the finish's", err)
+	}
+	if _, err := d.L.ConnectGetHostname(); err != nil {
+		t.Fatalf("go-libvirt call after the upload: %v", err)
+	}
+}
+
+// uploadLinkKilled: Kill ends an upload whose source blocks.
+func uploadLinkKilled(t *testing.T, u uploadEnv) {
+	u.lvd.upload.Store(nil)
+	d := dedicated(t, u.l)
+	src := &gatedReader{r: bytes.NewReader(u.img), left: 1 << 20, reached: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() { done <- d.StorageVolUpload(testVol, src, 0, 0, 0) }()
+	<-src.reached
+	d.Kill()
+	select {
+	case err := <-done:
+		if !errors.Is(err, libvirt.ErrInterrupted) {
+			t.Fatalf("error %v, want libvirt.ErrInterrupted", err)
 		}
-	})
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upload did not return when its link was killed")
+	}
+	close(src.release)
+	_ = d.Close()
+}
+
+// downloadAfterKill: a download on a killed connection fails.
+func downloadAfterKill(t *testing.T, u uploadEnv) {
+	d := dedicated(t, u.l)
+	d.Kill()
+	err := d.StorageVolDownload(testVol, io.Discard, 0, 0, 0)
+	if err == nil {
+		t.Fatal("download on a killed connection succeeded")
+	}
 }
 
 type readFunc func([]byte) (int, error)

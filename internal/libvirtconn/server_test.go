@@ -274,10 +274,6 @@ func (f *fakeLibvirtd) handle(c net.Conn) {
 	}()
 	r := bufio.NewReader(c)
 	ups := map[uint32]*uploadState{} // by serial
-	send := func(call [28]byte, p fakePacket) bool {
-		_, err := c.Write(p.frame(call))
-		return err == nil
-	}
 	for {
 		var hdr [28]byte
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
@@ -293,112 +289,112 @@ func (f *fakeLibvirtd) handle(c net.Conn) {
 		}
 		proc := binary.BigEndian.Uint32(hdr[12:16])
 		typ := binary.BigEndian.Uint32(hdr[16:20])
-		serial := binary.BigEndian.Uint32(hdr[20:24])
 		if typ == 0 {
 			f.mu.Lock()
 			f.calls[proc] = append(hdr[:], body...)
 			f.mu.Unlock()
 		}
-		if proc == procStorageVolUpload {
-			sc := f.upload.Load()
-			if sc == nil {
-				sc = &uploadScript{}
-			}
-			if typ == 0 { // the call
-				if sc.callErr != "" {
-					if !send(hdr, fakePacket{typ: 1, status: 1, payload: xdrError(sc.callErr)}) {
-						return
-					}
-					continue
-				}
-				ups[serial] = &uploadState{h: sha256.New()}
-				if !send(hdr, reply()) {
-					return
-				}
-				continue
-			}
-			u := ups[serial]
-			if typ != 3 || u == nil || u.failed {
-				continue // libvirtd drops stream packets of a stream it closed
-			}
-			status := binary.BigEndian.Uint32(hdr[24:28])
-			switch status {
-			case 2: // data
-				u.n += int64(len(body))
-				u.h.Write(body)
-				if sc.failAfter > 0 && u.n >= sc.failAfter {
-					u.failed = true
-					f.finishUpload(u, false)
-					if !send(hdr, fakePacket{typ: 1, status: 1, payload: xdrError(sc.failMsg)}) {
-						return
-					}
-				}
-			case 0: // finish
-				delete(ups, serial)
-				f.finishUpload(u, false)
-				p := fakePacket{typ: 3, status: 0}
-				if sc.finishErr != "" {
-					p = fakePacket{typ: 1, status: 1, payload: xdrError(sc.finishErr)}
-				}
-				if !send(hdr, p) {
-					return
-				}
-			default: // abort: confirmed
-				delete(ups, serial)
-				f.finishUpload(u, true)
-				if !send(hdr, fakePacket{typ: 3, status: 0}) {
-					return
-				}
-			}
-			continue
+		var err error
+		switch {
+		case proc == procStorageVolUpload:
+			err = f.uploadPacket(c, hdr, body, ups)
+		case typ == 0:
+			err = f.answer(c, hdr, proc)
 		}
-		if typ != 0 {
-			continue
-		}
-		var payload []byte
-		if proc == procStorageVolDownload {
-			pkts := defaultDownload
-			if p := f.download.Load(); p != nil {
-				pkts = *p
-			}
-			for _, p := range pkts {
-				if _, err := c.Write(p.frame(hdr)); err != nil {
-					return
-				}
-			}
-			continue
-		}
-		switch proc {
-		case procAuthList:
-			payload = binary.BigEndian.AppendUint32(nil, 0) // no auth types
-		case procConnectOpen:
-			if f.hangOpen.Load() {
-				continue
-			}
-			f.opens.Add(1)
-		case procConnectClose:
-		case procConnectGetHostname:
-			if f.hang.Load() {
-				select {
-				case f.held <- struct{}{}:
-				default:
-				}
-				continue
-			}
-			payload = xdrString(f.hostname)
-		default:
-			continue // unknown: never answered
-		}
-		out := make([]byte, 28, 28+len(payload))
-		copy(out, hdr[:])
-		binary.BigEndian.PutUint32(out[0:4], uint32(28+len(payload)))
-		binary.BigEndian.PutUint32(out[16:20], 1) // type: reply
-		binary.BigEndian.PutUint32(out[24:28], 0) // status: OK
-		out = append(out, payload...)
-		if _, err := c.Write(out); err != nil {
+		if err != nil {
 			return
 		}
 	}
+}
+
+// send writes p as the answer to the call whose header is call.
+func send(c net.Conn, call [28]byte, p fakePacket) error {
+	_, err := c.Write(p.frame(call))
+	return err
+}
+
+// uploadPacket answers one packet of StorageVolUpload (the call or a
+// stream packet) as the upload script says.
+func (f *fakeLibvirtd) uploadPacket(c net.Conn, hdr [28]byte, body []byte, ups map[uint32]*uploadState) error {
+	sc := f.upload.Load()
+	if sc == nil {
+		sc = &uploadScript{}
+	}
+	typ := binary.BigEndian.Uint32(hdr[16:20])
+	serial := binary.BigEndian.Uint32(hdr[20:24])
+	if typ == 0 { // the call
+		if sc.callErr != "" {
+			return send(c, hdr, fakePacket{typ: 1, status: 1, payload: xdrError(sc.callErr)})
+		}
+		ups[serial] = &uploadState{h: sha256.New()}
+		return send(c, hdr, reply())
+	}
+	u := ups[serial]
+	if typ != 3 || u == nil || u.failed {
+		return nil // libvirtd drops stream packets of a stream it closed
+	}
+	switch binary.BigEndian.Uint32(hdr[24:28]) {
+	case 2: // data
+		u.n += int64(len(body))
+		u.h.Write(body)
+		if sc.failAfter > 0 && u.n >= sc.failAfter {
+			u.failed = true
+			f.finishUpload(u, false)
+			return send(c, hdr, fakePacket{typ: 1, status: 1, payload: xdrError(sc.failMsg)})
+		}
+		return nil
+	case 0: // finish
+		delete(ups, serial)
+		f.finishUpload(u, false)
+		p := fakePacket{typ: 3, status: 0}
+		if sc.finishErr != "" {
+			p = fakePacket{typ: 1, status: 1, payload: xdrError(sc.finishErr)}
+		}
+		return send(c, hdr, p)
+	default: // abort: confirmed
+		delete(ups, serial)
+		f.finishUpload(u, true)
+		return send(c, hdr, fakePacket{typ: 3, status: 0})
+	}
+}
+
+// answer answers a call of proc other than an upload (or leaves it
+// unanswered, as the fake is told).
+func (f *fakeLibvirtd) answer(c net.Conn, hdr [28]byte, proc uint32) error {
+	var payload []byte
+	switch proc {
+	case procStorageVolDownload:
+		pkts := defaultDownload
+		if p := f.download.Load(); p != nil {
+			pkts = *p
+		}
+		for _, p := range pkts {
+			if err := send(c, hdr, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	case procAuthList:
+		payload = binary.BigEndian.AppendUint32(nil, 0) // no auth types
+	case procConnectOpen:
+		if f.hangOpen.Load() {
+			return nil
+		}
+		f.opens.Add(1)
+	case procConnectClose:
+	case procConnectGetHostname:
+		if f.hang.Load() {
+			select {
+			case f.held <- struct{}{}:
+			default:
+			}
+			return nil
+		}
+		payload = xdrString(f.hostname)
+	default:
+		return nil // unknown: never answered
+	}
+	return send(c, hdr, fakePacket{typ: 1, status: 0, payload: payload})
 }
 
 func (f *fakeLibvirtd) finishUpload(u *uploadState, aborted bool) {
