@@ -18,14 +18,12 @@ import (
 // algorithm on for a connection without a terminal session (it sets
 // TCP_NODELAY only for interactive sessions), so it holds a small packet back
 // while an earlier small one is unacknowledged, and Linux delays the
-// acknowledgement of a lone small segment by 40 ms or more: a libvirt answer
-// sent right after a channel window adjustment (which sshd sends as it
-// consumes what we wrote) waited for that timer. An upload stream's finish
-// and its confirmation, a call and its reply, met it on most round trips (on
-// the lab: 22 of a 1 GiB fetch's 33 segment ends took 40-59 ms longer, and
-// the size polls of the drain before each end as much again). After a read
-// of fewer than quickAckBelow bytes (control traffic; a bulk data stream is
-// acknowledged every other segment anyway) the socket is set to
+// acknowledgement of a lone small segment by 40 ms or more: an answer sent
+// right after a channel window adjustment (which sshd sends as it consumes
+// what we wrote) waits for that timer, as a stream's finish and its
+// confirmation, or a call and its reply, do on most round trips. After a
+// read of fewer than quickAckBelow bytes (control traffic; a bulk data
+// stream is acknowledged every other segment anyway) the socket is set to
 // TCP_QUICKACK, which sends the pending acknowledgement now.
 type activityConn struct {
 	net.Conn
