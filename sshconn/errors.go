@@ -10,8 +10,8 @@ import (
 	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
-// Kind classifies why an SSH or libvirt-over-SSH operation failed, so the
-// embedder (and kvm2's Check) can name the cause without parsing messages.
+// Kind says why an operation on the SSH transport failed, so that a caller
+// (kvm2's Check, for one) can name the cause without parsing messages.
 type Kind int
 
 const (
@@ -42,15 +42,15 @@ const (
 	// trusted for the host, expired, not valid for the host name).
 	KindHostKeyMismatch
 	// KindUnreachable: the TCP dial or the SSH handshake failed or timed out,
-	// or the link died (keepalives unanswered, connection reset, a call
-	// abandoned because its deadline ran out). Retrying later may succeed.
+	// or the connection died (keepalives unanswered, connection reset), or
+	// a call on it ran out of time. Retrying later may succeed.
 	KindUnreachable
 	// KindForbidden: SSH is fine but the server refused to open the remote
 	// unix socket channel. OpenSSH gives the same answer for a socket the
 	// user may not open and for a socket that does not exist (daemon down),
 	// so this kind covers both.
 	KindForbidden
-	// KindClosed: the Pool or Libvirt was used after Close.
+	// KindClosed: the Pool was used after Close.
 	KindClosed
 )
 
@@ -87,8 +87,8 @@ type Error struct {
 // is said once: a network error in the cause (*net.OpError) is said
 // without its addresses. KindForbidden adds its two possible reasons after
 // the kind; an unclassified cancellation says "canceled" in place of the
-// kind. The text is valid UTF-8 and at most errs.MaxErrorText bytes,
-// whatever the address or the cause.
+// kind. The text is valid UTF-8 and at most 1 KiB, whatever the address
+// or the cause.
 func (e *Error) Error() string {
 	s := "sshconn"
 	if e.Address != "" {

@@ -43,9 +43,9 @@ type Pool struct {
 
 // New validates cfg and opts (nil is valid) and returns a Pool. It does
 // not dial: the first Client or Dedicated call does. Bad input is an
-// *Error of KindConfig wrapping one *errs.FieldError per problem, all of
-// them at once, each naming the Go field (Address, Signer, ...), before
-// any file or the network is touched.
+// *Error of KindConfig wrapping one *egressproxy.FieldError per problem,
+// all of them at once, each naming the Go field (Address, Signer, ...),
+// before any file or the network is touched.
 func New(cfg Config, opts *Options) (*Pool, error) {
 	if opts == nil {
 		opts = &Options{}
