@@ -99,10 +99,6 @@ type Options struct {
 	// sources. It must be safe for concurrent use. Zero: the key comes from
 	// Config's KeyFile, Key or AgentSocket.
 	Signer ssh.Signer
-
-	// wrapConn, set by tests, wraps every TCP connection a link is made of
-	// (to observe the close order).
-	wrapConn func(net.Conn) net.Conn
 }
 
 const (

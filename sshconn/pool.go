@@ -20,10 +20,9 @@ const closeWait = time.Second
 // calls, redials it after it dies, and opens dedicated connections for long
 // transfers. It is safe for concurrent use.
 type Pool struct {
-	cfg      Config
-	signer   ssh.Signer              // Options.Signer; nil: a key source of cfg
-	wrapConn func(net.Conn) net.Conn // Options.wrapConn
-	log      logr.Logger
+	cfg    Config
+	signer ssh.Signer // Options.Signer; nil: a key source of cfg
+	log    logr.Logger
 
 	mu        sync.Mutex
 	closed    bool
@@ -39,6 +38,10 @@ type Pool struct {
 	keys      keyCache              // the signer of the latest key content
 
 	wg sync.WaitGroup // every goroutine the pool starts
+
+	// wrapConn, set by tests before the first dial, wraps every TCP
+	// connection a link is made of (to observe the close order).
+	wrapConn func(net.Conn) net.Conn
 }
 
 // New validates cfg and opts (nil is valid) and returns a Pool. It does
@@ -62,7 +65,6 @@ func New(cfg Config, opts *Options) (*Pool, error) {
 	return &Pool{
 		cfg:       cfg,
 		signer:    opts.Signer,
-		wrapConn:  opts.wrapConn,
 		log:       log.WithName("sshconn").WithValues("addr", cfg.Address),
 		closing:   make(chan struct{}),
 		closeCtx:  closeCtx,
