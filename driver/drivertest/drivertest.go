@@ -1,28 +1,3 @@
-// Package providertest is the conformance suite every driver.Provider runs:
-// RunConformanceTests checks the whole contract of the provider package
-// (SPEC.md section 1) one subtest at a time, each with a fresh Harness and a
-// watchdog, and RunStateMachine compares a provider against a simple map
-// model over random Create/Get/Delete/List sequences (pgregory.net/rapid).
-//
-// A provider's test supplies a HarnessMaker that knows how to reach a clean
-// backend entry:
-//
-//	func TestConformance(t *testing.T) {
-//		drivertest.RunConformanceTests(t, newHarness, nil)
-//	}
-//
-// The suite drives the provider through the portable egressproxy.Client (the
-// layer embedders use) and directly where the provider's own behaviour is in
-// question (validation, context handling, Close). It owns checking the
-// contract; it does not own starting a backend (the harness does) nor
-// provider-specific behaviour (the provider's own tests do).
-//
-// Providers that implement driver.ImageManager also run the Images/
-// subtests (list, verify, evict, refusal while in use); for the others they
-// skip, saying so.
-//
-// Instances the suite creates are named Options.NamePrefix + a random
-// suffix, and are deleted when the subtest ends, pass or fail.
 package drivertest
 
 import (
@@ -169,7 +144,7 @@ func RunConformanceTests(t *testing.T, newHarness HarnessMaker, opts *Options) {
 	t.Helper()
 	o := opts.withDefaults()
 	if err := naming.ValidateName("NamePrefix", o.NamePrefix); err != nil || len(o.NamePrefix) > 40 {
-		t.Fatalf("providertest: Options.NamePrefix %q must be a valid name of at most 40 bytes (%v)", o.NamePrefix, err)
+		t.Fatalf("drivertest: Options.NamePrefix %q must be a valid name of at most 40 bytes (%v)", o.NamePrefix, err)
 	}
 	for _, tc := range conformanceTests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -201,12 +176,12 @@ func runSubtest(t *testing.T, newHarness HarnessMaker, o *Options, fn func(*env)
 
 	h, err := newHarness(ctx, t)
 	if err != nil {
-		t.Fatalf("providertest: making the harness: %v", err)
+		t.Fatalf("drivertest: making the harness: %v", err)
 	}
 	t.Cleanup(h.Close)
 	p, err := h.MakeProvider(ctx)
 	if err != nil {
-		t.Fatalf("providertest: making the provider: %v", err)
+		t.Fatalf("drivertest: making the provider: %v", err)
 	}
 	e := &env{t: t, o: o, ctx: ctx, h: h, p: p, c: driver.NewClient(p, nil), prefix: o.NamePrefix + "-" + randomSuffix(5)}
 	t.Cleanup(func() { e.c.Close() })
@@ -265,7 +240,7 @@ func (e *env) deleteCreated() {
 		if errors.Is(err, egressproxy.ErrClosed) && p == e.p {
 			np, merr := e.h.MakeProvider(ctx)
 			if merr != nil {
-				e.t.Errorf("providertest cleanup: making a provider to delete %s: %v", r.Name, merr)
+				e.t.Errorf("drivertest cleanup: making a provider to delete %s: %v", r.Name, merr)
 				return
 			}
 			defer np.Close()
@@ -273,7 +248,7 @@ func (e *env) deleteCreated() {
 			err = p.Delete(ctx, r)
 		}
 		if err != nil {
-			e.t.Errorf("providertest cleanup: deleting %s (UID %s): %v", r.Name, r.UID, err)
+			e.t.Errorf("drivertest cleanup: deleting %s (UID %s): %v", r.Name, r.UID, err)
 		}
 	}
 }
@@ -308,7 +283,7 @@ func startWatchdog(name string, budget, grace time.Duration, cancel func()) *wat
 		}
 		buf := make([]byte, 1<<20)
 		buf = buf[:runtime.Stack(buf, true)]
-		panic(fmt.Sprintf("providertest: %s is still blocked %v after its budget of %v ran out and its context was cancelled: "+
+		panic(fmt.Sprintf("drivertest: %s is still blocked %v after its budget of %v ran out and its context was cancelled: "+
 			"the provider does not honour its context.\n\n%s", name, grace, budget, buf))
 	}()
 	return w
@@ -319,6 +294,6 @@ func (w *watchdog) finish(tb interface{ Errorf(string, ...any) }) {
 	close(w.stop)
 	<-w.done
 	if w.exceeded.Load() {
-		tb.Errorf("providertest: exceeded its budget of %v (Options.SubtestBudget); the watchdog cancelled its context", w.budget)
+		tb.Errorf("drivertest: exceeded its budget of %v (Options.SubtestBudget); the watchdog cancelled its context", w.budget)
 	}
 }
