@@ -77,7 +77,7 @@ STRESS_PKGS := ./sshconn ./imagecache ./kvm2
 STRESS_COUNT ?= 20
 STRESS_FLAGS ?=
 CI_STRESS_COUNT ?= 1
-# make test ends its tests with the chaos soak of issue 22 (make soak,
+# make test ends its tests with the chaos soak (make soak,
 # docs/soak.md) for CI_SOAK on the LAB_HOSTS-host lab, with a fixed seed
 # so that a red run replays exactly (make soak SOAK=5m SOAK_SEED=...
 # SOAK_HOSTS=2); its report is printed, not written to docs/. Its test
@@ -317,7 +317,7 @@ bench-short:
 	echo "+ [$$(date -u +%T)] $(GO) test -tags integration -p 1 -run '^$$' -bench . -benchtime 1x" $$pkgs; \
 	$(GO) test -tags integration -p 1 -run '^$$' -bench . -benchtime 1x $$pkgs
 
-# make soak   (root) the chaos soak of issue 22 (internal/testing/soak, docs/soak.md):
+# make soak   (root) the chaos soak (internal/testing/soak, docs/soak.md):
 #             on a stack of its own in a private network namespace (as make
 #             test) with a SOAK_HOSTS-host lab, TestSoak runs a driver
 #             process (the test binary re-executed: the model operator) that

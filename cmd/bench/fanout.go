@@ -24,7 +24,7 @@ import (
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
 
-// The fanout phase (issue 21 point 4): the lab's mirror (scripts/lab
+// The fanout phase: the lab's mirror (scripts/lab
 // mirror) in a namespace of its own behind a -fanout-mirror-rate link,
 // -fanout-hosts hosts behind -fanout-rate links (plus one more, the late
 // joiner), one cold image of -fanout-mib MiB. Each round, interleaved:

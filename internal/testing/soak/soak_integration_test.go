@@ -726,7 +726,7 @@ func (s *supervisor) verifyList(ctx context.Context, h *shost) []string {
 	return append(out, pending...)
 }
 
-// TestSoak is the chaos soak (issue 22, docs/soak.md): SOAK=5m (a
+// TestSoak is the chaos soak (docs/soak.md): SOAK=5m (a
 // duration) runs it on the lab in the environment; without SOAK it is
 // skipped, whatever CI says — make test and make soak run it. SOAK_SEED
 // replays a run; SOAK_REPORT names the report to write, SOAK_EVENTS the
