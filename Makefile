@@ -13,7 +13,8 @@
 #               its NAT network — reaches outside the namespace.
 #   make test-in-netns   (internal; refuses to run outside scripts/netns)
 #               check the API record (api-check; a difference stops the run
-#               here, before anything starts), start the stack and a LAB_HOSTS-host lab (scripts/lab, stopped
+#               here, before anything starts), start the stack and a
+#               LAB_HOSTS-host lab (scripts/lab, stopped
 #               again at the end), run go vet, staticcheck and every test including the
 #               integration- and e2e-tagged ones against it (the e2e package
 #               as a step of its own, verbose, so every run logs its boot,
