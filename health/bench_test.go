@@ -119,11 +119,12 @@ func BenchmarkProbe1000Proxies(b *testing.B) {
 				}
 			}
 			var peak atomic.Int64
-			stop := make(chan struct{})
+			stop, sampling := make(chan struct{}), make(chan struct{})
 			var wg sync.WaitGroup
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				close(sampling)
 				t := time.NewTicker(time.Millisecond)
 				defer t.Stop()
 				for {
@@ -137,7 +138,7 @@ func BenchmarkProbe1000Proxies(b *testing.B) {
 					}
 				}
 			}()
-			time.Sleep(5 * time.Millisecond)
+			<-sampling
 			base := int64(runtime.NumGoroutine())
 			var ms0, ms1 runtime.MemStats
 			runtime.ReadMemStats(&ms0)

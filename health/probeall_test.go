@@ -87,12 +87,13 @@ func TestProbeAllBoundsConcurrency(t *testing.T) {
 			for i := range proxies {
 				proxies[i] = Proxy{ID: fmt.Sprint(i), Address: silent.addr, Target: "example.test:443"}
 			}
+			// A sampler records the peak goroutine count; the round starts
+			// once it runs, so base counts it and it sees the whole round.
 			var peak atomic.Int64
-			stop := make(chan struct{})
+			stop, sampling := make(chan struct{}), make(chan struct{})
 			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
+				close(sampling)
 				for {
 					select {
 					case <-stop:
@@ -104,8 +105,8 @@ func TestProbeAllBoundsConcurrency(t *testing.T) {
 					}
 					runtime.Gosched()
 				}
-			}()
-			time.Sleep(10 * time.Millisecond)
+			})
+			<-sampling
 			base := int64(runtime.NumGoroutine())
 			results := ProbeAll(context.Background(), proxies, &ProbeAllOptions{Workers: tt.workers, Probe: ProbeOptions{Timeout: 100 * time.Millisecond}})
 			close(stop)
