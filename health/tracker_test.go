@@ -57,10 +57,12 @@ func TestNewTrackerRejectsBadOptions(t *testing.T) {
 			if err == nil || tr != nil {
 				t.Fatalf("NewTracker accepted %+v", tt.opts)
 			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not name %s", err, w)
-				}
+			var fields []string
+			for _, fe := range errs.FieldErrors(err) {
+				fields = append(fields, fe.Field)
+			}
+			if diff := cmp.Diff(tt.want, fields); diff != "" || errs.Code(err) != errs.Permanent {
+				t.Errorf("error %q (class %v): FieldError fields (-want +got):\n%s", err, errs.Code(err), diff)
 			}
 		})
 	}
