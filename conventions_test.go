@@ -37,7 +37,7 @@ func TestConstructorsReportEveryFieldTheSameWay(t *testing.T) {
 	}{
 		{"sshconn.New", sshErr, []string{"Addr", "DialTimeout", "KeyFile", "KnownHostsFile", "User"}, false},
 		{"imagecache.New", cacheErr, []string{"Entry", "Pool", "conn"}, true},
-		{"health.NewTracker", trackErr, []string{"TrackerOptions.Fall", "TrackerOptions.Rise"}, true},
+		{"health.NewTracker", trackErr, []string{"Fall", "Rise"}, true},
 		{"kvm2.Open", kvmErr, []string{"Address", "Entry"}, true},
 	}
 	for _, tt := range tests {
