@@ -104,7 +104,7 @@ func newClient(p backend, opts *Options) *Client {
 // error that comes with it quotes it, escaped and bounded. The whole text is
 // valid UTF-8 of at most 1 KiB.
 type OpError struct {
-	// Op is "create", "get", "delete", "list", "check", "close",
+	// Op is "create", "get", "wait", "delete", "list", "check", "close",
 	// "list-images", "verify-image" or "evict-image".
 	Op       string
 	Instance string // instance name, "" when not about one instance
@@ -178,7 +178,7 @@ func wrapTarget(op string, tg target, err error) error {
 // spanNames are the stable span names of the operations (see
 // docs/observability.md).
 var spanNames = map[string]string{
-	"create": "egressproxy.Create", "get": "egressproxy.Get", "delete": "egressproxy.Delete",
+	"create": "egressproxy.Create", "get": "egressproxy.Get", "delete": "egressproxy.Delete", "wait": "egressproxy.WaitRunning",
 	"list": "egressproxy.List", "check": "egressproxy.Check", "close": "egressproxy.Close",
 	"list-images": "egressproxy.ListImages", "verify-image": "egressproxy.VerifyImage", "evict-image": "egressproxy.EvictImage",
 }
