@@ -348,6 +348,11 @@ type Entry struct {
 	// UsedBy are the names of defined domains (running or not) whose disks
 	// are backed by the base.
 	UsedBy []string
+	// Unresolved names the disks on the host whose backing chain cannot be
+	// followed to its end (in an inactive pool, a qcow2 file outside every
+	// pool, a volume that vanished): any of them might use the base, so
+	// UsedBy may be incomplete, and Evict refuses while one is listed.
+	Unresolved []string
 }
 
 const (

@@ -108,7 +108,8 @@ func (c *Cache) Verify(ctx context.Context, img Image) (_ Base, opErr error) {
 }
 
 // List returns this entry's bases in the pool, sorted by volume name, with
-// their digests, stored sizes and the domains that use them.
+// their digests, stored sizes, the domains that use them and the disks
+// that might (Entry.Unresolved).
 func (c *Cache) List(ctx context.Context) (_ []Entry, opErr error) {
 	ctx, span := c.start(ctx, "imagecache.List", "")
 	defer func() { endOp(span, opErr, "") }()
@@ -140,7 +141,7 @@ func (c *Cache) List(ctx context.Context) (_ []Entry, opErr error) {
 	out := make([]Entry, 0, len(bases))
 	for _, b := range bases {
 		_, _, f, _ := ParseBaseName(b)
-		e := Entry{Base: Base{Volume: b, Path: paths[b], Format: f}, Size: sizes[b], UsedBy: u.users[b]}
+		e := Entry{Base: Base{Volume: b, Path: paths[b], Format: f}, Size: sizes[b], UsedBy: u.users[b], Unresolved: slices.Clone(u.unresolved)}
 		var valid []string
 		for _, n := range names {
 			if isMarkerOf(b, n) {

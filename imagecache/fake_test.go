@@ -323,6 +323,10 @@ func TestFakeUnresolvedDisksRefuse(t *testing.T) {
 		}
 	}
 	wantVolumes(t, h, name, MarkerName(name, sum))
+	// List names the same disks: the base's users are not known.
+	if list, err := c.List(ctx); err != nil || len(list) != 1 || len(list[0].Unresolved) != 3 || len(list[0].UsedBy) != 0 {
+		t.Fatalf("List = %+v, %v; want the base with the 3 unresolved disks and no known user", list, err)
+	}
 
 	// Debris (a base without its marker) is not replaced either.
 	if err := s.StorageVolDelete(libvirt.StorageVol{Pool: fakePool, Name: MarkerName(name, sum)}, 0); err != nil {
@@ -341,8 +345,8 @@ func TestFakeUnresolvedDisksRefuse(t *testing.T) {
 	}
 	_, err = c.Ensure(ctx, img)
 	wantClass(t, err, errs.Permanent, "domains user use it")
-	if list, err := c.List(ctx); err != nil || len(list) != 1 || list[0].Marker != "" || !slices.Equal(list[0].UsedBy, []string{"user"}) {
-		t.Fatalf("List = %+v, %v; want the debris without marker, used by user", list, err)
+	if list, err := c.List(ctx); err != nil || len(list) != 1 || list[0].Marker != "" || !slices.Equal(list[0].UsedBy, []string{"user"}) || len(list[0].Unresolved) != 0 {
+		t.Fatalf("List = %+v, %v; want the debris without marker, used by user, every disk resolved", list, err)
 	}
 }
 

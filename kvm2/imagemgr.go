@@ -86,13 +86,15 @@ func (p *provider) instanceNames(domains []string) []string {
 // info describes key's base as found in the pool (e: the cache's entry of
 // its volume; found false when the pool has none). A base without a valid
 // digest marker is not Present (it is debris or still being fetched), but
-// its users are listed.
+// its users are listed. A disk on the host whose chain cannot be followed
+// might use it: its users are then unknown, as EvictImage's refusal says.
 func (p *provider) info(key string, e imagecache.Entry, found bool) egressproxy.ImageInfo {
 	info := egressproxy.ImageInfo{Key: key}
 	if !found {
 		return info
 	}
 	info.InUseBy = p.instanceNames(e.UsedBy)
+	info.InUseUnknown = len(e.Unresolved) > 0
 	if e.Marker != "" {
 		info.Name, info.Present, info.Digest, info.SizeBytes = e.Volume, true, e.Digest, e.Size
 	}
@@ -116,8 +118,11 @@ func (p *provider) listed(ctx context.Context) (map[string]imagecache.Entry, err
 // sorted by key, whether its base is in the pool or not: the base volume's
 // name, the digest its marker records, its stored size, and the instances
 // whose disks use it (a domain that is not an instance of this entry
-// appears as "domain/<libvirt name>"). Bases of keys no longer configured
-// are not listed. One imagecache.List (span imagecache.List under
+// appears as "domain/<libvirt name>"). When a disk on the host cannot be
+// followed to its end (an inactive domain's overlay outside every active
+// pool, a disk in an inactive pool), every stored base is InUseUnknown:
+// that disk might use it. Bases of keys no longer configured are not
+// listed. One imagecache.List (span imagecache.List under
 // kvm2.ListImages): every pool's volumes and every domain's disks are read
 // to find the users.
 func (p *provider) ListImages(ctx context.Context) (_ []egressproxy.ImageInfo, opErr error) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.opentelemetry.io/otel/codes"
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
@@ -41,6 +42,31 @@ func (c *fakeImages) usersOf(base fakeVol) []string {
 	return out
 }
 
+// unresolvedDisks names the fake's disks whose chain the real cache could
+// not follow: a qcow2 file that is no volume of any pool.
+func (c *fakeImages) unresolvedDisks() []string {
+	var out []string
+	for _, d := range c.lv.domainNames() {
+		fd, _ := c.lv.domain(d)
+		var dx libvirtxml.Domain
+		if dx.Unmarshal(fd.xml) != nil || dx.Devices == nil {
+			continue
+		}
+		for _, disk := range dx.Devices.Disks {
+			if disk.Source == nil || disk.Source.File == nil || disk.Driver == nil || disk.Driver.Type != "qcow2" {
+				continue
+			}
+			c.lv.mu.Lock()
+			known := c.lv.volByPath(disk.Source.File.File) != nil
+			c.lv.mu.Unlock()
+			if !known {
+				out = append(out, "domain "+d+" disk "+disk.Target.Dev+": "+disk.Source.File.File+" is in no active storage pool, so its backing store is unknown")
+			}
+		}
+	}
+	return out
+}
+
 // List lists the entry's base volumes in the fake's pool (each with a
 // marker, unless its name is in noMarker), with their users.
 func (c *fakeImages) List(ctx context.Context) ([]imagecache.Entry, error) {
@@ -59,7 +85,7 @@ func (c *fakeImages) List(ctx context.Context) ([]imagecache.Entry, error) {
 		v, _ := c.lv.vol(c.pool, n)
 		out = append(out, imagecache.Entry{
 			Base:   imagecache.Base{Volume: n, Path: v.path, Digest: fakeDigest, Format: f},
-			Marker: imagecache.MarkerName(n, fakeDigest), Size: int64(len(v.data)), UsedBy: c.usersOf(v),
+			Marker: imagecache.MarkerName(n, fakeDigest), Size: int64(len(v.data)), UsedBy: c.usersOf(v), Unresolved: c.unresolvedDisks(),
 		})
 	}
 	return out, nil
@@ -94,6 +120,9 @@ func (c *fakeImages) Evict(ctx context.Context, img imagecache.Image) error {
 	}
 	if users := c.usersOf(v); len(users) > 0 {
 		return errs.Errorf(errs.Permanent, "base %s is the backing store of domains %s; delete them before you evict it", name, strings.Join(users, ", "))
+	}
+	if u := c.unresolvedDisks(); len(u) > 0 {
+		return errs.Errorf(errs.Permanent, "refusing to evict base %s: the backing chains of some disks cannot be resolved, so they may use it: %s", name, strings.Join(u, "; "))
 	}
 	c.lv.removeVol(c.pool, name)
 	return nil
@@ -160,6 +189,58 @@ func TestImagesListMapsUsersToInstances(t *testing.T) {
 	}
 	if _, ok := e.lv.vol(e.cfg.Pool, base); !ok {
 		t.Fatal("a refused EvictImage removed the base")
+	}
+}
+
+// A disk whose chain cannot be followed (an inactive domain's overlay
+// outside every pool) might use any stored base: ListImages and
+// VerifyImage say its users are unknown, never that it is unused, exactly
+// while EvictImage refuses; a key without a base is not InUseUnknown.
+func TestImagesUnresolvedDiskIsInUseUnknown(t *testing.T) {
+	t.Parallel()
+	e := newFakeEnv(t, func(c *Config) {
+		c.Images["alpine"] = imagecache.Image{URL: "http://127.0.0.1:1/alpine.qcow2"}
+		c.DefaultImage = "tiny"
+	})
+	ctx := fakeCtx(t)
+	if _, err := e.p.Create(ctx, egressproxy.Spec{Name: "a", UID: "u-a", ImageKey: "tiny"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.p.Delete(ctx, egressproxy.Ref{Name: "a", UID: "u-a"}); err != nil {
+		t.Fatal(err)
+	}
+	base := imagecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
+	e.lv.defineXML(t, `<domain type="qemu"><name>elsewhere</name><devices><disk type="file" device="disk"><driver name="qemu" type="qcow2"/><source file="/srv/vms/elsewhere.qcow2"/><target dev="vda"/></disk></devices></domain>`)
+
+	want := []egressproxy.ImageInfo{
+		{Key: "alpine"},
+		{Key: "tiny", Name: base, Present: true, Digest: fakeDigest, SizeBytes: int64(len("base")), InUseUnknown: true},
+	}
+	l, err := e.p.ListImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, l); diff != "" {
+		t.Fatalf("ListImages with an unresolved disk (-want +got):\n%s", diff)
+	}
+	v, err := e.p.VerifyImage(ctx, "tiny")
+	want[1].Verified = true
+	if err != nil || !cmp.Equal(v, want[1]) {
+		t.Fatalf("VerifyImage = %+v, %v; want %+v", v, err, want[1])
+	}
+	if err := e.p.EvictImage(ctx, "tiny"); errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), "elsewhere") {
+		t.Fatalf("EvictImage while users are unknown = %v, want Permanent naming the disk", err)
+	}
+
+	e.lv.mu.Lock()
+	delete(e.lv.domains, "elsewhere")
+	e.lv.mu.Unlock()
+	l, err = e.p.ListImages(ctx)
+	if err != nil || len(l) != 2 || l[1].InUseUnknown || len(l[1].InUseBy) != 0 {
+		t.Fatalf("ListImages once the disk is gone = %+v, %v; want tiny unused", l, err)
+	}
+	if err := e.p.EvictImage(ctx, "tiny"); err != nil {
+		t.Fatalf("EvictImage of an unused base: %v", err)
 	}
 }
 

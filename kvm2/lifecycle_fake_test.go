@@ -116,8 +116,10 @@ func TestFakeGet(t *testing.T) {
 			errs.Transient, nil},
 		{"state unreadable", failOn("DomainGetState", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")),
 			errs.Transient, nil},
+		// A denial of the entry's rights is the entry's fault, not the
+		// instance's: Permanent, as on every other operation.
 		{"lookup refused", failOn("DomainLookupByName", "", false, lvErrorf(libvirt.ErrAccessDenied, "access denied")),
-			errs.Transient, nil},
+			errs.Permanent, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e.lv.setFault(tc.fault)

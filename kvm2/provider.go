@@ -39,7 +39,7 @@ type provider struct {
 	cache imageCache // the entry's base images (*imagecache.Cache)
 	locks nameLocks
 
-	accel accelCache // whether the host offers KVM (accel.go)
+	accel accelCache // whether the host offers KVM
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -226,7 +226,7 @@ func formatGiB(b uint64) string {
 // kept.
 //
 // Unless DomainType is "qemu", Check reads the host's domain capabilities
-// (see accel.go) and refreshes what Create uses. With the zero DomainType on
+// and refreshes what Create uses. With the zero DomainType on
 // a host that offers no KVM, the entry is Reachable but degraded: domainType
 // "qemu", acceleration "none", and a "degraded" detail saying that guests
 // run without acceleration. An explicit "kvm" on such a host is not
