@@ -26,10 +26,10 @@
 // seed "ep-<entry>--<name>-seed.iso" ("--" cannot occur in an entry or a
 // name, so the mapping is injective, and no name can collide with
 // imagecache's "base-" volumes). Ownership is decided by the metadata element
-// of namespace MetadataNamespace (UID, creation time, entry, owner, port, and
-// the digest of the spec it was created from), never by the name: domains
-// without it, with another entry or owner, or with another namespace are
-// never listed, read or deleted.
+// of namespace https://egressproxy.dev/xmlns/instance/v1 (UID, creation
+// time, entry, owner, port, and the digest of the spec it was created
+// from), never by the name: domains without it, with another entry or
+// owner, or with another namespace are never listed, read or deleted.
 //
 // Create converges instead of undoing on uncertainty: a Create interrupted at
 // any RPC (context ended, Close, link lost) removes nothing, and the next
