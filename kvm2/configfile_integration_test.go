@@ -18,9 +18,11 @@ import (
 )
 
 // A config written to a YAML file and read back with ParseConfig drives the
-// real stack: Check, then Create, Get and Delete of one instance. The same
-// config with a credentialed image URL marshals without the secret, and the
-// redacted file is refused before anything is dialled.
+// real stack: Check, then Create, Get and Delete of one instance; with the
+// host key pinned by the known_hosts lines in the file (a block), Check
+// reaches the host. The same config with a credentialed image URL marshals
+// without the secret, and the redacted file is refused, naming the key and
+// its line, before anything is dialled.
 func TestIntegrationConfigFile(t *testing.T) {
 	e := newLifecycleEnv(t)
 	b, err := yaml.Marshal(e.cfg)
@@ -65,6 +67,28 @@ func TestIntegrationConfigFile(t *testing.T) {
 		t.Fatalf("Delete: %v", err)
 	}
 
+	// The host key pinned in the file itself: the known_hosts lines as a
+	// YAML block.
+	kh, err := os.ReadFile(e.cfg.KnownHostsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := e.cfg
+	pinned.KnownHostsFile, pinned.KnownHosts = "", kh
+	if b, err = yaml.Marshal(pinned); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "knownHosts: |") {
+		t.Errorf("knownHosts is not written as a block:\n%s", b)
+	}
+	pc, err := ParseConfig(b)
+	if err != nil {
+		t.Fatalf("ParseConfig(knownHosts block):\n%s\n%v", b, err)
+	}
+	if h := checkT(t, openT(t, pc, testr.New(t))); !h.Reachable || h.Reason != egressproxy.ReasonNone {
+		t.Fatalf("Check with knownHosts from the file = %+v", h)
+	}
+
 	// Credentials in the image URL never reach the file.
 	const secret = "s3cr3t-passw0rd"
 	withCred := e.cfg
@@ -80,7 +104,7 @@ func TestIntegrationConfigFile(t *testing.T) {
 	}
 	_, err = ParseConfig(b)
 	var fe *errs.FieldError
-	if !errors.As(err, &fe) || fe.Field != `Images["tiny"].URL` {
+	if !errors.As(err, &fe) || fe.Field != "images.tiny.url" || fe.Line == 0 {
 		t.Fatalf("ParseConfig(redacted) = %v, want the URL refused", err)
 	}
 }
