@@ -332,7 +332,7 @@ func (d *decoder) splitEntries(root *yaml.Node, rest reflect.Value) *yaml.Node {
 	if !rest.IsValid() {
 		rest = reflect.ValueOf(&struct{}{}).Elem()
 	}
-	d.decodeStruct(others, rest, "")
+	d.decodeStruct(others, rest, "", "entries")
 	return list
 }
 

@@ -394,8 +394,10 @@ func nodeName(n *yaml.Node) string {
 	return "a value tagged " + n.ShortTag()
 }
 
-// decodeStruct fills struct v from the entries of a mapping.
-func (d *decoder) decodeStruct(ps []pair, v reflect.Value, path string) {
+// decodeStruct fills struct v from the entries of a mapping. also are
+// keys the mapping may hold that are read elsewhere (a hint may name
+// them).
+func (d *decoder) decodeStruct(ps []pair, v reflect.Value, path string, also ...string) {
 	fields := structFields(v.Type())
 	seen := map[string]int{}
 	for _, p := range ps {
@@ -413,7 +415,7 @@ func (d *decoder) decodeStruct(ps []pair, v reflect.Value, path string) {
 		d.saw(kp, k.Line)
 		f, ok := fields.byKey[k.Value]
 		if !ok {
-			d.add(kp, k.Line, "", "unknown key"+keyHint(k.Value, fields.keys))
+			d.add(kp, k.Line, "", "unknown key"+keyHint(k.Value, append(append([]string(nil), also...), fields.keys...)))
 			continue
 		}
 		d.decode(p.value, v.FieldByIndex(f.index), kp)
@@ -659,7 +661,7 @@ func keyHint(key string, keys []string) string {
 	if best != "" && ties == 0 && bestDist < len(best) {
 		return "; did you mean " + best + "?"
 	}
-	if len(keys) <= 8 {
+	if len(keys) > 0 && len(keys) <= 8 {
 		sorted := append([]string(nil), keys...)
 		sort.Strings(sorted)
 		return " (keys: " + strings.Join(sorted, ", ") + ")"
