@@ -382,8 +382,10 @@ func nodeName(n *yaml.Node) string {
 		return "a list"
 	}
 	switch n.ShortTag() {
-	case "!!int", "!!float":
-		return "a number"
+	case "!!int":
+		return "an integer"
+	case "!!float":
+		return "a floating-point number"
 	case "!!bool":
 		return "true or false"
 	case "!!str":
@@ -480,6 +482,8 @@ func (d *decoder) scalar(n *yaml.Node, v reflect.Value, path string) {
 	switch ok, known := setScalar(n, v); {
 	case !known:
 		d.add(path, n.Line, "", "cannot be read from a file (Go type "+v.Type().String()+")")
+	case !ok && n.ShortTag() == "!!int" && v.Kind() != reflect.Bool:
+		d.add(path, n.Line, n.Value, fmt.Sprintf("is out of range (%s of %d bits)", scalarName(v.Type()), v.Type().Bits()))
 	case !ok:
 		d.add(path, n.Line, n.Value, "must be "+scalarName(v.Type())+", not "+nodeName(n))
 	}
