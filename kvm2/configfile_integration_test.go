@@ -67,15 +67,23 @@ func TestIntegrationConfigFile(t *testing.T) {
 		t.Fatalf("Delete: %v", err)
 	}
 
-	// The host key pinned in the file itself: the known_hosts lines as a
-	// YAML block.
-	kh, err := os.ReadFile(e.cfg.KnownHostsFile)
+	checkKnownHostsBlock(t, e.cfg)
+	checkRedactedRefused(t, e.cfg)
+}
+
+// checkKnownHostsBlock checks that cfg with its host key pinned in the
+// file itself, the known_hosts lines as a YAML block, reads back with
+// ParseConfig and reaches the host.
+func checkKnownHostsBlock(t *testing.T, cfg Config) {
+	t.Helper()
+	kh, err := os.ReadFile(cfg.KnownHostsFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pinned := e.cfg
+	pinned := cfg
 	pinned.KnownHostsFile, pinned.KnownHosts = "", kh
-	if b, err = yaml.Marshal(pinned); err != nil {
+	b, err := yaml.Marshal(pinned)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(b), "knownHosts: |") {
@@ -88,14 +96,19 @@ func TestIntegrationConfigFile(t *testing.T) {
 	if h := checkT(t, openT(t, pc, testr.New(t))); !h.Reachable || h.Reason != egressproxy.ReasonNone {
 		t.Fatalf("Check with knownHosts from the file = %+v", h)
 	}
+}
 
-	// Credentials in the image URL never reach the file.
+// checkRedactedRefused checks that credentials in cfg's image URL never
+// reach the file, and that the redacted file is refused, naming the URL's
+// key path and line.
+func checkRedactedRefused(t *testing.T, cfg Config) {
+	t.Helper()
 	const secret = "s3cr3t-passw0rd"
-	withCred := e.cfg
+	withCred := cfg
 	img := withCred.Images["tiny"]
 	img.URL = strings.Replace(img.URL, "http://", "http://op:"+secret+"@", 1)
 	withCred.Images = map[string]imagecache.Image{"tiny": img}
-	b, err = yaml.Marshal(withCred)
+	b, err := yaml.Marshal(withCred)
 	if err != nil {
 		t.Fatal(err)
 	}

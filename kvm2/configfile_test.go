@@ -302,8 +302,13 @@ func TestParseConfig(t *testing.T) {
 		})
 	}
 
-	// Syntax errors, a second document and text that is not UTF-8 are
-	// Permanent too, and say their line.
+}
+
+// Syntax errors, a second document and text that is not UTF-8 are
+// Permanent too, and say their line.
+func TestParseConfigSyntax(t *testing.T) {
+	t.Parallel()
+	const valid = "entry: lab-1\nowner: operator-a\naddress: hv1:22\nuser: root\nkeyFile: /k\nknownHostsFile: /kh\npool: default\n"
 	for doc, want := range map[string]string{
 		"entry: [\n":                  "line 1",
 		"\tentry: x\n":                "line 1",
@@ -315,8 +320,12 @@ func TestParseConfig(t *testing.T) {
 			t.Errorf("ParseConfig(%q) = %v, want Permanent saying %q", doc, err, want)
 		}
 	}
-	// A file need not name the credentials' sources: the program sets
-	// them before Open, which requires them, naming the Go fields.
+}
+
+// A file need not name the credentials' sources: the program sets them
+// before Open, which requires them, naming the Go fields.
+func TestParseConfigCredentials(t *testing.T) {
+	t.Parallel()
 	const noCreds = "entry: lab-1\nowner: operator-a\naddress: hv1:22\nuser: root\npool: default\n"
 	nc, err := ParseConfig([]byte(noCreds))
 	if err != nil {
@@ -336,7 +345,7 @@ func TestParseConfig(t *testing.T) {
 	}
 
 	// A long unknown key leaves the error bounded.
-	_, err = ParseConfig([]byte(valid + strings.Repeat("x", 5000) + ": 1\n"))
+	_, err = ParseConfig([]byte(noCreds + strings.Repeat("x", 5000) + ": 1\n"))
 	if err == nil || len(err.Error()) > errs.MaxErrorText {
 		t.Errorf("long key: %d bytes", len(err.Error()))
 	}
