@@ -10,9 +10,11 @@
 // Instance <name> of entry <entry> is the domain "ep-<entry>--<name>", with
 // the qcow2 overlay "ep-<entry>--<name>.qcow2" over the entry's base image
 // (package imagecache fetches, verifies and publishes it) and the cloud-init
-// NoCloud seed "ep-<entry>--<name>-seed.iso". Ownership is decided by the
-// domain's metadata element of namespace MetadataNamespace (UID, creation
-// time, entry, owner, port, spec digest), never by the name: a domain without
+// NoCloud seed "ep-<entry>--<name>-seed.iso" ("--" cannot occur in an entry
+// or a name, so no two instances share a name). Ownership is decided by the
+// domain's metadata element of namespace
+// https://egressproxy.dev/xmlns/instance/v1 (UID, creation time, entry,
+// owner, port, spec digest), never by the name: a domain without
 // it, or of another entry or owner, is never listed, read or deleted. An
 // instance's address comes from the guest agent, else the DHCP lease, else
 // ARP (AddressError says why none was found).

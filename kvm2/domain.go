@@ -16,11 +16,11 @@ import (
 	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
-// MetadataNamespace is the XML namespace of the library's own element in a
+// metadataNamespace is the XML namespace of the library's own element in a
 // domain's <metadata>. Only domains carrying an element of exactly this
 // namespace (with this provider's entry and owner) are instances of the
 // provider; other namespaces, including older versions, are never ours.
-const MetadataNamespace = "https://egressproxy.dev/xmlns/instance/v1"
+const metadataNamespace = domainmeta.Namespace
 
 // metadataPrefix is the namespace prefix written into the domain XML.
 const metadataPrefix = "egressproxy"
@@ -88,7 +88,7 @@ func marshalMetadata(m instanceMeta) (string, error) {
 	el := func(local string) xml.Name { return xml.Name{Local: metadataPrefix + ":" + local} }
 	root := xml.StartElement{
 		Name: el("instance"),
-		Attr: []xml.Attr{{Name: xml.Name{Local: "xmlns:" + metadataPrefix}, Value: MetadataNamespace}},
+		Attr: []xml.Attr{{Name: xml.Name{Local: "xmlns:" + metadataPrefix}, Value: metadataNamespace}},
 	}
 	toks := []xml.Token{root}
 	fields := [][2]string{
@@ -116,7 +116,7 @@ func marshalMetadata(m instanceMeta) (string, error) {
 	return buf.String(), nil
 }
 
-// errNoMetadata: the XML has no element of MetadataNamespace.
+// errNoMetadata: the XML has no element of metadataNamespace.
 var errNoMetadata = domainmeta.ErrNoMetadata
 
 // parseMetadata finds our metadata element anywhere in doc (a whole domain
@@ -169,7 +169,7 @@ func parseDomainXML(doc string, wantMAC bool) domainXMLInfo {
 		switch t := tok.(type) {
 		case xml.StartElement:
 			nic.root(t)
-			if !metaDone && t.Name.Space == MetadataNamespace && t.Name.Local == "instance" {
+			if !metaDone && t.Name.Space == metadataNamespace && t.Name.Local == "instance" {
 				metaDone = true
 				// A syntax error inside it sticks to dec: the next
 				// Token ends the loop.
@@ -319,7 +319,7 @@ func buildDomain(p domainParams) (*libvirtxml.Domain, error) {
 	}
 	typ := p.Type
 	if typ == "" {
-		typ = DefaultDomainType
+		typ = defaultDomainType
 	}
 	zero := uint(0)
 	os := &libvirtxml.DomainOS{

@@ -1044,7 +1044,7 @@ func newFakeEnv(t *testing.T, mod ...func(*Config)) *fakeEnv {
 	for _, m := range mod {
 		m(&c)
 	}
-	cfg, err := c.validate()
+	cfg, err := c.validate(false)
 	if err != nil {
 		t.Fatal(err)
 	}

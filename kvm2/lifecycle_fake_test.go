@@ -31,7 +31,7 @@ func foreignXML(t *testing.T, dn, entry, owner string, malformed bool) string {
 	meta := ""
 	switch {
 	case malformed:
-		meta = `<metadata><egressproxy:instance xmlns:egressproxy="` + MetadataNamespace + `"><egressproxy:uid>u</egressproxy:uid></egressproxy:instance></metadata>`
+		meta = `<metadata><egressproxy:instance xmlns:egressproxy="` + metadataNamespace + `"><egressproxy:uid>u</egressproxy:uid></egressproxy:instance></metadata>`
 	case entry != "":
 		m, err := marshalMetadata(instanceMeta{UID: "uid-x", Created: time.Now().UTC(), Entry: entry, Owner: owner, Port: 3128})
 		if err != nil {

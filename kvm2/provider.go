@@ -49,8 +49,12 @@ type provider struct {
 // Open validates cfg and returns the portable client of that entry. It does
 // not touch the host: the first call dials, so Check can report an
 // unreachable host, bad credentials or an unknown host key as a Health
-// reason. A bad cfg is a Permanent error that names each field and rule. A
-// nil opts is valid. Closing the client closes the entry's connections.
+// reason. A bad cfg is a Permanent error joining one
+// *egressproxy.FieldError per broken rule, each naming the Go field path
+// (Images["deb"].SHA256); Open requires a key source (a Config field or
+// opts.Signer) and a known_hosts source, which a file read by ParseConfig
+// may leave out. A nil opts is valid. Closing the client closes the
+// entry's connections.
 func Open(ctx context.Context, cfg Config, opts *Options) (*egressproxy.Client, error) {
 	p, err := open(ctx, cfg, opts)
 	if err != nil {
@@ -70,7 +74,7 @@ func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	cfg, err := cfg.validate()
+	cfg, err := cfg.validate(opts.Signer != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +95,7 @@ func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 		KeyFile:           cfg.KeyFile,
 		Key:               cfg.Key,
 		KeyPassphrase:     cfg.KeyPassphrase,
-		Signer:            cfg.Signer,
+		Signer:            opts.Signer,
 		AgentSocket:       cfg.AgentSocket,
 		KnownHostsFile:    cfg.KnownHostsFile,
 		KnownHosts:        cfg.KnownHosts,

@@ -193,7 +193,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var ef controller.EntriesFile
+	ef := controller.EntriesFile{CredentialsSecrets: map[string]string{}}
 	side := map[string]*egressproxy.Client{}
 	for i, h := range hosts {
 		key, err := os.ReadFile(h.keyFile)
@@ -217,7 +217,8 @@ func TestOperatorEndToEnd(t *testing.T) {
 			cfg.Images["held"] = imagecache.Image{URL: held.url, SHA256: held.sha256}
 			cfg.DefaultImage = "tiny"
 		}
-		ef.Entries = append(ef.Entries, controller.EntryConfig{CredentialsSecret: operatorNS + "/" + name, Config: cfg})
+		ef.Entries = append(ef.Entries, cfg)
+		ef.CredentialsSecrets[cfg.Entry] = operatorNS + "/" + name
 		side[entryNames[i]] = sideProvider(t, h, cfg)
 	}
 	// The booting guest: a third entry on the first host, with the
@@ -233,7 +234,8 @@ func TestOperatorEndToEnd(t *testing.T) {
 		cfg.MachineTypes = map[string]kvm2.MachineType{"small": {VCPUs: 1, MemoryMiB: 512}}
 		cfg.Kernel, cfg.Initrd, cfg.Cmdline = g.kernel, g.initrd, g.cmdline
 		cfg.ConsoleLogDir = t.TempDir()
-		ef.Entries = append(ef.Entries, controller.EntryConfig{CredentialsSecret: operatorNS + "/ssh-" + entryNames[0], Config: cfg})
+		ef.Entries = append(ef.Entries, cfg)
+		ef.CredentialsSecrets[cfg.Entry] = operatorNS + "/ssh-" + entryNames[0]
 		side[guestEntry] = sideProvider(t, hosts[0], cfg)
 		target := guesttest.ServeTarget(t, g.targetIP)
 		healthTarget = target.Addr
