@@ -13,13 +13,12 @@
 // publishes them), retries, reconcile loops and garbage collection (the
 // embedder drives those with the error classes of package provider and List).
 //
-// Image fan-out is on by default: every provider of a process shares
-// imagecache.ProcessFanout() (Options.ImageFanout nil), so entries whose
-// hosts need the same cold image at once share one download, and an entry
-// going cold later copies another entry's published base instead of
-// downloading it (an image with a configured SHA256); each host still
-// verifies and publishes its own base. Options.NoImageFanout turns it off
-// for an entry.
+// Image fan-out is on by default: entries of one process whose hosts need
+// the same cold image at once share one download, and an entry going cold
+// later copies another entry's published base instead of downloading it
+// (an image with a configured SHA256); each host still verifies and
+// publishes its own base. Options.PrivateImageCache turns it off for an
+// entry.
 //
 // Names on the host: instance <name> of entry <entry> is the domain
 // "ep-<entry>--<name>" with the overlay "ep-<entry>--<name>.qcow2" and the

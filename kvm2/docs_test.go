@@ -57,8 +57,8 @@ func TestDocsConfigExample(t *testing.T) {
 			}
 		}
 	}
-	// The option structs of imagecache, health and sshconn are listed by key.
-	for _, typ := range []reflect.Type{reflect.TypeFor[imagecache.Config](), reflect.TypeFor[health.TrackerOptions](), reflect.TypeFor[health.ProbeAllOptions](), reflect.TypeFor[health.ProbeOptions](),
+	// The option structs of health and sshconn are listed by key.
+	for _, typ := range []reflect.Type{reflect.TypeFor[health.TrackerOptions](), reflect.TypeFor[health.ProbeAllOptions](), reflect.TypeFor[health.ProbeOptions](),
 		reflect.TypeFor[sshconn.Config](), reflect.TypeFor[sshconn.LibvirtConfig]()} {
 		names, _ := jsonFields(typ)
 		for name := range names {
