@@ -156,6 +156,10 @@ type Cache struct {
 	// segment is how many bytes one upload stream of a fetch carries
 	// (segmentSize; tests make it small to get many segments).
 	segment int64
+	// drainStall: a volume whose size stays short of the bytes sent for
+	// this long fails the upload (the constant drainStall; tests shorten
+	// it).
+	drainStall time.Duration
 
 	// pool is the pool's handle (name and UUID) once looked up, so that
 	// each call on the pool does not pay a lookup's round trip first (a
@@ -240,17 +244,18 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 	}
 	stop, cancel := context.WithCancel(context.Background())
 	c := &Cache{
-		conn:      conn,
-		cfg:       cfg,
-		log:       log.WithName("imagecache").WithValues("entry", cfg.Entry, "pool", cfg.Pool),
-		tracer:    tp.Tracer("github.com/egressproxy/egressproxy/imagecache"),
-		flights:   map[string]*flight{},
-		instance:  randHex(instanceBytes),
-		live:      map[string]bool{},
-		stop:      stop,
-		cancel:    cancel,
-		segment:   segmentSize,
-		transport: transport,
+		conn:       conn,
+		cfg:        cfg,
+		log:        log.WithName("imagecache").WithValues("entry", cfg.Entry, "pool", cfg.Pool),
+		tracer:     tp.Tracer("github.com/egressproxy/egressproxy/imagecache"),
+		flights:    map[string]*flight{},
+		instance:   randHex(instanceBytes),
+		live:       map[string]bool{},
+		stop:       stop,
+		cancel:     cancel,
+		segment:    segmentSize,
+		drainStall: drainStall,
+		transport:  transport,
 	}
 	if cfg.Fanout != nil {
 		cfg.Fanout.register(c)
@@ -541,8 +546,6 @@ func (c *Cache) checkOpen() error {
 	}
 	return nil
 }
-
-var timeNow = time.Now
 
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

@@ -36,7 +36,7 @@ func (c *Cache) snapshot(names []string, name, want, ownToken string) snapshot {
 		live[t] = true
 	}
 	c.mu.Unlock()
-	return snapshot{Names: names, Base: name, Want: want, OwnToken: ownToken, Now: timeNow(),
+	return snapshot{Names: names, Base: name, Want: want, OwnToken: ownToken, Now: time.Now(),
 		StaleAfter: c.staleAfter(), HeartbeatStale: c.cfg.ClaimTimeout, Instance: c.instance, Live: live}
 }
 
@@ -49,7 +49,7 @@ func (c *Cache) underClaim(ctx context.Context, name string, fn func(context.Con
 	c.mu.Lock()
 	c.live[tok] = true
 	c.mu.Unlock()
-	claim := claimName(name, timeNow(), tok)
+	claim := claimName(name, time.Now(), tok)
 	vol, err := c.createEmptyVol(ctx, claim)
 	if err != nil {
 		c.release(tok)
@@ -127,7 +127,7 @@ func (h *heartbeat) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		next := claimName(h.base, timeNow(), h.tok)
+		next := claimName(h.base, time.Now(), h.tok)
 		rctx, cancel := context.WithTimeout(ctx, iv)
 		vol, err := h.c.createEmptyVol(rctx, next)
 		cancel()

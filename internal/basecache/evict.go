@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/imagecache"
@@ -87,7 +88,7 @@ func (c *Cache) Verify(ctx context.Context, img imagecache.Image) (_ Base, opErr
 	if err != nil {
 		return Base{}, err
 	}
-	d := decide(snapshot{Names: names, Base: name, Want: img.SHA256, Now: timeNow(), StaleAfter: c.staleAfter()})
+	d := decide(snapshot{Names: names, Base: name, Want: img.SHA256, Now: time.Now(), StaleAfter: c.staleAfter()})
 	switch d.Action {
 	case actHit:
 	case actMismatch, actAmbiguous:

@@ -932,6 +932,7 @@ func TestFakeFailedCleanupLeavesDebrisForNextEnsure(t *testing.T) {
 // Transient. A volume that shrinks after the upload is caught by the size
 // check before the read-back.
 func TestFakeLibvirtLosesBytes(t *testing.T) {
+	t.Parallel()
 	body, _ := testImage(100 << 10)
 	short := func(h *libvirtfake.Host) libvirtfake.Hook {
 		return func(call libvirtfake.Call) error {
@@ -943,10 +944,9 @@ func TestFakeLibvirtLosesBytes(t *testing.T) {
 		}
 	}
 	t.Run("during the upload", func(t *testing.T) {
-		defer func(d time.Duration) { drainStall = d }(drainStall)
-		drainStall = 100 * time.Millisecond
 		srv := serve(t, body, nil)
 		c, h := newFakeCache(t, nil)
+		c.drainStall = 100 * time.Millisecond
 		h.SetStreamHook("StorageVolUpload", short(h))
 		_, err := c.Ensure(testCtx(t, 30*time.Second), imagecache.Image{Key: "k", URL: srv.url})
 		wantClass(t, err, errs.Transient, fmt.Sprintf("libvirt wrote only %d of %d bytes", len(body)-10, len(body)))

@@ -535,8 +535,8 @@ func uploadCause(name string, n int64, f meterFailure, callErr error) error {
 	return fmt.Errorf("upload %s: reading the image after %d bytes: %w", name, n, f.err)
 }
 
-// Stream guard timings; variables so tests can shorten them.
-var (
+// Stream guard timings.
+const (
 	// streamWait bounds how long runStream waits for a stream call to
 	// return once its link was killed. Killing the link always ends the
 	// call (sshconn's stream guard keeps go-libvirt's router from
@@ -546,9 +546,10 @@ var (
 	// drainPoll: how often the volume size is polled before the end of
 	// the source is announced.
 	drainPoll = 20 * time.Millisecond
-	// drainStall: a volume size that stays short of the bytes sent for
-	// this long means libvirt failed to write them (e.g. disk full; its
-	// error would only surface, or be lost, when the stream is finished).
+	// drainStall is Cache.drainStall's value: a volume size that stays
+	// short of the bytes sent for this long means libvirt failed to write
+	// them (e.g. disk full; its error would only surface, or be lost,
+	// when the stream is finished).
 	drainStall = 10 * time.Second
 )
 
@@ -608,7 +609,7 @@ loop:
 
 // drained waits until the volume's size on the host reaches n, i.e.
 // libvirt has written everything sent so far. A size that stops growing for
-// drainStall is an error.
+// c.drainStall is an error.
 //
 // vol is the volume's handle (nil: looked up; see doHandle).
 func (c *Cache) drained(ctx context.Context, name string, vol *libvirt.StorageVol, n int64) error {
@@ -627,7 +628,7 @@ func (c *Cache) drained(ctx context.Context, name string, vol *libvirt.StorageVo
 		}
 		if phys != last {
 			last, lastChange = phys, time.Now()
-		} else if time.Since(lastChange) > drainStall {
+		} else if time.Since(lastChange) > c.drainStall {
 			return fmt.Errorf("libvirt wrote only %d of %d bytes: %w", phys, n, errStalled)
 		}
 		if err := sleep(ctx, poll); err != nil {

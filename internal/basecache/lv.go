@@ -245,7 +245,7 @@ func (c *Cache) deleteHandle(ctx context.Context, name string, vol *libvirt.Stor
 // cleanupRetryFor bounds how long deleteQuiet retries (a libvirtd restart
 // takes well under a second); a claim still left after that is found by
 // this cache as its own orphan, or by others as stale after ClaimTimeout.
-var cleanupRetryFor = 5 * time.Second
+const cleanupRetryFor = 5 * time.Second
 
 // deleteQuiet deletes a volume with a fresh bounded context (ctx may have
 // ended), retrying a failure to reach libvirtd with backoff for
