@@ -1,6 +1,7 @@
 package basecache
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -188,39 +189,9 @@ type flight struct {
 // New validates cfg (errors name the field, classed Permanent) and returns
 // a Cache. It does no I/O.
 func New(conn Conn, cfg Config) (*Cache, error) {
-	var problems []error
-	if conn == nil {
-		problems = append(problems, &errs.FieldError{Field: "conn", Rule: "is required"})
-	}
-	if err := naming.ValidateName("Entry", cfg.Entry); err != nil {
-		problems = append(problems, err)
-	}
-	if cfg.Pool == "" {
-		problems = append(problems, &errs.FieldError{Field: "Pool", Rule: "is required"})
-	}
-	if cfg.TransferBudget < 0 || cfg.HTTPGrace < 0 || cfg.ProgressInterval < 0 || cfg.StreamStall < 0 || cfg.ClaimTimeout < 0 {
-		problems = append(problems, &errs.FieldError{Field: "TransferBudget/HTTPGrace/ProgressInterval/StreamStall/ClaimTimeout", Rule: "must not be negative"})
-	}
-	if cfg.TransferBudget == 0 {
-		cfg.TransferBudget = defaultBudget
-	}
-	if cfg.HTTPGrace == 0 {
-		cfg.HTTPGrace = min(defaultGrace, cfg.TransferBudget/4)
-	}
-	if cfg.HTTPGrace >= cfg.TransferBudget {
-		problems = append(problems, &errs.FieldError{Field: "HTTPGrace", Value: cfg.HTTPGrace.String(), Rule: fmt.Sprintf("must be shorter than TransferBudget (%s)", cfg.TransferBudget)})
-	}
-	if len(problems) > 0 {
-		return nil, errs.WithCode(errs.Permanent, errors.Join(problems...))
-	}
-	if cfg.StreamStall == 0 {
-		cfg.StreamStall = defaultStreamStall
-	}
-	if cfg.ClaimTimeout == 0 {
-		cfg.ClaimTimeout = defaultClaimTimeout
-	}
-	if cfg.ProgressInterval == 0 {
-		cfg.ProgressInterval = defaultInterval
+	cfg, err := withDefaults(conn, cfg)
+	if err != nil {
+		return nil, err
 	}
 	var transport *http.Transport // the default client's, ours to close
 	if cfg.HTTPClient == nil {
@@ -261,6 +232,36 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 		cfg.Fanout.register(c)
 	}
 	return c, nil
+}
+
+// withDefaults validates conn and cfg (every problem at once, classed
+// Permanent) and returns cfg with its zero durations set to the defaults.
+func withDefaults(conn Conn, cfg Config) (Config, error) {
+	var problems []error
+	if conn == nil {
+		problems = append(problems, &errs.FieldError{Field: "conn", Rule: "is required"})
+	}
+	if err := naming.ValidateName("Entry", cfg.Entry); err != nil {
+		problems = append(problems, err)
+	}
+	if cfg.Pool == "" {
+		problems = append(problems, &errs.FieldError{Field: "Pool", Rule: "is required"})
+	}
+	if cfg.TransferBudget < 0 || cfg.HTTPGrace < 0 || cfg.ProgressInterval < 0 || cfg.StreamStall < 0 || cfg.ClaimTimeout < 0 {
+		problems = append(problems, &errs.FieldError{Field: "TransferBudget/HTTPGrace/ProgressInterval/StreamStall/ClaimTimeout", Rule: "must not be negative"})
+	}
+	cfg.TransferBudget = cmp.Or(cfg.TransferBudget, defaultBudget)
+	cfg.HTTPGrace = cmp.Or(cfg.HTTPGrace, min(defaultGrace, cfg.TransferBudget/4))
+	if cfg.HTTPGrace >= cfg.TransferBudget {
+		problems = append(problems, &errs.FieldError{Field: "HTTPGrace", Value: cfg.HTTPGrace.String(), Rule: fmt.Sprintf("must be shorter than TransferBudget (%s)", cfg.TransferBudget)})
+	}
+	if len(problems) > 0 {
+		return cfg, errs.WithCode(errs.Permanent, errors.Join(problems...))
+	}
+	cfg.StreamStall = cmp.Or(cfg.StreamStall, defaultStreamStall)
+	cfg.ClaimTimeout = cmp.Or(cfg.ClaimTimeout, defaultClaimTimeout)
+	cfg.ProgressInterval = cmp.Or(cfg.ProgressInterval, defaultInterval)
+	return cfg, nil
 }
 
 // BaseName returns the volume name of img's base in this cache.

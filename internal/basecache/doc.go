@@ -15,8 +15,12 @@
 //
 // A base "base-<entry>--<key>.<format>" is usable only together with
 // exactly one marker "<base>.sha256-<digest>", a 0-byte volume whose name
-// carries the digest. The marker is created last, after the stored bytes
-// were read back and hashed.
+// carries the digest. A cold fetch goes through stages, after
+// containerd's content store: the GET and its checks (status, the pool's
+// free space, the body's first bytes against the format), a staged volume
+// that is deleted unless it is committed, the transfer into it with the
+// read-back of what the host stored beside it, and the commit, which
+// checks the stored size and digest and creates the marker last.
 //
 // Whoever creates, fills or deletes a base first holds a claim: a uniquely
 // named 0-byte volume "claim-<entry>--<key>.<format>.<unixnano>.<token>",

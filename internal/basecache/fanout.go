@@ -436,100 +436,131 @@ func (d *download) finish(err error) {
 // next bytes into. It detaches the members that keep the window full for
 // DetachAfter while another member is ahead of them.
 func (d *download) room() ([]byte, error) {
-	o := d.f.opts
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for {
 		if err := d.ctx.Err(); err != nil {
 			return nil, err
 		}
-		minOff, maxOff := d.head, int64(0)
-		for m := range d.members {
-			minOff, maxOff = min(minOff, m.off), max(maxOff, m.off)
-		}
-		if len(d.members) == 0 {
-			maxOff = 0 // nobody reads yet: read ahead of byte 0 only
-		}
 		now := time.Now()
-		// Byte 0 is kept for joiners for JoinWindow: up to the whole
-		// window (waiting when it is full) while one is on its way (an
-		// Ensure of the image under way that has not reached its GET),
-		// else only up to joinKeep bytes, never waiting: a fetch alone
-		// keeps at most joinKeep behind it, for a fetch that has not
-		// started yet.
-		hold := !d.holdOver && now.Sub(d.start) < o.JoinWindow
-		if hold && d.head >= d.f.joinKeep() && d.coming.Load() == 0 {
-			hold = false
-		}
-		tail := minOff
-		if hold {
-			tail = 0
-		}
-		d.trimLocked(tail)
-		if d.base > 0 {
-			d.holdOver = true // byte 0 is gone: no more joins
-		}
-		if d.head-tail < o.Window && d.head-maxOff < d.f.readAhead() {
+		w := d.windowLocked(now)
+		if d.head-w.tail < d.f.opts.Window && d.head-w.maxOff < d.f.readAhead() {
 			d.fullSince = time.Time{}
-			if n := len(d.bufs); n > 0 && len(d.bufs[n-1]) < cap(d.bufs[n-1]) {
-				b := d.bufs[n-1]
-				return b[len(b):cap(b)], nil
+			return d.spaceLocked(), nil
+		}
+		wait, detached := d.fullLocked(w, now)
+		if detached {
+			continue
+		}
+		d.sleepLocked(wait)
+	}
+}
+
+// window is where a download's members are at one instant, and what it
+// keeps.
+type window struct {
+	minOff, maxOff int64 // the offsets of the members furthest behind and ahead
+	hold           bool  // byte 0 is kept for joiners
+	tail           int64 // the first byte kept
+}
+
+// windowLocked reads the window at now and recycles the chunks before its
+// tail.
+func (d *download) windowLocked(now time.Time) window {
+	w := window{minOff: d.head}
+	for m := range d.members {
+		w.minOff, w.maxOff = min(w.minOff, m.off), max(w.maxOff, m.off)
+	}
+	if len(d.members) == 0 {
+		w.maxOff = 0 // nobody reads yet: read ahead of byte 0 only
+	}
+	// Byte 0 is kept for joiners for JoinWindow: up to the whole window
+	// (waiting when it is full) while one is on its way (an Ensure of the
+	// image under way that has not reached its GET), else only up to
+	// joinKeep bytes, never waiting: a fetch alone keeps at most joinKeep
+	// behind it, for a fetch that has not started yet.
+	w.hold = !d.holdOver && now.Sub(d.start) < d.f.opts.JoinWindow
+	if w.hold && d.head >= d.f.joinKeep() && d.coming.Load() == 0 {
+		w.hold = false
+	}
+	w.tail = w.minOff
+	if w.hold {
+		w.tail = 0
+	}
+	d.trimLocked(w.tail)
+	if d.base > 0 {
+		d.holdOver = true // byte 0 is gone: no more joins
+	}
+	return w
+}
+
+// spaceLocked returns the space the next bytes are read into: the rest of
+// the last chunk, else a new chunk (a recycled one when there is one).
+func (d *download) spaceLocked() []byte {
+	if n := len(d.bufs); n > 0 && len(d.bufs[n-1]) < cap(d.bufs[n-1]) {
+		b := d.bufs[n-1]
+		return b[len(b):cap(b)]
+	}
+	var b []byte
+	if k := len(d.free); k > 0 {
+		b, d.free = d.free[k-1][:0], d.free[:k-1]
+	} else {
+		b = make([]byte, 0, d.f.opts.Chunk)
+		d.f.chunks.Add(1)
+	}
+	d.bufs = append(d.bufs, b)
+	return b[:cap(b)][:d.f.opts.Chunk]
+}
+
+// fullLocked decides what a full window w waits for: when a member is a
+// window behind another, the end of DetachAfter since it became so, after
+// which the members furthest behind are detached (detached: look again at
+// once); when byte 0 is kept for a joiner on its way, the joiner (its
+// arrival, or its flight ending, wakes room) or at most the end of
+// JoinWindow; else the next change (wait 0).
+func (d *download) fullLocked(w window, now time.Time) (wait time.Duration, detached bool) {
+	o := d.f.opts
+	switch {
+	case d.head-w.minOff >= o.Window && w.maxOff > w.minOff:
+		if d.fullSince.IsZero() {
+			d.fullSince = now
+		}
+		if now.Sub(d.fullSince) < o.DetachAfter {
+			return d.fullSince.Add(o.DetachAfter).Sub(now), false
+		}
+		for m := range d.members {
+			if m.off == w.minOff {
+				m.detached = true
+				delete(d.members, m)
 			}
-			var b []byte
-			if k := len(d.free); k > 0 {
-				b, d.free = d.free[k-1][:0], d.free[:k-1]
-			} else {
-				b = make([]byte, 0, o.Chunk)
-				d.f.chunks.Add(1)
-			}
-			d.bufs = append(d.bufs, b)
-			return b[:cap(b)][:o.Chunk], nil
 		}
-		var wait time.Duration
-		switch {
-		case d.head-minOff >= o.Window && maxOff > minOff:
-			// Someone is a window behind another member.
-			if d.fullSince.IsZero() {
-				d.fullSince = now
-			}
-			if now.Sub(d.fullSince) >= o.DetachAfter {
-				for m := range d.members {
-					if m.off == minOff {
-						m.detached = true
-						delete(d.members, m)
-					}
-				}
-				d.fullSince = time.Time{}
-				d.broadcastLocked()
-				continue
-			}
-			wait = d.fullSince.Add(o.DetachAfter).Sub(now)
-		case hold && d.head >= o.Window:
-			// Keeping byte 0 for a joiner on its way: wait for it (its
-			// arrival, or its flight ending, wakes us), at most until
-			// JoinWindow ends.
-			d.fullSince = time.Time{}
-			wait = d.start.Add(o.JoinWindow).Sub(now)
-		default:
-			d.fullSince = time.Time{}
-		}
-		ch := d.changed
-		d.mu.Unlock()
-		var tc <-chan time.Time
-		var t *time.Timer
-		if wait > 0 {
-			t = time.NewTimer(wait)
-			tc = t.C
-		}
-		select {
-		case <-ch:
-		case <-tc:
-		case <-d.ctx.Done():
-		}
-		if t != nil {
-			t.Stop()
-		}
-		d.mu.Lock()
+		d.fullSince = time.Time{}
+		d.broadcastLocked()
+		return 0, true
+	case w.hold && d.head >= o.Window:
+		d.fullSince = time.Time{}
+		return d.start.Add(o.JoinWindow).Sub(now), false
+	}
+	d.fullSince = time.Time{}
+	return 0, false
+}
+
+// sleepLocked waits, with d.mu released, for the next change, for wait
+// when it is positive, or for the download's end.
+func (d *download) sleepLocked(wait time.Duration) {
+	ch := d.changed
+	d.mu.Unlock()
+	defer d.mu.Lock()
+	var tc <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		tc = t.C
+	}
+	select {
+	case <-ch:
+	case <-tc:
+	case <-d.ctx.Done():
 	}
 }
 

@@ -64,166 +64,45 @@ func (c *Cache) fetch(ctx context.Context, img imagecache.Image, name string, a 
 	return b, err
 }
 
-// fetchOnce is one attempt of fetch: GET (or, with pb, a copy of a peer's
-// base), upload, verify, publish.
+// fetchOnce is one attempt of fetch: the GET (or, with pb, a copy of a
+// peer's base) and its checks (open, admit), a staged volume (newStage),
+// the upload with the read-back beside it (stage.write) and the commit
+// that checks what the host stored and creates the marker (stage.commit).
 //
 // The calls that do not depend on each other overlap: the upload's
 // connection is dialled and the free space read ahead (see startAhead,
-// when a is not nil), the base's handle from its
-// creation is used for every later call on it (no lookups, see
-// doHandle), its physical size is asked for while the last range is read
-// back, the read-back's connection closes while the marker is created,
-// and the base's path is read together with the marker's creation.
+// when a is not nil), the base's handle from its creation is used for
+// every later call on it (no lookups, see doHandle), its physical size is
+// asked for while the last range is read back, the read-back's connection
+// closes while the marker is created, and the base's path is read
+// together with the marker's creation.
 func (c *Cache) fetchOnce(ctx context.Context, img imagecache.Image, name string, a *ahead, pb *peerBase) (_ Base, err error) {
-	u := redact.URL(img.URL) // the only form of the URL ever printed
-	log := c.log.WithValues("volume", name, "url", u)
-
-	httpDeadline, err := c.httpDeadline(ctx)
-	if err != nil {
-		return Base{}, c.classify(ctx, fmt.Errorf("image %q: %w", img.Key, err))
-	}
-	httpCtx, cancelHTTP := context.WithDeadline(ctx, httpDeadline)
-	defer cancelHTTP()
-	req, err := http.NewRequestWithContext(httpCtx, http.MethodGet, img.URL, nil)
-	if err != nil {
-		return Base{}, errs.Errorf(errs.Permanent, "image %q: bad URL %s: %s", img.Key, u, redact.ParseProblem(err))
-	}
-	if pb != nil {
-		log = log.WithValues("peer", pb.c.cfg.Entry)
-		defer c.cfg.Fanout.copying(pb.c)()
-		defer func() {
-			if err != nil && ctx.Err() == nil {
-				c.cfg.Fanout.noteCopy(pb.c, 0, false)
-			}
-		}()
-	}
-	resp, source, err := c.get(req, img, pb)
-	if err != nil {
-		// net/http's *url.Error names the URL (the last one, after
-		// redirects): redacted in place.
-		err = fmt.Errorf("image %q: GET %s: %w", img.Key, u, redact.Err(err, img.URL))
-		if why, ok := permanentGET(err); ok && ctx.Err() == nil {
-			return Base{}, errs.WithCode(errs.Permanent, fmt.Errorf("%w: %s", err, why))
-		}
-		return Base{}, c.classify(ctx, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		code := errs.Transient
-		if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests {
-			code = errs.Permanent
-		}
-		return Base{}, errs.Errorf(code, "image %q: GET %s: %s", img.Key, u, serverText(resp.Status, img.URL))
-	}
-	total := resp.ContentLength
-	span := trace.SpanFromContext(ctx)
-	span.SetAttributes(attribute.Int64("imagecache.content_length", total))
-
-	// An announced size the pool cannot hold is refused before waiting for
-	// the body's first bytes; then the first bytes are checked, and only
-	// then is anything created in the pool.
-	var avail uint64
-	if total > 0 {
-		if avail, err = c.available(ctx, a); err != nil {
-			return Base{}, err
-		}
-		if uint64(total) > avail {
-			return Base{}, errs.Errorf(errs.Transient, "image %q is %d bytes but pool %s has only %d bytes free; free space in the pool and retry", img.Key, total, c.cfg.Pool, avail)
-		}
-	}
-	body, err := c.sniff(ctx, img, resp, u)
+	in, err := c.open(ctx, img, name, pb)
 	if err != nil {
 		return Base{}, err
 	}
-	if total <= 0 {
-		if avail, err = c.available(ctx, a); err != nil {
-			return Base{}, err
-		}
-	}
-
-	x, err := volXML(name, 0)
-	if err != nil {
-		return Base{}, errs.WithCode(errs.Permanent, err)
-	}
-	vol, err := c.createVol(ctx, x)
-	if err != nil {
-		return Base{}, c.classify(ctx, fmt.Errorf("create volume %s: %w", name, err))
-	}
-	published := false
-	var (
-		closed   <-chan struct{}        // the read-back's connection, closing in the background
-		physical func() (uint64, error) // the volume's size, asked for once the upload is over
-	)
-	defer func() {
-		if closed != nil {
-			<-closed
-		}
-		if physical != nil {
-			_, _ = physical() // ends with ctx at the latest
-		}
-		if !published {
-			// upload and readBack have closed their dedicated connections
-			// by now, so libvirtd has let go of the volume.
-			log.Info("discarding the unverified volume", "err", errString(err))
-			c.deleteQuietHandle(ctx, name, &vol)
-		}
-	}()
-
-	log.Info("fetching image", "bytes", total)
-	start := time.Now()
-	var uploaded time.Duration
-	n, digest, back, err := c.transfer(ctx, vol, a.dialed(), body, total, avail, func(n int64, digest string) error {
-		uploaded = time.Since(start)
-		if n == 0 {
-			return errs.Errorf(errs.Transient, "image %q: %s served an empty body", img.Key, u)
-		}
-		if total >= 0 && n != total {
-			return errs.Errorf(errs.Transient, "image %q: the body ended after %d of the %d bytes announced", img.Key, n, total)
-		}
-		if img.SHA256 != "" && digest != img.SHA256 {
-			return errs.Errorf(errs.Permanent, "image %q from %s has sha256 %s but sha256 %s is configured; fix the URL or the configured digest (a new digest needs a new key if a base with the old one is in use)", img.Key, u, digest, img.SHA256)
-		}
-		// Every upload stream has been confirmed: the size on the host
-		// is final, so it is asked for while the last range is read back.
-		physical = c.physicalAhead(ctx, vol)
-		return nil
-	})
-	_ = resp.Body.Close()
-	closed = back.closed
+	defer func() { c.closeIngest(ctx, in, err) }()
+	avail, err := c.admit(ctx, in, a)
 	if err != nil {
 		return Base{}, err
 	}
-	err = c.judgeStored(ctx, name, n, digest, physical, back)
-	if back.span != nil {
-		endSpan(back.span, err)
-	}
+	st, err := c.newStage(ctx, name, in.log)
 	if err != nil {
 		return Base{}, err
 	}
-	// The path does not depend on the marker: read together (one round
-	// trip), used once the marker is there.
-	pathOf := c.pathAhead(ctx, vol)
-	if err := c.createEmpty(ctx, MarkerName(name, digest)); err != nil {
-		_, _ = pathOf()
-		return Base{}, c.classify(ctx, fmt.Errorf("create marker of %s: %w", name, err))
+	defer func() { st.close(ctx, err) }()
+	in.log.Info("fetching image", "bytes", in.total)
+	n, digest, err := st.write(ctx, in, avail, a.dialed())
+	if err != nil {
+		return Base{}, err
 	}
-	published = true
-	src := source()
-	span.SetAttributes(attribute.String("imagecache.source", src))
-	el := time.Since(start)
-	if f := c.cfg.Fanout; f != nil {
-		switch rate := float64(n) / el.Seconds(); src {
-		case imagecache.SourcePeer:
-			f.noteCopy(pb.c, rate, true)
-		case imagecache.SourceMirror:
-			f.noteMirror(c.fanKey(img), rate)
-		}
+	pathOf, err := st.commit(ctx, n, digest)
+	if err != nil {
+		return Base{}, err
 	}
-	log.Info("published base", "source", src, "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
-		"upload", uploaded, "uploadBytesPerSecond", int64(float64(n)/uploaded.Seconds()),
-		// The read-back overlaps the upload: verify is what it added
-		// after the upload.
-		"verify", el-uploaded)
+	src := in.source()
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("imagecache.source", src))
+	c.notePublished(in, st, n, digest, src)
 	path, err := pathOf()
 	if err != nil {
 		return Base{}, c.classify(ctx, fmt.Errorf("look up base %s: %w", name, err))
@@ -422,8 +301,6 @@ func (c *Cache) upload(ctx context.Context, name string, vol *libvirt.StorageVol
 			_ = conn.Close()
 		}
 	}()
-	dc = conn
-
 	now := time.Now()
 	src := &segments{r: body, w: w}
 	m := &meter{r: src, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free, stall: c.cfg.StreamStall}
@@ -438,54 +315,7 @@ func (c *Cache) upload(ctx context.Context, name string, vol *libvirt.StorageVol
 		}
 		return err
 	}
-	var handle libvirt.StorageVol
-	looked := vol != nil
-	if looked {
-		handle = *vol
-	}
-	for retries := 0; ; {
-		m.mu.Lock()
-		off := m.n
-		src.left, src.read = c.segment, 0
-		m.mu.Unlock()
-		m.callDone.Store(false)
-		m.touch()
-		err = c.runStream(ctx, dc, "upload "+name, m.stalled, func() error {
-			defer m.callDone.Store(true)
-			if !looked {
-				v, err := c.lookupVol(dc.Libvirt(), name)
-				if err != nil {
-					return err
-				}
-				handle, looked = v, true
-			}
-			return dc.Libvirt().StorageVolUpload(handle, m, uint64(off), 0, 0)
-		})
-		m.callDone.Store(true) // also when runStream gave up on the call
-		m.mu.Lock()
-		read, eof, failed := src.read, src.eof, m.fail.err != nil
-		end := m.n
-		m.mu.Unlock()
-		if err != nil && !failed && read == 0 && inUse(err) {
-			if retries < inUseRetries && ctx.Err() == nil {
-				retries++
-				c.log.V(1).Info("libvirt refused an upload segment as in use; trying again", "volume", name, "bytes", off, "err", err.Error())
-				if serr := sleep(ctx, time.Duration(retries)*5*time.Millisecond); serr == nil {
-					continue
-				}
-			}
-			// Another stream kept the volume busy: a later fetch may
-			// succeed (libvirt's table calls the refusal Permanent).
-			err = errs.WithCode(errs.Transient, err)
-		}
-		if err != nil || failed || eof || (total > 0 && end >= total) {
-			break
-		}
-		retries = 0
-		m.mu.Lock()
-		src.pending = end
-		m.mu.Unlock()
-	}
+	err = c.uploadSegments(ctx, conn, name, vol, src, m, total)
 	stopDrain()
 	_ = body.Close() // unblocks a Read of an abandoned call
 	m.mu.Lock()
@@ -495,6 +325,86 @@ func (c *Cache) upload(ctx context.Context, name string, vol *libvirt.StorageVol
 		return m.n, "", nil, c.classify(ctx, err)
 	}
 	return m.n, hex.EncodeToString(m.h.Sum(nil)), conn, nil
+}
+
+// uploadSegments uploads src one segment per StorageVolUpload, at the
+// segment's offset, until the body ends, the meter failed or a call did;
+// each segment's end is committed for the read-back once the next
+// segment's stream has been set up (segments). A segment libvirt refuses
+// as in use before its first byte is tried again (againInUse). vol is the
+// volume's handle (nil: looked up on dc once).
+func (c *Cache) uploadSegments(ctx context.Context, dc Dedicated, name string, vol *libvirt.StorageVol, src *segments, m *meter, total int64) error {
+	var handle libvirt.StorageVol
+	looked := vol != nil
+	if looked {
+		handle = *vol
+	}
+	lookup := func(l Libvirt) (libvirt.StorageVol, error) {
+		if !looked {
+			v, err := c.lookupVol(l, name)
+			if err != nil {
+				return v, err
+			}
+			handle, looked = v, true
+		}
+		return handle, nil
+	}
+	for retries := 0; ; {
+		off, err := c.uploadSegment(ctx, dc, name, src, m, lookup)
+		m.mu.Lock()
+		read, eof, failed := src.read, src.eof, m.fail.err != nil
+		end := m.n
+		m.mu.Unlock()
+		if err != nil && !failed && read == 0 && inUse(err) {
+			if c.againInUse(ctx, &retries, name, off, err) {
+				continue
+			}
+			// Another stream kept the volume busy: a later fetch may
+			// succeed (libvirt's table calls the refusal Permanent).
+			err = errs.WithCode(errs.Transient, err)
+		}
+		if err != nil || failed || eof || (total > 0 && end >= total) {
+			return err
+		}
+		retries = 0
+		m.mu.Lock()
+		src.pending = end
+		m.mu.Unlock()
+	}
+}
+
+// uploadSegment streams the next segment of src, from the meter's count
+// on, in one StorageVolUpload at that offset on dc, and returns the
+// offset. handle gives the volume's handle on dc's session.
+func (c *Cache) uploadSegment(ctx context.Context, dc Dedicated, name string, src *segments, m *meter, handle func(Libvirt) (libvirt.StorageVol, error)) (int64, error) {
+	m.mu.Lock()
+	off := m.n
+	src.left, src.read = c.segment, 0
+	m.mu.Unlock()
+	m.callDone.Store(false)
+	m.touch()
+	err := c.runStream(ctx, dc, "upload "+name, m.stalled, func() error {
+		defer m.callDone.Store(true)
+		v, err := handle(dc.Libvirt())
+		if err != nil {
+			return err
+		}
+		return dc.Libvirt().StorageVolUpload(v, m, uint64(off), 0, 0)
+	})
+	m.callDone.Store(true) // also when runStream gave up on the call
+	return off, err
+}
+
+// againInUse reports whether a segment libvirt refused as in use (err)
+// before its first byte is to be tried again: up to inUseRetries times
+// in a row, after a pause that grows with each.
+func (c *Cache) againInUse(ctx context.Context, retries *int, name string, off int64, err error) bool {
+	if *retries >= inUseRetries || ctx.Err() != nil {
+		return false
+	}
+	*retries++
+	c.log.V(1).Info("libvirt refused an upload segment as in use; trying again", "volume", name, "bytes", off, "err", err.Error())
+	return sleep(ctx, time.Duration(*retries)*5*time.Millisecond) == nil
 }
 
 // Where the meter's first error came from.
