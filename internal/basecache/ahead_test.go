@@ -124,13 +124,15 @@ func TestFakeColdFetchTailOverlaps(t *testing.T) {
 	pathed := newSignal()
 	h.SetHook("StorageVolGetPath", pathed.seen)
 	var sizeWithDownload, pathWithMarker atomic.Bool
-	h.SetHook("StorageVolDownload", func(libvirtfake.Call) error {
-		for deadline := time.Now().Add(holdWait); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-			if h.Calls("StorageVolGetInfoFlags") >= 2 {
-				sizeWithDownload.Store(true)
-				break
-			}
+	sized := newSignal() // the size was asked for twice
+	h.SetHook("StorageVolGetInfoFlags", func(call libvirtfake.Call) error {
+		if h.Calls("StorageVolGetInfoFlags") >= 2 {
+			return sized.seen(call)
 		}
+		return nil
+	})
+	h.SetHook("StorageVolDownload", func(libvirtfake.Call) error {
+		sizeWithDownload.Store(sized.within(holdWait))
 		return nil
 	})
 	h.SetHook("StorageVolCreateXML", func(call libvirtfake.Call) error {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -160,20 +161,7 @@ func TestEnsureSingleFlight(t *testing.T) {
 			_, problems[i] = c.Ensure(context.Background(), okImage)
 		}()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		c.mu.Lock()
-		fl := c.flights[c.BaseName(okImage)]
-		w := 0
-		if fl != nil {
-			w = fl.waiters
-		}
-		c.mu.Unlock()
-		if w == n || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	eventually.True(t, 5*time.Second, func() bool { return waiters(c, okImage) == n }, "%d callers wait for the flight", n)
 	close(f.gate)
 	wg.Wait()
 	if got := f.calls.Load(); got != 1 {
@@ -188,13 +176,21 @@ func TestEnsureSingleFlight(t *testing.T) {
 	f2 := &fakeConn{gate: make(chan struct{})}
 	c2 := newFake(t, f2)
 	go func() { _, _ = c2.Ensure(context.Background(), okImage) }()
-	for f2.calls.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	eventually.True(t, 5*time.Second, func() bool { return f2.calls.Load() > 0 }, "the first Ensure asks libvirt")
 	other := okImage
 	other.URL = "http://elsewhere.invalid/x"
 	if _, err := c2.Ensure(context.Background(), other); errs.Code(err) != errs.Permanent {
 		t.Fatalf("conflicting in-flight Ensure: %v", err)
 	}
 	close(f2.gate)
+}
+
+// waiters is how many callers wait for the flight of img.
+func waiters(c *Cache, img imagecache.Image) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f := c.flights[c.BaseName(img)]; f != nil {
+		return f.waiters
+	}
+	return 0
 }

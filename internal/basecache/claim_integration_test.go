@@ -14,6 +14,7 @@ import (
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
 
@@ -58,9 +59,9 @@ func serveSlowly(img imageFile, d time.Duration) func(http.ResponseWriter, *http
 // libvirtd dies in the middle of a fetch and stays down while the fetch
 // cleans up: the fetch fails Transient, its cleanup is retried on a fresh
 // connection (or its orphaned claim is recognised as this cache's own),
-// and the very next Ensure after libvirtd is back fetches at once. Before, the failed cleanup left a fresh-looking claim that blocked
-// every Ensure of the image for twice the transfer budget (40 minutes by
-// default).
+// and the very next Ensure after libvirtd is back fetches at once: the
+// failed cleanup leaves no fresh-looking claim that would block every
+// Ensure of the image for twice the transfer budget.
 func TestStackRestartDuringFetchDoesNotBlock(t *testing.T) {
 	env, lv, entry := stackEntry(t)
 	img := makeQcow2(t, t.TempDir(), 8)
@@ -86,14 +87,9 @@ func TestStackRestartDuringFetchDoesNotBlock(t *testing.T) {
 		_, err := c.Ensure(ctxT(t, 2*time.Minute), im)
 		errc <- err
 	}()
-	for stuck.requests.Load() == 0 {
-		time.Sleep(10 * time.Millisecond) // poll: the request has not arrived yet
-	}
+	eventually.True(t, time.Minute, func() bool { return stuck.requests.Load() > 0 }, "the GET arrives")
 	// Wait until the upload is under way (the staged volume exists).
-	deadline := time.Now().Add(30 * time.Second)
-	for !contains(ours(t, lv, env.Pool, entry), c.BaseName(im)) && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually.True(t, 30*time.Second, func() bool { return contains(ours(t, lv, env.Pool, entry), c.BaseName(im)) }, "the staged volume exists")
 	t.Logf("upload under way after %v", time.Since(t0))
 	// libvirtd dies and stays down while the failed fetch cleans up.
 	pid, err := strconv.Atoi(teststack.Run(t, "libvirtd-pid"))
@@ -210,9 +206,7 @@ func TestStackHeartbeatKeepsSlowFetch(t *testing.T) {
 		_, err := a.Ensure(ctxT(t, 2*time.Minute), im)
 		errA <- err
 	}()
-	for srv.requests.Load() == 0 {
-		time.Sleep(10 * time.Millisecond) // poll: A's download has not started yet
-	}
+	eventually.True(t, time.Minute, func() bool { return srv.requests.Load() > 0 }, "A's download starts")
 	got, err := b.Ensure(ctxT(t, 2*time.Minute), im)
 	if err != nil {
 		t.Fatalf("B: %v", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"go.uber.org/goleak"
@@ -73,15 +74,19 @@ func testImage(n int) ([]byte, string) {
 type served struct {
 	url  string
 	gets atomic.Int64
+	// first is closed when the first GET arrives.
+	first     chan struct{}
+	firstOnce sync.Once
 }
 
 // serve serves body at /img.qcow2; handler, when set, replaces the plain
 // answer (gets is counted either way).
 func serve(t *testing.T, body []byte, handler http.HandlerFunc) *served {
 	t.Helper()
-	s := &served{}
+	s := &served{first: make(chan struct{})}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.gets.Add(1)
+		s.firstOnce.Do(func() { close(s.first) })
 		if handler != nil {
 			handler(w, r)
 			return
@@ -364,18 +369,7 @@ func TestFakeConcurrentEnsureSharesOneFetch(t *testing.T) {
 	for i := range n {
 		wg.Go(func() { bases[i], problems[i] = c.Ensure(testCtx(t, 30*time.Second), img) })
 	}
-	for {
-		c.mu.Lock()
-		w := 0
-		if f := c.flights[c.BaseName(img)]; f != nil {
-			w = f.waiters
-		}
-		c.mu.Unlock()
-		if w == n {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	eventually.True(t, 10*time.Second, func() bool { return waiters(c, img) == n }, "%d callers wait for the flight", n)
 	close(release)
 	wg.Wait()
 	for i := range n {

@@ -82,20 +82,45 @@ func wantPublished(t *testing.T, c *Cache, h *libvirtfake.Host, img imagecache.I
 	}
 }
 
-// waitMembers waits (at most 10 s) until f's download has n members.
+// waitMembers waits (at most 10 s) until f's download has n members. It
+// runs in the mirror's handlers and in libvirt hooks, so it does not fail
+// the test: a download that never gets its members fails the test's own
+// checks.
 func waitMembers(f *Fanout, n int) {
-	members := func() int {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		for _, d := range f.dls {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			return len(d.members)
-		}
-		return 0
+	awaitDownload(f, func(d *download) bool { return len(d.members) >= n })
+}
+
+// awaitDownload waits (at most 10 s) until cond, read under the
+// download's lock, holds for f's download, looking again each time the
+// download announces a change (its changed channel): a member joined,
+// read or left, the pump read. false when it did not hold in time, or f
+// has no download: callers know it has one (its GET reached the mirror,
+// and the Fanout records a download before the GET's caller lets go of
+// the Fanout's lock).
+func awaitDownload(f *Fanout, cond func(*download) bool) bool {
+	f.mu.Lock()
+	var d *download
+	for _, x := range f.dls {
+		d = x
 	}
-	for end := time.Now().Add(10 * time.Second); members() < n && time.Now().Before(end); {
-		time.Sleep(time.Millisecond)
+	f.mu.Unlock()
+	if d == nil {
+		return false
+	}
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	for {
+		d.mu.Lock()
+		ok, changed := cond(d), d.changed
+		d.mu.Unlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-timeout.C:
+			return false
+		}
 	}
 }
 
@@ -433,8 +458,10 @@ func TestFanoutWaiterCanceled(t *testing.T) {
 		_, err := cs[0].Ensure(ctx, img)
 		errc <- err
 	}()
-	for srv.gets.Load() == 0 { // host 0 leads
-		time.Sleep(time.Millisecond)
+	select { // host 0 leads
+	case <-srv.first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("host 0 never reached the mirror")
 	}
 	bases, problems := ensureAll(t, cs[1:], img)
 	wantClass(t, <-errc, errs.Canceled, "")
@@ -665,7 +692,11 @@ func TestFanoutWaitsForJoinerOnItsWay(t *testing.T) {
 	f := NewFanout(FanoutOptions{Window: 128 << 10, Chunk: 32 << 10, JoinWindow: 5 * time.Second, MirrorOnly: true})
 	cs, hs := fanHosts(t, 2, f, nil)
 	release := make(chan struct{})
-	hs[1].SetHook("StoragePoolListAllVolumes", libvirtfake.Block(release))
+	listing := newSignal()
+	hs[1].SetHook("StoragePoolListAllVolumes", func(call libvirtfake.Call) error {
+		_ = listing.seen(call)
+		return call.Wait(release)
+	})
 	img := imagecache.Image{Key: "k", URL: srv.url, SHA256: sum}
 	var wg sync.WaitGroup
 	bases := make([]Base, 2)
@@ -673,27 +704,36 @@ func TestFanoutWaitsForJoinerOnItsWay(t *testing.T) {
 	start := time.Now()
 	var took0 time.Duration
 	wg.Go(func() { bases[1], problems[1] = cs[1].Ensure(testCtx(t, 30*time.Second), img) })
-	for hs[1].Calls("StoragePoolListAllVolumes") == 0 { // host 1's Ensure is under way
-		time.Sleep(time.Millisecond)
+	if !listing.within(10 * time.Second) {
+		close(release)
+		wg.Wait()
+		t.Fatal("host 1's Ensure did not list the pool")
 	}
 	wg.Go(func() {
 		bases[0], problems[0] = cs[0].Ensure(testCtx(t, 30*time.Second), img)
 		took0 = time.Since(start)
 	})
-	full := func() bool {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		for _, d := range f.dls {
-			d.mu.Lock()
-			defer d.mu.Unlock()
-			return d.head >= f.opts.Window
+	// Host 0 is stuck at a full window: the download holds a window's
+	// bytes from byte 0 and host 0 has read all of them.
+	select {
+	case <-srv.first:
+	case <-time.After(10 * time.Second):
+		t.Error("host 0 never reached the mirror")
+	}
+	stuck := awaitDownload(f, func(d *download) bool {
+		if d.head < f.opts.Window {
+			return false
 		}
-		return false
+		for m := range d.members {
+			if m.off < d.head {
+				return false
+			}
+		}
+		return true
+	})
+	if !stuck {
+		t.Error("host 0's download never stopped at a full window")
 	}
-	for end := time.Now().Add(10 * time.Second); !full() && time.Now().Before(end); {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond) // host 0 is stuck at a full window
 	close(release)
 	wg.Wait()
 	for i := range 2 {

@@ -20,6 +20,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -87,9 +88,7 @@ func TestStackSegmentsReadBackDuringUpload(t *testing.T) {
 		if k < 3 {
 			src = &slowReader{r: bytes.NewReader(data[k*seg : (k+1)*seg])}
 			go func() { upErr <- up.L.StorageVolUpload(vu, src, uint64(k*seg), 0, 0) }()
-			for !src.started.Load() {
-				time.Sleep(time.Millisecond)
-			}
+			eventually.True(t, 10*time.Second, src.started.Load, "the upload of segment %d reads", k)
 		}
 		var got bytes.Buffer
 		if err := down.L.StorageVolDownload(vd, &got, uint64((k-1)*seg), seg, 0); err != nil {
@@ -245,13 +244,10 @@ func TestStackSegmentedFetchCatchesHostCorruption(t *testing.T) {
 					return
 				}
 				once.Do(func() {
-					deadline := time.Now().Add(10 * time.Second)
-					for time.Now().Before(deadline) {
-						if st, err := os.Stat(path); err == nil && st.Size() > at {
-							break
-						}
-						time.Sleep(time.Millisecond)
-					}
+					eventually.Poll(context.Background(), 10*time.Second, func() bool {
+						st, err := os.Stat(path)
+						return err == nil && st.Size() > at
+					})
 					f, err := os.OpenFile(path, os.O_RDWR, 0)
 					if err != nil {
 						t.Errorf("open the staged volume: %v", err)

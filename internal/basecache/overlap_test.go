@@ -14,6 +14,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 )
 
@@ -365,9 +366,7 @@ func TestFakeOverlapUsesTheCreatedHandle(t *testing.T) {
 	h.SetHook("StorageVolUpload", count(streams, &uploads))
 	h.SetStreamHook("StorageVolUpload", func(call libvirtfake.Call) error {
 		if k := uploads.Load(); k > 2 && call.Done == 0 {
-			for deadline := time.Now().Add(3 * time.Second); downloads.Load() < k-2 && time.Now().Before(deadline); {
-				time.Sleep(time.Millisecond)
-			}
+			eventually.Poll(context.Background(), 3*time.Second, func() bool { return downloads.Load() >= k-2 })
 		}
 		return nil
 	})

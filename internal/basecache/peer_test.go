@@ -321,13 +321,12 @@ func TestPeerCopiesSpread(t *testing.T) {
 	f.mirrorRate, f.peerStats = nil, nil
 	f.pmu.Unlock()
 	release := make(chan struct{})
-	var started sync.WaitGroup
-	started.Add(1)
-	var once sync.Once
-	for _, h := range hs[:2] {
+	// copying[i]: a copy from peer i has started (and is held).
+	copying := []*signal{newSignal(), newSignal()}
+	for i, h := range hs[:2] {
 		h.SetStreamHook("StorageVolDownload", func(c libvirtfake.Call) error {
 			if strings.HasPrefix(c.Volume, basePrefix) && c.Done == 0 {
-				once.Do(started.Done)
+				_ = copying[i].seen(c)
 				return c.Wait(release)
 			}
 			return nil
@@ -338,9 +337,18 @@ func TestPeerCopiesSpread(t *testing.T) {
 	bases := make([]Base, 2)
 	errs := make([]error, 2)
 	wg.Go(func() { bases[0], errs[0] = cs[2].Ensure(testCtx(t, 30*time.Second), img) })
-	started.Wait() // the first copy holds one peer busy
+	// The first copy holds one peer busy.
+	select {
+	case <-copying[0].ch:
+	case <-copying[1].ch:
+	case <-time.After(10 * time.Second):
+		t.Error("the first cold host copied from no peer")
+	}
 	wg.Go(func() { bases[1], errs[1] = cs[3].Ensure(testCtx(t, 30*time.Second), img) })
-	time.Sleep(2 * peerGrace)
+	// The second copy starts on the other peer, the least busy one.
+	if !copying[0].within(10*time.Second) || !copying[1].within(10*time.Second) {
+		t.Error("the two cold hosts did not copy from one peer each")
+	}
 	close(release)
 	wg.Wait()
 	for i := range 2 {
