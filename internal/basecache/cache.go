@@ -97,12 +97,12 @@ type Base struct {
 	Path   string // volume path on the host
 	Digest string // sha256 hex of the stored bytes
 	Format string // "qcow2" or "raw"
-	// Source is where Ensure got the base from: SourcePool (already
-	// published), SourceMirror (downloaded by this fetch), SourceShared
-	// (a download shared through Config.Fanout), SourceDetached (shared,
-	// then finished on its own download), SourcePeer (copied from a base
-	// another cache of the Fanout had published). Empty from List and
-	// Verify.
+	// Source is where Ensure got the base from, one of imagecache's
+	// source names: pool (already published), mirror (downloaded by this
+	// fetch), shared (a download shared through Config.Fanout), detached
+	// (shared, then finished on its own download), peer (copied from a
+	// base another cache of the Fanout had published). Empty from List
+	// and Verify.
 	Source string
 }
 
@@ -163,8 +163,8 @@ type Cache struct {
 	drainStall time.Duration
 
 	// pool is the pool's handle (name and UUID) once looked up, so that
-	// each call on the pool does not pay a lookup's round trip first (a
-	// cold fetch made 13 of them). See poolOn.
+	// each call on the pool does not pay a lookup's round trip first (see
+	// withPool).
 	poolMu  sync.Mutex
 	pool    libvirt.StoragePool
 	poolSet bool
@@ -481,7 +481,7 @@ func (c *Cache) removeDebris(ctx context.Context, name string, d decision) error
 	return nil
 }
 
-// hit marks the Base of a hit as SourcePool.
+// hit marks the Base of a hit as imagecache.SourcePool.
 func hit(b Base, err error) (Base, error) {
 	if err == nil {
 		b.Source = imagecache.SourcePool

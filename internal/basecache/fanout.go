@@ -19,27 +19,6 @@ import (
 	"github.com/egressproxy/egressproxy/internal/redact"
 )
 
-// Where a base came from (Base.Source, the span attribute
-// imagecache.source, the "source" key of the "published base" log line).
-const (
-	// SourcePool: the base was already published in the pool (a hit).
-	SourcePool = "pool"
-	// SourceMirror: this fetch downloaded the image itself (without a
-	// Fanout, or as the first of a shared download).
-	SourceMirror = "mirror"
-	// SourceShared: this fetch joined another cache's download of the
-	// same image through a Fanout.
-	SourceShared = "shared"
-	// SourceDetached: this fetch joined a shared download, fell behind it
-	// and finished on a download of its own (a Range request from where it
-	// was, or a full GET skipping what it had).
-	SourceDetached = "detached"
-	// SourcePeer: this fetch copied the base another cache of its Fanout
-	// had published (its host's volume, read through libvirt), instead
-	// of downloading the image.
-	SourcePeer = "peer"
-)
-
 // FanoutOptions tune a Fanout. Zero fields take the defaults.
 type FanoutOptions struct {
 	// JoinWindow is how long a shared download keeps its first bytes for
@@ -97,7 +76,8 @@ type FanoutOptions struct {
 // published with a marker of that digest (one listing each, at once,
 // bounded by 2 s). If one does, it copies that base — StorageVolDownload
 // on a dedicated connection to the peer's host, streamed into its own
-// upload — instead of downloading the image: Base.Source SourcePeer. What
+// upload — instead of downloading the image: Base.Source
+// imagecache.SourcePeer. What
 // it publishes is still the digest of what it read back from its own
 // volume, which must equal the configured one. Any failure of the copy
 // (the peer's link or host, its base gone, bytes that do not hash to the
@@ -220,8 +200,8 @@ func (f *Fanout) expect(key fanKey) (arrived func()) {
 func (f *Fanout) readAhead() int64 { return min(f.opts.Window, 4*int64(f.opts.Chunk)) }
 
 // joinKeep is how much of its first bytes a download keeps for JoinWindow
-// when no fetch is known to be on its way (2 MiB by default; 170 ms of a
-// 100 Mbit/s mirror, for a fetch whose Ensure starts a little later).
+// when no fetch is known to be on its way (2 MiB by default), for a fetch
+// whose Ensure starts a little later.
 func (f *Fanout) joinKeep() int64 { return min(f.opts.Window, 8*int64(f.opts.Chunk)) }
 
 // download is one shared HTTP download.

@@ -113,7 +113,7 @@ func (c *Cache) fetchOnce(ctx context.Context, img imagecache.Image, name string
 // get is the GET of the image: HTTPClient.Do(req) without a Fanout, else
 // through it (sharing the body with other caches' fetches of the same
 // image). source says, once the body was read, where it came from
-// (SourceMirror, SourceShared, SourceDetached).
+// (imagecache.SourceMirror, SourceShared, SourceDetached).
 func (c *Cache) get(req *http.Request, img imagecache.Image, pb *peerBase) (*http.Response, func() string, error) {
 	if pb != nil {
 		return c.peerGet(req, pb)

@@ -41,8 +41,7 @@ func (c *Cache) doVol(ctx context.Context, name string, fn func(Libvirt, libvirt
 // again under the same name answers a remembered handle "no storage pool
 // with matching uuid": then, and only then, the handle is forgotten and fn
 // runs once more with a fresh lookup (fn did nothing: libvirt refused the
-// handle before acting). A pool that is really gone fails that lookup, as
-// it did before handles were remembered.
+// handle before acting). A pool that is really gone fails that lookup.
 func (c *Cache) withPool(l Libvirt, fn func(Libvirt, libvirt.StoragePool) error) error {
 	c.poolMu.Lock()
 	p, remembered := c.pool, c.poolSet

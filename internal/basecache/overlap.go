@@ -20,12 +20,12 @@ import (
 )
 
 // Overlapped verification (see the package doc and
-// docs/overlapped-verification.md): a cold
-// fetch uploads the image in segments, one StorageVolUpload at an offset
-// each, on one dedicated connection, while a second dedicated connection
-// reads back (StorageVolDownload with offset and length) every segment
-// whose upload stream has finished, hashing in order. The digest that
-// decides is still the one of the bytes read back from the host's volume.
+// docs/overlapped-verification.md): a cold fetch uploads the image in
+// segments, one StorageVolUpload at an offset each, on one dedicated
+// connection, while a second dedicated connection reads back
+// (StorageVolDownload with offset and length) every segment whose upload
+// stream has finished, hashing in order. The digest that decides is the
+// one of the bytes read back from the host's volume.
 const (
 	// segmentSize is how many bytes one upload stream carries (the last
 	// one the rest). A segment is read back while the next is uploaded,

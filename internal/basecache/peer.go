@@ -16,7 +16,7 @@ import (
 	"github.com/egressproxy/egressproxy/internal/redact"
 )
 
-// Late joiners (see the package doc, "Fan-out across hosts"): a cache that
+// Late joiners (see the package doc, "Fan-out"): a cache that
 // goes cold for an image with a configured SHA256 after other caches of its
 // Fanout published it copies the base from one of them — StorageVolDownload
 // from the peer's host, streamed into this host's upload — instead of
