@@ -1175,7 +1175,7 @@ func procStatus(key string) string {
 // benchmarks alternate under -count), a bare go-libvirt upload of a file
 // with the cache's upload (count + sha256 + drain) and its read-back
 // verification. Run: go test -tags integration -run XXX -bench Transfer
-// -benchtime 5x ./imagecache (each op is one round: A, B, C)
+// -benchtime 5x ./internal/basecache (each op is one round: A, B, C)
 func BenchmarkStackTransfer(b *testing.B) {
 	env := teststack.Require(b)
 	const size = 256 << 20
