@@ -86,7 +86,7 @@ API_FILE := api/v0.txt
 #               operator's control plane on a new machine and runs the
 #               5-minute soak, which keeps the same packages busy under
 #               faults; make stress is the repeated proof).
-STRESS_PKGS := ./sshconn ./imagecache ./kvm2
+STRESS_PKGS := ./sshconn ./internal/basecache ./kvm2
 STRESS_COUNT ?= 20
 STRESS_FLAGS ?=
 CI_STRESS_COUNT ?= 1
@@ -109,7 +109,7 @@ STRESS_TIMEOUT ?= 120m
 # a loaded machine starves a worker at the deadline (golang/go#75804; seen
 # here on FuzzParseNames in a CI run). 20000 runs take 2–16 s per target.
 FUZZ_TARGETS := .:FuzzSpecValidate ./kvm2:FuzzDomainXML ./kvm2:FuzzSeed ./internal/isoseed:FuzzBuild ./kvm2:FuzzParseDomainXML \
-	./health:FuzzReadResponseHead ./sshconn:FuzzValidate ./imagecache:FuzzParseNames \
+	./health:FuzzReadResponseHead ./sshconn:FuzzValidate ./internal/basecache:FuzzParseNames \
 	.:FuzzClientErrorText .:FuzzErrorText ./kvm2:FuzzConfigErrorText
 FUZZTIME ?= 20000x
 

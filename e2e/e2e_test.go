@@ -17,6 +17,7 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
@@ -388,7 +389,7 @@ func TestE2EProxyGuest(t *testing.T) {
 	}
 
 	// Delete: domain, overlay and seed gone; the base stays.
-	base := imagecache.BaseName(entry, imageKey, "qcow2")
+	base := basecache.BaseName(entry, imageKey, "qcow2")
 	if _, vols, err := raw.Objects(pool, entry); err != nil {
 		t.Fatal(err)
 	} else if !vols[domA+".qcow2"] || !vols[domA+"-seed.iso"] || !vols[base] {

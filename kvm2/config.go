@@ -208,23 +208,17 @@ type Options struct {
 	// ImageProgressInterval is the interval of ImageProgress and of the
 	// progress log lines. Zero: imagecache's default (5s).
 	ImageProgressInterval time.Duration
-	// ImageFanout is given to the entry's image cache
-	// (imagecache.Config.Fanout): the providers of several entries (hosts)
-	// with the same Fanout share one HTTP download of an image their hosts
-	// fetch cold at the same time, and a host going cold later copies the
-	// base another entry's host has published instead of downloading it
-	// again (imagecache.Fanout); each host still uploads, verifies and
-	// publishes its own base. Downloads and copies are shared only among
-	// providers with the same HTTPClient (nil counts as one shared
-	// client). Nil: imagecache.ProcessFanout(), so every provider of the
-	// process shares, with nothing to configure; NoImageFanout turns it
-	// off.
-	ImageFanout *imagecache.Fanout
-	// NoImageFanout: the entry's image cache has no Fanout (ImageFanout is
-	// ignored): it downloads every cold image on its own and never copies
-	// from, nor serves copies to, other entries. Zero: fan-out as
-	// ImageFanout says.
-	NoImageFanout bool
+	// PrivateImageCache: the entry's image cache neither shares downloads
+	// with, nor copies published bases from, nor serves copies to the
+	// other entries of the process; it downloads every cold image on its
+	// own. Zero: the entries of a process whose hosts need the same cold
+	// image at once share one download, and an entry going cold later
+	// copies another entry's published base (of an image with a
+	// configured SHA256) instead of downloading it; each host still
+	// uploads, verifies and publishes its own base. Downloads and copies
+	// are shared only among entries with the same HTTPClient (nil counts
+	// as one shared client).
+	PrivateImageCache bool
 }
 
 // ParseConfig reads one entry from a file's content: YAML, or JSON (which

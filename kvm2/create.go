@@ -16,6 +16,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -299,7 +300,7 @@ type creation struct {
 	ctx    context.Context // checked before every RPC (see Create)
 	spec   egressproxy.Spec
 	name   string // domain name
-	base   imagecache.Base
+	base   basecache.Base
 	seed   []byte
 	domXML string
 

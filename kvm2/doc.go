@@ -24,6 +24,13 @@
 // instance, and Delete removes whatever an interrupted Create left. An
 // existing instance created from another spec is egressproxy.ErrSpecConflict.
 //
+// Image fan-out is on by default: entries of one process whose hosts need
+// the same cold image at once share one download, and an entry going cold
+// later copies another entry's published base instead of downloading it
+// (an image with a configured SHA256); each host still verifies and
+// publishes its own base. Options.PrivateImageCache turns it off for an
+// entry.
+//
 // Errors carry the classes of package egressproxy, one class per fault on
 // every operation: a fault of the entry itself (credentials, host key,
 // rights on the host, the storage pool) is Permanent; a lost link, or SSH

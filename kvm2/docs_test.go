@@ -56,8 +56,8 @@ func TestDocsConfigExample(t *testing.T) {
 			}
 		}
 	}
-	// The config structs of imagecache and sshconn are listed by key.
-	for _, typ := range []reflect.Type{reflect.TypeFor[imagecache.Config](),
+	// The config structs of sshconn are listed by key.
+	for _, typ := range []reflect.Type{
 		reflect.TypeFor[sshconn.Config](), reflect.TypeFor[sshconn.LibvirtConfig]()} {
 		names, _ := jsonFields(typ)
 		for name := range names {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
@@ -69,41 +70,41 @@ func (c *fakeImages) unresolvedDisks() []string {
 
 // List lists the entry's base volumes in the fake's pool (each with a
 // marker, unless its name is in noMarker), with their users.
-func (c *fakeImages) List(ctx context.Context) ([]imagecache.Entry, error) {
+func (c *fakeImages) List(ctx context.Context) ([]basecache.Entry, error) {
 	c.mu.Lock()
 	err := c.err
 	c.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	var out []imagecache.Entry
+	var out []basecache.Entry
 	for _, n := range c.lv.volNames(c.pool) {
-		e, _, f, ok := imagecache.ParseBaseName(n)
+		e, _, f, ok := basecache.ParseBaseName(n)
 		if !ok || e != c.entry {
 			continue
 		}
 		v, _ := c.lv.vol(c.pool, n)
-		out = append(out, imagecache.Entry{
-			Base:   imagecache.Base{Volume: n, Path: v.path, Digest: fakeDigest, Format: f},
-			Marker: imagecache.MarkerName(n, fakeDigest), Size: int64(len(v.data)), UsedBy: c.usersOf(v), Unresolved: c.unresolvedDisks(),
+		out = append(out, basecache.Entry{
+			Base:   basecache.Base{Volume: n, Path: v.path, Digest: fakeDigest, Format: f},
+			Marker: basecache.MarkerName(n, fakeDigest), Size: int64(len(v.data)), UsedBy: c.usersOf(v), Unresolved: c.unresolvedDisks(),
 		})
 	}
 	return out, nil
 }
 
-func (c *fakeImages) Verify(ctx context.Context, img imagecache.Image) (imagecache.Base, error) {
+func (c *fakeImages) Verify(ctx context.Context, img imagecache.Image) (basecache.Base, error) {
 	c.mu.Lock()
 	err := c.err
 	c.mu.Unlock()
 	if err != nil {
-		return imagecache.Base{}, err
+		return basecache.Base{}, err
 	}
-	name := imagecache.BaseName(c.entry, img.Key, "qcow2")
+	name := basecache.BaseName(c.entry, img.Key, "qcow2")
 	v, ok := c.lv.vol(c.pool, name)
 	if !ok {
-		return imagecache.Base{}, errs.Errorf(errs.NotFound, "base %s: no published base in pool %s", name, c.pool)
+		return basecache.Base{}, errs.Errorf(errs.NotFound, "base %s: no published base in pool %s", name, c.pool)
 	}
-	return imagecache.Base{Volume: name, Path: v.path, Digest: fakeDigest, Format: "qcow2"}, nil
+	return basecache.Base{Volume: name, Path: v.path, Digest: fakeDigest, Format: "qcow2"}, nil
 }
 
 func (c *fakeImages) Evict(ctx context.Context, img imagecache.Image) error {
@@ -113,7 +114,7 @@ func (c *fakeImages) Evict(ctx context.Context, img imagecache.Image) error {
 	if err != nil {
 		return err
 	}
-	name := imagecache.BaseName(c.entry, img.Key, "qcow2")
+	name := basecache.BaseName(c.entry, img.Key, "qcow2")
 	v, ok := c.lv.vol(c.pool, name)
 	if !ok {
 		return nil
@@ -156,7 +157,7 @@ func TestImagesListMapsUsersToInstances(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	base := imagecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
+	base := basecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
 	bv, _ := e.lv.vol(e.cfg.Pool, base)
 	// A domain of another tool using the base directly.
 	e.lv.defineXML(t, `<domain type="qemu"><name>other-vm</name><devices><disk type="file" device="disk"><source file="`+bv.path+`"/><target dev="vda"/></disk></devices></domain>`)
@@ -209,7 +210,7 @@ func TestImagesUnresolvedDiskIsInUseUnknown(t *testing.T) {
 	if err := e.p.Delete(ctx, egressproxy.Ref{Name: "a", UID: "u-a"}); err != nil {
 		t.Fatal(err)
 	}
-	base := imagecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
+	base := basecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
 	e.lv.defineXML(t, `<domain type="qemu"><name>elsewhere</name><devices><disk type="file" device="disk"><driver name="qemu" type="qcow2"/><source file="/srv/vms/elsewhere.qcow2"/><target dev="vda"/></disk></devices></domain>`)
 
 	want := []egressproxy.ImageInfo{

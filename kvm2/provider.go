@@ -18,7 +18,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/driver"
-	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/libvirterr"
 	"github.com/egressproxy/egressproxy/internal/obs"
@@ -36,7 +36,7 @@ type provider struct {
 	tracer trace.Tracer
 
 	lv    lvSession  // the shared libvirt connection (sshSession)
-	cache imageCache // the entry's base images (*imagecache.Cache)
+	cache imageCache // the entry's base images (*basecache.Cache)
 	locks nameLocks
 
 	accel accelCache // whether the host offers KVM
@@ -113,14 +113,11 @@ func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 		CallTimeout: cfg.CallTimeout,
 		Logger:      log,
 	})
-	fanout := opts.ImageFanout
-	switch {
-	case opts.NoImageFanout:
+	fanout := basecache.ProcessFanout()
+	if opts.PrivateImageCache {
 		fanout = nil
-	case fanout == nil:
-		fanout = imagecache.ProcessFanout()
 	}
-	cache, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{
+	cache, err := basecache.New(basecache.SSH(lv), basecache.Config{
 		Entry:            cfg.Entry,
 		Pool:             cfg.Pool,
 		TransferBudget:   cfg.TransferBudget,

@@ -33,6 +33,7 @@ import (
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
@@ -405,7 +406,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	held.waitGET(t, 2*time.Minute, "the first operator's cold fetch of gamma's image")
-	heldBase := imagecache.BaseName(entryNames[1], "held", imagecache.FormatQCOW2)
+	heldBase := basecache.BaseName(entryNames[1], "held", imagecache.FormatQCOW2)
 	claimPrefix := "claim-" + strings.TrimPrefix(heldBase, "base-") + "."
 	eventually(t, time.Minute, "gamma's reconcile in flight", func() string {
 		got, err := get(gamma)
@@ -627,7 +628,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 			t.Errorf("claim volumes left in pool %s: %v", h.pool, cl)
 		}
 	}
-	if vols := poolVolumes(t, hosts[1].poolPath, heldBase); len(vols) != 2 || vols[0] != heldBase || vols[1] != imagecache.MarkerName(heldBase, held.sha256) {
+	if vols := poolVolumes(t, hosts[1].poolPath, heldBase); len(vols) != 2 || vols[0] != heldBase || vols[1] != basecache.MarkerName(heldBase, held.sha256) {
 		t.Errorf("gamma's image in pool %s: %v, want exactly the base %s and its marker", hosts[1].pool, vols, heldBase)
 	}
 
