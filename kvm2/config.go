@@ -37,8 +37,8 @@ type MachineType struct {
 // as strings ("30s"), zero values that mean "the default" omitted.
 // ParseConfig reads one entry from a file and ParseEntries a list of them,
 // strictly, naming each problem by its key path in the file. Secrets never
-// appear in its marshalled form or its String: image URLs are redacted
-// (imagecache.RedactURL) and the key fields are tagged `json:"-"`, so they
+// appear in its marshalled form or its String: image URLs are written with
+// their credentials redacted and the key fields are tagged `json:"-"`, so they
 // are set in code (from a Secret), never from the file.
 type Config struct {
 	// Entry is the provider entry name. It becomes part of volume and domain
@@ -107,11 +107,9 @@ type Config struct {
 	// when Images has one key; required when it has several.
 	DefaultImage string `json:"defaultImage,omitempty"`
 	// TransferBudget bounds one cold image fetch: download, upload,
-	// read-back, publish (imagecache.Config.TransferBudget). Zero: 20m; not
-	// negative.
+	// read-back, publish. Zero: 20m; not negative.
 	TransferBudget time.Duration `json:"transferBudget,omitempty"`
-	// ClaimTimeout is the image cache's claim timeout
-	// (imagecache.Config.ClaimTimeout). A process fetching a base into
+	// ClaimTimeout is the image cache's claim timeout. A process fetching a base into
 	// Pool holds a claim on it and refreshes it every ClaimTimeout/4; a
 	// claim not refreshed for ClaimTimeout is stale and another process
 	// takes it over. So it is how long an image stays blocked on this
