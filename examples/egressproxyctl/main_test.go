@@ -24,6 +24,7 @@ import (
 	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
@@ -756,12 +757,10 @@ type fetching struct {
 
 func (f fetching) Create(ctx context.Context, spec egressproxy.Spec) (egressproxy.Instance, error) {
 	f.progress(imagecache.Progress{Volume: "base-lab1--base.qcow2", Bytes: 300 << 20, Total: 600 << 20, Rate: 50e6})
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(f.stderr.String(), "300.0 MiB of 600.0 MiB uploaded (50%), 50.0 MB/s") {
-		if time.Now().After(deadline) {
-			return egressproxy.Instance{}, errs.Errorf(egressproxy.Transient, "progress line never showed the fetch: %q", f.stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !eventually.Poll(ctx, 10*time.Second, func() bool {
+		return strings.Contains(f.stderr.String(), "300.0 MiB of 600.0 MiB uploaded (50%), 50.0 MB/s")
+	}) {
+		return egressproxy.Instance{}, errs.Errorf(egressproxy.Transient, "progress line never showed the fetch: %q", f.stderr.String())
 	}
 	return f.bare.Create(ctx, spec)
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
 
@@ -163,21 +164,16 @@ func TestRunFailures(t *testing.T) {
 			p.InjectFault(memprovider.OpCreate, memprovider.Fault{Code: egressproxy.Permanent, Times: 1})
 		}, code: 1, stderr: []string{"create fleet-1", "class Permanent"}},
 		{name: "instance fails while starting", memFaults: func(c *egressproxy.Client, p *memprovider.Control) {
-			go func() { // once fleet-2 exists, break it
-				for i := 0; i < 400; i++ {
-					l, err := c.List(context.Background())
-					if err != nil {
-						return
+			// Every read of the fleet first breaks fleet-2 once it exists
+			// (Waiting runs as a delayed call starts, outside the entry's lock).
+			p.InjectFault(memprovider.OpGet, memprovider.Fault{Delay: time.Nanosecond, Waiting: func() {
+				l, _ := c.List(context.Background())
+				for _, inst := range l {
+					if inst.Name == "fleet-2" {
+						p.SetState(inst.Ref, egressproxy.StateFailed)
 					}
-					for _, inst := range l {
-						if inst.Name == "fleet-2" {
-							p.SetState(inst.Ref, egressproxy.StateFailed)
-							return
-						}
-					}
-					time.Sleep(5 * time.Millisecond)
 				}
-			}()
+			}})
 		}, code: 1, stderr: []string{"fleet-2 is Failed while starting"}},
 		{name: "provider unhealthy", memFaults: func(c *egressproxy.Client, p *memprovider.Control) {
 			p.InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient, Reason: egressproxy.ReasonUnreachable})
@@ -221,14 +217,10 @@ func TestRunKeepServesUntilInterrupted(t *testing.T) {
 	var out, errb syncBuffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, []string{"-keep", "-n", "2"}, &out, &errb) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(out.String(), "press Ctrl-C") {
-		if time.Now().After(deadline) {
-			cancel()
-			<-done
-			t.Fatalf("fleet never kept up:\n%s\n%s", out.String(), errb.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !eventually.Poll(ctx, 20*time.Second, func() bool { return strings.Contains(out.String(), "press Ctrl-C") }) {
+		cancel()
+		<-done
+		t.Fatalf("fleet never kept up:\n%s\n%s", out.String(), errb.String())
 	}
 	// The kept proxies still serve.
 	rows := rowRE.FindAllStringSubmatch(out.String(), -1)
