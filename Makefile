@@ -12,7 +12,9 @@
 #               nothing the tests start — libvirtd, sshd, squid, the guest and
 #               its NAT network — reaches outside the namespace.
 #   make test-in-netns   (internal; refuses to run outside scripts/netns)
-#               start the stack and a LAB_HOSTS-host lab (scripts/lab, stopped
+#               check the API record (api-check; a difference stops the run
+#               here, before anything starts), start the stack and a
+#               LAB_HOSTS-host lab (scripts/lab, stopped
 #               again at the end), run go vet, staticcheck and every test including the
 #               integration- and e2e-tagged ones against it (the e2e package
 #               as a step of its own, verbose, so every run logs its boot,
@@ -25,6 +27,13 @@
 #               fuzz-short, then stop the stack again (always, even when a step
 #               failed). The tests run even when vet fails, for the full
 #               picture; the first failing step's exit status is kept.
+#   make api    write api/v0.txt, the record of the exported API (one line
+#               per exported identifier of every shipped package, by
+#               cmd/apirecord). Run it when you change the API on purpose,
+#               and commit the file with the change.
+#   make api-check   fail, showing the difference, when the exported API is
+#               not the one api/v0.txt records (the first step of make
+#               test, offline).
 #   make unit   the unit tests only, no stack needed.
 #   make fuzz-short   each go test -fuzz target for FUZZTIME (part of make test).
 #   make stack-up / stack-down / stack-status   drive the (machine's) stack by
@@ -54,7 +63,11 @@ OPERATOR := examples/operator
 TEST_TIMEOUT ?= 25m
 KEEP_STACK ?=
 
-.PHONY: test test-in-netns operator-test unit vet fuzz-short stack-up stack-down stack-status stress stress-in-netns stress-run
+.PHONY: test test-in-netns operator-test unit vet fuzz-short stack-up stack-down stack-status stress stress-in-netns stress-run api api-check
+
+# The record of the exported API (make api writes it, make api-check
+# compares the code with it).
+API_FILE := api/v0.txt
 
 # make stress   (root) the concurrency and fault tests under CPU load: on a
 #               real stack of its own in a private network namespace (as make
@@ -73,11 +86,11 @@ KEEP_STACK ?=
 #               operator's control plane on a new machine and runs the
 #               5-minute soak, which keeps the same packages busy under
 #               faults; make stress is the repeated proof).
-STRESS_PKGS := ./sshconn ./internal/libvirtconn ./imagecache ./kvm2
+STRESS_PKGS := ./sshconn ./internal/libvirtconn ./internal/basecache ./kvm2
 STRESS_COUNT ?= 20
 STRESS_FLAGS ?=
 CI_STRESS_COUNT ?= 1
-# make test ends its tests with the chaos soak of issue 22 (make soak,
+# make test ends its tests with the chaos soak (make soak,
 # docs/soak.md) for CI_SOAK on the LAB_HOSTS-host lab, with a fixed seed
 # so that a red run replays exactly (make soak SOAK=5m SOAK_SEED=...
 # SOAK_HOSTS=2); its report is printed, not written to docs/. Its test
@@ -96,7 +109,7 @@ STRESS_TIMEOUT ?= 120m
 # a loaded machine starves a worker at the deadline (golang/go#75804; seen
 # here on FuzzParseNames in a CI run). 20000 runs take 2–16 s per target.
 FUZZ_TARGETS := .:FuzzSpecValidate ./kvm2:FuzzDomainXML ./kvm2:FuzzSeed ./internal/isoseed:FuzzBuild ./kvm2:FuzzParseDomainXML \
-	./health:FuzzReadResponseHead ./sshconn:FuzzValidate ./imagecache:FuzzParseNames \
+	./health:FuzzReadResponseHead ./sshconn:FuzzValidate ./internal/basecache:FuzzParseNames \
 	.:FuzzClientErrorText .:FuzzErrorText ./kvm2:FuzzConfigErrorText
 FUZZTIME ?= 20000x
 
@@ -144,6 +157,8 @@ test-in-netns:
 		echo "make test-in-netns: not inside scripts/netns (EGRESSPROXY_NETNS unset); run make test" >&2; exit 2; \
 	fi; \
 	rc=0; \
+	echo "+ [$$(date -u +%T)] make api-check   (GOPROXY=$$($(GO) env GOPROXY))"; \
+	$(MAKE) --no-print-directory api-check || exit $$?; \
 	$(TESTSTACK) up || rc=$$?; \
 	if [ $$rc -eq 0 ]; then \
 		stackenv=$$($(TESTSTACK) env) && eval "$$stackenv" || rc=$$?; \
@@ -257,6 +272,23 @@ fuzz-short:
 		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg; \
 	done
 
+# api-check regenerates the record into a temporary file and compares it
+# with the committed one. It needs only the go command and the module cache
+# (cmd/apirecord reads the compiler's export data), so it runs offline.
+api:
+	$(GO) run ./cmd/apirecord -o $(API_FILE)
+
+api-check:
+	@tmp=$$(mktemp /tmp/egp-api.XXXXXX) || exit $$?; \
+	trap 'rm -f "$$tmp"' EXIT; \
+	$(GO) run ./cmd/apirecord -o "$$tmp" || exit $$?; \
+	if ! diff -u --label "$(API_FILE) (recorded)" --label "$(API_FILE) (the code)" $(API_FILE) "$$tmp"; then \
+		echo "make api-check: the exported API is not the one $(API_FILE) records (diff above: - recorded, + the code)." >&2; \
+		echo "make api-check: if the change is meant, run 'make api', commit $(API_FILE) with it and say what changed for callers in CHANGELOG.md; if not, undo it." >&2; \
+		exit 1; \
+	fi; \
+	echo "make api-check: the exported API is the one $(API_FILE) records"
+
 unit:
 	$(GO) test -race ./...
 
@@ -317,7 +349,7 @@ bench-short:
 	echo "+ [$$(date -u +%T)] $(GO) test -tags integration -p 1 -run '^$$' -bench . -benchtime 1x" $$pkgs; \
 	$(GO) test -tags integration -p 1 -run '^$$' -bench . -benchtime 1x $$pkgs
 
-# make soak   (root) the chaos soak of issue 22 (internal/testing/soak, docs/soak.md):
+# make soak   (root) the chaos soak (internal/testing/soak, docs/soak.md):
 #             on a stack of its own in a private network namespace (as make
 #             test) with a SOAK_HOSTS-host lab, TestSoak runs a driver
 #             process (the test binary re-executed: the model operator) that

@@ -13,7 +13,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
-	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/memprovider"
 	"github.com/egressproxy/egressproxy/sshconn"
@@ -26,7 +26,7 @@ import (
 func TestConstructorsReportEveryFieldTheSameWay(t *testing.T) {
 	t.Parallel()
 	_, sshErr := sshconn.New(sshconn.Config{Address: "no-port", DialTimeout: -time.Second}, nil)
-	_, cacheErr := imagecache.New(nil, imagecache.Config{Entry: "Bad_Entry"})
+	_, cacheErr := basecache.New(nil, basecache.Config{Entry: "Bad_Entry"})
 	_, trackErr := health.NewTracker(&health.TrackerOptions{Rise: -1, Fall: -1})
 	_, kvmErr := kvm2.Open(context.Background(), kvm2.Config{}, nil)
 	tests := []struct {
@@ -36,8 +36,8 @@ func TestConstructorsReportEveryFieldTheSameWay(t *testing.T) {
 		permanent bool
 	}{
 		{"sshconn.New", sshErr, []string{"Address", "DialTimeout", "KeyFile", "KnownHostsFile", "User"}, false},
-		{"imagecache.New", cacheErr, []string{"Entry", "Pool", "conn"}, true},
-		{"health.NewTracker", trackErr, []string{"TrackerOptions.Fall", "TrackerOptions.Rise"}, true},
+		{"basecache.New", cacheErr, []string{"Entry", "Pool", "conn"}, true},
+		{"health.NewTracker", trackErr, []string{"Fall", "Rise"}, true},
 		{"kvm2.Open", kvmErr, []string{"Address", "Entry"}, true},
 	}
 	for _, tt := range tests {

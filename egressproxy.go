@@ -94,19 +94,17 @@ func newClient(p backend, opts *Options) *Client {
 
 // OpError is the error every Client method returns: the operation, the
 // instance it concerned (empty for List and Check) or, for the image
-// operations, the image key, and the provider's error. errors.Is /
-// errors.As / Code see through it to the class.
+// operations, the image key, and the backend's error. errors.Is, errors.As
+// and Code see through it to the class.
 //
-// Its text is "egressproxy <op> <instance>: <provider's error>" ("egressproxy
+// Its text is "egressproxy <op> <instance>: <backend's error>" ("egressproxy
 // <op> <image key>: …" for the image operations): the client says the
-// operation and the instance, so the layers below say only what failed (see
-// the provider package doc, "Error text"). An instance name that is not a
-// valid name (ValidateName), or an image key that is not a valid
-// key (ValidateKey), is left out: the validation error that comes
-// with it quotes it, escaped and bounded. The whole text is valid UTF-8 of
-// at most MaxErrorText bytes (ClipMessage).
+// operation and the instance, so the layers below say only what failed. An
+// instance name or image key that is not valid is left out: the validation
+// error that comes with it quotes it, escaped and bounded. The whole text is
+// valid UTF-8 of at most 1 KiB.
 type OpError struct {
-	// Op is "create", "get", "delete", "list", "check", "close",
+	// Op is "create", "get", "wait", "delete", "list", "check", "close",
 	// "list-images", "verify-image" or "evict-image".
 	Op       string
 	Instance string // instance name, "" when not about one instance
@@ -180,7 +178,7 @@ func wrapTarget(op string, tg target, err error) error {
 // spanNames are the stable span names of the operations (see
 // docs/observability.md).
 var spanNames = map[string]string{
-	"create": "egressproxy.Create", "get": "egressproxy.Get", "delete": "egressproxy.Delete",
+	"create": "egressproxy.Create", "get": "egressproxy.Get", "delete": "egressproxy.Delete", "wait": "egressproxy.WaitRunning",
 	"list": "egressproxy.List", "check": "egressproxy.Check", "close": "egressproxy.Close",
 	"list-images": "egressproxy.ListImages", "verify-image": "egressproxy.VerifyImage", "evict-image": "egressproxy.EvictImage",
 }
@@ -267,7 +265,7 @@ func expected(ctx context.Context, err error) bool {
 
 // Create validates spec, then creates the instance (idempotent on UID).
 // A spec that fails validation returns a Permanent error naming the field
-// and never reaches the provider.
+// and never reaches the backend.
 func (c *Client) Create(ctx context.Context, spec Spec) (Instance, error) {
 	var inst Instance
 	err := c.run(ctx, "create", spec.Name, func(ctx context.Context) error {
@@ -281,7 +279,7 @@ func (c *Client) Create(ctx context.Context, spec Spec) (Instance, error) {
 	return inst, err
 }
 
-// Get reads the instance back from the provider. Missing: NotFound.
+// Get reads the instance back from the backend. Missing: NotFound.
 func (c *Client) Get(ctx context.Context, ref Ref) (Instance, error) {
 	var inst Instance
 	err := c.run(ctx, "get", ref.Name, func(ctx context.Context) error {

@@ -31,6 +31,7 @@ type recorder struct {
 	err    error
 	closed bool
 	block  chan struct{} // when set, Get blocks until closed or ctx ends
+	inGet  chan struct{} // when set, Get sends on it once it is blocking
 }
 
 func (r *recorder) note(op string) error {
@@ -52,6 +53,9 @@ func (r *recorder) Get(ctx context.Context, ref egressproxy.Ref) (egressproxy.In
 		return egressproxy.Instance{}, err
 	}
 	if r.block != nil {
+		if r.inGet != nil {
+			r.inGet <- struct{}{}
+		}
 		select {
 		case <-r.block:
 			return egressproxy.Instance{}, errs.Errorf(egressproxy.Transient, "provider closed during call")
@@ -221,16 +225,14 @@ func TestCallsAfterCloseRefused(t *testing.T) {
 
 func TestCloseEndsCallsInFlight(t *testing.T) {
 	t.Parallel()
-	r := &recorder{block: make(chan struct{})}
+	r := &recorder{block: make(chan struct{}), inGet: make(chan struct{})}
 	c := driver.NewClient(r, nil)
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Get(context.Background(), egressproxy.Ref{Name: "a", UID: "u"})
 		done <- err
 	}()
-	for len(r.callList()) == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	<-r.inGet // the Get is in flight
 	closed := make(chan struct{})
 	go func() { c.Close(); close(closed) }()
 	select {

@@ -66,12 +66,13 @@ var (
 // FieldError is one rule broken by one field of an input. Field names the
 // field as the caller wrote it: the Go field for a Go value ("Name",
 // "Probe.Timeout"), the key path for a file ("entries[2].images.deb.sha256").
-// Value is the offending value as given; Rule says what it must be. Its text
-// is
+// Value is the offending value as given; Rule says what it must be; Line
+// is the line of the file the field is on, where the format gives one
+// (zero otherwise). Its text is
 //
-//	invalid <Field> <quoted Value>: <Rule>
+//	line <Line>: invalid <Field> <quoted Value>: <Rule>
 //
-// with the value escaped and bounded. A validation error reports every
+// with the value escaped and bounded (no line when Line is zero). A validation error reports every
 // broken rule at once: FieldErrors lists them, errors.As finds the first.
 // Validation errors are Permanent.
 type FieldError = errs.FieldError

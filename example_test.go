@@ -206,9 +206,10 @@ func Example_servedProxies() {
 	spec := egressproxy.Spec{Name: "proxy-1", UID: "u1"}
 	inst, _ := client.Create(ctx, spec)
 	fmt.Println(inst.State, inst.Address() == "")
-	for inst.State != egressproxy.StateRunning {
-		time.Sleep(10 * time.Millisecond)
-		inst, _ = client.Get(ctx, spec.Ref())
+	inst, err := client.WaitRunning(ctx, spec.Ref(), &egressproxy.WaitOptions{Interval: 10 * time.Millisecond})
+	if err != nil {
+		fmt.Println(err)
+		return
 	}
 	host, _, _ := net.SplitHostPort(inst.Address())
 	fmt.Println(inst.State, host, inst.AddressSource)

@@ -226,6 +226,13 @@ type ImageInfo struct {
 	// "domain/<libvirt domain name>"); EvictImage refuses while it is
 	// listed.
 	InUseBy []string `json:"inUseBy,omitempty"`
+	// InUseUnknown reports that the backend cannot tell every user of the
+	// base: InUseBy lists the users it found and others may exist (kvm2: a
+	// disk on the host whose backing chain it cannot follow, such as an
+	// inactive domain's overlay outside every active pool). Read it as
+	// "in use: unknown", never as unused; EvictImage refuses while it is
+	// set. False when nothing is stored for the key.
+	InUseUnknown bool `json:"inUseUnknown,omitempty"`
 	// Verified is true only in VerifyImage's result, when the bytes read
 	// back matched Digest.
 	Verified bool `json:"verified,omitempty"`

@@ -13,16 +13,17 @@ import (
 // and honour ctx: when ctx ends, a call returns promptly with an error for
 // which Code is Canceled or DeadlineExceeded.
 //
-// Callers guarantee that Specs passed to Create are valid (Spec.Validate);
-// the portable client egressproxy.Client does that. Providers validate again
-// and return ErrPermanent naming the field for a bad egressproxy.Spec, before touching a
-// backend.
+// The client passes Create only specs that pass Spec.Validate, and Get and
+// Delete only valid refs. A provider validates again what it relies on and
+// returns a Permanent error naming the field, before it touches a backend.
+// Every error a provider returns has a class (Errorf); the client classes an
+// unclassed error Transient.
 type Provider interface {
 	// Create makes the instance described by spec and starts it. It is
 	// idempotent on spec.UID: if an instance with this name and UID
 	// exists and was created from the same spec (same Spec.Digest), it is
 	// returned unchanged, never duplicated; if it was created from another
-	// spec, Create fails with ErrSpecConflict (Permanent) and changes
+	// spec, Create fails with egressproxy.ErrSpecConflict (Permanent) and changes
 	// nothing. An object with the same name but another UID is a
 	// Permanent error (name taken).
 	//
@@ -57,7 +58,7 @@ type Provider interface {
 	// closed).
 	Check(ctx context.Context) (egressproxy.Health, error)
 	// Close releases every connection and goroutine. It does not delete
-	// instances. Calls after Close return an error wrapping ErrClosed,
+	// instances. Calls after Close return an error wrapping egressproxy.ErrClosed,
 	// classed Permanent. Close is idempotent.
 	Close() error
 }
@@ -67,9 +68,12 @@ type Provider interface {
 // and manage the base images it keeps for instances: list them, prove the
 // stored bytes, and evict one that is no longer wanted. egressproxy.Client
 // exposes it as Client.ListImages, Client.VerifyImage and Client.EvictImage,
-// and returns an error wrapping ErrNotSupported (Permanent) for a provider
-// that does not implement it. providertest runs its conformance cases for
+// and returns an error wrapping egressproxy.ErrNotSupported (Permanent) for a provider
+// that does not implement it. drivertest runs its conformance cases for
 // every provider that does.
+//
+// A provider may also have a method As(target any) bool: Client.As calls it
+// so the provider can offer a value of its own (see Client.As).
 type ImageManager interface {
 	// ListImages returns the base images of the provider's configured image
 	// keys, one per key, sorted by Key; an image key whose base is not

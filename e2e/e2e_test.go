@@ -17,7 +17,9 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/libvirtconn"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
@@ -311,28 +313,13 @@ func TestE2EProxyGuest(t *testing.T) {
 		t.Fatalf("%s\n%s", fmt.Sprintf(format, args...), guesttest.ConsoleLog(consoleDir, domA))
 	}
 
-	// Wait for Running with an address.
-	var lastErr error
-	for {
-		if time.Since(created) > runningBound {
-			failNoAnswer("guest %s not Running with an address %s after Create (last: state %s, ip %q, err %v)", domA, runningBound, inst.State, inst.IP, lastErr)
-		}
-		got, err := client.Get(ctx, specA.Ref())
-		switch {
-		case err == nil:
-			inst = got
-		case egressproxy.Code(err) == egressproxy.Transient:
-			lastErr = err
-		default:
-			t.Fatalf("Get %s while booting: %v", specA.Name, err)
-		}
-		if err == nil && inst.State == egressproxy.StateRunning && inst.IP != "" {
-			break
-		}
-		if err == nil && inst.State != egressproxy.StateProvisioning && inst.State != egressproxy.StateRunning {
-			failNoAnswer("guest %s is %s while booting", domA, inst.State)
-		}
-		time.Sleep(pollEvery)
+	// Wait for Running with an address: the library's own wait, bounded by
+	// runningBound from Create.
+	wctx, wcancel := context.WithDeadline(ctx, created.Add(runningBound))
+	inst, err = client.WaitRunning(wctx, specA.Ref(), &egressproxy.WaitOptions{Interval: pollEvery})
+	wcancel()
+	if err != nil {
+		failNoAnswer("guest %s not Running with an address %s after Create: %v", domA, runningBound, err)
 	}
 	running := time.Now()
 	t.Logf("boot to Running: %s; address %s from source %q", running.Sub(created).Round(time.Millisecond), inst.Address(), inst.AddressSource)
@@ -346,15 +333,11 @@ func TestE2EProxyGuest(t *testing.T) {
 	// Squid in the guest tunnels a CONNECT to the target (on the lab: the
 	// caller's end of host 1's link).
 	var res health.Result
-	for {
+	if !eventually.Poll(ctx, time.Until(created.Add(squidBound)), func() bool {
 		res = health.Probe(ctx, inst.Address(), target.Addr, &health.ProbeOptions{Timeout: 15 * time.Second, Exchange: health.HTTPGet(target.Addr, target.Token)})
-		if res.OK {
-			break
-		}
-		if time.Since(created) > squidBound {
-			failNoAnswer("Squid in guest %s never answered a CONNECT to %s with 2xx within %s of Create: last probe %v (status %d)", domA, target.Addr, squidBound, res.Err, res.StatusCode)
-		}
-		time.Sleep(pollEvery)
+		return res.OK
+	}) {
+		failNoAnswer("Squid in guest %s never answered a CONNECT to %s with 2xx within %s of Create: last probe %v (status %d)", domA, target.Addr, squidBound, res.Err, res.StatusCode)
 	}
 	t.Logf("boot to Squid answering: %s; CONNECT %s via %s → %d in %s", time.Since(created).Round(time.Millisecond), target.Addr, inst.Address(), res.StatusCode, res.Total.Round(time.Millisecond))
 	if res.StatusCode < 200 || res.StatusCode > 299 {
@@ -389,7 +372,7 @@ func TestE2EProxyGuest(t *testing.T) {
 	}
 
 	// Delete: domain, overlay and seed gone; the base stays.
-	base := imagecache.BaseName(entry, imageKey, "qcow2")
+	base := basecache.BaseName(entry, imageKey, "qcow2")
 	if _, vols, err := raw.Objects(pool, entry); err != nil {
 		t.Fatal(err)
 	} else if !vols[domA+".qcow2"] || !vols[domA+"-seed.iso"] || !vols[base] {

@@ -81,17 +81,17 @@ func (p *fastProxies) close() {
 // probeAllocs runs one round with every allocation profiled and returns the
 // allocations (count, bytes) made under Probe, per probe: the library's own
 // cost, without the in-process fake proxies' accept path.
-func probeAllocs(tb testing.TB, targets []Target, opts *ProbeAllOptions) (allocs, bytes float64) {
+func probeAllocs(tb testing.TB, proxies []Proxy, opts *ProbeAllOptions) (allocs, bytes float64) {
 	var res []Result
 	n, b := allocprof.Under("github.com/egressproxy/egressproxy/health.Probe", func() {
-		res = ProbeAll(context.Background(), targets, opts)
+		res = ProbeAll(context.Background(), proxies, opts)
 	})
 	for _, r := range res {
 		if !r.OK {
 			tb.Fatalf("%s: %v", r.ID, r.Err)
 		}
 	}
-	return float64(n) / float64(len(targets)), float64(b) / float64(len(targets))
+	return float64(n) / float64(len(proxies)), float64(b) / float64(len(proxies))
 }
 
 // BenchmarkProbe1000Proxies probes 1,000 in-process CONNECT proxies on
@@ -105,25 +105,26 @@ func probeAllocs(tb testing.TB, targets []Target, opts *ProbeAllOptions) (allocs
 func BenchmarkProbe1000Proxies(b *testing.B) {
 	const nProxies = 1000
 	px := startFastProxies(b, nProxies)
-	targets := make([]Target, nProxies)
+	proxies := make([]Proxy, nProxies)
 	for i, a := range px.addrs {
-		targets[i] = Target{ID: fmt.Sprint("p", i), ProxyAddr: a}
+		proxies[i] = Proxy{ID: fmt.Sprint("p", i), Address: a}
 	}
 	for _, workers := range []int{32, 128} {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
-			opts := &ProbeAllOptions{Workers: workers, TargetAddr: "203.0.113.1:443", Probe: ProbeOptions{Timeout: 5 * time.Second}}
+			opts := &ProbeAllOptions{Workers: workers, Target: "203.0.113.1:443", Probe: ProbeOptions{Timeout: 5 * time.Second}}
 			// Warm up (pools, listeners' accept queues).
-			for _, r := range ProbeAll(context.Background(), targets, opts) {
+			for _, r := range ProbeAll(context.Background(), proxies, opts) {
 				if !r.OK {
 					b.Fatalf("warm-up %s: %v", r.ID, r.Err)
 				}
 			}
 			var peak atomic.Int64
-			stop := make(chan struct{})
+			stop, sampling := make(chan struct{}), make(chan struct{})
 			var wg sync.WaitGroup
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				close(sampling)
 				t := time.NewTicker(time.Millisecond)
 				defer t.Stop()
 				for {
@@ -137,7 +138,7 @@ func BenchmarkProbe1000Proxies(b *testing.B) {
 					}
 				}
 			}()
-			time.Sleep(5 * time.Millisecond)
+			<-sampling
 			base := int64(runtime.NumGoroutine())
 			var ms0, ms1 runtime.MemStats
 			runtime.ReadMemStats(&ms0)
@@ -146,7 +147,7 @@ func BenchmarkProbe1000Proxies(b *testing.B) {
 			b.ResetTimer()
 			start := time.Now()
 			for i := 0; i < b.N; i++ {
-				for _, r := range ProbeAll(context.Background(), targets, opts) {
+				for _, r := range ProbeAll(context.Background(), proxies, opts) {
 					if !r.OK {
 						failed++
 						if firstErr == nil {
@@ -167,7 +168,7 @@ func BenchmarkProbe1000Proxies(b *testing.B) {
 			b.ReportMetric(probes/elapsed.Seconds(), "probes/s")
 			b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/probes, "allocs/probe")
 			b.ReportMetric(float64(peak.Load()-base)/float64(workers), "goroutines/inflight")
-			a, by := probeAllocs(b, targets, opts)
+			a, by := probeAllocs(b, proxies, opts)
 			b.ReportMetric(a, "probe-allocs/probe")
 			b.ReportMetric(by, "probe-B/probe")
 		})

@@ -79,8 +79,9 @@ func TestIntegrationProbeSquid(t *testing.T) {
 				t.Fatalf("got ok=%v kind=%v code=%d err=%v; want ok=%v kind=%v code=%d",
 					res.OK, res.Kind, res.StatusCode, res.Err, tt.ok, tt.kind, tt.code)
 			}
-			if !tt.ok && !errors.Is(res.Err, tt.kind) {
-				t.Fatalf("errors.Is(%v, %v) is false", res.Err, tt.kind)
+			var pe *ProbeError
+			if !tt.ok && (!errors.As(res.Err, &pe) || pe.Kind != tt.kind) {
+				t.Fatalf("error %v: want a *ProbeError of kind %v", res.Err, tt.kind)
 			}
 			if res.OK && (res.Connect <= 0 || res.FirstByte <= 0 || res.Total < res.FirstByte) {
 				t.Fatalf("latency not measured: %+v", res)
@@ -103,12 +104,12 @@ func TestIntegrationTrackerRoundSquid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	members := []Member{{ID: "open", Addr: env.SquidAddr}, {ID: "auth", Addr: env.SquidAuthAddr}, {ID: "booting"}}
+	members := []Proxy{{ID: "open", Address: env.SquidAddr}, {ID: "auth", Address: env.SquidAuthAddr}, {ID: "booting"}}
 	for i := 0; i < 2; i++ {
-		res := tr.Round(context.Background(), members, &ProbeAllOptions{TargetAddr: target, Workers: 2,
+		res, err := tr.Round(context.Background(), members, &ProbeAllOptions{Target: target, Workers: 2,
 			Probe: ProbeOptions{Timeout: 30 * time.Second, Exchange: lineExchange}})
-		if len(res) != 2 || !res[0].OK || res[1].Kind != KindAuthRequired {
-			t.Fatalf("round %d: %+v", i, res)
+		if err != nil || len(res) != 2 || !res[0].OK || res[1].Kind != KindAuthRequired {
+			t.Fatalf("round %d: %+v, %v", i, res, err)
 		}
 	}
 	want := map[string]State{"open": StateHealthy, "auth": StateUnhealthy, "booting": StateUnknown}
@@ -118,15 +119,15 @@ func TestIntegrationTrackerRoundSquid(t *testing.T) {
 		}
 	}
 	// Many probes through one squid at once: all succeed or all are denied.
-	var targets []Target
+	var proxies []Proxy
 	for i := 0; i < 50; i++ {
-		tg := Target{ID: fmt.Sprint(i), ProxyAddr: env.SquidAddr, TargetAddr: target}
+		p := Proxy{ID: fmt.Sprint(i), Address: env.SquidAddr, Target: target}
 		if i%5 == 0 {
-			tg.TargetAddr = denied
+			p.Target = denied
 		}
-		targets = append(targets, tg)
+		proxies = append(proxies, p)
 	}
-	for i, r := range ProbeAll(context.Background(), targets, &ProbeAllOptions{Workers: 8, Probe: ProbeOptions{Timeout: 30 * time.Second}}) {
+	for i, r := range ProbeAll(context.Background(), proxies, &ProbeAllOptions{Workers: 8, Probe: ProbeOptions{Timeout: 30 * time.Second}}) {
 		if i%5 == 0 && (r.Kind != KindProxyStatus || r.StatusCode != 403) || i%5 != 0 && !r.OK {
 			t.Errorf("%s via squid to %s: ok=%v kind=%v code=%d err=%v", r.ID, r.Target, r.OK, r.Kind, r.StatusCode, r.Err)
 		}

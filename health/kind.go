@@ -6,10 +6,8 @@ import (
 )
 
 // Kind classifies the outcome of a probe. The zero value, KindNone, means
-// "no failure": it is the Kind of every successful Result.
-//
-// Kind implements error so that a probe error can be matched with
-// errors.Is(err, health.KindTimeout).
+// "no failure": it is the Kind of every successful Result. A failure is a
+// *ProbeError carrying its Kind; match it with errors.As.
 type Kind uint8
 
 const (
@@ -93,12 +91,11 @@ func (k Kind) Reason() string {
 	return "Kind" + strconv.Itoa(int(k))
 }
 
-// Error makes a Kind usable as an errors.Is target. It returns the same
-// text as String, so a Kind formats the same with %v and %s.
-func (k Kind) Error() string { return k.String() }
-
-// ProbeError is the error of a failed probe (Result.Err). Match its class
-// with errors.Is(err, health.KindXxx) or read Kind directly after errors.As.
+// ProbeError is the error of a failed probe (Result.Err). Read its Kind
+// after errors.As:
+//
+//	var pe *health.ProbeError
+//	if errors.As(err, &pe) && pe.Kind == health.KindAuthRequired { ... }
 type ProbeError struct {
 	Kind       Kind
 	Op         string // phase that failed: "input", "dial", "write", "read", "tunnel"
@@ -121,12 +118,6 @@ func (e *ProbeError) Error() string {
 
 // Unwrap returns the underlying cause.
 func (e *ProbeError) Unwrap() error { return e.Err }
-
-// Is reports whether target is this error's Kind.
-func (e *ProbeError) Is(target error) bool {
-	k, ok := target.(Kind)
-	return ok && k == e.Kind
-}
 
 // malformedError describes what is wrong with a response head.
 type malformedError struct{ what string }

@@ -1,6 +1,8 @@
 package health
 
 import (
+	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -23,5 +25,17 @@ func TestKindReason(t *testing.T) {
 		if k < kindCount && !strings.EqualFold(r, strings.ReplaceAll(k.String(), "-", "")) {
 			t.Errorf("%v.Reason() = %q, not its String %q in CamelCase", k, r, k.String())
 		}
+	}
+}
+
+// A Kind is a plain value, not an error: a failure is matched with
+// errors.As on *ProbeError and its Kind read there.
+func TestKindIsNotAnError(t *testing.T) {
+	if _, ok := any(KindTimeout).(error); ok {
+		t.Fatal("Kind implements error")
+	}
+	var err error = &ProbeError{Kind: KindRefused, Op: "dial", Proxy: "127.0.0.1:1", Target: "example.test:443"}
+	if pe := (*ProbeError)(nil); !errors.As(fmt.Errorf("wrapped: %w", err), &pe) || pe.Kind != KindRefused {
+		t.Fatalf("errors.As through a wrap: %v", pe)
 	}
 }

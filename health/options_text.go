@@ -1,30 +1,92 @@
 package health
 
-import "encoding/json"
+import (
+	"strconv"
+	"strings"
+)
 
-// String returns the options as their JSON form (camelCase, durations as
-// strings): the plain values only. Password, TLS, Exchange and Dialer are
-// never marshalled, so the proxy password cannot reach a log line or an
-// error through fmt (%v, %+v, %s).
-func (o ProbeOptions) String() string { return optionsText(o) }
+// String returns the options' plain values, as %+v would show them but
+// without the zero ones: the password shows as REDACTED, and TLS,
+// Exchange and DialContext only as set. Every fmt verb uses it (or
+// GoString), so the password never reaches a log line or an error.
+func (o ProbeOptions) String() string {
+	var b fieldText
+	if o.Timeout != 0 {
+		b.raw("Timeout", o.Timeout.String())
+	}
+	b.str("Username", o.Username)
+	b.secret("Password", o.Password != "")
+	b.set("TLS", o.TLS != nil)
+	b.set("Exchange", o.Exchange != nil)
+	b.set("DialContext", o.DialContext != nil)
+	return b.done()
+}
 
 // GoString is String for %#v.
 func (o ProbeOptions) GoString() string { return "health.ProbeOptions" + o.String() }
 
-// String returns the options as their JSON form, without the password of
-// Probe or the collaborators (see ProbeOptions.String).
-func (o ProbeAllOptions) String() string { return optionsText(o) }
+// String returns the options' plain values without the password (see
+// ProbeOptions.String); Logger and TracerProvider show only as set.
+func (o ProbeAllOptions) String() string {
+	var b fieldText
+	if o.Workers != 0 {
+		b.raw("Workers", strconv.Itoa(o.Workers))
+	}
+	b.str("Target", o.Target)
+	if p := o.Probe.String(); p != "{}" {
+		b.raw("Probe", p)
+	}
+	b.set("Logger", o.Logger.GetSink() != nil)
+	b.set("TracerProvider", o.TracerProvider != nil)
+	return b.done()
+}
 
 // GoString is String for %#v.
 func (o ProbeAllOptions) GoString() string { return "health.ProbeAllOptions" + o.String() }
 
-// optionsText marshals v; the option structs always marshal (their
-// unmarshallable fields are tagged "-"), so the error text is a fallback
-// that shows no field value.
-func optionsText(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return "{<unprintable options>}"
-	}
-	return string(b)
+// String returns the proxy's fields without its password (see
+// ProbeOptions.String).
+func (p Proxy) String() string {
+	var b fieldText
+	b.str("ID", p.ID)
+	b.str("Address", p.Address)
+	b.str("Target", p.Target)
+	b.str("Username", p.Username)
+	b.secret("Password", p.Password != "")
+	return b.done()
 }
+
+// GoString is String for %#v.
+func (p Proxy) GoString() string { return "health.Proxy" + p.String() }
+
+// fieldText builds "{Name:value Name:value}" from the non-zero fields.
+type fieldText struct{ b strings.Builder }
+
+func (t *fieldText) raw(name, value string) {
+	if t.b.Len() > 0 {
+		t.b.WriteByte(' ')
+	}
+	t.b.WriteString(name)
+	t.b.WriteByte(':')
+	t.b.WriteString(value)
+}
+
+func (t *fieldText) str(name, v string) {
+	if v != "" {
+		t.raw(name, quote(v))
+	}
+}
+
+func (t *fieldText) secret(name string, set bool) {
+	if set {
+		t.raw(name, "REDACTED")
+	}
+}
+
+func (t *fieldText) set(name string, set bool) {
+	if set {
+		t.raw(name, "set")
+	}
+}
+
+func (t *fieldText) done() string { return "{" + t.b.String() + "}" }

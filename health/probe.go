@@ -14,38 +14,33 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
-// DefaultTimeout is the per-probe timeout used when ProbeOptions.Timeout is
-// zero.
-const DefaultTimeout = 10 * time.Second
-
-// Dialer opens the TCP connection to the proxy. *net.Dialer satisfies it.
-type Dialer interface {
-	DialContext(ctx context.Context, network, address string) (net.Conn, error)
-}
+// defaultTimeout bounds a probe whose ProbeOptions.Timeout is zero.
+const defaultTimeout = 10 * time.Second
 
 // ProbeOptions configures Probe. A nil *ProbeOptions is valid and means the
 // zero value of every field.
 type ProbeOptions struct {
 	// Timeout bounds the whole probe: dial, CONNECT exchange and tunnel
-	// proof. Zero means DefaultTimeout; a negative value means no timeout of
-	// the probe's own (only the context's deadline applies).
-	Timeout time.Duration `json:"timeout,omitempty"`
+	// proof. Zero means 10s; a negative value means no timeout of the
+	// probe's own (only the context's deadline applies).
+	Timeout time.Duration
 
 	// Username and Password, when Username is not empty, are sent as
 	// "Proxy-Authorization: Basic ..." with the CONNECT request. Username
 	// must not contain ':' (RFC 7617). Zero: no credentials are sent.
-	// Password is a secret: never marshalled, set it in code (e.g. from a
-	// Secret).
-	Username string `json:"username,omitempty"`
-	Password string `json:"-"`
+	// Password never reaches a log line, an error or String.
+	Username string
+	Password string
 
 	// TLS, when not nil, proves the tunnel with a TLS handshake through it
 	// after the proxy answered 2xx. When TLS.ServerName is empty it is set
 	// to the target's host (on a clone; TLS is never modified). Zero: no
 	// TLS handshake.
-	TLS *tls.Config `json:"-"`
+	TLS *tls.Config
 
 	// Exchange, when not nil, proves the tunnel with a caller-supplied
 	// exchange through it after the proxy answered 2xx (and after the TLS
@@ -55,17 +50,18 @@ type ProbeOptions struct {
 	// it waits on other than conn, and must not keep conn after it returns;
 	// Probe closes it. A non-nil error fails the probe as
 	// KindTunnelFailed. Zero: no exchange.
-	Exchange func(ctx context.Context, conn net.Conn) error `json:"-"`
+	Exchange func(ctx context.Context, conn net.Conn) error
 
-	// Dialer opens the TCP connection to the proxy. Zero: a net.Dialer
-	// without TCP keep-alives (probe connections are short).
-	Dialer Dialer `json:"-"`
+	// DialContext opens the TCP connection to the proxy (network is
+	// "tcp"). Zero: a net.Dialer's, without TCP keep-alives (probe
+	// connections are short).
+	DialContext func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
 // Result is the outcome of one probe.
 type Result struct {
-	// ID is the Target.ID the result belongs to (set by ProbeAll; empty
-	// for Probe).
+	// ID is the Proxy.ID the result belongs to (set by ProbeAll and
+	// Tracker.Round; empty for Probe).
 	ID string
 	// Proxy and Target are the proxy address and the CONNECT target.
 	Proxy  string
@@ -78,7 +74,7 @@ type Result struct {
 	Kind Kind
 	// StatusCode is the proxy's final status code, 0 when none was read.
 	StatusCode int
-	// Err is nil when OK, else a *ProbeError (errors.Is(Err, Kind) holds).
+	// Err is nil when OK, else a *ProbeError with the same Kind.
 	Err error
 
 	// Start is when the probe began (wall clock).
@@ -116,7 +112,7 @@ var defaultDialer = &net.Dialer{KeepAlive: -1}
 // aLongTimeAgo is a deadline in the past: it unblocks pending I/O at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// Probe opens a TCP connection to the HTTP proxy at proxyAddr (host:port),
+// Probe opens a TCP connection to the HTTP proxy at proxy (host:port),
 // sends "CONNECT target HTTP/1.1" and reads the proxy's answer. It
 // succeeds only when the final status line is 2xx and the optional tunnel
 // proof (opts.TLS, opts.Exchange) succeeds. Failures are classified in
@@ -127,21 +123,21 @@ var aLongTimeAgo = time.Unix(1, 0)
 // is done. Probe starts no goroutine of its own (the context package runs a
 // short callback if ctx ends during the probe; Probe waits for it) and
 // always closes the connection before it returns.
-func Probe(ctx context.Context, proxyAddr, target string, opts *ProbeOptions) Result {
+func Probe(ctx context.Context, proxy, target string, opts *ProbeOptions) Result {
 	start := time.Now()
-	res := Result{Proxy: proxyAddr, Target: target, Start: start}
+	res := Result{Proxy: proxy, Target: target, Start: start}
 	var o ProbeOptions
 	if opts != nil {
 		o = *opts
 	}
-	if err := validateProbe(proxyAddr, target, &o); err != nil {
+	if err := validateProbe(proxy, target, &o); err != nil {
 		return res.fail(KindBadInput, "input", err)
 	}
 	var deadline time.Time
 	if o.Timeout >= 0 {
 		t := o.Timeout
 		if t == 0 {
-			t = DefaultTimeout
+			t = defaultTimeout
 		}
 		deadline = start.Add(t)
 	}
@@ -152,7 +148,7 @@ func Probe(ctx context.Context, proxyAddr, target string, opts *ProbeOptions) Re
 		return res.fail(classify(ctx, ctx.Err()), "dial", context.Cause(ctx))
 	}
 
-	conn, err := dial(ctx, o.Dialer, proxyAddr, deadline)
+	conn, err := dial(ctx, o.DialContext, proxy, deadline)
 	res.Connect = time.Since(start)
 	if err != nil {
 		return res.fail(classify(ctx, err), "dial", err)
@@ -183,13 +179,54 @@ func Probe(ctx context.Context, proxyAddr, target string, opts *ProbeOptions) Re
 
 // probeConn runs the CONNECT exchange and the tunnel proof on conn.
 func probeConn(ctx context.Context, conn net.Conn, st *probeState, target string, deadline time.Time, o *ProbeOptions, res Result) Result {
-	start := res.Start
 	if !deadline.IsZero() {
 		if err := conn.SetDeadline(deadline); err != nil {
 			return res.fail(classify(ctx, err), "dial", err)
 		}
 	}
+	if err := writeConnect(conn, st, target, o); err != nil {
+		return res.fail(classify(ctx, err), "write", err)
+	}
 
+	br := st.br
+	br.Reset(conn)
+	if _, err := br.Peek(1); err != nil {
+		if err == io.EOF {
+			return res.fail(classifyClosed(ctx), "read", errors.New("proxy closed the connection without answering"))
+		}
+		return res.fail(classify(ctx, err), "read", err)
+	}
+	res.FirstByte = time.Since(res.Start)
+	code, err := readResponseHead(br)
+	if err != nil {
+		return res.fail(classifyHead(ctx, err), "read", err)
+	}
+	res.StatusCode = code
+	switch {
+	case code == 407:
+		return res.fail(KindAuthRequired, "read", nil)
+	case code < 200 || code > 299:
+		return res.fail(KindProxyStatus, "read", nil)
+	}
+
+	if o.TLS != nil || o.Exchange != nil {
+		if err := proveTunnel(ctx, conn, br, target, deadline, o); err != nil {
+			k := KindTunnelFailed
+			if ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled) {
+				k = KindCanceled
+			}
+			return res.fail(k, "tunnel", err)
+		}
+	}
+	res.OK = true
+	res.Total = time.Since(res.Start)
+	return res
+}
+
+// writeConnect sends the CONNECT request for target, with the basic
+// credentials of o when it has a Username. The request is built in st's
+// pooled buffers; the bytes holding credentials are cleared after use.
+func writeConnect(conn net.Conn, st *probeState, target string, o *ProbeOptions) error {
 	b := append(st.req[:0], "CONNECT "...)
 	b = append(b, target...)
 	b = append(b, " HTTP/1.1\r\nHost: "...)
@@ -211,56 +248,25 @@ func probeConn(ctx context.Context, conn net.Conn, st *probeState, target string
 	if o.Username != "" {
 		clear(b) // do not keep credentials in pooled memory
 	}
-	if err != nil {
-		return res.fail(classify(ctx, err), "write", err)
-	}
+	return err
+}
 
-	br := st.br
-	br.Reset(conn)
-	if _, err := br.Peek(1); err != nil {
-		if err == io.EOF {
-			err = errors.New("proxy closed the connection without answering")
-			return res.fail(classifyClosed(ctx), "read", err)
-		}
-		return res.fail(classify(ctx, err), "read", err)
-	}
-	res.FirstByte = time.Since(start)
-	code, err := readResponseHead(br)
-	if err != nil {
-		var me *malformedError
-		switch {
-		case errors.As(err, &me):
-			return res.fail(KindMalformed, "read", err)
-		case err == errTruncated:
-			if k := classifyClosed(ctx); k != KindNetwork {
-				return res.fail(k, "read", err)
-			}
-			return res.fail(KindMalformed, "read", err)
-		case err == io.EOF:
-			return res.fail(classifyClosed(ctx), "read", err)
-		}
-		return res.fail(classify(ctx, err), "read", err)
-	}
-	res.StatusCode = code
+// classifyHead maps an error of readResponseHead to a Kind. A head cut
+// short is malformed unless ctx ended, which caused it.
+func classifyHead(ctx context.Context, err error) Kind {
+	var me *malformedError
 	switch {
-	case code == 407:
-		return res.fail(KindAuthRequired, "read", nil)
-	case code < 200 || code > 299:
-		return res.fail(KindProxyStatus, "read", nil)
-	}
-
-	if o.TLS != nil || o.Exchange != nil {
-		if err := proveTunnel(ctx, conn, br, target, deadline, o); err != nil {
-			k := KindTunnelFailed
-			if ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled) {
-				k = KindCanceled
-			}
-			return res.fail(k, "tunnel", err)
+	case errors.As(err, &me):
+		return KindMalformed
+	case err == errTruncated:
+		if k := classifyClosed(ctx); k != KindNetwork {
+			return k
 		}
+		return KindMalformed
+	case err == io.EOF:
+		return classifyClosed(ctx)
 	}
-	res.OK = true
-	res.Total = time.Since(start)
-	return res
+	return classify(ctx, err)
 }
 
 func proveTunnel(ctx context.Context, conn net.Conn, br *bufio.Reader, target string, deadline time.Time, o *ProbeOptions) error {
@@ -306,9 +312,9 @@ func (c *bufferedConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-func dial(ctx context.Context, d Dialer, addr string, deadline time.Time) (net.Conn, error) {
-	if d == nil {
-		d = defaultDialer
+func dial(ctx context.Context, dialContext func(ctx context.Context, network, address string) (net.Conn, error), address string, deadline time.Time) (net.Conn, error) {
+	if dialContext == nil {
+		dialContext = defaultDialer.DialContext
 	}
 	if !deadline.IsZero() {
 		if cd, ok := ctx.Deadline(); !ok || deadline.Before(cd) {
@@ -317,7 +323,7 @@ func dial(ctx context.Context, d Dialer, addr string, deadline time.Time) (net.C
 			defer cancel()
 		}
 	}
-	return d.DialContext(ctx, "tcp", addr)
+	return dialContext(ctx, "tcp", address)
 }
 
 func (r Result) fail(k Kind, op string, err error) Result {
@@ -364,12 +370,14 @@ func classifyClosed(ctx context.Context) Kind {
 	return KindNetwork
 }
 
-func validateProbe(proxyAddr, target string, o *ProbeOptions) error {
-	if proxyAddr == "" {
-		return errors.New("proxyAddr: must not be empty")
+// validateProbe checks Probe's input. The option fields are named by their
+// Go field in ProbeOptions.
+func validateProbe(proxy, target string, o *ProbeOptions) error {
+	if proxy == "" {
+		return errors.New("proxy address: must not be empty")
 	}
-	if _, port, err := net.SplitHostPort(proxyAddr); err != nil || port == "" {
-		return errors.New("proxyAddr: must be host:port, got " + quote(proxyAddr))
+	if _, port, err := net.SplitHostPort(proxy); err != nil || port == "" {
+		return errors.New("proxy address: must be host:port, got " + quote(proxy))
 	}
 	host, port, err := net.SplitHostPort(target)
 	if err != nil || host == "" || port == "" {
@@ -381,10 +389,11 @@ func validateProbe(proxyAddr, target string, o *ProbeOptions) error {
 		}
 	}
 	if strings.IndexByte(o.Username, ':') >= 0 {
-		return errors.New("ProbeOptions.Username: must not contain ':' (RFC 7617 basic auth)")
+		// No Value: a Username with ':' may be "user:password" pasted whole.
+		return &errs.FieldError{Field: "Username", Rule: "must not contain ':' (RFC 7617 basic auth)"}
 	}
 	if o.Username == "" && o.Password != "" {
-		return errors.New("ProbeOptions.Password: set without ProbeOptions.Username")
+		return &errs.FieldError{Field: "Password", Rule: "is set without a Username"}
 	}
 	return nil
 }

@@ -14,130 +14,112 @@ import (
 	"github.com/egressproxy/egressproxy/internal/obs"
 )
 
-// DefaultWorkers is the number of concurrent probes ProbeAll runs when
+// defaultWorkers is the number of probes in flight when
 // ProbeAllOptions.Workers is zero.
-const DefaultWorkers = 64
+const defaultWorkers = 64
 
 // tracerName is the instrumentation scope of this package's spans.
 const tracerName = "github.com/egressproxy/egressproxy/health"
 
-// Target is one proxy to probe.
-type Target struct {
-	// ID identifies the proxy for the embedder (copied to Result.ID).
-	ID string `json:"id"`
-	// ProxyAddr is the proxy's host:port.
-	ProxyAddr string `json:"proxyAddr"`
-	// TargetAddr is the CONNECT target (host:port). Empty: the round's
-	// ProbeAllOptions.TargetAddr.
-	TargetAddr string `json:"targetAddr,omitempty"`
+// Proxy is one proxy to probe.
+type Proxy struct {
+	// ID identifies the proxy for the embedder (copied to Result.ID; the
+	// Tracker's key).
+	ID string
+	// Address is the proxy's host:port. Tracker.Round treats an empty
+	// Address as unknown this round: the proxy is not probed and keeps
+	// its state. ProbeAll fails it as KindBadInput.
+	Address string
+	// Target is the CONNECT target (host:port). Empty: the round's
+	// ProbeAllOptions.Target.
+	Target string
 	// Username and Password are this proxy's own basic-auth credentials,
 	// sent instead of the round's Probe.Username and Probe.Password when
 	// Username is set (proxies with credentials of their own probed in one
 	// round). Empty Username: the round's credentials. Password never
-	// reaches a log line, error or span (String leaves it out).
-	Username string `json:"username,omitempty"`
-	Password string `json:"-"`
+	// reaches a log line, an error, a span or String.
+	Username string
+	Password string
 }
 
-// String returns the target as its JSON form, without the password.
-func (t Target) String() string { return optionsText(t) }
-
-// GoString is String for %#v.
-func (t Target) GoString() string { return "health.Target" + t.String() }
-
-// ProbeAllOptions configures ProbeAll. A nil *ProbeAllOptions is valid and
-// means the zero value of every field.
+// ProbeAllOptions configures ProbeAll and Tracker.Round. A nil
+// *ProbeAllOptions is valid and means the zero value of every field.
 type ProbeAllOptions struct {
-	// Workers is the maximum number of probes in flight. ProbeAll starts
-	// exactly min(Workers, len(targets)) goroutines, each running one probe
-	// at a time. Zero means DefaultWorkers; negative is treated as 1.
-	Workers int `json:"workers,omitempty"`
-	// TargetAddr is the CONNECT target for targets with an empty
-	// TargetAddr. Zero: such targets fail as KindBadInput.
-	TargetAddr string `json:"targetAddr,omitempty"`
+	// Workers is the maximum number of probes in flight: exactly
+	// min(Workers, number of proxies) goroutines run, each one probe at a
+	// time. Zero means 64; negative is treated as 1.
+	Workers int
+	// Target is the CONNECT target of proxies whose own Target is empty.
+	// Zero: such proxies fail as KindBadInput in ProbeAll, and
+	// Tracker.Round refuses the round with an error.
+	Target string
 	// Probe holds the options of every probe (timeout per probe,
 	// credentials, tunnel proof, dialer). Zero: ProbeOptions defaults.
-	Probe ProbeOptions `json:"probe"`
+	Probe ProbeOptions
 	// Logger receives a summary per round (V(1)) and each failed probe
-	// (V(2)). Zero: logs are discarded.
-	Logger logr.Logger `json:"-"`
+	// (V(2)), on a logger named "health". Zero: logs are discarded
+	// (Tracker.Round: the tracker's logger).
+	Logger logr.Logger
 	// TracerProvider provides the tracer for the span of the round
-	// ("health.ProbeAll"). Zero: no-op.
-	TracerProvider trace.TracerProvider `json:"-"`
+	// ("health.ProbeAll"). Zero: no-op (Tracker.Round: the tracker's).
+	TracerProvider trace.TracerProvider
 }
 
-// ProbeAll probes every target with bounded concurrency and returns one
-// Result per target, in the order of targets. Each probe has its own
+// ProbeAll probes every proxy with bounded concurrency and returns one
+// Result per proxy, in the order of proxies. Each probe has its own
 // timeout (opts.Probe.Timeout). When ctx ends, probes in flight end
-// promptly and targets not yet started get a KindCanceled (or
-// KindTimeout) result without any connection being made. ProbeAll returns
-// only after every goroutine it started has ended.
-func ProbeAll(ctx context.Context, targets []Target, opts *ProbeAllOptions) []Result {
+// promptly and proxies not yet probed get a KindCanceled (or KindTimeout)
+// result without any connection being made. ProbeAll returns only after
+// every goroutine it started has ended.
+func ProbeAll(ctx context.Context, proxies []Proxy, opts *ProbeAllOptions) []Result {
 	var o ProbeAllOptions
 	if opts != nil {
 		o = *opts
 	}
-	log := o.Logger
-	if log.GetSink() == nil {
-		log = logr.Discard()
+	log := logr.Discard()
+	if o.Logger.GetSink() != nil {
+		log = o.Logger.WithName("health")
 	}
 	tp := o.TracerProvider
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
+	return probeAll(ctx, proxies, &o, log, tp)
+}
+
+// probeAll is ProbeAll with its logger (already named) and tracer provider
+// resolved.
+func probeAll(ctx context.Context, proxies []Proxy, o *ProbeAllOptions, log logr.Logger, tp trace.TracerProvider) []Result {
 	workers := o.Workers
 	if workers == 0 {
-		workers = DefaultWorkers
+		workers = defaultWorkers
 	}
-	if workers < 1 {
-		workers = 1
-	}
-	if workers > len(targets) {
-		workers = len(targets)
-	}
+	workers = min(max(workers, 1), len(proxies))
 	ctx, span := tp.Tracer(tracerName).Start(ctx, "health.ProbeAll", trace.WithAttributes(
-		attribute.Int("health.targets", len(targets)),
+		attribute.Int("health.targets", len(proxies)),
 		attribute.Int("health.workers", workers),
 	))
 	defer span.End()
 	start := time.Now()
 
-	results := make([]Result, len(targets))
+	results := make([]Result, len(proxies))
 	var next atomic.Int64
 	var failed atomic.Int64
 	var wg sync.WaitGroup
 	wg.Add(workers)
-	for w := 0; w < workers; w++ {
+	for range workers {
 		go func() {
 			defer wg.Done()
 			for {
 				i := int(next.Add(1) - 1)
-				if i >= len(targets) {
+				if i >= len(proxies) {
 					return
 				}
-				t := &targets[i]
-				dst := t.TargetAddr
-				if dst == "" {
-					dst = o.TargetAddr
-				}
-				var r Result
-				if err := ctx.Err(); err != nil {
-					r = Result{Proxy: t.ProxyAddr, Target: dst, Start: time.Now()}
-					r = r.fail(classify(ctx, err), "dial", context.Cause(ctx))
-				} else {
-					po := &o.Probe
-					if t.Username != "" {
-						own := o.Probe
-						own.Username, own.Password = t.Username, t.Password
-						po = &own
-					}
-					r = Probe(ctx, t.ProxyAddr, dst, po)
-				}
-				r.ID = t.ID
+				r := probeOne(ctx, &proxies[i], o)
 				if !r.OK {
 					failed.Add(1)
 					if l := log.V(2); l.Enabled() {
-						l.Info("probe failed", "id", t.ID, "proxy", t.ProxyAddr, "target", dst,
+						l.Info("probe failed", "id", r.ID, "proxy", r.Proxy, "target", r.Target,
 							"kind", r.Kind.String(), "status", r.StatusCode, "err", r.Err)
 					}
 				}
@@ -149,13 +131,37 @@ func ProbeAll(ctx context.Context, targets []Target, opts *ProbeAllOptions) []Re
 
 	nFailed := int(failed.Load())
 	span.SetAttributes(
-		attribute.Int("health.ok", len(targets)-nFailed),
+		attribute.Int("health.ok", len(proxies)-nFailed),
 		attribute.Int("health.failed", nFailed),
 	)
 	if err := ctx.Err(); err != nil {
 		obs.Fail(span, err) // error.type Canceled or DeadlineExceeded
 	}
-	log.V(1).Info("probe round", "targets", len(targets), "workers", workers,
-		"ok", len(targets)-nFailed, "failed", nFailed, "duration", time.Since(start))
+	log.V(1).Info("probe round", "targets", len(proxies), "workers", workers,
+		"ok", len(proxies)-nFailed, "failed", nFailed, "elapsed", time.Since(start))
 	return results
+}
+
+// probeOne probes p with the round's options, its own target and
+// credentials winning; once ctx has ended it fails p without a connection.
+func probeOne(ctx context.Context, p *Proxy, o *ProbeAllOptions) Result {
+	target := p.Target
+	if target == "" {
+		target = o.Target
+	}
+	var r Result
+	if err := ctx.Err(); err != nil {
+		r = Result{Proxy: p.Address, Target: target, Start: time.Now()}
+		r = r.fail(classify(ctx, err), "dial", context.Cause(ctx))
+	} else {
+		po := &o.Probe
+		if p.Username != "" {
+			own := o.Probe
+			own.Username, own.Password = p.Username, p.Password
+			po = &own
+		}
+		r = Probe(ctx, p.Address, target, po)
+	}
+	r.ID = p.ID
+	return r
 }

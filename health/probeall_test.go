@@ -20,7 +20,7 @@ func TestProbeAllResultsInOrder(t *testing.T) {
 	good := startFake(t, reply("HTTP/1.1 200 OK\r\n\r\n")).addr
 	denied := startFake(t, reply("HTTP/1.1 403 Forbidden\r\n\r\n")).addr
 	refused := closedAddr(t)
-	var targets []Target
+	var proxies []Proxy
 	want := map[string]Kind{}
 	for i := 0; i < 30; i++ {
 		id := fmt.Sprintf("p%02d", i)
@@ -31,21 +31,21 @@ func TestProbeAllResultsInOrder(t *testing.T) {
 		case 2:
 			addr, k = refused, KindRefused
 		}
-		targets = append(targets, Target{ID: id, ProxyAddr: addr})
+		proxies = append(proxies, Proxy{ID: id, Address: addr})
 		want[id] = k
 	}
-	targets[0].TargetAddr = "override.test:80"
+	proxies[0].Target = "override.test:80"
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 
-	results := ProbeAll(context.Background(), targets, &ProbeAllOptions{Workers: 4, TargetAddr: "example.test:443", TracerProvider: tp})
-	if len(results) != len(targets) {
-		t.Fatalf("%d results for %d targets", len(results), len(targets))
+	results := ProbeAll(context.Background(), proxies, &ProbeAllOptions{Workers: 4, Target: "example.test:443", TracerProvider: tp})
+	if len(results) != len(proxies) {
+		t.Fatalf("%d results for %d proxies", len(results), len(proxies))
 	}
 	for i, r := range results {
-		if r.ID != targets[i].ID || r.Proxy != targets[i].ProxyAddr {
-			t.Fatalf("result %d is for %s/%s, want %s/%s", i, r.ID, r.Proxy, targets[i].ID, targets[i].ProxyAddr)
+		if r.ID != proxies[i].ID || r.Proxy != proxies[i].Address {
+			t.Fatalf("result %d is for %s/%s, want %s/%s", i, r.ID, r.Proxy, proxies[i].ID, proxies[i].Address)
 		}
 		if r.Kind != want[r.ID] || r.OK != (want[r.ID] == KindNone) {
 			t.Errorf("%s: kind %v ok %v err %v, want %v", r.ID, r.Kind, r.OK, r.Err, want[r.ID])
@@ -71,28 +71,29 @@ func TestProbeAllBoundsConcurrency(t *testing.T) {
 	tests := []struct {
 		name    string
 		workers int
-		targets int
+		proxies int
 		want    int // goroutines and connections allowed at once
 	}{
-		{name: "3 workers 12 targets", workers: 3, targets: 12, want: 3},
-		{name: "workers capped by targets", workers: 50, targets: 5, want: 5},
-		{name: "negative workers means one", workers: -2, targets: 4, want: 1},
+		{name: "3 workers 12 proxies", workers: 3, proxies: 12, want: 3},
+		{name: "workers capped by proxies", workers: 50, proxies: 5, want: 5},
+		{name: "negative workers means one", workers: -2, proxies: 4, want: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// A proxy that holds every connection without answering
 			// (no goroutine per connection on its side).
 			silent := startFake(t, nil)
-			targets := make([]Target, tt.targets)
-			for i := range targets {
-				targets[i] = Target{ID: fmt.Sprint(i), ProxyAddr: silent.addr, TargetAddr: "example.test:443"}
+			proxies := make([]Proxy, tt.proxies)
+			for i := range proxies {
+				proxies[i] = Proxy{ID: fmt.Sprint(i), Address: silent.addr, Target: "example.test:443"}
 			}
+			// A sampler records the peak goroutine count; the round starts
+			// once it runs, so base counts it and it sees the whole round.
 			var peak atomic.Int64
-			stop := make(chan struct{})
+			stop, sampling := make(chan struct{}), make(chan struct{})
 			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
+				close(sampling)
 				for {
 					select {
 					case <-stop:
@@ -104,10 +105,10 @@ func TestProbeAllBoundsConcurrency(t *testing.T) {
 					}
 					runtime.Gosched()
 				}
-			}()
-			time.Sleep(10 * time.Millisecond)
+			})
+			<-sampling
 			base := int64(runtime.NumGoroutine())
-			results := ProbeAll(context.Background(), targets, &ProbeAllOptions{Workers: tt.workers, Probe: ProbeOptions{Timeout: 100 * time.Millisecond}})
+			results := ProbeAll(context.Background(), proxies, &ProbeAllOptions{Workers: tt.workers, Probe: ProbeOptions{Timeout: 100 * time.Millisecond}})
 			close(stop)
 			wg.Wait()
 			for _, r := range results {
@@ -118,8 +119,8 @@ func TestProbeAllBoundsConcurrency(t *testing.T) {
 			if extra := peak.Load() - base; extra > int64(tt.want) {
 				t.Errorf("%d extra goroutines during the round, want at most %d", extra, tt.want)
 			}
-			if got := silent.accepted.Load(); got != int64(tt.targets) {
-				t.Errorf("%d connections accepted, want %d", got, tt.targets)
+			if got := silent.accepted.Load(); got != int64(tt.proxies) {
+				t.Errorf("%d connections accepted, want %d", got, tt.proxies)
 			}
 		})
 	}
@@ -162,12 +163,12 @@ func TestProbeAllPeakConnections(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 		reply("HTTP/1.1 200 OK\r\n\r\n")(c)
 	})
-	targets := make([]Target, 40)
-	for i := range targets {
-		targets[i] = Target{ID: fmt.Sprint(i), ProxyAddr: slow.addr}
+	proxies := make([]Proxy, 40)
+	for i := range proxies {
+		proxies[i] = Proxy{ID: fmt.Sprint(i), Address: slow.addr}
 	}
 	d := &countingDialer{}
-	results := ProbeAll(context.Background(), targets, &ProbeAllOptions{Workers: 5, TargetAddr: "example.test:443", Probe: ProbeOptions{Dialer: d}})
+	results := ProbeAll(context.Background(), proxies, &ProbeAllOptions{Workers: 5, Target: "example.test:443", Probe: ProbeOptions{DialContext: d.DialContext}})
 	for _, r := range results {
 		if !r.OK {
 			t.Fatalf("%s: %v", r.ID, r.Err)
@@ -184,16 +185,17 @@ func TestProbeAllPeakConnections(t *testing.T) {
 func TestProbeAllCanceled(t *testing.T) {
 	t.Parallel()
 	silent := startFake(t, nil)
-	targets := make([]Target, 20)
-	for i := range targets {
-		targets[i] = Target{ID: fmt.Sprint(i), ProxyAddr: silent.addr, TargetAddr: "example.test:443"}
+	proxies := make([]Proxy, 20)
+	for i := range proxies {
+		proxies[i] = Proxy{ID: fmt.Sprint(i), Address: silent.addr, Target: "example.test:443"}
 	}
 	t.Run("before start", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		results := ProbeAll(ctx, targets, &ProbeAllOptions{Workers: 4})
+		results := ProbeAll(ctx, proxies, &ProbeAllOptions{Workers: 4})
 		for _, r := range results {
-			if r.Kind != KindCanceled || !errors.Is(r.Err, KindCanceled) {
+			var pe *ProbeError
+			if r.Kind != KindCanceled || !errors.As(r.Err, &pe) || pe.Kind != KindCanceled {
 				t.Fatalf("%s: kind %v, want canceled", r.ID, r.Kind)
 			}
 		}
@@ -205,7 +207,7 @@ func TestProbeAllCanceled(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		results := ProbeAll(ctx, targets, &ProbeAllOptions{Workers: 4, Probe: ProbeOptions{Timeout: time.Hour}})
+		results := ProbeAll(ctx, proxies, &ProbeAllOptions{Workers: 4, Probe: ProbeOptions{Timeout: time.Hour}})
 		if d := time.Since(start); d > 5*time.Second {
 			t.Fatalf("round returned after %v", d)
 		}

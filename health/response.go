@@ -25,14 +25,7 @@ var errTruncated = errors.New("connection closed in the middle of the response h
 // The line may end in "\r\n", "\n" or nothing. It returns the status code
 // (100..599) or an error describing the defect.
 func parseStatusLine(line []byte) (int, error) {
-	n := len(line)
-	if n > 0 && line[n-1] == '\n' {
-		n--
-		if n > 0 && line[n-1] == '\r' {
-			n--
-		}
-	}
-	line = line[:n]
+	line = trimEOL(line)
 	// "HTTP/1.x SSS" is 12 bytes.
 	if len(line) < 12 || string(line[:7]) != "HTTP/1." {
 		return 0, errMalformed("status line does not start with HTTP/1.x")
@@ -53,17 +46,39 @@ func parseStatusLine(line []byte) (int, error) {
 	if code < 100 || code > 599 {
 		return 0, errMalformed("status code %d out of range", code)
 	}
-	if len(line) > 12 {
-		if line[12] != ' ' {
-			return 0, errMalformed("no space after status code")
-		}
-		for _, c := range line[13:] {
-			if c == '\r' || c == '\n' || c == 0 {
-				return 0, errMalformed("control byte in reason phrase")
-			}
-		}
+	if err := checkReason(line[12:]); err != nil {
+		return 0, err
 	}
 	return code, nil
+}
+
+// trimEOL cuts a trailing "\n" or "\r\n".
+func trimEOL(line []byte) []byte {
+	n := len(line)
+	if n > 0 && line[n-1] == '\n' {
+		n--
+		if n > 0 && line[n-1] == '\r' {
+			n--
+		}
+	}
+	return line[:n]
+}
+
+// checkReason checks what follows the status code: nothing, or a space and
+// a reason phrase without CR, LF or NUL.
+func checkReason(rest []byte) error {
+	if len(rest) == 0 {
+		return nil
+	}
+	if rest[0] != ' ' {
+		return errMalformed("no space after status code")
+	}
+	for _, c := range rest[1:] {
+		if c == '\r' || c == '\n' || c == 0 {
+			return errMalformed("control byte in reason phrase")
+		}
+	}
+	return nil
 }
 
 // readResponseHead reads the proxy's answer to CONNECT from br: interim 1xx
@@ -71,9 +86,9 @@ func parseStatusLine(line []byte) (int, error) {
 // header lines up to and including the blank line. Everything after the
 // blank line stays unread in br (it belongs to the tunnel).
 //
-// It returns the final status code. Errors: io.EOF when the connection ended before any byte, errTruncated
-// when it ended inside the head, a *malformedError for a bad head, or the
-// reader's error.
+// It returns the final status code. Errors: io.EOF when the connection
+// ended before any byte, errTruncated when it ended inside the head, a
+// *malformedError for a bad head, or the reader's error.
 func readResponseHead(br *bufio.Reader) (code int, err error) {
 	total := 0
 	for interim := 0; ; interim++ {

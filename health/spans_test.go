@@ -33,12 +33,16 @@ func TestSpanStatusAndErrorType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	members := []Member{{ID: "good", Addr: good}, {ID: "denied", Addr: denied}}
-	tr.Round(context.Background(), members, &ProbeAllOptions{TargetAddr: "example.test:443"})
-	tr.Round(context.Background(), members, &ProbeAllOptions{})
+	members := []Proxy{{ID: "good", Address: good}, {ID: "denied", Address: denied}}
+	if _, err := tr.Round(context.Background(), members, &ProbeAllOptions{Target: "example.test:443"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Round(context.Background(), members, &ProbeAllOptions{}); err == nil {
+		t.Fatal("Round without a target: no error")
+	}
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
-	ProbeAll(canceled, []Target{{ID: "good", ProxyAddr: good}}, &ProbeAllOptions{TargetAddr: "example.test:443", TracerProvider: tp})
+	ProbeAll(canceled, []Proxy{{ID: "good", Address: good}}, &ProbeAllOptions{Target: "example.test:443", TracerProvider: tp})
 
 	type outcome struct {
 		name    string
@@ -47,7 +51,7 @@ func TestSpanStatusAndErrorType(t *testing.T) {
 	}
 	want := []outcome{
 		{"health.ProbeAll", "", codes.Unset}, {"health.Round", "", codes.Unset},
-		{"health.ProbeAll", "", codes.Unset}, {"health.Round", "Permanent", codes.Error},
+		{"health.Round", "Permanent", codes.Error},
 		{"health.ProbeAll", "Canceled", codes.Error},
 	}
 	spans := rec.Ended()

@@ -18,11 +18,11 @@ import (
 	"github.com/egressproxy/egressproxy/internal/obs"
 )
 
-// Defaults of TrackerOptions.
+// Defaults of TrackerOptions' zero fields.
 const (
-	DefaultRise  = 2
-	DefaultFall  = 3
-	DefaultGrace = 2 * time.Minute
+	defaultRise  = 2
+	defaultFall  = 3
+	defaultGrace = 2 * time.Minute
 )
 
 // State is a proxy's health as decided by a Tracker.
@@ -51,8 +51,8 @@ func (s State) String() string {
 
 // Status is a snapshot of one tracked proxy.
 type Status struct {
-	ID   string
-	Addr string // last non-empty address the proxy was reported with
+	ID      string
+	Address string // last non-empty address the proxy was reported with
 	// State is the current decision; Since is when it was entered (tracker
 	// clock), or when the proxy was first tracked for StateUnknown.
 	State State
@@ -84,55 +84,45 @@ type Status struct {
 // Healthy reports whether State is StateHealthy.
 func (s Status) Healthy() bool { return s.State == StateHealthy }
 
-// Observation is what one round learned about one proxy.
-type Observation struct {
-	ID string
-	// Addr is the proxy's address in this round. Empty means the address
-	// is unknown this round (e.g. one failed read of the VM's address): the
-	// proxy keeps its state and Result is ignored.
-	Addr string
-	// Result is the probe of Addr (ignored when Addr is empty).
-	Result Result
-}
-
-// Member is a proxy the embedder knows in a round: ID and its current
-// address (empty when unknown).
-type Member struct {
-	ID   string
-	Addr string
-	// Username and Password are the proxy's own credentials for Round's
-	// probe (Target.Username and Password); empty Username: the round's.
-	Username string
-	Password string
+// observation is what one round learned about one proxy.
+type observation struct {
+	id string
+	// address is the proxy's address in this round. Empty means the
+	// address is unknown this round (e.g. one failed read of the VM's
+	// address): the proxy keeps its state and result is ignored.
+	address string
+	// result is the probe of address (ignored when address is empty).
+	result Result
 }
 
 // TrackerOptions configures a Tracker. A nil *TrackerOptions is valid and
 // means the zero value of every field.
 type TrackerOptions struct {
 	// Rise is N: consecutive successes needed to become healthy.
-	// Zero means DefaultRise; negative is an error.
-	Rise int `json:"rise,omitempty"`
+	// Zero means 2; negative is an error.
+	Rise int
 	// Fall is M: consecutive failures needed to become unhealthy.
-	// Zero means DefaultFall; negative is an error.
-	Fall int `json:"fall,omitempty"`
+	// Zero means 3; negative is an error.
+	Fall int
 	// Grace is how long a proxy that is missing from rounds, or reported
 	// without an address, keeps its state before it is forgotten, counted
-	// from when it was last seen with an address. Zero means DefaultGrace;
-	// negative is an error. (Use Tracker.Remove to forget a proxy at once.)
-	Grace time.Duration `json:"grace,omitempty"`
+	// from when it was last seen with an address. Zero means 2m; negative
+	// is an error. (Use Tracker.Remove to forget a proxy at once.)
+	Grace time.Duration
 	// OnForget, when not nil, is called exactly once for every proxy the
 	// tracker forgets (grace expired or Remove), with its last Status, after
 	// the proxy is gone and outside the tracker's lock (it may call the
 	// tracker). Zero: nothing is called.
-	OnForget func(Status) `json:"-"`
+	OnForget func(Status)
 	// Now is the tracker's clock. Zero: time.Now.
-	Now func() time.Time `json:"-"`
+	Now func() time.Time
 	// Logger receives state changes and forgets (Info) and per-round
-	// summaries (V(1)). Zero: logs are discarded.
-	Logger logr.Logger `json:"-"`
+	// summaries (V(1)), on a logger named "health". Zero: logs are
+	// discarded.
+	Logger logr.Logger
 	// TracerProvider provides the tracer for the span of each Round
 	// ("health.Round"). Zero: no-op.
-	TracerProvider trace.TracerProvider `json:"-"`
+	TracerProvider trace.TracerProvider
 }
 
 // Tracker keeps per-proxy health across probe rounds with rise/fall
@@ -152,8 +142,9 @@ type Tracker struct {
 }
 
 // NewTracker returns a Tracker. A nil opts is valid (every default).
-// Invalid options give a Permanent error joining one *errs.FieldError per
-// field and rule, the validation error type of every package of this module.
+// Invalid options give a Permanent error joining one
+// *egressproxy.FieldError per field and rule, named by its field in
+// TrackerOptions ("Rise").
 func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 	var o TrackerOptions
 	if opts != nil {
@@ -161,13 +152,13 @@ func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 	}
 	var problems []error
 	if o.Rise < 0 {
-		problems = append(problems, &errs.FieldError{Field: "TrackerOptions.Rise", Value: strconv.Itoa(o.Rise), Rule: "must not be negative (zero means DefaultRise)"})
+		problems = append(problems, &errs.FieldError{Field: "Rise", Value: strconv.Itoa(o.Rise), Rule: "must not be negative (zero means 2)"})
 	}
 	if o.Fall < 0 {
-		problems = append(problems, &errs.FieldError{Field: "TrackerOptions.Fall", Value: strconv.Itoa(o.Fall), Rule: "must not be negative (zero means DefaultFall)"})
+		problems = append(problems, &errs.FieldError{Field: "Fall", Value: strconv.Itoa(o.Fall), Rule: "must not be negative (zero means 3)"})
 	}
 	if o.Grace < 0 {
-		problems = append(problems, &errs.FieldError{Field: "TrackerOptions.Grace", Value: o.Grace.String(), Rule: "must not be negative (zero means DefaultGrace)"})
+		problems = append(problems, &errs.FieldError{Field: "Grace", Value: o.Grace.String(), Rule: "must not be negative (zero means 2m)"})
 	}
 	if err := errors.Join(problems...); err != nil {
 		return nil, errs.WithCode(errs.Permanent, err)
@@ -178,23 +169,23 @@ func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 		grace:    o.Grace,
 		onForget: o.OnForget,
 		now:      o.Now,
-		log:      o.Logger,
+		log:      logr.Discard(),
 		entries:  make(map[string]*Status),
 	}
 	if t.rise == 0 {
-		t.rise = DefaultRise
+		t.rise = defaultRise
 	}
 	if t.fall == 0 {
-		t.fall = DefaultFall
+		t.fall = defaultFall
 	}
 	if t.grace == 0 {
-		t.grace = DefaultGrace
+		t.grace = defaultGrace
 	}
 	if t.now == nil {
 		t.now = time.Now
 	}
-	if t.log.GetSink() == nil {
-		t.log = logr.Discard()
+	if o.Logger.GetSink() != nil {
+		t.log = o.Logger.WithName("health")
 	}
 	tp := o.TracerProvider
 	if tp == nil {
@@ -205,35 +196,35 @@ func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 	return t, nil
 }
 
-// Update records one complete round. Every observation with an address
+// update records one complete round. Every observation with an address
 // counts as a probe of that proxy; a proxy reported without an address, or
 // tracked but absent from obs, keeps its state and is forgotten once Grace
 // has passed since it was last seen with an address. A result of
 // KindCanceled (the embedder's context ended) counts as seen but not as a
 // probe: it changes no counter or state. Observations of one ID are applied
 // in order.
-func (t *Tracker) Update(obs []Observation) {
+func (t *Tracker) update(obs []observation) {
 	now := t.now()
 	var forgotten []Status
 	var changes []change
 	t.mu.Lock()
 	for i := range obs {
 		ob := &obs[i]
-		e, ok := t.entries[ob.ID]
+		e, ok := t.entries[ob.id]
 		if !ok {
-			e = &Status{ID: ob.ID, State: StateUnknown, Since: now, LastSeen: now}
-			t.entries[ob.ID] = e
+			e = &Status{ID: ob.id, State: StateUnknown, Since: now, LastSeen: now}
+			t.entries[ob.id] = e
 		}
-		if ob.Addr == "" {
+		if ob.address == "" {
 			continue
 		}
-		e.Addr = ob.Addr
+		e.Address = ob.address
 		e.LastSeen = now
-		if ob.Result.Kind == KindCanceled {
+		if ob.result.Kind == KindCanceled {
 			// The embedder's context ended: says nothing about the proxy.
 			continue
 		}
-		if prev := e.State; t.record(e, &ob.Result, now) {
+		if prev := e.State; t.record(e, &ob.result, now) {
 			changes = append(changes, change{from: prev, to: *e})
 		}
 	}
@@ -245,7 +236,7 @@ func (t *Tracker) Update(obs []Observation) {
 	}
 	t.mu.Unlock()
 	for _, c := range changes {
-		t.log.Info("proxy health changed", "id", c.to.ID, "addr", c.to.Addr,
+		t.log.Info("proxy health changed", "id", c.to.ID, "addr", c.to.Address,
 			"from", c.from.String(), "to", c.to.State.String(), "lastError", c.to.LastErr)
 	}
 	t.forget(forgotten, "grace period expired")
@@ -286,7 +277,7 @@ func (t *Tracker) record(e *Status, r *Result, now time.Time) bool {
 
 func (t *Tracker) forget(forgotten []Status, why string) {
 	for _, s := range forgotten {
-		t.log.Info("proxy forgotten", "id", s.ID, "addr", s.Addr, "state", s.State.String(),
+		t.log.Info("proxy forgotten", "id", s.ID, "addr", s.Address, "state", s.State.String(),
 			"lastSeen", s.LastSeen, "reason", why)
 		if t.onForget != nil {
 			t.onForget(s)
@@ -294,54 +285,59 @@ func (t *Tracker) forget(forgotten []Status, why string) {
 	}
 }
 
-// Round probes every member that has an address (ProbeAll with opts; the
-// tracker's TracerProvider when opts has none), records the round with
-// Update (members without an address, and tracked proxies not in members,
-// are handled as Update describes) and returns the probe results. One span
-// ("health.Round") covers the round.
+// Round probes every proxy that has an Address (ProbeAll with opts), records
+// the round and returns the probe results, in the order of those proxies.
+// Proxies without an Address, and tracked proxies absent from proxies, are
+// not probed: they keep their state and are forgotten once Grace has passed
+// since they were last seen with an address. A KindCanceled result (ctx
+// ended) counts as seen but not as a probe. One span ("health.Round")
+// covers the round; opts without a Logger or TracerProvider use the
+// tracker's.
 //
-// opts.TargetAddr is required: with nil opts or an empty TargetAddr every
-// result is KindBadInput, no connection is made, the round is not recorded
-// (no proxy's state changes) and the mistake is logged as an error.
-func (t *Tracker) Round(ctx context.Context, members []Member, opts *ProbeAllOptions) []Result {
+// Every probed proxy needs a CONNECT target, its own Target or
+// opts.Target. When one has neither (nil opts included), Round probes
+// nothing, records nothing and returns a Permanent error with a
+// *egressproxy.FieldError for Target: a caller's mistake never marks a
+// fleet down.
+func (t *Tracker) Round(ctx context.Context, proxies []Proxy, opts *ProbeAllOptions) ([]Result, error) {
 	ctx, span := t.tracer.Start(ctx, "health.Round", trace.WithAttributes(
-		attribute.Int("health.members", len(members))))
+		attribute.Int("health.members", len(proxies))))
 	defer span.End()
 
 	var o ProbeAllOptions
 	if opts != nil {
 		o = *opts
 	}
-	if o.TracerProvider == nil {
-		o.TracerProvider = t.tp
+	if err := checkTargets(proxies, o.Target); err != nil {
+		obs.Fail(span, err) // a caller's mistake: error.type Permanent
+		return nil, err
 	}
-	targets := make([]Target, 0, len(members))
-	for _, m := range members {
-		if m.Addr != "" {
-			targets = append(targets, Target{ID: m.ID, ProxyAddr: m.Addr, Username: m.Username, Password: m.Password})
+	log := t.log
+	if o.Logger.GetSink() != nil {
+		log = o.Logger.WithName("health")
+	}
+	tp := o.TracerProvider
+	if tp == nil {
+		tp = t.tp
+	}
+	probed := make([]Proxy, 0, len(proxies))
+	for _, p := range proxies {
+		if p.Address != "" {
+			probed = append(probed, p)
 		}
 	}
-	results := ProbeAll(ctx, targets, &o)
-	if o.TargetAddr == "" {
-		// Every probe failed as KindBadInput without a connection: the
-		// caller forgot the target, the proxies are not at fault. Never
-		// mark a fleet down for it.
-		err := errors.New("health: Tracker.Round needs ProbeAllOptions.TargetAddr (the CONNECT target every probe tunnels to); the round was not recorded and no proxy's state changed")
-		t.log.Error(err, "round not recorded", "members", len(members))
-		obs.Fail(span, errs.WithCode(errs.Permanent, err)) // a caller's mistake: error.type Permanent
-		return results
-	}
-	obs := make([]Observation, 0, len(members))
+	results := probeAll(ctx, probed, &o, log, tp)
+	round := make([]observation, 0, len(proxies))
 	j := 0
-	for _, m := range members {
-		ob := Observation{ID: m.ID, Addr: m.Addr}
-		if m.Addr != "" {
-			ob.Result = results[j]
+	for _, p := range proxies {
+		ob := observation{id: p.ID, address: p.Address}
+		if p.Address != "" {
+			ob.result = results[j]
 			j++
 		}
-		obs = append(obs, ob)
+		round = append(round, ob)
 	}
-	t.Update(obs)
+	t.update(round)
 	healthy := 0
 	t.mu.Lock()
 	for _, e := range t.entries {
@@ -351,11 +347,26 @@ func (t *Tracker) Round(ctx context.Context, members []Member, opts *ProbeAllOpt
 	}
 	tracked := len(t.entries)
 	t.mu.Unlock()
-	span.SetAttributes(attribute.Int("health.probed", len(targets)),
+	span.SetAttributes(attribute.Int("health.probed", len(probed)),
 		attribute.Int("health.tracked", tracked), attribute.Int("health.healthy", healthy))
-	t.log.V(1).Info("health round", "members", len(members), "probed", len(targets),
+	t.log.V(1).Info("health round", "members", len(proxies), "probed", len(probed),
 		"tracked", tracked, "healthy", healthy)
-	return results
+	return results, nil
+}
+
+// checkTargets reports a proxy with an address but no CONNECT target of
+// its own when the round has none either.
+func checkTargets(proxies []Proxy, roundTarget string) error {
+	if roundTarget != "" {
+		return nil
+	}
+	for _, p := range proxies {
+		if p.Address != "" && p.Target == "" {
+			return errs.WithCode(errs.Permanent, &errs.FieldError{Field: "Target",
+				Rule: "must be set: proxy " + errs.Quote(p.ID) + " has no Target of its own (the CONNECT target every probe tunnels to)"})
+		}
+	}
+	return nil
 }
 
 // Remove forgets id at once. It reports whether id was tracked; OnForget is

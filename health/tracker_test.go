@@ -16,6 +16,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"pgregory.net/rapid"
+
+	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
 var okResult = Result{OK: true, StatusCode: 200, Total: 3 * time.Millisecond}
@@ -44,9 +46,9 @@ func TestNewTrackerRejectsBadOptions(t *testing.T) {
 		opts TrackerOptions
 		want []string
 	}{
-		{name: "negative rise", opts: TrackerOptions{Rise: -1}, want: []string{"TrackerOptions.Rise"}},
-		{name: "negative fall", opts: TrackerOptions{Fall: -1}, want: []string{"TrackerOptions.Fall"}},
-		{name: "negative grace", opts: TrackerOptions{Grace: -time.Second}, want: []string{"TrackerOptions.Grace"}},
+		{name: "negative rise", opts: TrackerOptions{Rise: -1}, want: []string{"Rise"}},
+		{name: "negative fall", opts: TrackerOptions{Fall: -1}, want: []string{"Fall"}},
+		{name: "negative grace", opts: TrackerOptions{Grace: -time.Second}, want: []string{"Grace"}},
 		{name: "all", opts: TrackerOptions{Rise: -1, Fall: -2, Grace: -1}, want: []string{"Rise", "Fall", "Grace"}},
 	}
 	for _, tt := range tests {
@@ -55,15 +57,17 @@ func TestNewTrackerRejectsBadOptions(t *testing.T) {
 			if err == nil || tr != nil {
 				t.Fatalf("NewTracker accepted %+v", tt.opts)
 			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not name %s", err, w)
-				}
+			var fields []string
+			for _, fe := range errs.FieldErrors(err) {
+				fields = append(fields, fe.Field)
+			}
+			if diff := cmp.Diff(tt.want, fields); diff != "" || errs.Code(err) != errs.Permanent {
+				t.Errorf("error %q (class %v): FieldError fields (-want +got):\n%s", err, errs.Code(err), diff)
 			}
 		})
 	}
 	tr, err := NewTracker(nil)
-	if err != nil || tr.rise != DefaultRise || tr.fall != DefaultFall || tr.grace != DefaultGrace {
+	if err != nil || tr.rise != defaultRise || tr.fall != defaultFall || tr.grace != defaultGrace {
 		t.Fatalf("defaults: %v %+v", err, tr)
 	}
 }
@@ -73,63 +77,65 @@ func TestTrackerSequences(t *testing.T) {
 	const addr = "10.0.0.7:3128"
 	type step struct {
 		advance time.Duration
-		obs     []Observation // the whole round
+		obs     []observation // the whole round
 		remove  string
 		want    map[string]State // tracked IDs and their states after the step
 		forgot  []string         // OnForget calls during the step
 	}
-	ok := func(id string) Observation { return Observation{ID: id, Addr: addr, Result: okResult} }
-	bad := func(id string) Observation { return Observation{ID: id, Addr: addr, Result: failResult(KindRefused)} }
-	noAddr := func(id string) Observation { return Observation{ID: id} }
+	ok := func(id string) observation { return observation{id: id, address: addr, result: okResult} }
+	bad := func(id string) observation {
+		return observation{id: id, address: addr, result: failResult(KindRefused)}
+	}
+	noAddr := func(id string) observation { return observation{id: id} }
 	tests := []struct {
 		name  string
 		steps []step
 	}{
 		{name: "rise after N successes", steps: []step{
-			{obs: []Observation{ok("a")}, want: map[string]State{"a": StateUnknown}},
-			{obs: []Observation{ok("a")}, want: map[string]State{"a": StateHealthy}},
+			{obs: []observation{ok("a")}, want: map[string]State{"a": StateUnknown}},
+			{obs: []observation{ok("a")}, want: map[string]State{"a": StateHealthy}},
 		}},
 		{name: "fall after M failures, not before", steps: []step{
-			{obs: []Observation{ok("a")}}, {obs: []Observation{ok("a")}},
-			{obs: []Observation{bad("a")}, want: map[string]State{"a": StateHealthy}},
-			{obs: []Observation{bad("a")}, want: map[string]State{"a": StateHealthy}},
-			{obs: []Observation{ok("a")}, want: map[string]State{"a": StateHealthy}},
-			{obs: []Observation{bad("a")}}, {obs: []Observation{bad("a")}},
-			{obs: []Observation{bad("a")}, want: map[string]State{"a": StateUnhealthy}},
-			{obs: []Observation{ok("a")}, want: map[string]State{"a": StateUnhealthy}},
-			{obs: []Observation{ok("a")}, want: map[string]State{"a": StateHealthy}},
+			{obs: []observation{ok("a")}}, {obs: []observation{ok("a")}},
+			{obs: []observation{bad("a")}, want: map[string]State{"a": StateHealthy}},
+			{obs: []observation{bad("a")}, want: map[string]State{"a": StateHealthy}},
+			{obs: []observation{ok("a")}, want: map[string]State{"a": StateHealthy}},
+			{obs: []observation{bad("a")}}, {obs: []observation{bad("a")}},
+			{obs: []observation{bad("a")}, want: map[string]State{"a": StateUnhealthy}},
+			{obs: []observation{ok("a")}, want: map[string]State{"a": StateUnhealthy}},
+			{obs: []observation{ok("a")}, want: map[string]State{"a": StateHealthy}},
 		}},
 		{name: "one empty address read keeps a healthy proxy", steps: []step{
-			{obs: []Observation{ok("a")}}, {obs: []Observation{ok("a")}},
-			{advance: 30 * time.Second, obs: []Observation{noAddr("a")}, want: map[string]State{"a": StateHealthy}},
-			{advance: 30 * time.Second, obs: []Observation{ok("a")}, want: map[string]State{"a": StateHealthy}},
+			{obs: []observation{ok("a")}}, {obs: []observation{ok("a")}},
+			{advance: 30 * time.Second, obs: []observation{noAddr("a")}, want: map[string]State{"a": StateHealthy}},
+			{advance: 30 * time.Second, obs: []observation{ok("a")}, want: map[string]State{"a": StateHealthy}},
 		}},
 		{name: "forgotten after grace without address", steps: []step{
-			{obs: []Observation{ok("a"), ok("b")}}, {obs: []Observation{ok("a"), ok("b")}},
-			{advance: 59 * time.Second, obs: []Observation{noAddr("a"), ok("b")}, want: map[string]State{"a": StateHealthy, "b": StateHealthy}},
-			{advance: 1 * time.Second, obs: []Observation{noAddr("a"), ok("b")}, want: map[string]State{"b": StateHealthy}, forgot: []string{"a"}},
-			{advance: 1 * time.Second, obs: []Observation{ok("a"), ok("b")}, want: map[string]State{"a": StateUnknown, "b": StateHealthy}},
+			{obs: []observation{ok("a"), ok("b")}}, {obs: []observation{ok("a"), ok("b")}},
+			{advance: 59 * time.Second, obs: []observation{noAddr("a"), ok("b")}, want: map[string]State{"a": StateHealthy, "b": StateHealthy}},
+			{advance: 1 * time.Second, obs: []observation{noAddr("a"), ok("b")}, want: map[string]State{"b": StateHealthy}, forgot: []string{"a"}},
+			{advance: 1 * time.Second, obs: []observation{ok("a"), ok("b")}, want: map[string]State{"a": StateUnknown, "b": StateHealthy}},
 		}},
 		{name: "missing from rounds is like no address", steps: []step{
-			{obs: []Observation{bad("a"), ok("b")}},
-			{advance: 40 * time.Second, obs: []Observation{ok("b")}, want: map[string]State{"a": StateUnknown, "b": StateHealthy}},
+			{obs: []observation{bad("a"), ok("b")}},
+			{advance: 40 * time.Second, obs: []observation{ok("b")}, want: map[string]State{"a": StateUnknown, "b": StateHealthy}},
 			{advance: 40 * time.Second, obs: nil, want: map[string]State{"b": StateHealthy}, forgot: []string{"a"}},
 			{advance: 20 * time.Second, obs: nil, want: map[string]State{}, forgot: []string{"b"}},
 			{advance: time.Hour, obs: nil, want: map[string]State{}},
 		}},
 		{name: "never seen with an address: grace from first report", steps: []step{
-			{obs: []Observation{noAddr("a")}, want: map[string]State{"a": StateUnknown}},
-			{advance: 60 * time.Second, obs: []Observation{noAddr("a")}, want: map[string]State{}, forgot: []string{"a"}},
+			{obs: []observation{noAddr("a")}, want: map[string]State{"a": StateUnknown}},
+			{advance: 60 * time.Second, obs: []observation{noAddr("a")}, want: map[string]State{}, forgot: []string{"a"}},
 		}},
 		{name: "canceled probes do not count", steps: []step{
-			{obs: []Observation{ok("a")}}, {obs: []Observation{ok("a")}},
-			{obs: []Observation{{ID: "a", Addr: addr, Result: failResult(KindCanceled)}}},
-			{obs: []Observation{{ID: "a", Addr: addr, Result: failResult(KindCanceled)}}},
-			{advance: 50 * time.Second, obs: []Observation{{ID: "a", Addr: addr, Result: failResult(KindCanceled)}}, want: map[string]State{"a": StateHealthy}},
-			{advance: 50 * time.Second, obs: []Observation{noAddr("a")}, want: map[string]State{"a": StateHealthy}},
+			{obs: []observation{ok("a")}}, {obs: []observation{ok("a")}},
+			{obs: []observation{{id: "a", address: addr, result: failResult(KindCanceled)}}},
+			{obs: []observation{{id: "a", address: addr, result: failResult(KindCanceled)}}},
+			{advance: 50 * time.Second, obs: []observation{{id: "a", address: addr, result: failResult(KindCanceled)}}, want: map[string]State{"a": StateHealthy}},
+			{advance: 50 * time.Second, obs: []observation{noAddr("a")}, want: map[string]State{"a": StateHealthy}},
 		}},
 		{name: "remove forgets at once", steps: []step{
-			{obs: []Observation{ok("a")}},
+			{obs: []observation{ok("a")}},
 			{remove: "a", want: map[string]State{}, forgot: []string{"a"}},
 			{remove: "a", want: map[string]State{}},
 		}},
@@ -149,7 +155,7 @@ func TestTrackerSequences(t *testing.T) {
 				if st.remove != "" {
 					tr.Remove(st.remove)
 				} else {
-					tr.Update(st.obs)
+					tr.update(st.obs)
 				}
 				if st.want != nil {
 					got := map[string]State{}
@@ -185,18 +191,18 @@ func TestTrackerSnapshotFields(t *testing.T) {
 	clock := &fakeClock{now: time.Unix(5000, 0)}
 	var last Status
 	tr, _ := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Now: clock.Now, OnForget: func(s Status) { last = s }})
-	tr.Update([]Observation{{ID: "a", Addr: "1.2.3.4:3128", Result: okResult}})
+	tr.update([]observation{{id: "a", address: "1.2.3.4:3128", result: okResult}})
 	s, ok := tr.Get("a")
-	if !ok || !s.Healthy() || s.Addr != "1.2.3.4:3128" || s.LastLatency != okResult.Total || s.LastErr != nil ||
+	if !ok || !s.Healthy() || s.Address != "1.2.3.4:3128" || s.LastLatency != okResult.Total || s.LastErr != nil ||
 		!s.Since.Equal(clock.Now()) || !s.LastProbe.Equal(clock.Now()) || s.Successes != 1 || s.LastStatusCode != 200 {
 		t.Fatalf("after success: %+v", s)
 	}
 	clock.Advance(time.Second)
 	fail := failResult(KindAuthRequired)
 	fail.StatusCode = 407
-	tr.Update([]Observation{{ID: "a", Addr: "1.2.3.4:3128", Result: fail}})
+	tr.update([]observation{{id: "a", address: "1.2.3.4:3128", result: fail}})
 	s, _ = tr.Get("a")
-	if s.State != StateUnhealthy || !errors.Is(s.LastErr, KindAuthRequired) || s.LastKind != KindAuthRequired ||
+	if s.State != StateUnhealthy || !errors.As(s.LastErr, new(*ProbeError)) || s.LastKind != KindAuthRequired ||
 		s.LastStatusCode != 407 || !s.Since.Equal(clock.Now()) || s.Failures != 1 || s.Successes != 0 {
 		t.Fatalf("after failure: %+v", s)
 	}
@@ -300,29 +306,29 @@ func TestTrackerProperties(t *testing.T) {
 					prev[s.ID] = s
 				}
 				n := rapid.IntRange(0, 6).Draw(rt, "observations")
-				var obs []Observation
+				var obs []observation
 				for i := 0; i < n; i++ {
-					ob := Observation{ID: rapid.SampledFrom(ids).Draw(rt, "id")}
+					ob := observation{id: rapid.SampledFrom(ids).Draw(rt, "id")}
 					if rapid.IntRange(0, 3).Draw(rt, "hasAddr") > 0 {
-						ob.Addr = "10.0.0.1:3128"
+						ob.address = "10.0.0.1:3128"
 						if rapid.Bool().Draw(rt, "ok") {
-							ob.Result = okResult
+							ob.result = okResult
 						} else {
-							ob.Result = failResult(KindTimeout)
+							ob.result = failResult(KindTimeout)
 						}
 					}
 					obs = append(obs, ob)
 				}
-				tr.Update(obs)
+				tr.update(obs)
 				for _, ob := range obs {
-					m := model[ob.ID]
+					m := model[ob.id]
 					if m == nil {
 						m = &entry{lastSeen: now}
-						model[ob.ID] = m
+						model[ob.id] = m
 					}
-					if ob.Addr != "" {
+					if ob.address != "" {
 						m.lastSeen = now
-						m.history = append(m.history, ob.Result.OK)
+						m.history = append(m.history, ob.result.OK)
 					}
 				}
 				for id, m := range model {
@@ -372,7 +378,7 @@ func TestTrackerConcurrentForgetOnce(t *testing.T) {
 	var removed atomic.Int64
 	for r := 0; r < rounds; r++ {
 		id := fmt.Sprint("p", r)
-		tr.Update([]Observation{{ID: id, Addr: "10.0.0.1:1", Result: okResult}})
+		tr.update([]observation{{id: id, address: "10.0.0.1:1", result: okResult}})
 		var wg sync.WaitGroup
 		for g := 0; g < 4; g++ {
 			wg.Add(1)
@@ -381,7 +387,7 @@ func TestTrackerConcurrentForgetOnce(t *testing.T) {
 				if tr.Remove(id) {
 					removed.Add(1)
 				}
-				tr.Update(nil) // forgets whatever is past grace
+				tr.update(nil) // forgets whatever is past grace
 				tr.Snapshot()
 			}()
 		}
@@ -410,12 +416,12 @@ func TestTrackerRound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	members := []Member{{ID: "good", Addr: good}, {ID: "denied", Addr: denied}, {ID: "booting"}}
-	opts := &ProbeAllOptions{TargetAddr: "example.test:443", Workers: 2}
+	members := []Proxy{{ID: "good", Address: good}, {ID: "denied", Address: denied}, {ID: "booting"}}
+	opts := &ProbeAllOptions{Target: "example.test:443", Workers: 2}
 	for i := 0; i < 2; i++ {
-		res := tr.Round(context.Background(), members, opts)
-		if len(res) != 2 || res[0].ID != "good" || !res[0].OK || res[1].ID != "denied" || res[1].Kind != KindProxyStatus {
-			t.Fatalf("round %d results %+v", i, res)
+		res, err := tr.Round(context.Background(), members, opts)
+		if err != nil || len(res) != 2 || res[0].ID != "good" || !res[0].OK || res[1].ID != "denied" || res[1].Kind != KindProxyStatus {
+			t.Fatalf("round %d results %+v, %v", i, res, err)
 		}
 	}
 	want := map[string]State{"good": StateHealthy, "denied": StateUnhealthy, "booting": StateUnknown}
@@ -427,7 +433,9 @@ func TestTrackerRound(t *testing.T) {
 		t.Fatalf("states (-want +got):\n%s", diff)
 	}
 	clock.Advance(time.Minute)
-	tr.Round(context.Background(), []Member{{ID: "good", Addr: good}}, opts)
+	if _, err := tr.Round(context.Background(), []Proxy{{ID: "good", Address: good}}, opts); err != nil {
+		t.Fatal(err)
+	}
 	if diff := cmp.Diff([]string{"booting", "denied"}, sortStrings(forgot)); diff != "" {
 		t.Fatalf("forgotten (-want +got):\n%s", diff)
 	}
@@ -459,9 +467,9 @@ func TestTrackerLogsThroughLogr(t *testing.T) {
 	}, funcr.Options{Verbosity: 1})
 	clock := &fakeClock{now: time.Unix(0, 0)}
 	tr, _ := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: time.Second, Now: clock.Now, Logger: log})
-	tr.Update([]Observation{{ID: "a", Addr: "10.0.0.1:3128", Result: okResult}})
+	tr.update([]observation{{id: "a", address: "10.0.0.1:3128", result: okResult}})
 	clock.Advance(time.Second)
-	tr.Update(nil)
+	tr.update(nil)
 	joined := strings.Join(lines, "\n")
 	for _, want := range []string{`"msg"="proxy health changed" "id"="a"`, `"to"="healthy"`, `"msg"="proxy forgotten" "id"="a"`} {
 		if !strings.Contains(joined, want) {
@@ -470,32 +478,55 @@ func TestTrackerLogsThroughLogr(t *testing.T) {
 	}
 }
 
-// Round without a CONNECT target (nil options, or no TargetAddr) is the
-// caller's mistake, not the proxies': every result is KindBadInput, no
-// connection is made and no proxy's state changes — never a fleet marked
-// down. Before, two such rounds marked every member Unhealthy.
-func TestRoundWithoutTargetMarksNothingDown(t *testing.T) {
+// Round without a CONNECT target for a proxy (nil options, or options
+// without Target, and a proxy without one of its own) is the caller's
+// mistake, not the proxies': Round returns a Permanent error naming Target,
+// connects nowhere and records nothing — never a fleet marked down, never a
+// round that silently does nothing. With nil options and every proxy
+// carrying its own Target, the round runs on the documented defaults.
+func TestRoundWithoutTarget(t *testing.T) {
 	t.Parallel()
 	var conns atomic.Int64
 	good := startFake(t, func(c net.Conn) { conns.Add(1); reply("HTTP/1.1 200 OK\r\n\r\n")(c) }).addr
-	tr, err := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: time.Minute})
+	clock := &fakeClock{now: time.Unix(10, 0)}
+	tr, err := NewTracker(&TrackerOptions{Rise: 1, Fall: 1, Grace: time.Minute, Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	members := []Member{{ID: "good", Addr: good}}
-	tr.Round(context.Background(), members, &ProbeAllOptions{TargetAddr: "example.test:443"})
+	proxies := []Proxy{{ID: "good", Address: good}}
+	if _, err := tr.Round(context.Background(), proxies, &ProbeAllOptions{Target: "example.test:443"}); err != nil {
+		t.Fatal(err)
+	}
+	first := clock.Now()
+	clock.Advance(time.Second)
 	for _, opts := range []*ProbeAllOptions{nil, {Workers: 2}} {
-		for range 3 {
-			res := tr.Round(context.Background(), members, opts)
-			if len(res) != 1 || res[0].Kind != KindBadInput {
-				t.Fatalf("results %+v, want one KindBadInput", res)
+		for _, ps := range [][]Proxy{proxies, {{ID: "booting"}, {ID: "good", Address: good}}} {
+			res, err := tr.Round(context.Background(), ps, opts)
+			fes := errs.FieldErrors(err)
+			if res != nil || len(fes) != 1 || fes[0].Field != "Target" || errs.Code(err) != errs.Permanent {
+				t.Fatalf("Round(%v, %v) = %+v, %v; want no results and a Permanent error for Target", ps, opts, res, err)
+			}
+			if !strings.Contains(err.Error(), `"good"`) {
+				t.Errorf("error %q does not name the proxy without a target", err)
 			}
 		}
 	}
-	if s := tr.Snapshot(); len(s) != 1 || s[0].State != StateHealthy {
-		t.Fatalf("states after rounds without a target: %+v, want good still Healthy", s)
+	if s := tr.Snapshot(); len(s) != 1 || s[0].State != StateHealthy || !s[0].LastSeen.Equal(first) {
+		t.Fatalf("states after rounds without a target: %+v, want only good, still Healthy and last seen at %v", s, first)
 	}
 	if n := conns.Load(); n != 1 {
 		t.Errorf("%d connections to the proxy, want 1 (rounds without a target connect nowhere)", n)
+	}
+
+	// nil options: every default, each proxy with its own target.
+	res, err := tr.Round(context.Background(), []Proxy{{ID: "own", Address: good, Target: "example.test:443"}, {ID: "booting"}}, nil)
+	if err != nil || len(res) != 1 || !res[0].OK || res[0].Target != "example.test:443" {
+		t.Fatalf("Round with nil options and a proxy's own target: %+v, %v", res, err)
+	}
+	if s, ok := tr.Get("own"); !ok || s.State != StateHealthy || s.LastProbe.IsZero() {
+		t.Fatalf("proxy probed with nil options: %+v, %v; want recorded and Healthy (Rise 1)", s, ok)
+	}
+	if _, ok := tr.Get("booting"); !ok {
+		t.Fatal("proxy without an address not tracked by a round with nil options")
 	}
 }

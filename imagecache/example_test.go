@@ -1,20 +1,15 @@
 package imagecache_test
 
 import (
+	"encoding/json"
 	"fmt"
-	"time"
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
-	"github.com/egressproxy/egressproxy/internal/libvirtconn"
-	"github.com/egressproxy/egressproxy/sshconn"
 )
 
-// An image as an embedder configures it (kvm2.Config.Images holds these),
-// and the pool volumes the cache keeps it in: the base and, once the stored
-// bytes were read back and hashed, the digest marker that makes it usable.
-// Fetching needs a libvirt connection to the pool (a Cache from New, which
-// kvm2 makes for each provider entry); naming and validation do not.
+// An image as an embedder configures it (kvm2.Config.Images holds these).
+// Validate reports nothing for a good one.
 func Example() {
 	img := imagecache.Image{
 		Key:    "debian-12",
@@ -22,28 +17,10 @@ func Example() {
 		SHA256: "0f3c4e9a8b7d6c5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e",
 	}
 	fmt.Println(img.Validate())
-
-	base := imagecache.BaseName("lab-1", img.Key, imagecache.FormatQCOW2)
-	marker := imagecache.MarkerName(base, img.SHA256)
-	fmt.Println(base)
-	fmt.Println(marker)
-
-	entry, key, format, ok := imagecache.ParseBaseName(base)
-	fmt.Println(entry, key, format, ok)
-	b, digest, ok := imagecache.ParseMarkerName(marker)
-	fmt.Println(b == base, digest == img.SHA256, ok)
-
-	// Names of other schemes (kvm2's overlays, the older "base-<key>"
-	// naming) are not bases.
-	_, _, _, ok = imagecache.ParseBaseName("ep-lab-1--proxy-1.qcow2")
-	fmt.Println(ok)
+	fmt.Println(img)
 	// Output:
 	// <nil>
-	// base-lab-1--debian-12.qcow2
-	// base-lab-1--debian-12.qcow2.sha256-0f3c4e9a8b7d6c5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e
-	// lab-1 debian-12 qcow2 true
-	// true true true
-	// false
+	// {Key:debian-12 URL:https://mirror.example.net/debian-12-squid.qcow2 SHA256:0f3c4e9a8b7d6c5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e Format:}
 }
 
 // Validate reports every bad field of an Image at once, Permanent; a URL in
@@ -68,55 +45,21 @@ func ExampleImage_Validate() {
 }
 
 // An image URL may carry credentials (userinfo, a signed query); they are
-// sent, never printed: RedactURL is what errors, logs and spans show, and
-// Image's String uses it.
-func ExampleRedactURL() {
-	fmt.Println(imagecache.RedactURL("https://user:pa55@mirror.example.net/img.qcow2"))
-	fmt.Println(imagecache.RedactURL("https://bucket.example.net/img.qcow2?X-Amz-Signature=abc123&part=1"))
-	fmt.Println(imagecache.RedactURL("https://mirror.example.net/img.qcow2?token=abc123"))
-
-	img := imagecache.Image{Key: "debian-12", URL: "https://user:pa55@mirror.example.net/img.qcow2"}
-	fmt.Println(img)
+// sent, never printed: an Image prints, logs and marshals its URL with
+// them replaced by REDACTED.
+func ExampleImage_String() {
+	for _, u := range []string{
+		"https://user:pa55@mirror.example.net/img.qcow2",
+		"https://bucket.example.net/img.qcow2?X-Amz-Signature=abc123&part=1",
+		"https://mirror.example.net/img.qcow2?token=abc123",
+	} {
+		fmt.Println(imagecache.Image{Key: "debian-12", URL: u})
+	}
+	b, _ := json.Marshal(imagecache.Image{Key: "debian-12", URL: "https://user:pa55@mirror.example.net/img.qcow2"})
+	fmt.Println(string(b))
 	// Output:
-	// https://REDACTED@mirror.example.net/img.qcow2
-	// https://bucket.example.net/img.qcow2?X-Amz-Signature=REDACTED&part=1
-	// https://mirror.example.net/img.qcow2?token=REDACTED
 	// {Key:debian-12 URL:https://REDACTED@mirror.example.net/img.qcow2 SHA256: Format:}
-}
-
-// New takes a Conn: imagecache.SSH adapts a libvirt session over SSH (kvm2 does
-// this for each provider entry). Nothing here touches the host: the first
-// Ensure dials.
-func ExampleNew() {
-	pool, err := sshconn.New(sshconn.Config{
-		Address: "hv1.example:22", User: "egress",
-		KeyFile: "/etc/egress/id_ed25519", KnownHostsFile: "/etc/egress/known_hosts",
-	}, nil)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer pool.Close()
-	lv := libvirtconn.New(pool, libvirtconn.Config{}, nil)
-	defer lv.Close()
-	c, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{
-		Entry:          "lab-1",
-		Pool:           "default",
-		TransferBudget: 20 * time.Minute,
-	})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer c.Close()
-	fmt.Println(c.BaseName(imagecache.Image{Key: "debian-12"}))
-
-	// A Conn is required; the error names the field.
-	_, err = imagecache.New(imagecache.SSH(nil), imagecache.Config{Entry: "lab-1", Pool: "default"})
-	for _, fe := range errs.FieldErrors(err) {
-		fmt.Println(errs.Code(err), fe.Field)
-	}
-	// Output:
-	// base-lab-1--debian-12.qcow2
-	// Permanent conn
+	// {Key:debian-12 URL:https://bucket.example.net/img.qcow2?X-Amz-Signature=REDACTED&part=1 SHA256: Format:}
+	// {Key:debian-12 URL:https://mirror.example.net/img.qcow2?token=REDACTED SHA256: Format:}
+	// {"key":"debian-12","url":"https://REDACTED@mirror.example.net/img.qcow2"}
 }

@@ -3,16 +3,11 @@ package imagecache
 import (
 	"encoding/json"
 	"errors"
-	"net/http"
-	"reflect"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/egressproxy/egressproxy/internal/errs"
-	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
-	"go.opentelemetry.io/otel/trace/noop"
 	"sigs.k8s.io/yaml"
 )
 
@@ -91,51 +86,6 @@ func TestImageRedactedURLRefused(t *testing.T) {
 	for _, u := range []string{"https://mirror.example/REDACTED.qcow2", "https://mirror.example/a.qcow2?label=REDACTED"} {
 		if err := (Image{Key: "deb", URL: u}).Validate(); err != nil {
 			t.Errorf("Validate(%q) = %v", u, err)
-		}
-	}
-}
-
-// Config marshals its data with camelCase keys and durations as strings;
-// the collaborators (HTTP client, progress callback, logger, tracer) are
-// never marshalled, so a Config holding them marshals at all.
-func TestConfigMarshal(t *testing.T) {
-	t.Parallel()
-	cfg := Config{
-		Entry:            "lab-1",
-		Pool:             "default",
-		TransferBudget:   30 * time.Minute,
-		HTTPGrace:        2 * time.Minute,
-		ProgressInterval: 10 * time.Second,
-		ClaimTimeout:     3 * time.Minute,
-		StreamStall:      90 * time.Second,
-		HTTPClient:       &http.Client{},
-		Progress:         func(Progress) {},
-		Logger:           logr.Discard(),
-		TracerProvider:   noop.NewTracerProvider(),
-	}
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const want = `{"entry":"lab-1","pool":"default","transferBudget":"30m0s","httpGrace":"2m0s","progressInterval":"10s","claimTimeout":"3m0s","streamStall":"1m30s"}`
-	if string(b) != want {
-		t.Errorf("Marshal = %s\nwant      %s", b, want)
-	}
-	var got Config
-	if err := yaml.UnmarshalStrict([]byte("entry: lab-1\npool: default\ntransferBudget: 30m\nhttpGrace: 2m\nprogressInterval: 10s\nclaimTimeout: 3m\nstreamStall: 90s\n"), &got); err != nil {
-		t.Fatal(err)
-	}
-	data := cfg
-	data.HTTPClient, data.Progress, data.Logger, data.TracerProvider = nil, nil, logr.Logger{}, nil
-	if d := cmp.Diff(data, got, cmp.Comparer(func(a, b logr.Logger) bool { return a.GetSink() == b.GetSink() })); d != "" {
-		t.Errorf("YAML (-want +got):\n%s", d)
-	}
-	if b, _ := json.Marshal(Config{}); string(b) != `{"entry":"","pool":""}` {
-		t.Errorf("zero Config = %s: defaults should be left out", b)
-	}
-	for i, typ := 0, reflect.TypeFor[Config](); i < typ.NumField(); i++ {
-		if f := typ.Field(i); f.Type == reflect.TypeFor[time.Duration]() {
-			t.Errorf("Config.%s is a time.Duration; use duration.Duration", f.Name)
 		}
 	}
 }

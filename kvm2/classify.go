@@ -45,11 +45,13 @@ func linkDead(err error) bool { return libvirterr.LinkDead(err) }
 func classify(err error) error { return libvirterr.Classify(err) }
 
 // classifyRead classifies an error of a read (state, address, metadata) of
-// an instance that exists: like classify, but a Permanent class inferred
-// from a libvirt code becomes Transient, so a read that fails (for example
+// an instance that exists: like classify, but a Permanent libvirt answer
+// about the instance becomes Transient, so a read that fails (for example
 // because the link died half-way and libvirt answered "invalid argument")
-// never latches a healthy instance as failed. Explicit classes, NotFound,
-// context codes and a closed link are kept.
+// never latches a healthy instance as failed. A fault of the entry itself
+// (credentials, host key, rights, pool, a closed link) keeps the class it
+// has on every other operation. Explicit classes, NotFound and context
+// codes are kept.
 func classifyRead(err error) error { return libvirterr.ClassifyRead(err) }
 
 // healthReason maps a failed check to its reason (the shared table's).

@@ -1,52 +1,23 @@
 package kvm2
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"path"
-	"path/filepath"
+	"reflect"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
+	"go.yaml.in/yaml/v3"
 	"golang.org/x/crypto/ssh"
-	"sigs.k8s.io/yaml"
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/duration"
 	"github.com/egressproxy/egressproxy/internal/errs"
-	"github.com/egressproxy/egressproxy/internal/naming"
 )
-
-// Defaults used for zero Config fields.
-const (
-	DefaultLibvirtSocket      = "/var/run/libvirt/libvirt-sock"
-	DefaultLibvirtURI         = "qemu:///system"
-	DefaultDomainType         = "qemu" // the fallback of a zero (automatic) DomainType on a host without KVM
-	DefaultNetwork            = "default"
-	DefaultMachineTypeName    = "small"
-	DefaultCallTimeout        = 2 * time.Minute
-	defaultMachineTypeVCPUs   = 1
-	defaultMachineTypeMemory  = 512
-	maxMachineTypeVCPUs       = 256
-	minMachineTypeMemoryMiB   = 64
-	maxMachineTypeMemoryMiB   = 1 << 22 // 4 TiB
-	maxLibvirtObjectNameBytes = 255
-)
-
-// MinClaimTimeout is the shortest non-zero Config.ClaimTimeout: a claim
-// is then refreshed every 2.5 s and given up after 5 s without a refresh.
-// Much shorter would let one slow libvirt call cost a fetch, and leave
-// little room for clock skew between the processes sharing a pool (they
-// must agree to within ClaimTimeout/2).
-const MinClaimTimeout = 10 * time.Second
 
 // MachineType is the size of a VM.
 type MachineType struct {
@@ -58,20 +29,21 @@ type MachineType struct {
 
 // Config describes one provider entry: one hypervisor host reached over SSH
 // and one libvirt storage pool on it. Every field documents its zero value.
-// Open validates it (errors name the field and the rule) and touches nothing.
+// Open validates it (errors name the Go field and the rule, e.g.
+// Images["deb"].SHA256) and touches nothing.
 //
 // Config is data an operator keeps in a file, a ConfigMap or a Secret: it
-// marshals to JSON and YAML (sigs.k8s.io/yaml) with camelCase keys,
-// durations as strings ("30s", duration.Duration), zero values that mean
-// "the default" omitted. ParseConfig decodes one strictly. Secrets never
-// appear in its marshalled form or its String: image URLs are redacted
-// (imagecache.RedactURL) and credential fields are tagged `json:"-"`, so
-// they are set in code (from a Secret), never from the file. docs/config.md
-// shows every field with its default and rule.
+// marshals to JSON and YAML with camelCase keys (the json tags), durations
+// as strings ("30s"), zero values that mean "the default" omitted.
+// ParseConfig reads one entry from a file and ParseEntries a list of them,
+// strictly, naming each problem by its key path in the file. Secrets never
+// appear in its marshalled form or its String: image URLs are written with
+// their credentials redacted and the key fields are tagged `json:"-"`, so they
+// are set in code (from a Secret), never from the file.
 type Config struct {
 	// Entry is the provider entry name. It becomes part of volume and domain
-	// names, so it must be a lowercase DNS label (naming.ValidateName:
-	// 1–63 of a–z, 0–9, '-', alphanumeric at both ends, no "--"). Required.
+	// names, so it must be a lowercase DNS label (1–63 of a–z, 0–9, '-',
+	// alphanumeric at both ends, no "--"). Required.
 	Entry string `json:"entry"`
 	// Owner names the program (e.g. the operator instance) that owns the
 	// instances; it is stored in each domain's metadata and List returns only
@@ -84,13 +56,14 @@ type Config struct {
 	User string `json:"user"`
 	// KeyFile is a private key file (OpenSSH or PEM), unencrypted or
 	// encrypted with KeyPassphrase. The client key comes from exactly one of
-	// KeyFile, Key, Signer and AgentSocket (Open names the fields when none
-	// or several are set). Zero: one of the others. It is read on every dial
-	// (a missing file is reported by Check as CredentialsUnavailable, not by
-	// Open).
+	// KeyFile, Key, AgentSocket and Options.Signer (Open names the fields
+	// when none or several are set; a file may leave it to the program).
+	// Zero: one of the others. It is read on every dial (a missing file is
+	// reported by Check as CredentialsUnavailable, not by Open).
 	KeyFile string `json:"keyFile,omitempty"`
 	// KnownHostsFile is an OpenSSH known_hosts file pinning the host key.
-	// Required: host key verification cannot be skipped.
+	// Host keys are pinned by exactly one of KnownHostsFile and KnownHosts:
+	// host key verification cannot be skipped. Zero: KnownHosts.
 	KnownHostsFile string `json:"knownHostsFile,omitempty"`
 	// Key is a private key in PEM form (OpenSSH or PKCS#1/PKCS#8/SEC 1),
 	// unencrypted or encrypted with KeyPassphrase: for a key held in memory,
@@ -101,32 +74,30 @@ type Config struct {
 	// marshalled Config, an error or a log line. Zero: the key is
 	// unencrypted; setting it without KeyFile or Key is invalid.
 	KeyPassphrase []byte `json:"-"`
-	// Signer signs with a key the embedder holds (a hardware token, its own
-	// agent client); it must be safe for concurrent use. It is not
-	// marshalled. Zero: another key source.
-	Signer ssh.Signer `json:"-"`
 	// AgentSocket is the absolute path of an ssh-agent's unix socket (what
 	// SSH_AUTH_SOCK names): each SSH dial opens its own agent connection,
 	// offers every key the agent holds and closes it after the handshake.
 	// Zero: another key source.
 	AgentSocket string `json:"agentSocket,omitempty"`
 	// KnownHosts is the content of a known_hosts file, for host keys held in
-	// a ConfigMap or a Secret (base64 in JSON, as every []byte). Host keys
-	// are pinned by exactly one of KnownHostsFile and KnownHosts; both accept
-	// hashed names, "[host]:port", patterns, @cert-authority lines (host
-	// certificates signed by that CA) and @revoked lines. Zero: use
-	// KnownHostsFile.
+	// a ConfigMap, a Secret or the config file itself, where it is text (a
+	// string in JSON; in YAML a block, "knownHosts: |" with the lines
+	// indented below). Both it and KnownHostsFile accept hashed names,
+	// "[host]:port", patterns, @cert-authority lines (host certificates
+	// signed by that CA) and @revoked lines. Zero: KnownHostsFile.
 	KnownHosts []byte `json:"knownHosts,omitempty"`
-	// LibvirtSocket is the path of libvirtd's read-write unix socket on the
-	// host. Zero: /var/run/libvirt/libvirt-sock.
+	// LibvirtSocket is the absolute path of libvirtd's read-write unix
+	// socket on the host. Zero: /var/run/libvirt/libvirt-sock.
 	LibvirtSocket string `json:"libvirtSocket,omitempty"`
-	// LibvirtURI is the connection URI sent to libvirtd. Zero: qemu:///system.
+	// LibvirtURI is the connection URI sent to libvirtd (it contains
+	// "://"). Zero: qemu:///system.
 	LibvirtURI string `json:"libvirtURI,omitempty"`
 	// Pool is the libvirt storage pool holding base images, overlays and
-	// seeds. Required.
+	// seeds (no '/' or control characters, at most 255 bytes). Required.
 	Pool string `json:"pool"`
 
-	// Images maps an image key (egressproxy.Spec.ImageKey) to the base image
+	// Images maps an image key (egressproxy.Spec.ImageKey: 1–63 of a–z,
+	// 0–9, '.', '-', alphanumeric at both ends, no "--") to the base image
 	// the instance's overlay is backed by; package imagecache fetches,
 	// verifies and publishes it in Pool. An Image's Key may be left empty
 	// (it is set from the map key); when set it must equal the map key.
@@ -135,11 +106,10 @@ type Config struct {
 	// DefaultImage is used when a Spec names no image. Zero: the only key
 	// when Images has one key; required when it has several.
 	DefaultImage string `json:"defaultImage,omitempty"`
-	// TransferBudget bounds one cold image fetch (see imagecache.Config).
-	// Zero: imagecache's default (20m).
+	// TransferBudget bounds one cold image fetch: download, upload,
+	// read-back, publish. Zero: 20m; not negative.
 	TransferBudget time.Duration `json:"transferBudget,omitempty"`
-	// ClaimTimeout is the image cache's claim timeout
-	// (imagecache.Config.ClaimTimeout). A process fetching a base into
+	// ClaimTimeout is the image cache's claim timeout. A process fetching a base into
 	// Pool holds a claim on it and refreshes it every ClaimTimeout/4; a
 	// claim not refreshed for ClaimTimeout is stale and another process
 	// takes it over. So it is how long an image stays blocked on this
@@ -154,19 +124,22 @@ type Config struct {
 	// imagecache's default (2m); otherwise at least 10s.
 	ClaimTimeout time.Duration `json:"claimTimeout,omitempty"`
 
-	// MachineTypes maps a machine type name (egressproxy.Spec.MachineType) to
-	// its size. Zero: {"small": {VCPUs: 1, MemoryMiB: 512}}.
+	// MachineTypes maps a machine type name (egressproxy.Spec.MachineType,
+	// the same rule as an image key) to its size. Zero: {"small": {VCPUs:
+	// 1, MemoryMiB: 512}}.
 	MachineTypes map[string]MachineType `json:"machineTypes,omitempty"`
-	// DefaultMachineType is used when a Spec names none. Zero: "small" when
-	// MachineTypes is empty, the only key when it has one key; required when
-	// it has several.
+	// DefaultMachineType is used when a Spec names none; a key of
+	// MachineTypes. Zero: "small" when MachineTypes is empty, the only key
+	// when it has one key; required when it has several.
 	DefaultMachineType string `json:"defaultMachineType,omitempty"`
 
-	// Network is the libvirt network the VM's NIC joins. Zero: "default",
-	// unless Bridge is set. Setting both is an error.
+	// Network is the libvirt network the VM's NIC joins (no '/' or control
+	// characters, at most 255 bytes). Zero: "default", unless Bridge is set.
+	// Setting both is an error.
 	Network string `json:"network,omitempty"`
 	// Bridge is a host bridge the VM's NIC joins instead of a libvirt
-	// network. Zero: use Network.
+	// network (an interface name: at most 15 characters, no spaces or '/').
+	// Zero: use Network.
 	Bridge string `json:"bridge,omitempty"`
 	// DomainType is the libvirt domain type: "kvm" (hardware acceleration)
 	// or "qemu" (TCG, software emulation, works everywhere). Zero:
@@ -195,21 +168,26 @@ type Config struct {
 	ConsoleLogDir string `json:"consoleLogDir,omitempty"`
 
 	// CallTimeout is the budget of one backend call when the caller's
-	// context has no deadline. Zero: 2m. A call it ends is Transient (the
-	// caller's own deadline is DeadlineExceeded); so is a dial that
-	// DialTimeout ends.
+	// context has no deadline. Zero: 2m; not negative. A call it ends is
+	// Transient (the caller's own deadline is DeadlineExceeded); so is a
+	// dial that DialTimeout ends.
 	CallTimeout time.Duration `json:"callTimeout,omitempty"`
-	// DialTimeout bounds the SSH dial and handshake. Zero: sshconn's default
-	// (10s).
+	// DialTimeout bounds the SSH dial and handshake. Zero: 10s; not
+	// negative.
 	DialTimeout time.Duration `json:"dialTimeout,omitempty"`
-	// KeepaliveInterval and KeepaliveCount tune SSH liveness. Zero:
-	// sshconn's defaults (5s, 3).
+	// KeepaliveInterval and KeepaliveCount tune SSH liveness: a keepalive
+	// every KeepaliveInterval, the link is dead after KeepaliveCount
+	// unanswered ones. Zero: 5s and 3; not negative.
 	KeepaliveInterval time.Duration `json:"keepaliveInterval,omitempty"`
 	KeepaliveCount    int           `json:"keepaliveCount,omitempty"`
 }
 
 // Options are optional collaborators. A nil *Options is valid.
 type Options struct {
+	// Signer signs with a key the program holds (a hardware token, its own
+	// agent client) instead of a key source of the Config; it must be safe
+	// for concurrent use. Nil: the Config's key source.
+	Signer ssh.Signer
 	// Logger receives the provider's log lines. Zero value: discard. The
 	// provider never writes to stdout or stderr.
 	Logger logr.Logger
@@ -228,77 +206,181 @@ type Options struct {
 	// ImageProgressInterval is the interval of ImageProgress and of the
 	// progress log lines. Zero: imagecache's default (5s).
 	ImageProgressInterval time.Duration
-	// ImageFanout is given to the entry's image cache
-	// (imagecache.Config.Fanout): the providers of several entries (hosts)
-	// with the same Fanout share one HTTP download of an image their hosts
-	// fetch cold at the same time, and a host going cold later copies the
-	// base another entry's host has published instead of downloading it
-	// again (imagecache.Fanout); each host still uploads, verifies and
-	// publishes its own base. Downloads and copies are shared only among
-	// providers with the same HTTPClient (nil counts as one shared
-	// client). Nil: imagecache.ProcessFanout(), so every provider of the
-	// process shares, with nothing to configure; NoImageFanout turns it
-	// off.
-	ImageFanout *imagecache.Fanout
-	// NoImageFanout: the entry's image cache has no Fanout (ImageFanout is
-	// ignored): it downloads every cold image on its own and never copies
-	// from, nor serves copies to, other entries. Zero: fan-out as
-	// ImageFanout says.
-	NoImageFanout bool
+	// PrivateImageCache: the entry's image cache neither shares downloads
+	// with, nor copies published bases from, nor serves copies to the
+	// other entries of the process; it downloads every cold image on its
+	// own. Zero: the entries of a process whose hosts need the same cold
+	// image at once share one download, and an entry going cold later
+	// copies another entry's published base (of an image with a
+	// configured SHA256) instead of downloading it; each host still
+	// uploads, verifies and publishes its own base. Downloads and copies
+	// are shared only among entries with the same HTTPClient (nil counts
+	// as one shared client).
+	PrivateImageCache bool
 }
 
-// ParseConfig decodes one entry from YAML or JSON (JSON is YAML) strictly
-// and validates it as Open does. An unknown or duplicate key, a value of the
-// wrong type and a duration written as a bare number (it would be read as
-// nanoseconds) are errors that name the key; validation errors name the Go
-// field and the rule, one *errs.FieldError each. Every error is
-// Permanent. The Config is returned as written, without the defaults Open
-// fills in, so marshalling it gives the file back (image URLs redacted).
-// Credential values (Key, KeyPassphrase, Signer, KnownHosts) cannot come
-// from the file: set them before Open. With CredentialsLater the file may
-// leave out the key source, the known_hosts source or both (an operator
-// fills them from a Secret; Open requires them); the sources a file does
-// give (keyFile, agentSocket, knownHostsFile) are checked either way.
-func ParseConfig(data []byte, opts ...ParseOption) (Config, error) {
-	var o parseOptions
-	for _, opt := range opts {
-		opt(&o)
+// ParseConfig reads one entry from a file's content: YAML, or JSON (which
+// is YAML). Decoding is strict: an unknown key (a Go field name such as
+// CallTimeout included: keys are camelCase), a key given twice, a value of
+// the wrong type, a duration that is not a duration string ("30s"; a bare
+// number would read as nanoseconds) and text that is not UTF-8 are errors,
+// as is every rule Open enforces, except that the file need not name the
+// key source nor the known_hosts source: a program may set them in code
+// (Key from a Secret, say) before Open, which requires them. knownHosts is
+// the text of a known_hosts file (in YAML a block: "knownHosts: |" with
+// the lines indented below it); the other credential fields (Key,
+// KeyPassphrase) cannot come from a file.
+//
+// Every problem is reported at once, Permanent, one *egressproxy.FieldError
+// each, naming the key path as the file writes it (images.deb.sha256,
+// machineTypes.small.vcpus) and its line. The Config is returned as
+// written, without the defaults Open fills in, so marshalling it gives the
+// file back (image URLs redacted).
+func ParseConfig(data []byte) (Config, error) {
+	root, err := parseYAML(data)
+	if err != nil {
+		return Config{}, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
 	}
+	var d decoder
 	var c Config
-	if err := yaml.UnmarshalStrict(data, &c); err != nil {
-		return Config{}, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", decodeError(err)))
+	if root != nil {
+		d.decode(root, reflect.ValueOf(&c).Elem(), "")
 	}
-	if _, err := c.validateAs(!o.credentialsLater); err != nil {
+	d.checkFile(c, "")
+	if err := d.err(); err != nil {
 		return Config{}, err
 	}
 	return c, nil
 }
 
-// ParseOption changes what ParseConfig requires.
-type ParseOption func(*parseOptions)
-
-type parseOptions struct{ credentialsLater bool }
-
-// CredentialsLater makes ParseConfig accept an entry without a key source
-// or without a known_hosts source: the program sets them (Key and
-// KnownHosts from a Secret, say) before Open, which requires them.
-func CredentialsLater() ParseOption { return func(o *parseOptions) { o.credentialsLater = true } }
-
-// decodeError turns a decoding error that names a key into a
-// *errs.FieldError; other errors (syntax) are returned as they are.
-func decodeError(err error) error {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) && te.Field != "" {
-		return fieldErr(te.Field, "", "got "+te.Value+", want "+te.Type.String())
+// ParseEntries reads a file that lists several entries: a mapping whose
+// key "entries" holds a list of entries, each read as ParseConfig reads
+// one, and whose other keys are the program's own. rest receives them: a
+// pointer to a struct whose fields are decoded as a Config's are (keys are
+// the json tags, matched exactly; durations are strings; an unknown key
+// is an error); nil when the file holds only entries. rest must not have
+// a field for "entries".
+//
+// Every problem of the file is reported at once, Permanent, one
+// *egressproxy.FieldError each, naming its key path with the entry's index
+// (entries[2].images.deb.sha256) and its line: each entry's problems, two
+// entries with the same name, no entries, and the problems of the
+// program's keys (their decoding only: rest's values are the program's
+// to check). The entries are returned as written, in file order.
+func ParseEntries(data []byte, rest any) ([]Config, error) {
+	rv, err := restValue(rest)
+	if err != nil {
+		return nil, err
 	}
-	const unknown = "json: unknown field "
-	msg := err.Error()
-	if i := strings.Index(msg, unknown); i >= 0 {
-		if name, qerr := strconv.Unquote(msg[i+len(unknown):]); qerr == nil {
-			return fieldErr(name, "", "is not a field of the config (keys are camelCase, see docs/config.md)")
+	root, err := parseYAML(data)
+	if err != nil {
+		return nil, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
+	}
+	var d decoder
+	var list *yaml.Node
+	if root != nil && d.want(root, yaml.MappingNode, "") {
+		list = d.splitEntries(root, rv)
+	}
+	cfgs := d.entries(list)
+	if err := d.err(); err != nil {
+		return nil, err
+	}
+	return cfgs, nil
+}
+
+// restValue checks ParseEntries' rest: nil, or a pointer to a struct
+// without a field for "entries".
+func restValue(rest any) (reflect.Value, error) {
+	if rest == nil {
+		return reflect.Value{}, nil
+	}
+	v := reflect.ValueOf(rest)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return reflect.Value{}, errs.Errorf(errs.Permanent, "kvm2: ParseEntries: rest is a %T, want nil or a pointer to a struct", rest)
+	}
+	if _, ok := structFields(v.Elem().Type()).byKey["entries"]; ok {
+		return reflect.Value{}, errs.Errorf(errs.Permanent, "kvm2: ParseEntries: rest (%T) has a field for \"entries\"; the entries are returned", rest)
+	}
+	return v.Elem(), nil
+}
+
+// splitEntries decodes the keys of the document other than "entries" into
+// rest (when rest is the zero Value, the program has no keys of its own)
+// and returns the entries' node.
+func (d *decoder) splitEntries(root *yaml.Node, rest reflect.Value) *yaml.Node {
+	var list *yaml.Node
+	var others []pair
+	for _, p := range d.pairs(root, "") {
+		switch k := d.resolve(p.key); {
+		case k.Kind != yaml.ScalarNode || k.Value != "entries":
+			others = append(others, p)
+		case list != nil:
+			d.add("entries", k.Line, "", fmt.Sprintf("is given twice (first on line %d)", d.lineOf("entries")))
+		default:
+			d.saw("entries", k.Line)
+			list = p.value
 		}
 	}
-	return err
+	if !rest.IsValid() {
+		rest = reflect.ValueOf(&struct{}{}).Elem()
+	}
+	d.decodeStruct(others, rest, "", "entries")
+	return list
+}
+
+// entries decodes and checks the entries' list.
+func (d *decoder) entries(list *yaml.Node) []Config {
+	if list == nil {
+		if !d.reported("") {
+			d.add("entries", 0, "", "is required: a list of entries, one per hypervisor")
+		}
+		return nil
+	}
+	if list = d.resolve(list); !d.want(list, yaml.SequenceNode, "entries") {
+		return nil
+	}
+	if len(list.Content) == 0 {
+		d.add("entries", list.Line, "", "must list at least one entry")
+	}
+	cfgs := make([]Config, len(list.Content))
+	names := map[string]int{}
+	for i, item := range list.Content {
+		at := joinIndex("entries", i)
+		d.saw(at, item.Line)
+		d.decode(item, reflect.ValueOf(&cfgs[i]).Elem(), at)
+		if j, dup := names[cfgs[i].Entry]; dup && cfgs[i].Entry != "" {
+			field := joinKey(at, "entry")
+			d.problems = append(d.problems, &errs.FieldError{Field: field, Value: cfgs[i].Entry, Line: d.lineOf(field),
+				Rule: fmt.Sprintf("is also the name of entries[%d]: every entry needs its own", j)})
+		} else if !dup {
+			names[cfgs[i].Entry] = i
+		}
+		d.checkFile(cfgs[i], at)
+	}
+	return cfgs
+}
+
+// err returns the problems found, in the order of their lines, as one
+// Permanent error; nil when there are none.
+func (d *decoder) err() error {
+	return invalid(d.problems)
+}
+
+// invalid joins problems, sorted by line (those without one last), into
+// one Permanent error; nil when there are none.
+func invalid(problems []*errs.FieldError) error {
+	if len(problems) == 0 {
+		return nil
+	}
+	sort.SliceStable(problems, func(i, j int) bool {
+		li, lj := problems[i].Line, problems[j].Line
+		return li != 0 && (lj == 0 || li < lj)
+	})
+	list := make([]error, len(problems))
+	for i, p := range problems {
+		list[i] = p
+	}
+	return errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", errors.Join(list...)))
 }
 
 // String returns c in its marshalled form (JSON): image URLs redacted,
@@ -325,261 +407,19 @@ func (c Config) MarshalLog() any {
 	return m
 }
 
-// fieldErr returns a *errs.FieldError. The value is given as is: the
-// error's text quotes it escaped and bounded (errs.Quote).
-func fieldErr(field, value, rule string) error {
-	return &errs.FieldError{Field: field, Value: value, Rule: rule}
+// validate checks c as Open does and returns it with the defaults
+// applied. The error is Permanent and joins one *errs.FieldError per
+// broken rule, each naming the Go field path. hasSigner: Options.Signer
+// is the key source.
+func (c Config) validate(hasSigner bool) (Config, error) {
+	if problems := c.check(true, hasSigner); len(problems) > 0 {
+		return c, invalid(goFieldErrors(problems))
+	}
+	return c.withDefaults(), nil
 }
 
-// validateCredentials checks the key and known_hosts sources: exactly one
-// of each (at most one when require is false: ParseConfig leaves absent
-// sources to the embedder), a passphrase only for a key it can decrypt. No
-// FieldError carries a secret: Value names a path at most.
-func (c Config) validateCredentials(require bool) error {
-	var problems []error
-	oneOf := func(names []string, set []bool, missing, rule string) {
-		var given []string
-		for i, n := range names {
-			if set[i] {
-				given = append(given, n)
-			}
-		}
-		switch {
-		case len(given) == 0 && require:
-			problems = append(problems, fieldErr(missing, "", rule))
-		case len(given) > 1:
-			for _, g := range given {
-				var others []string
-				for _, o := range given {
-					if o != g {
-						others = append(others, o)
-					}
-				}
-				problems = append(problems, fieldErr(g, "", "set exactly one of "+strings.Join(names, ", ")+
-					" (also set: "+strings.Join(others, ", ")+")"))
-			}
-		}
-	}
-	oneOf([]string{"KeyFile", "Key", "Signer", "AgentSocket"},
-		[]bool{c.KeyFile != "", len(c.Key) > 0, c.Signer != nil, c.AgentSocket != ""},
-		"KeyFile", "a client key is required: set one of KeyFile, Key, Signer, AgentSocket")
-	if len(c.KeyPassphrase) > 0 && c.KeyFile == "" && len(c.Key) == 0 {
-		problems = append(problems, fieldErr("KeyPassphrase", "", "applies only to KeyFile or Key"))
-	}
-	if c.AgentSocket != "" && !filepath.IsAbs(c.AgentSocket) {
-		problems = append(problems, fieldErr("AgentSocket", c.AgentSocket, "must be an absolute path (the agent's unix socket)"))
-	}
-	oneOf([]string{"KnownHostsFile", "KnownHosts"},
-		[]bool{c.KnownHostsFile != "", len(c.KnownHosts) > 0},
-		"KnownHostsFile", "is required, or KnownHosts (host key verification cannot be skipped)")
-	if len(c.KnownHosts) > 0 && !hasKnownHostsLine(c.KnownHosts) {
-		problems = append(problems, fieldErr("KnownHosts", "", "must contain at least one valid known_hosts line"))
-	}
-	return errors.Join(problems...)
-}
-
-// hasKnownHostsLine reports whether b holds at least one line that parses
-// as a known_hosts entry.
-func hasKnownHostsLine(b []byte) bool {
-	for _, line := range bytes.Split(b, []byte("\n")) {
-		if _, _, _, _, _, err := ssh.ParseKnownHosts(line); err == nil {
-			return true
-		}
-	}
-	return false
-}
-
-// keyField names the entry of a map field, e.g. MachineTypes["small"], with
-// the key quoted escaped and bounded (errs.Quote): a key is caller input.
-func keyField(field, key string) string { return field + "[" + errs.Quote(key) + "]" }
-
-// validate checks c and returns it with defaults applied. The error is classed
-// Permanent and joins one *errs.FieldError per violation.
-func (c Config) validate() (Config, error) { return c.validateAs(true) }
-
-// validateAs is validate; with requireCredentials false a Config without a
-// key source or without a known_hosts source passes (ParseConfig).
-func (c Config) validateAs(requireCredentials bool) (Config, error) {
-	var problems []error
-	add := func(err error) {
-		if err != nil {
-			problems = append(problems, err)
-		}
-	}
-	add(naming.ValidateName("Entry", c.Entry))
-	add(naming.ValidateName("Owner", c.Owner))
-
-	if c.Address == "" {
-		add(fieldErr("Address", "", "is required (host:port of sshd)"))
-	} else if host, port, err := net.SplitHostPort(c.Address); err != nil {
-		add(fieldErr("Address", c.Address, "must be host:port"))
-	} else if host == "" {
-		add(fieldErr("Address", c.Address, "host must not be empty"))
-	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		add(fieldErr("Address", c.Address, "port must be a number in 1-65535"))
-	}
-	if c.User == "" {
-		add(fieldErr("User", "", "is required"))
-	} else if strings.ContainsAny(c.User, " \t\r\n@:/") {
-		add(fieldErr("User", c.User, "must not contain spaces, '@', ':' or '/'"))
-	}
-	add(c.validateCredentials(requireCredentials))
-	if c.LibvirtSocket == "" {
-		c.LibvirtSocket = DefaultLibvirtSocket
-	} else if !path.IsAbs(c.LibvirtSocket) {
-		add(fieldErr("LibvirtSocket", c.LibvirtSocket, "must be an absolute path on the host"))
-	}
-	if c.LibvirtURI == "" {
-		c.LibvirtURI = DefaultLibvirtURI
-	} else if !strings.Contains(c.LibvirtURI, "://") {
-		add(fieldErr("LibvirtURI", c.LibvirtURI, `must be a libvirt URI such as "qemu:///system"`))
-	}
-	add(validateObjectName("Pool", c.Pool, true))
-
-	// Machine types.
-	if len(c.MachineTypes) == 0 {
-		c.MachineTypes = map[string]MachineType{DefaultMachineTypeName: {VCPUs: defaultMachineTypeVCPUs, MemoryMiB: defaultMachineTypeMemory}}
-	} else {
-		mts := make(map[string]MachineType, len(c.MachineTypes))
-		for _, name := range sortedKeys(c.MachineTypes) {
-			mt := c.MachineTypes[name]
-			field := keyField("MachineTypes", name)
-			if err := validateKey(field, name); err != nil {
-				add(err)
-				continue
-			}
-			if mt.VCPUs < 1 || mt.VCPUs > maxMachineTypeVCPUs {
-				add(fieldErr(field+".VCPUs", strconv.Itoa(mt.VCPUs), fmt.Sprintf("must be 1-%d", maxMachineTypeVCPUs)))
-			}
-			if mt.MemoryMiB < minMachineTypeMemoryMiB || mt.MemoryMiB > maxMachineTypeMemoryMiB {
-				add(fieldErr(field+".MemoryMiB", strconv.Itoa(mt.MemoryMiB), fmt.Sprintf("must be %d-%d", minMachineTypeMemoryMiB, maxMachineTypeMemoryMiB)))
-			}
-			mts[name] = mt
-		}
-		c.MachineTypes = mts
-	}
-	if c.DefaultMachineType == "" {
-		switch {
-		case len(c.MachineTypes) == 1:
-			for k := range c.MachineTypes {
-				c.DefaultMachineType = k
-			}
-		default:
-			add(fieldErr("DefaultMachineType", "", "is required when MachineTypes has several entries"))
-		}
-	} else if _, ok := c.MachineTypes[c.DefaultMachineType]; !ok {
-		add(fieldErr("DefaultMachineType", c.DefaultMachineType, "must be a key of MachineTypes"))
-	}
-
-	// Images (see images.go).
-	c, problems = c.validateImages(problems)
-
-	// Network.
-	switch {
-	case c.Network != "" && c.Bridge != "":
-		add(fieldErr("Bridge", c.Bridge, "must be empty when Network is set (one NIC: a libvirt network or a bridge)"))
-	case c.Bridge != "":
-		if len(c.Bridge) > 15 || strings.ContainsAny(c.Bridge, " /\t\r\n") {
-			add(fieldErr("Bridge", c.Bridge, "must be an interface name (at most 15 characters, no spaces or '/')"))
-		}
-	default:
-		if c.Network == "" {
-			c.Network = DefaultNetwork
-		}
-		add(validateObjectName("Network", c.Network, true))
-	}
-
-	switch c.DomainType {
-	case "", domainTypeQEMU, domainTypeKVM: // "": automatic (accel.go)
-	default:
-		add(fieldErr("DomainType", c.DomainType, `must be "kvm", "qemu", or empty (automatic)`))
-	}
-
-	if c.Kernel != "" && !path.IsAbs(c.Kernel) {
-		add(fieldErr("Kernel", c.Kernel, "must be an absolute path on the host"))
-	}
-	if c.Initrd != "" {
-		if c.Kernel == "" {
-			add(fieldErr("Initrd", c.Initrd, "requires Kernel"))
-		} else if !path.IsAbs(c.Initrd) {
-			add(fieldErr("Initrd", c.Initrd, "must be an absolute path on the host"))
-		}
-	}
-	if c.Cmdline != "" && c.Kernel == "" {
-		add(fieldErr("Cmdline", c.Cmdline, "requires Kernel"))
-	}
-
-	if c.ConsoleLogDir != "" && !path.IsAbs(c.ConsoleLogDir) {
-		add(fieldErr("ConsoleLogDir", c.ConsoleLogDir, "must be an absolute path on the host"))
-	}
-	if c.TransferBudget < 0 {
-		add(fieldErr("TransferBudget", c.TransferBudget.String(), "must not be negative (zero means the imagecache default)"))
-	}
-	if c.ClaimTimeout != 0 && c.ClaimTimeout < MinClaimTimeout {
-		add(fieldErr("ClaimTimeout", c.ClaimTimeout.String(), fmt.Sprintf("must be zero (imagecache's default, 2m) or at least %s (the claim is refreshed every ClaimTimeout/4)", MinClaimTimeout)))
-	}
-	if c.CallTimeout < 0 {
-		add(fieldErr("CallTimeout", c.CallTimeout.String(), "must not be negative (zero means 2m)"))
-	} else if c.CallTimeout == 0 {
-		c.CallTimeout = DefaultCallTimeout
-	}
-	if c.DialTimeout < 0 {
-		add(fieldErr("DialTimeout", c.DialTimeout.String(), "must not be negative (zero means the sshconn default)"))
-	}
-	if c.KeepaliveInterval < 0 {
-		add(fieldErr("KeepaliveInterval", c.KeepaliveInterval.String(), "must not be negative (zero means the sshconn default)"))
-	}
-	if c.KeepaliveCount < 0 {
-		add(fieldErr("KeepaliveCount", strconv.Itoa(c.KeepaliveCount), "must not be negative (zero means the sshconn default)"))
-	}
-
-	if len(problems) == 0 {
-		return c, nil
-	}
-	return c, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", errors.Join(problems...)))
-}
-
-// validateObjectName checks a libvirt object name (pool, network): no '/',
-// no control characters, at most 255 bytes.
-func validateObjectName(field, name string, required bool) error {
-	if name == "" {
-		if required {
-			return fieldErr(field, "", "is required")
-		}
-		return nil
-	}
-	if len(name) > maxLibvirtObjectNameBytes {
-		return fieldErr(field, name, fmt.Sprintf("is %d bytes, at most %d allowed", len(name), maxLibvirtObjectNameBytes))
-	}
-	for _, r := range name {
-		if r < 0x20 || r == 0x7f || r == '/' {
-			return fieldErr(field, name, "must not contain '/' or control characters")
-		}
-	}
-	return nil
-}
-
-// validateKey checks an image key or machine type name, a map key, with the
-// one key rule (naming.ValidateKey). field already quotes the key (keyField), so the error does not
-// repeat it as its value.
-func validateKey(field, key string) error {
-	var fe *errs.FieldError
-	if err := naming.ValidateKey(field, key); errors.As(err, &fe) {
-		return fieldErr(field, "", fe.Rule)
-	}
-	return nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
-// MarshalJSON writes c with durations as strings ("30s", zero left out).
+// MarshalJSON writes c with durations as strings ("30s", zero left out)
+// and KnownHosts as text.
 func (c Config) MarshalJSON() ([]byte, error) {
 	type plain Config
 	d := func(v time.Duration) *duration.Duration {
@@ -588,32 +428,34 @@ func (c Config) MarshalJSON() ([]byte, error) {
 		}
 		return (*duration.Duration)(&v)
 	}
-	// The duration fields below shadow plain's of the same JSON names.
+	// The fields below shadow plain's of the same JSON names.
 	return json.Marshal(struct {
 		plain
+		KnownHosts        string             `json:"knownHosts,omitempty"`
 		TransferBudget    *duration.Duration `json:"transferBudget,omitempty"`
 		ClaimTimeout      *duration.Duration `json:"claimTimeout,omitempty"`
 		CallTimeout       *duration.Duration `json:"callTimeout,omitempty"`
 		DialTimeout       *duration.Duration `json:"dialTimeout,omitempty"`
 		KeepaliveInterval *duration.Duration `json:"keepaliveInterval,omitempty"`
-	}{plain(c), d(c.TransferBudget), d(c.ClaimTimeout), d(c.CallTimeout), d(c.DialTimeout), d(c.KeepaliveInterval)})
+	}{plain(c), string(c.KnownHosts), d(c.TransferBudget), d(c.ClaimTimeout), d(c.CallTimeout), d(c.DialTimeout), d(c.KeepaliveInterval)})
 }
 
-// UnmarshalJSON reads c strictly (an unknown key is an error), durations
-// as strings in time.ParseDuration syntax ("30s"; a bare number, which
-// would read as nanoseconds, is refused).
+// UnmarshalJSON reads c as ParseConfig decodes a file, without the checks
+// of Open's rules: strictly, durations as strings, KnownHosts as text. A
+// problem names the key path below c, without a line. null leaves c as it
+// is.
 func (c *Config) UnmarshalJSON(b []byte) error {
-	type plain Config
-	v := struct {
-		*plain
-		TransferBudget    *duration.Duration `json:"transferBudget,omitempty"`
-		ClaimTimeout      *duration.Duration `json:"claimTimeout,omitempty"`
-		CallTimeout       *duration.Duration `json:"callTimeout,omitempty"`
-		DialTimeout       *duration.Duration `json:"dialTimeout,omitempty"`
-		KeepaliveInterval *duration.Duration `json:"keepaliveInterval,omitempty"`
-	}{(*plain)(c), (*duration.Duration)(&c.TransferBudget), (*duration.Duration)(&c.ClaimTimeout),
-		(*duration.Duration)(&c.CallTimeout), (*duration.Duration)(&c.DialTimeout), (*duration.Duration)(&c.KeepaliveInterval)}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	return dec.Decode(&v)
+	root, err := parseYAML(b)
+	if err != nil {
+		return errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
+	}
+	if root == nil || isNull(root) {
+		return nil
+	}
+	var d decoder
+	d.decode(root, reflect.ValueOf(c).Elem(), "")
+	for _, p := range d.problems {
+		p.Line = 0 // a line of the JSON value alone, not of its file
+	}
+	return d.err()
 }

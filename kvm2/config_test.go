@@ -25,13 +25,13 @@ func validConfig() Config {
 
 func TestConfigDefaults(t *testing.T) {
 	t.Parallel()
-	c, err := validConfig().validate()
+	c, err := validConfig().validate(false)
 	if err != nil {
 		t.Fatalf("validate: %v", err)
 	}
 	checks := []struct{ field, got, want string }{
-		{"LibvirtSocket", c.LibvirtSocket, DefaultLibvirtSocket},
-		{"LibvirtURI", c.LibvirtURI, DefaultLibvirtURI},
+		{"LibvirtSocket", c.LibvirtSocket, defaultLibvirtSocket},
+		{"LibvirtURI", c.LibvirtURI, defaultLibvirtURI},
 		{"DomainType", c.DomainType, ""}, // automatic: decided on first use (accel.go)
 		{"Network", c.Network, "default"},
 		{"DefaultMachineType", c.DefaultMachineType, "small"},
@@ -44,7 +44,7 @@ func TestConfigDefaults(t *testing.T) {
 	if mt := c.MachineTypes["small"]; mt.VCPUs != 1 || mt.MemoryMiB != 512 {
 		t.Errorf("default machine type = %+v", mt)
 	}
-	if c.CallTimeout != DefaultCallTimeout {
+	if c.CallTimeout != defaultCallTimeout {
 		t.Errorf("CallTimeout = %v", c.CallTimeout)
 	}
 }
@@ -102,8 +102,8 @@ func TestConfigValidate(t *testing.T) {
 		}, "DefaultImage", "key of Images"},
 		{"console log dir relative", func(c *Config) { c.ConsoleLogDir = "logs" }, "ConsoleLogDir", "absolute"},
 		{"transfer budget negative", func(c *Config) { c.TransferBudget = -1 }, "TransferBudget", "negative"},
-		{"claim timeout negative", func(c *Config) { c.ClaimTimeout = -1 }, "ClaimTimeout", "zero (imagecache's default, 2m) or at least 10s"},
-		{"claim timeout too short", func(c *Config) { c.ClaimTimeout = MinClaimTimeout - time.Millisecond }, "ClaimTimeout", "at least 10s"},
+		{"claim timeout negative", func(c *Config) { c.ClaimTimeout = -1 }, "ClaimTimeout", "zero (the image cache's default, 2m) or at least 10s"},
+		{"claim timeout too short", func(c *Config) { c.ClaimTimeout = minClaimTimeout - time.Millisecond }, "ClaimTimeout", "at least 10s"},
 		{"call timeout negative", func(c *Config) { c.CallTimeout = -1 }, "CallTimeout", "negative"},
 		{"dial timeout negative", func(c *Config) { c.DialTimeout = -1 }, "DialTimeout", "negative"},
 		{"keepalive count negative", func(c *Config) { c.KeepaliveCount = -1 }, "KeepaliveCount", "negative"},
@@ -112,7 +112,7 @@ func TestConfigValidate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := validConfig()
 			tt.mutate(&c)
-			_, err := c.validate()
+			_, err := c.validate(false)
 			if err == nil {
 				t.Fatal("validate accepted a bad config")
 			}
@@ -149,26 +149,26 @@ func TestConfigValidOptions(t *testing.T) {
 	c.Bridge = "br0"
 	c.DomainType = "kvm"
 	c.Kernel, c.Initrd, c.Cmdline = "/boot/vmlinuz", "/boot/initrd", "console=ttyS0 root=/dev/vda"
-	c.ClaimTimeout = MinClaimTimeout
-	got, err := c.validate()
+	c.ClaimTimeout = minClaimTimeout
+	got, err := c.validate(false)
 	if err != nil {
 		t.Fatalf("validate: %v", err)
 	}
 	if got.Network != "" {
 		t.Errorf("Network = %q with Bridge set, want empty", got.Network)
 	}
-	if got.ClaimTimeout != MinClaimTimeout {
-		t.Errorf("ClaimTimeout = %v, want %v kept", got.ClaimTimeout, MinClaimTimeout)
+	if got.ClaimTimeout != minClaimTimeout {
+		t.Errorf("ClaimTimeout = %v, want %v kept", got.ClaimTimeout, minClaimTimeout)
 	}
 	img := validConfig()
 	img.Images = map[string]imagecache.Image{"debian-12": {URL: "https://example.com/d.qcow2"}}
-	got, err = img.validate()
+	got, err = img.validate(false)
 	if err != nil || got.DefaultImage != "debian-12" || got.Images["debian-12"].Key != "debian-12" {
 		t.Errorf("single image: default %q, key %q, err %v", got.DefaultImage, got.Images["debian-12"].Key, err)
 	}
 	one := validConfig()
 	one.MachineTypes = map[string]MachineType{"only": {2, 2048}}
-	got, err = one.validate()
+	got, err = one.validate(false)
 	if err != nil || got.DefaultMachineType != "only" {
 		t.Errorf("single machine type: default %q, err %v", got.DefaultMachineType, err)
 	}

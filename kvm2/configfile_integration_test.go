@@ -18,9 +18,11 @@ import (
 )
 
 // A config written to a YAML file and read back with ParseConfig drives the
-// real stack: Check, then Create, Get and Delete of one instance. The same
-// config with a credentialed image URL marshals without the secret, and the
-// redacted file is refused before anything is dialled.
+// real stack: Check, then Create, Get and Delete of one instance; with the
+// host key pinned by the known_hosts lines in the file (a block), Check
+// reaches the host. The same config with a credentialed image URL marshals
+// without the secret, and the redacted file is refused, naming the key and
+// its line, before anything is dialled.
 func TestIntegrationConfigFile(t *testing.T) {
 	e := newLifecycleEnv(t)
 	b, err := yaml.Marshal(e.cfg)
@@ -65,13 +67,48 @@ func TestIntegrationConfigFile(t *testing.T) {
 		t.Fatalf("Delete: %v", err)
 	}
 
-	// Credentials in the image URL never reach the file.
+	checkKnownHostsBlock(t, e.cfg)
+	checkRedactedRefused(t, e.cfg)
+}
+
+// checkKnownHostsBlock checks that cfg with its host key pinned in the
+// file itself, the known_hosts lines as a YAML block, reads back with
+// ParseConfig and reaches the host.
+func checkKnownHostsBlock(t *testing.T, cfg Config) {
+	t.Helper()
+	kh, err := os.ReadFile(cfg.KnownHostsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := cfg
+	pinned.KnownHostsFile, pinned.KnownHosts = "", kh
+	b, err := yaml.Marshal(pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "knownHosts: |") {
+		t.Errorf("knownHosts is not written as a block:\n%s", b)
+	}
+	pc, err := ParseConfig(b)
+	if err != nil {
+		t.Fatalf("ParseConfig(knownHosts block):\n%s\n%v", b, err)
+	}
+	if h := checkT(t, openT(t, pc, testr.New(t))); !h.Reachable || h.Reason != egressproxy.ReasonNone {
+		t.Fatalf("Check with knownHosts from the file = %+v", h)
+	}
+}
+
+// checkRedactedRefused checks that credentials in cfg's image URL never
+// reach the file, and that the redacted file is refused, naming the URL's
+// key path and line.
+func checkRedactedRefused(t *testing.T, cfg Config) {
+	t.Helper()
 	const secret = "s3cr3t-passw0rd"
-	withCred := e.cfg
+	withCred := cfg
 	img := withCred.Images["tiny"]
 	img.URL = strings.Replace(img.URL, "http://", "http://op:"+secret+"@", 1)
 	withCred.Images = map[string]imagecache.Image{"tiny": img}
-	b, err = yaml.Marshal(withCred)
+	b, err := yaml.Marshal(withCred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +117,7 @@ func TestIntegrationConfigFile(t *testing.T) {
 	}
 	_, err = ParseConfig(b)
 	var fe *errs.FieldError
-	if !errors.As(err, &fe) || fe.Field != `Images["tiny"].URL` {
+	if !errors.As(err, &fe) || fe.Field != "images.tiny.url" || fe.Line == 0 {
 		t.Fatalf("ParseConfig(redacted) = %v, want the URL refused", err)
 	}
 }

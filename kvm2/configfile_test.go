@@ -1,6 +1,7 @@
 package kvm2
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -85,8 +86,7 @@ func TestFullConfigIsFull(t *testing.T) {
 	}
 }
 
-// Every field is tagged, Kubernetes style: camelCase, no two alike;
-// durations are duration.Duration.
+// Every field is tagged, Kubernetes style: camelCase, no two alike.
 func TestConfigTags(t *testing.T) {
 	t.Parallel()
 	for _, typ := range []reflect.Type{reflect.TypeFor[Config](), reflect.TypeFor[MachineType](), reflect.TypeFor[imagecache.Image]()} {
@@ -97,9 +97,6 @@ func TestConfigTags(t *testing.T) {
 			if !ok {
 				t.Errorf("%s.%s has no json tag", typ.Name(), f.Name)
 				continue
-			}
-			if f.Type == reflect.TypeFor[time.Duration]() {
-				t.Errorf("%s.%s is a time.Duration: use duration.Duration so files write \"30s\"", typ.Name(), f.Name)
 			}
 			name, _, _ := strings.Cut(tag, ",")
 			if name == "-" {
@@ -181,7 +178,8 @@ user: egressproxy
 keyFile: /etc/egressproxy/id_ed25519
 knownHostsFile: /etc/egressproxy/known_hosts
 agentSocket: /run/egressproxy/agent.sock
-knownHosts: aHYxLmV4YW1wbGUubmV0IHNzaC1lZDI1NTE5IEFBQUFDM056YUMxbFpESTFOVEU1QUFBQUlPTXFxbmtWenJtMFNkRzZVT29xS0xzYWJnSDVDOW9rV2kwZGgybDlHS0psCg==
+knownHosts: |
+  hv1.example.net ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl
 libvirtSocket: /run/libvirt/libvirt-sock
 libvirtURI: qemu:///system
 pool: egressproxy
@@ -223,6 +221,16 @@ func TestConfigYAMLEveryField(t *testing.T) {
 	if d := cmp.Diff(fullConfig(), got); d != "" {
 		t.Errorf("(-want +got):\n%s", d)
 	}
+	// ParseConfig reads the same (it also validates: fullConfig sets two
+	// key sources, both known_hosts sources, and network and bridge).
+	_, err := ParseConfig([]byte(fullYAML))
+	var fields []string
+	for _, fe := range errs.FieldErrors(err) {
+		fields = append(fields, fe.Field)
+	}
+	if want := "keyFile,knownHostsFile,agentSocket,knownHosts,bridge"; strings.Join(fields, ",") != want {
+		t.Errorf("ParseConfig(fullYAML) names %v, want %s: %v", fields, want, err)
+	}
 }
 
 // Zero values mean "the default" and are left out; required fields are
@@ -258,68 +266,121 @@ func TestParseConfig(t *testing.T) {
 
 	for _, tt := range []struct {
 		name, doc, field string
+		line             int
 		rule             []string
 	}{
-		{"unknown key", valid + "callTimout: 30s\n", "callTimout", []string{"not a field", "camelCase"}},
-		{"unknown nested key", valid + "machineTypes:\n  small: {vcpus: 1, memoryMiB: 512, disk: 10}\n", "disk", []string{"not a field"}},
-		{"bare number duration", valid + "callTimeout: 30\n", "callTimeout", []string{"number 30", "nanoseconds", `"30s"`, "duration.Duration"}},
-		{"bad duration string", valid + "dialTimeout: soon\n", "dialTimeout", []string{`"soon"`, "time.ParseDuration"}},
-		{"wrong type", valid + "keepaliveCount: three\n", "keepaliveCount", []string{"got string", "want int"}},
-		{"wrong nested type", valid + "machineTypes:\n  small: {vcpus: two, memoryMiB: 512}\n", "machineTypes.vcpus", []string{"want int"}},
-		{"validation (Go field name)", valid + "callTimeout: -1s\n", "CallTimeout", []string{"must not be negative"}},
-		{"claim timeout below its minimum", valid + "claimTimeout: 5s\n", "ClaimTimeout", []string{"at least 10s", "ClaimTimeout/4"}},
-		{"validation of an image", valid + "images:\n  deb:\n    url: ftp://h/x\n", `Images["deb"].URL`, []string{"http"}},
+		{"unknown key", valid + "callTimout: 30s\n", "callTimout", 8, []string{"unknown key", "did you mean callTimeout?"}},
+		{"go field name", valid + "CallTimeout: 30s\n", "CallTimeout", 8, []string{"unknown key", "keys are camelCase: write callTimeout"}},
+		{"unknown nested key", valid + "machineTypes:\n  small: {vcpus: 1, memoryMiB: 512, disk: 10}\n", "machineTypes.small.disk", 9, []string{"unknown key", "(keys: memoryMiB, vcpus)"}},
+		{"bare number duration", valid + "callTimeout: 30\n", "callTimeout", 8, []string{"a bare number would be read as nanoseconds", `"30s"`}},
+		{"bad duration string", valid + "dialTimeout: soon\n", "dialTimeout", 8, []string{`"30s"`, "time.ParseDuration"}},
+		{"wrong type", valid + "keepaliveCount: three\n", "keepaliveCount", 8, []string{"must be an integer", "not a string"}},
+		{"wrong nested type", valid + "machineTypes:\n  small: {vcpus: two, memoryMiB: 512}\n", "machineTypes.small.vcpus", 9, []string{"must be an integer"}},
+		{"a string as a number", valid + "network: 12\n", "network", 8, []string{"must be a string", "quote it"}},
+		{"validation", valid + "callTimeout: -1s\n", "callTimeout", 8, []string{"must not be negative"}},
+		{"claim timeout below its minimum", valid + "claimTimeout: 5s\n", "claimTimeout", 8, []string{"at least 10s", "claimTimeout/4"}},
+		{"validation of an image", valid + "images:\n  deb:\n    url: ftp://h/x\n", "images.deb.url", 10, []string{"http"}},
+		{"a missing key", "entry: lab-1\nowner: o\naddress: h:22\nuser: u\n", "pool", 0, []string{"is required"}},
+		{"a key given twice", valid + "pool: other\n", "pool", 8, []string{"given twice (first on line 7)"}},
+		{"a rule naming another key", valid + "initrd: /boot/initrd\n", "initrd", 8, []string{"requires kernel"}},
+		{"not a mapping", "- entry: lab-1\n", "config", 1, []string{"must be a mapping", "not a list"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := ParseConfig([]byte(tt.doc))
 			if errs.Code(err) != errs.Permanent {
 				t.Fatalf("err = %v (%v), want Permanent", err, errs.Code(err))
 			}
-			var fe *errs.FieldError
-			if !errors.As(err, &fe) || fe.Field != tt.field {
-				t.Fatalf("err = %v, want a FieldError for %q", err, tt.field)
+			fes := errs.FieldErrors(err)
+			if len(fes) != 1 || fes[0].Field != tt.field || fes[0].Line != tt.line {
+				t.Fatalf("err = %v, want one FieldError for %q on line %d", err, tt.field, tt.line)
 			}
 			for _, r := range tt.rule {
-				if !strings.Contains(fe.Rule, r) {
-					t.Errorf("rule %q lacks %q", fe.Rule, r)
+				if !strings.Contains(fes[0].Rule, r) {
+					t.Errorf("rule %q lacks %q", fes[0].Rule, r)
 				}
 			}
 		})
 	}
 
-	// Duplicate keys and syntax errors are Permanent too.
-	for _, doc := range []string{valid + "pool: other\n", "entry: [\n", "\tentry: x\n"} {
-		if _, err := ParseConfig([]byte(doc)); errs.Code(err) != errs.Permanent {
-			t.Errorf("ParseConfig(%q) = %v, want Permanent", doc, err)
+}
+
+// Syntax errors, a second document and text that is not UTF-8 are
+// Permanent too, and say their line.
+func TestParseConfigSyntax(t *testing.T) {
+	t.Parallel()
+	const valid = "entry: lab-1\nowner: operator-a\naddress: hv1:22\nuser: root\nkeyFile: /k\nknownHostsFile: /kh\npool: default\n"
+	for doc, want := range map[string]string{
+		"entry: [\n":                  "line 1",
+		"\tentry: x\n":                "line 1",
+		valid + "---\nentry: b\n":     "line 8: a second YAML document",
+		valid + "user: r\xffot\n":     "line 8: the file is not valid UTF-8 (byte 0xff in column 8)",
+		valid + "cmdline: \xc3\x28\n": "line 8: the file is not valid UTF-8 (byte 0xc3 in column 10)",
+	} {
+		if _, err := ParseConfig([]byte(doc)); errs.Code(err) != errs.Permanent || !strings.Contains(fmt.Sprint(err), want) {
+			t.Errorf("ParseConfig(%q) = %v, want Permanent saying %q", doc, err, want)
 		}
 	}
-	// A file without credential sources is refused naming both, as Open
-	// would; with CredentialsLater it parses (an operator sets Key and
-	// KnownHosts from a Secret before Open), and a file that gives two key
-	// sources is still refused.
+}
+
+// A file need not name the credentials' sources: the program sets them
+// before Open, which requires them, naming the Go fields.
+func TestParseConfigCredentials(t *testing.T) {
+	t.Parallel()
 	const noCreds = "entry: lab-1\nowner: operator-a\naddress: hv1:22\nuser: root\npool: default\n"
-	if _, err := ParseConfig([]byte(noCreds)); !hasField(err, "KeyFile") || !hasField(err, "KnownHostsFile") {
-		t.Errorf("ParseConfig without credential sources = %v, want FieldErrors for KeyFile and KnownHostsFile", err)
-	}
-	nc, err := ParseConfig([]byte(noCreds), CredentialsLater())
+	nc, err := ParseConfig([]byte(noCreds))
 	if err != nil {
-		t.Fatalf("ParseConfig(CredentialsLater) without credential sources = %v, want nil", err)
+		t.Fatalf("ParseConfig without credential sources = %v, want nil", err)
 	}
-	if _, err := nc.validate(); !hasField(err, "KeyFile") || !hasField(err, "KnownHostsFile") {
+	if _, err := nc.validate(false); !hasField(err, "KeyFile") || !hasField(err, "KnownHostsFile") {
 		t.Errorf("Open's validation of a config without credentials = %v, want FieldErrors for KeyFile and KnownHostsFile", err)
 	}
 	nc.Key, nc.KnownHosts = []byte("-----BEGIN OPENSSH PRIVATE KEY-----\n"), []byte("hv1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
-	if _, err := nc.validate(); hasField(err, "KeyFile") || hasField(err, "KnownHostsFile") {
-		t.Errorf("validation with Key and KnownHosts set = %v, want no credential source error", err)
+	if _, err := nc.validate(false); err != nil {
+		t.Errorf("validation with Key and KnownHosts set = %v, want nil", err)
 	}
-	if _, err := ParseConfig([]byte(noCreds+"keyFile: /k\nagentSocket: /run/agent.sock\n"), CredentialsLater()); !hasField(err, "KeyFile") || !hasField(err, "AgentSocket") {
-		t.Errorf("ParseConfig(CredentialsLater) with two key sources = %v, want FieldErrors for both", err)
+	// The sources a file does give are checked: two key sources are
+	// refused, each named by its key.
+	if _, err := ParseConfig([]byte(noCreds + "keyFile: /k\nagentSocket: /run/agent.sock\n")); !hasField(err, "keyFile") || !hasField(err, "agentSocket") {
+		t.Errorf("ParseConfig with two key sources = %v, want FieldErrors for keyFile and agentSocket", err)
 	}
 
 	// A long unknown key leaves the error bounded.
-	_, err = ParseConfig([]byte(valid + strings.Repeat("x", 5000) + ": 1\n"))
+	_, err = ParseConfig([]byte(noCreds + strings.Repeat("x", 5000) + ": 1\n"))
 	if err == nil || len(err.Error()) > errs.MaxErrorText {
 		t.Errorf("long key: %d bytes", len(err.Error()))
+	}
+}
+
+// knownHosts is the text of a known_hosts file: a block scalar in YAML, a
+// string in JSON; what it pins reaches the Config byte for byte.
+func TestParseConfigKnownHostsText(t *testing.T) {
+	t.Parallel()
+	const line1 = "hv1.example.net ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+	const line2 = "@cert-authority *.example.net ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+	const head = "entry: lab-1\nowner: o\naddress: hv1:22\nuser: u\nkeyFile: /k\npool: p\n"
+	for name, doc := range map[string]string{
+		"block":  head + "knownHosts: |\n  # the lab's hosts\n  " + line1 + "\n  " + line2 + "\n",
+		"json":   `{"entry":"lab-1","owner":"o","address":"hv1:22","user":"u","keyFile":"/k","pool":"p","knownHosts":"# the lab's hosts\n` + line1 + `\n` + line2 + `\n"}`,
+		"binary": head + "knownHosts: !!binary " + base64.StdEncoding.EncodeToString([]byte("# the lab's hosts\n"+line1+"\n"+line2+"\n")) + "\n",
+	} {
+		c, err := ParseConfig([]byte(doc))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if want := "# the lab's hosts\n" + line1 + "\n" + line2 + "\n"; string(c.KnownHosts) != want {
+			t.Errorf("%s: KnownHosts = %q, want %q", name, c.KnownHosts, want)
+		}
+		if _, err := c.validate(false); err != nil {
+			t.Errorf("%s: validate: %v", name, err)
+		}
+	}
+	// Base64 of known_hosts text is not known_hosts text: the rule says
+	// what to write instead.
+	_, err := ParseConfig([]byte(head + "knownHosts: " + base64.StdEncoding.EncodeToString([]byte(line1+"\n")) + "\n"))
+	fes := errs.FieldErrors(err)
+	if len(fes) != 1 || fes[0].Field != "knownHosts" || fes[0].Line != 7 || !strings.Contains(fes[0].Rule, `"knownHosts: |"`) {
+		t.Errorf("base64 knownHosts: %v", err)
 	}
 }
 
@@ -402,12 +463,12 @@ func TestConfigRedactedURLRefused(t *testing.T) {
 	t.Parallel()
 	c := validConfig()
 	c.Images = map[string]imagecache.Image{"deb": {URL: "https://op:hunter2hunter2@images.example.net/a.qcow2"}}
-	if _, err := c.validate(); err != nil {
+	if _, err := c.validate(false); err != nil {
 		t.Fatalf("the credentialed config is valid: %v", err)
 	}
 	_, err := ParseConfig([]byte(c.String()))
 	var fe *errs.FieldError
-	if !errors.As(err, &fe) || fe.Field != `Images["deb"].URL` || !strings.Contains(fe.Rule, "redacted") || errs.Code(err) != errs.Permanent {
+	if !errors.As(err, &fe) || fe.Field != "images.deb.url" || !strings.Contains(fe.Rule, "redacted") || errs.Code(err) != errs.Permanent {
 		t.Fatalf("ParseConfig(marshalled) = %v, want a Permanent FieldError on the URL saying it was redacted", err)
 	}
 	if strings.Contains(err.Error(), "hunter2") {

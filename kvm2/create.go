@@ -16,6 +16,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/budget"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/sshconn"
@@ -72,76 +73,24 @@ func (p *provider) Create(ctx context.Context, spec egressproxy.Spec) (_ egressp
 	if err := p.checkOpen(); err != nil {
 		return egressproxy.Instance{}, err
 	}
-	if err := spec.Validate(); err != nil {
-		return egressproxy.Instance{}, err
-	}
-	imgKey := spec.ImageKey
-	if imgKey == "" {
-		imgKey = p.cfg.DefaultImage
-	}
-	img, ok := p.cfg.Images[imgKey]
-	if !ok {
-		if imgKey == "" {
-			return egressproxy.Instance{}, errs.WithCode(errs.Permanent, fieldErr("ImageKey", "", "no image configured for this provider entry (Config.Images is empty)"))
-		}
-		return egressproxy.Instance{}, errs.WithCode(errs.Permanent, fieldErr("ImageKey", imgKey, "is not a configured image of this provider entry"))
-	}
-	mtName := spec.MachineType
-	if mtName == "" {
-		mtName = p.cfg.DefaultMachineType
-	}
-	mt, ok := p.cfg.MachineTypes[mtName]
-	if !ok {
-		return egressproxy.Instance{}, errs.WithCode(errs.Permanent, fieldErr("MachineType", mtName, "is not a configured machine type of this provider entry"))
-	}
-	name := domainName(p.cfg.Entry, spec.Name)
-	meta := instanceMeta{
-		UID: spec.UID, Created: time.Now().UTC().Truncate(time.Millisecond), Entry: p.cfg.Entry, Owner: p.cfg.Owner,
-		Port: spec.EffectivePort(), SpecDigest: spec.Digest(),
-	}
-	params := domainParams{
-		Name: name, Type: p.cfg.DomainType, VCPUs: mt.VCPUs, MemoryMiB: mt.MemoryMiB,
-		Pool: p.cfg.Pool, Overlay: overlayVolume(name), Seed: seedVolume(name),
-		Network: p.cfg.Network, Bridge: p.cfg.Bridge,
-		Kernel: p.cfg.Kernel, Initrd: p.cfg.Initrd, Cmdline: p.cfg.Cmdline,
-		Meta: meta,
-	}
-	if p.cfg.ConsoleLogDir != "" {
-		params.ConsoleLog = path.Join(p.cfg.ConsoleLogDir, name+".log")
-	}
-	// Everything that can be refused for bad input is built before the
-	// host is touched.
-	domXML, err := buildDomainXML(params)
+	plan, err := p.plan(spec)
 	if err != nil {
 		return egressproxy.Instance{}, err
 	}
-
+	name := plan.params.Name
 	unlock, err := p.locks.lock(ctx, name)
 	if err != nil {
 		return egressproxy.Instance{}, err
 	}
 	defer unlock()
 
-	c := &creation{p: p, spec: spec, name: name, domXML: domXML, meta: meta}
+	c := &creation{p: p, spec: spec, name: name, domXML: plan.domXML, meta: plan.params.Meta}
 	info, err := c.lookup(ctx)
 	switch {
 	case err == nil:
-		if err := c.checkOwned(info); err != nil {
-			return egressproxy.Instance{}, err
+		if inst, done, err := c.existing(ctx, info); done {
+			return inst, err
 		}
-		if !neverRan(info.state, info.reason) {
-			p.log.V(1).Info("create: instance exists", "instance", spec.Name, "uid", spec.UID)
-			inst, err := p.instance(ctx, spec.Name, info, true)
-			if err != nil && !stopsCreate(err) {
-				// The address is best-effort here (the domain may even
-				// have been deleted since: it existed when read).
-				inst, err = p.instance(ctx, spec.Name, info, false)
-			}
-			return inst, p.wrap(err)
-		}
-		// An earlier Create stopped after defining the domain: finish it.
-		c.adopt(info)
-		p.log.V(1).Info("create: completing an instance that was defined but never started", "instance", spec.Name, "uid", spec.UID)
 	case errs.Code(classify(err)) != errs.NotFound:
 		return egressproxy.Instance{}, p.wrap(err)
 	}
@@ -151,28 +100,121 @@ func (p *provider) Create(ctx context.Context, spec egressproxy.Spec) (_ egressp
 	if c.seed, err = buildSeed(seedData{InstanceID: spec.UID, Hostname: spec.Name, UserData: spec.UserData, Created: c.meta.Created}); err != nil {
 		return egressproxy.Instance{}, err
 	}
-
 	if !c.adopted {
-		// The domain type may need the host's capabilities (accel.go):
-		// decided before the base image is fetched, so that an explicit
+		// Decided before the base image is fetched, so that an explicit
 		// "kvm" the host does not offer costs no download.
-		typ, err := p.createDomainType(ctx)
-		if err != nil {
-			return egressproxy.Instance{}, p.wrap(err)
-		}
-		if typ != params.Type {
-			params.Type = typ
-			if c.domXML, err = buildDomainXML(params); err != nil {
-				return egressproxy.Instance{}, err
-			}
+		if c.domXML, err = p.typedDomainXML(ctx, plan.params, c.domXML); err != nil {
+			return egressproxy.Instance{}, err
 		}
 	}
-
-	c.base, err = p.cache.Ensure(ctx, img)
+	c.base, err = p.cache.Ensure(ctx, plan.img)
 	if err != nil {
 		return egressproxy.Instance{}, p.wrap(fmt.Errorf("base image: %w", err)) // imagecache names the image (key or base volume)
 	}
+	return c.run(ctx)
+}
 
+// createPlan is what Create builds from the spec and the entry's
+// configuration before it touches the host.
+type createPlan struct {
+	img    imagecache.Image
+	params domainParams
+	domXML string // the domain XML of params
+}
+
+// plan validates spec, resolves its image and machine type (the entry's
+// defaults for empty keys) and builds the domain XML: everything that can
+// be refused for bad input, Permanent, before the host is touched.
+func (p *provider) plan(spec egressproxy.Spec) (createPlan, error) {
+	if err := spec.Validate(); err != nil {
+		return createPlan{}, err
+	}
+	imgKey := spec.ImageKey
+	if imgKey == "" {
+		imgKey = p.cfg.DefaultImage
+	}
+	img, ok := p.cfg.Images[imgKey]
+	if !ok {
+		if imgKey == "" {
+			return createPlan{}, errs.WithCode(errs.Permanent, fieldErr("ImageKey", "", "no image configured for this provider entry (Config.Images is empty)"))
+		}
+		return createPlan{}, errs.WithCode(errs.Permanent, fieldErr("ImageKey", imgKey, "is not a configured image of this provider entry"))
+	}
+	mtName := spec.MachineType
+	if mtName == "" {
+		mtName = p.cfg.DefaultMachineType
+	}
+	mt, ok := p.cfg.MachineTypes[mtName]
+	if !ok {
+		return createPlan{}, errs.WithCode(errs.Permanent, fieldErr("MachineType", mtName, "is not a configured machine type of this provider entry"))
+	}
+	name := domainName(p.cfg.Entry, spec.Name)
+	params := domainParams{
+		Name: name, Type: p.cfg.DomainType, VCPUs: mt.VCPUs, MemoryMiB: mt.MemoryMiB,
+		Pool: p.cfg.Pool, Overlay: overlayVolume(name), Seed: seedVolume(name),
+		Network: p.cfg.Network, Bridge: p.cfg.Bridge,
+		Kernel: p.cfg.Kernel, Initrd: p.cfg.Initrd, Cmdline: p.cfg.Cmdline,
+		Meta: instanceMeta{
+			UID: spec.UID, Created: time.Now().UTC().Truncate(time.Millisecond), Entry: p.cfg.Entry, Owner: p.cfg.Owner,
+			Port: spec.EffectivePort(), SpecDigest: spec.Digest(),
+		},
+	}
+	if p.cfg.ConsoleLogDir != "" {
+		params.ConsoleLog = path.Join(p.cfg.ConsoleLogDir, name+".log")
+	}
+	domXML, err := buildDomainXML(params)
+	if err != nil {
+		return createPlan{}, err
+	}
+	return createPlan{img: img, params: params, domXML: domXML}, nil
+}
+
+// typedDomainXML returns the domain XML of params with the domain type a
+// new instance gets (createDomainType: the host's capabilities may be read
+// for it); domXML, params' XML, when that is params.Type already.
+func (p *provider) typedDomainXML(ctx context.Context, params domainParams, domXML string) (string, error) {
+	typ, err := p.createDomainType(ctx)
+	if err != nil {
+		return "", p.wrap(err)
+	}
+	if typ == params.Type {
+		return domXML, nil
+	}
+	params.Type = typ
+	return buildDomainXML(params)
+}
+
+// existing deals with the domain of the instance's name that lookup found:
+// done with the instance (or the error) to return when it is this spec's
+// instance and ran, or when it is not this spec's; not done when it is
+// this spec's but never ran (an earlier Create stopped after defining it),
+// which c then adopts to complete.
+func (c *creation) existing(ctx context.Context, info domainInfo) (_ egressproxy.Instance, done bool, _ error) {
+	p := c.p
+	if err := c.checkOwned(info); err != nil {
+		return egressproxy.Instance{}, true, err
+	}
+	if !neverRan(info.state, info.reason) {
+		p.log.V(1).Info("create: instance exists", "instance", c.spec.Name, "uid", c.spec.UID)
+		inst, err := p.instance(ctx, c.spec.Name, info, true)
+		if err != nil && !stopsCreate(err) {
+			// The address is best-effort here (the domain may even
+			// have been deleted since: it existed when read).
+			inst, err = p.instance(ctx, c.spec.Name, info, false)
+		}
+		return inst, true, p.wrap(err)
+	}
+	c.adopt(info)
+	p.log.V(1).Info("create: completing an instance that was defined but never started", "instance", c.spec.Name, "uid", c.spec.UID)
+	return egressproxy.Instance{}, false, nil
+}
+
+// run makes the instance on the host (fresh), or completes the adopted
+// domain (complete), in one call on the shared connection. When that fails
+// for certain, what this call made is removed (undo); when the outcome is
+// uncertain (interrupted), nothing is.
+func (c *creation) run(ctx context.Context) (egressproxy.Instance, error) {
+	p := c.p
 	// fn may outlive Do (a call abandoned by its context completes on
 	// libvirtd): it checks this context before every call it makes, so
 	// that it stops at the next boundary. Do adds its own budget when ctx
@@ -187,11 +229,11 @@ func (p *provider) Create(ctx context.Context, spec egressproxy.Spec) (_ egressp
 	if c.adopted {
 		op, fn = "kvm2.Create.complete", c.complete
 	}
-	err = p.do(ctx, op, fn, attribute.String("domain", name), attribute.String("volume", overlayVolume(name)))
+	err := p.do(ctx, op, fn, attribute.String("domain", c.name), attribute.String("volume", overlayVolume(c.name)))
 	if err != nil {
 		if interrupted(ctx, p, err) {
 			p.log.V(1).Info("create interrupted; what it made stays for a retried Create to complete or Delete to remove",
-				"instance", spec.Name, "uid", spec.UID, "err", err)
+				"instance", c.spec.Name, "uid", c.spec.UID, "err", err)
 		} else {
 			p.undo(ctx, c)
 		}
@@ -199,9 +241,9 @@ func (p *provider) Create(ctx context.Context, spec egressproxy.Spec) (_ egressp
 	}
 	inst := c.instance()
 	if c.adopted {
-		p.log.V(1).Info("create: converged on the existing domain", "instance", spec.Name, "uid", spec.UID, "domain", name)
+		p.log.V(1).Info("create: converged on the existing domain", "instance", c.spec.Name, "uid", c.spec.UID, "domain", c.name)
 	} else {
-		p.log.Info("created", "instance", spec.Name, "uid", spec.UID, "domain", name, "base", c.base.Volume, "source", c.base.Source)
+		p.log.Info("created", "instance", c.spec.Name, "uid", c.spec.UID, "domain", c.name, "base", c.base.Volume, "source", c.base.Source)
 	}
 	return inst, nil
 }
@@ -259,7 +301,7 @@ type creation struct {
 	ctx    context.Context // checked before every RPC (see Create)
 	spec   egressproxy.Spec
 	name   string // domain name
-	base   imagecache.Base
+	base   basecache.Base
 	seed   []byte
 	domXML string
 
@@ -550,9 +592,9 @@ func (c *creation) overlay(l lvAPI, pool libvirt.StoragePool) error {
 // no domain uses: left by a Create of this name with another image that
 // was interrupted before it defined its domain (its process killed, say),
 // it is debris, which Delete would remove too; refusing it would leave the
-// name blocked, Permanent, by a transient fault (found by the chaos soak:
-// a driver SIGKILLed between the overlay and the define, whose proxy then
-// changed image). A domain of this name defined meanwhile keeps it
+// name blocked, Permanent, by a transient fault (a process killed between
+// the overlay and the define, whose proxy then changed image). A domain of
+// this name defined meanwhile keeps it
 // (Transient: a retry converges on that domain or after its Delete).
 func (c *creation) replaceOverlay(l lvAPI, pool libvirt.StoragePool, vol libvirt.StorageVol, ox, backing string) error {
 	name := overlayVolume(c.name)

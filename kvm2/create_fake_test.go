@@ -13,7 +13,7 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/egressproxy/egressproxy"
-	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/naming"
 )
@@ -62,7 +62,7 @@ func (e *fakeEnv) hasInstance(name string, st libvirt.DomainState) fakeDomain {
 	if !ok {
 		e.t.Fatalf("overlay of %s missing (volumes %v)", dn, e.lv.volNames(e.cfg.Pool))
 	}
-	base, _ := e.lv.vol(e.cfg.Pool, imagecache.BaseName(e.cfg.Entry, "tiny", "qcow2"))
+	base, _ := e.lv.vol(e.cfg.Pool, basecache.BaseName(e.cfg.Entry, "tiny", "qcow2"))
 	if base.path == "" || ov.backing != base.path || ov.format != "qcow2" {
 		e.t.Errorf("overlay %+v: want qcow2 backed by the base", ov)
 	}

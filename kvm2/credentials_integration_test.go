@@ -3,6 +3,7 @@
 package kvm2
 
 import (
+	"context"
 	"os"
 	"testing"
 
@@ -14,7 +15,7 @@ import (
 )
 
 // The credential fields reach sshconn: a provider configured only with
-// values (key and known_hosts as bytes, an ssh.Signer, or an ssh-agent) is
+// values (key and known_hosts as bytes, Options.Signer, or an ssh-agent) is
 // reachable, and one whose key cannot be decrypted reports
 // CredentialsUnavailable.
 func TestIntegrationCredentialsAsValues(t *testing.T) {
@@ -34,24 +35,29 @@ func TestIntegrationCredentialsAsValues(t *testing.T) {
 	agent := teststack.StartAgent(t, env.SSHKey)
 	tests := []struct {
 		name   string
-		mutate func(c *Config)
+		mutate func(c *Config, o *Options)
 		want   egressproxy.HealthReason
 	}{
-		{"key and known_hosts as bytes", func(c *Config) {
+		{"key and known_hosts as bytes", func(c *Config, _ *Options) {
 			c.KeyFile, c.Key, c.KnownHostsFile, c.KnownHosts = "", key, "", knownHosts
 		}, egressproxy.ReasonNone},
-		{"ssh-agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", agent }, egressproxy.ReasonNone},
+		{"ssh-agent", func(c *Config, _ *Options) { c.KeyFile, c.AgentSocket = "", agent }, egressproxy.ReasonNone},
 		// The embedder's own ssh.Signer (a token, a KMS) is the only key.
-		{"signer", func(c *Config) { c.KeyFile, c.Signer = "", signer }, egressproxy.ReasonNone},
-		{"passphrase for an unencrypted key", func(c *Config) {
+		{"signer", func(c *Config, o *Options) { c.KeyFile, o.Signer = "", signer }, egressproxy.ReasonNone},
+		{"passphrase for an unencrypted key", func(c *Config, _ *Options) {
 			c.KeyFile, c.Key, c.KeyPassphrase = "", key, []byte("not this key's")
 		}, egressproxy.ReasonCredentialsUnavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := stackConfig(t)
-			tt.mutate(&cfg)
-			p := openT(t, cfg, testr.New(t))
+			opts := &Options{Logger: testr.New(t)}
+			tt.mutate(&cfg, opts)
+			p, err := open(context.Background(), cfg, opts)
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			t.Cleanup(func() { p.Close() })
 			h := checkT(t, p)
 			if h.Reason != tt.want || h.Reachable != (tt.want == egressproxy.ReasonNone) {
 				t.Fatalf("Check = reachable %v reason %q (%s), want reason %q", h.Reachable, h.Reason, h.Message, tt.want)

@@ -38,29 +38,34 @@ func TestConfigCredentials(t *testing.T) {
 	tests := []struct {
 		name   string
 		mutate func(*Config)
+		signer bool     // Options.Signer is set
 		fields []string // nil: valid
 	}{
-		{"key file and known_hosts file", func(*Config) {}, nil},
-		{"key and known_hosts as bytes", func(c *Config) { noCreds(c); c.Key, c.KnownHosts = []byte("pem"), kh }, nil},
-		{"encrypted key bytes", func(c *Config) { noCreds(c); c.Key, c.KeyPassphrase, c.KnownHosts = []byte("pem"), []byte("pw"), kh }, nil},
-		{"encrypted key file", func(c *Config) { c.KeyPassphrase = []byte("pw") }, nil},
-		{"signer", func(c *Config) { c.KeyFile, c.Signer = "", signer }, nil},
-		{"agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", "/run/ssh-agent.sock" }, nil},
-		{"no key source", func(c *Config) { c.KeyFile = "" }, []string{"KeyFile"}},
-		{"key file and key bytes", func(c *Config) { c.Key = []byte("pem") }, []string{"KeyFile", "Key"}},
-		{"signer and agent", func(c *Config) { c.KeyFile, c.Signer, c.AgentSocket = "", signer, "/a" }, []string{"Signer", "AgentSocket"}},
-		{"passphrase for a signer", func(c *Config) { c.KeyFile, c.Signer, c.KeyPassphrase = "", signer, []byte("pw") }, []string{"KeyPassphrase"}},
-		{"agent socket relative", func(c *Config) { c.KeyFile, c.AgentSocket = "", "agent.sock" }, []string{"AgentSocket"}},
-		{"no known_hosts", func(c *Config) { c.KnownHostsFile = "" }, []string{"KnownHostsFile"}},
-		{"known_hosts file and bytes", func(c *Config) { c.KnownHosts = kh }, []string{"KnownHostsFile", "KnownHosts"}},
-		{"known_hosts bytes without a line", func(c *Config) { c.KnownHostsFile, c.KnownHosts = "", []byte("# nothing\n") }, []string{"KnownHosts"}},
-		{"nothing at all", noCreds, []string{"KeyFile", "KnownHostsFile"}},
+		{"key file and known_hosts file", func(*Config) {}, false, nil},
+		{"key and known_hosts as bytes", func(c *Config) { noCreds(c); c.Key, c.KnownHosts = []byte("pem"), kh }, false, nil},
+		{"encrypted key bytes", func(c *Config) { noCreds(c); c.Key, c.KeyPassphrase, c.KnownHosts = []byte("pem"), []byte("pw"), kh }, false, nil},
+		{"encrypted key file", func(c *Config) { c.KeyPassphrase = []byte("pw") }, false, nil},
+		{"signer", func(c *Config) { c.KeyFile = "" }, true, nil},
+		{"agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", "/run/ssh-agent.sock" }, false, nil},
+		{"no key source", func(c *Config) { c.KeyFile = "" }, false, []string{"KeyFile"}},
+		{"key file and key bytes", func(c *Config) { c.Key = []byte("pem") }, false, []string{"KeyFile", "Key"}},
+		{"signer and agent", func(c *Config) { c.KeyFile, c.AgentSocket = "", "/a" }, true, []string{"AgentSocket"}},
+		{"passphrase for a signer", func(c *Config) { c.KeyFile, c.KeyPassphrase = "", []byte("pw") }, true, []string{"KeyPassphrase"}},
+		{"agent socket relative", func(c *Config) { c.KeyFile, c.AgentSocket = "", "agent.sock" }, false, []string{"AgentSocket"}},
+		{"no known_hosts", func(c *Config) { c.KnownHostsFile = "" }, false, []string{"KnownHostsFile"}},
+		{"known_hosts file and bytes", func(c *Config) { c.KnownHosts = kh }, false, []string{"KnownHostsFile", "KnownHosts"}},
+		{"known_hosts bytes without a line", func(c *Config) { c.KnownHostsFile, c.KnownHosts = "", []byte("# nothing\n") }, false, []string{"KnownHosts"}},
+		{"nothing at all", noCreds, false, []string{"KeyFile", "KnownHostsFile"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := validConfig()
 			tt.mutate(&c)
-			_, err := c.validate()
+			opts := &Options{}
+			if tt.signer {
+				opts.Signer = signer
+			}
+			_, err := c.validate(tt.signer)
 			if tt.fields == nil {
 				if err != nil {
 					t.Fatalf("validate: %v", err)
@@ -78,7 +83,7 @@ func TestConfigCredentials(t *testing.T) {
 				t.Errorf("fields %v, want %v (err: %v)", got, tt.fields, err)
 			}
 			// Open reports the same, before touching anything.
-			if _, oerr := open(context.Background(), c, nil); errs.Code(oerr) != errs.Permanent ||
+			if _, oerr := open(context.Background(), c, opts); errs.Code(oerr) != errs.Permanent ||
 				!strings.Contains(oerr.Error(), tt.fields[0]) {
 				t.Errorf("Open: %v", oerr)
 			}
@@ -86,7 +91,7 @@ func TestConfigCredentials(t *testing.T) {
 	}
 }
 
-// Key, KeyPassphrase and Signer never appear in a marshalled Config or in
+// Key, KeyPassphrase and Options.Signer never appear in a marshalled Config or in
 // an error; AgentSocket and KnownHosts marshal under their camelCase names.
 func TestConfigCredentialsMarshal(t *testing.T) {
 	t.Parallel()
@@ -95,7 +100,6 @@ func TestConfigCredentialsMarshal(t *testing.T) {
 	c.KeyFile = ""
 	c.Key = []byte("-----BEGIN OPENSSH PRIVATE KEY-----\n" + credSecret)
 	c.KeyPassphrase = []byte(credSecret)
-	c.Signer = signer
 	c.AgentSocket = "agent.sock" // relative: invalid, so validation fails
 	c.KnownHostsFile = ""
 	c.KnownHosts = []byte(knownhosts.Line([]string{"h"}, signer.PublicKey()) + "\n")
@@ -117,11 +121,11 @@ func TestConfigCredentialsMarshal(t *testing.T) {
 	if err := json.Unmarshal(js, &back); err != nil {
 		t.Fatal(err)
 	}
-	if string(back.KnownHosts) != string(c.KnownHosts) || back.Key != nil || back.KeyPassphrase != nil || back.Signer != nil {
+	if string(back.KnownHosts) != string(c.KnownHosts) || back.Key != nil || back.KeyPassphrase != nil {
 		t.Errorf("round trip: %+v", back)
 	}
-	_, verr := c.validate()
-	_, oerr := open(context.Background(), c, nil)
+	_, verr := c.validate(true)
+	_, oerr := open(context.Background(), c, &Options{Signer: signer})
 	for _, err := range []error{verr, oerr} {
 		if err == nil {
 			t.Fatal("an invalid config was accepted")

@@ -1,63 +1,49 @@
-// Package kvm2 is the libvirt-over-SSH Provider: it runs egress proxy VMs on
-// one hypervisor host and one libvirt storage pool (a "provider entry").
+// Package kvm2 runs egress proxy VMs on a libvirt host reached over SSH: one
+// host and one libvirt storage pool make a provider entry.
 //
-// What it owns: reaching libvirtd through an SSH connection (package sshconn,
-// no virsh, no remote shell), provider health (Check), and — in the lifecycle
-// — the domain definition built from libvirt.org/go/libvirtxml structs, the
-// qcow2 overlay and the cloud-init NoCloud seed of each instance, the
-// library's metadata namespace on every domain it creates (UID, creation
-// time, entry, owner), and address discovery (guest agent, then DHCP lease,
-// then ARP).
+// Open validates a Config (ParseConfig reads one from YAML or JSON) and
+// returns the portable *egressproxy.Client without touching the host: the
+// first call dials, so Check can report an unreachable host, unusable
+// credentials or an unknown host key as a health reason. libvirtd is reached
+// through pinned, pooled SSH (package sshconn); nothing runs a remote shell.
 //
-// What it does not own: base images (package imagecache fetches, verifies and
-// publishes them), retries, reconcile loops and garbage collection (the
-// embedder drives those with the error classes of package provider and List).
+// Instance <name> of entry <entry> is the domain "ep-<entry>--<name>", with
+// the qcow2 overlay "ep-<entry>--<name>.qcow2" over the entry's base image
+// (package imagecache fetches, verifies and publishes it) and the cloud-init
+// NoCloud seed "ep-<entry>--<name>-seed.iso" ("--" cannot occur in an entry
+// or a name, so no two instances share a name). Ownership is decided by the
+// domain's metadata element of namespace
+// https://egressproxy.dev/xmlns/instance/v1 (UID, creation time, entry,
+// owner, port, spec digest), never by the name: a domain without
+// it, or of another entry or owner, is never listed, read or deleted. An
+// instance's address comes from the guest agent, else the DHCP lease, else
+// ARP (AddressError says why none was found).
 //
-// Image fan-out is on by default: every provider of a process shares
-// imagecache.ProcessFanout() (Options.ImageFanout nil), so entries whose
-// hosts need the same cold image at once share one download, and an entry
-// going cold later copies another entry's published base instead of
-// downloading it (an image with a configured SHA256); each host still
-// verifies and publishes its own base. Options.NoImageFanout turns it off
-// for an entry.
+// Create converges: after any interruption (the context ends, Close, the link
+// drops, the process dies) a Create of the same spec completes the same
+// instance, and Delete removes whatever an interrupted Create left. An
+// existing instance created from another spec is egressproxy.ErrSpecConflict.
 //
-// Names on the host: instance <name> of entry <entry> is the domain
-// "ep-<entry>--<name>" with the overlay "ep-<entry>--<name>.qcow2" and the
-// seed "ep-<entry>--<name>-seed.iso" ("--" cannot occur in an entry or a
-// name, so the mapping is injective, and no name can collide with
-// imagecache's "base-" volumes). Ownership is decided by the metadata element
-// of namespace MetadataNamespace (UID, creation time, entry, owner, port, and
-// the digest of the spec it was created from), never by the name: domains
-// without it, with another entry or owner, or with another namespace are
-// never listed, read or deleted.
+// Image fan-out is on by default: entries of one process whose hosts need
+// the same cold image at once share one download, and an entry going cold
+// later copies another entry's published base instead of downloading it
+// (an image with a configured SHA256); each host still verifies and
+// publishes its own base. Options.PrivateImageCache turns it off for an
+// entry.
 //
-// Create converges instead of undoing on uncertainty: a Create interrupted at
-// any RPC (context ended, Close, link lost) removes nothing, and the next
-// Create of the same spec reuses what it finds — an overlay backed by the
-// same base, a seed volume (uploaded again), a domain of this UID (started if
-// it never ran, its missing volumes recreated). "Exists already" and
-// "already running" from another replica's concurrent Create are
-// convergence; a race it cannot resolve (a volume still being written, a
-// concurrent Delete) is Transient. Only what a Create made itself is removed
-// when a step fails for certain, and a volume never while a domain of its
-// name exists. An existing instance whose recorded spec digest differs is
-// provider.ErrSpecConflict; domains without one (made by earlier versions)
-// are not checked.
+// Errors carry the classes of package egressproxy, one class per fault on
+// every operation: a fault of the entry itself (credentials, host key,
+// rights on the host, the storage pool) is Permanent; a lost link, or SSH
+// refusing libvirtd's socket (as it does while libvirtd restarts), is
+// Transient. A failed read of one instance is Transient, so it never marks
+// a healthy instance failed.
 //
-// Acceleration: a zero Config.DomainType defines kvm domains when the host's
-// domain capabilities offer KVM and qemu (TCG) domains otherwise, which
-// Check reports as degraded. A host may offer KVM that does not work (nested
-// virtualisation): pin "qemu" there (docs/config.md).
+// With the zero Config.DomainType, domains use KVM when the host offers it
+// and QEMU's emulation otherwise, which Check reports as degraded. The
+// entries of one process share the download of an image their hosts need at
+// once (Options).
 //
-// Lifecycle: Open validates the Config and builds the provider without
-// touching the host (so Check can report an unreachable host); the first call
-// dials. Every error is classed (provider.Code): Transient, Permanent,
-// NotFound, Canceled, DeadlineExceeded. Close releases every connection and
-// goroutine; calls after Close fail with provider.ErrClosed, classed
-// Permanent.
-//
-// The library writes nothing to stdout or stderr: logging goes only to the
-// logr.Logger in Options, tracing to its trace.TracerProvider: one span per
-// public operation (kvm2.Create, kvm2.Get, …) over kvm2.libvirt.* spans,
-// listed in docs/observability.md.
+// The package writes nothing to stdout or stderr: logs go to
+// Options.Logger, spans (kvm2.Create, kvm2.Get, … over kvm2.libvirt.*) to
+// Options.TracerProvider.
 package kvm2

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -57,8 +56,8 @@ func TestDocsConfigExample(t *testing.T) {
 			}
 		}
 	}
-	// The option structs of imagecache, health and sshconn are listed by key.
-	for _, typ := range []reflect.Type{reflect.TypeFor[imagecache.Config](), reflect.TypeFor[health.TrackerOptions](), reflect.TypeFor[health.ProbeAllOptions](), reflect.TypeFor[health.ProbeOptions](),
+	// The config structs of sshconn are listed by key.
+	for _, typ := range []reflect.Type{
 		reflect.TypeFor[sshconn.Config]()} {
 		names, _ := jsonFields(typ)
 		for name := range names {

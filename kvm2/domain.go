@@ -16,11 +16,11 @@ import (
 	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
-// MetadataNamespace is the XML namespace of the library's own element in a
+// metadataNamespace is the XML namespace of the library's own element in a
 // domain's <metadata>. Only domains carrying an element of exactly this
 // namespace (with this provider's entry and owner) are instances of the
 // provider; other namespaces, including older versions, are never ours.
-const MetadataNamespace = "https://egressproxy.dev/xmlns/instance/v1"
+const metadataNamespace = domainmeta.Namespace
 
 // metadataPrefix is the namespace prefix written into the domain XML.
 const metadataPrefix = "egressproxy"
@@ -88,7 +88,7 @@ func marshalMetadata(m instanceMeta) (string, error) {
 	el := func(local string) xml.Name { return xml.Name{Local: metadataPrefix + ":" + local} }
 	root := xml.StartElement{
 		Name: el("instance"),
-		Attr: []xml.Attr{{Name: xml.Name{Local: "xmlns:" + metadataPrefix}, Value: MetadataNamespace}},
+		Attr: []xml.Attr{{Name: xml.Name{Local: "xmlns:" + metadataPrefix}, Value: metadataNamespace}},
 	}
 	toks := []xml.Token{root}
 	fields := [][2]string{
@@ -116,7 +116,7 @@ func marshalMetadata(m instanceMeta) (string, error) {
 	return buf.String(), nil
 }
 
-// errNoMetadata: the XML has no element of MetadataNamespace.
+// errNoMetadata: the XML has no element of metadataNamespace.
 var errNoMetadata = domainmeta.ErrNoMetadata
 
 // parseMetadata finds our metadata element anywhere in doc (a whole domain
@@ -155,81 +155,111 @@ type domainXMLInfo struct {
 func parseDomainXML(doc string, wantMAC bool) domainXMLInfo {
 	out := domainXMLInfo{metaErr: errNoMetadata}
 	dec := xml.NewDecoder(strings.NewReader(doc))
-	metaDone, macDone := false, !wantMAC
-	var (
-		depth     int  // elements open around the next token
-		rootSeen  bool // the root element has started
-		inDevices bool // inside a <devices> child of the root
-		nic       int  // first NIC: 0 not seen, 1 inside it, 2 passed
-		mac       string
-	)
-	for !metaDone || !macDone {
+	metaDone := false
+	nic := firstNIC{done: !wantMAC}
+	for !metaDone || !nic.done {
 		tok, err := dec.Token()
 		if err != nil {
 			if !metaDone && err != io.EOF {
 				out.metaErr = fmt.Errorf("parse domain metadata: %w", err)
 			}
-			if !macDone {
-				mac = "" // libvirtxml refuses a document it cannot read to the root's end
-			}
+			nic.refuse() // libvirtxml refuses a document it cannot read to the root's end
 			break
 		}
 		switch t := tok.(type) {
 		case xml.StartElement:
-			if depth == 0 && !rootSeen {
-				rootSeen = true
-				if !macDone && t.Name.Local != "domain" {
-					macDone = true // not a domain document: libvirtxml refuses it
-				}
-			}
-			if !metaDone && t.Name.Space == MetadataNamespace && t.Name.Local == "instance" {
+			nic.root(t)
+			if !metaDone && t.Name.Space == metadataNamespace && t.Name.Local == "instance" {
 				metaDone = true
 				// A syntax error inside it sticks to dec: the next
 				// Token ends the loop.
 				out.meta, out.metaErr = domainmeta.Decode(dec, &t)
 				continue // the element, consumed, was none of the NIC's
 			}
-			depth++
-			if macDone {
-				continue
-			}
-			switch {
-			case depth == 2 && t.Name.Local == "devices":
-				inDevices = true
-			case depth == 3 && inDevices && t.Name.Local == "interface":
-				if !hasAttr(t.Attr, "type") {
-					mac, macDone = "", true // libvirtxml: missing interface type attribute
-					continue
-				}
-				if nic == 0 {
-					nic = 1
-				}
-			case depth == 4 && nic == 1 && t.Name.Local == "mac":
-				for _, a := range t.Attr {
-					if a.Name.Local == "address" {
-						mac = a.Value
-					}
-				}
-			}
+			nic.start(t)
 		case xml.EndElement:
-			depth--
-			if macDone {
-				continue
-			}
-			switch depth {
-			case 0:
-				macDone = true // libvirtxml reads nothing after the root
-			case 1:
-				inDevices = false
-			case 2:
-				if nic == 1 {
-					nic = 2
-				}
+			nic.end()
+		}
+	}
+	out.mac = nic.mac
+	return out
+}
+
+// firstNIC follows parseDomainXML's token stream to the hardware address
+// of the domain's first NIC, as libvirtxml would read it (see
+// parseDomainXML). done: the address is known (or there is none to know);
+// elements are still counted so that depths stay right.
+type firstNIC struct {
+	done      bool
+	depth     int  // elements open around the next token
+	rootSeen  bool // the root element has started
+	inDevices bool // inside a <devices> child of the root
+	nic       int  // first NIC: 0 not seen, 1 inside it, 2 passed
+	mac       string
+}
+
+// root sees every start element before parseDomainXML looks at it: the
+// first one is the root, and a root other than <domain> has no NIC
+// (libvirtxml refuses the document).
+func (n *firstNIC) root(t xml.StartElement) {
+	if n.depth == 0 && !n.rootSeen {
+		n.rootSeen = true
+		if !n.done && t.Name.Local != "domain" {
+			n.done = true
+		}
+	}
+}
+
+// start sees a start element that parseDomainXML did not consume.
+func (n *firstNIC) start(t xml.StartElement) {
+	n.depth++
+	if n.done {
+		return
+	}
+	switch {
+	case n.depth == 2 && t.Name.Local == "devices":
+		n.inDevices = true
+	case n.depth == 3 && n.inDevices && t.Name.Local == "interface":
+		if !hasAttr(t.Attr, "type") {
+			n.refuse() // libvirtxml: missing interface type attribute
+			return
+		}
+		if n.nic == 0 {
+			n.nic = 1
+		}
+	case n.depth == 4 && n.nic == 1 && t.Name.Local == "mac":
+		for _, a := range t.Attr {
+			if a.Name.Local == "address" {
+				n.mac = a.Value
 			}
 		}
 	}
-	out.mac = mac
-	return out
+}
+
+// end sees an end element.
+func (n *firstNIC) end() {
+	n.depth--
+	if n.done {
+		return
+	}
+	switch n.depth {
+	case 0:
+		n.done = true // libvirtxml reads nothing after the root
+	case 1:
+		n.inDevices = false
+	case 2:
+		if n.nic == 1 {
+			n.nic = 2
+		}
+	}
+}
+
+// refuse ends the scan without an address, unless it had ended already:
+// libvirtxml would refuse the document.
+func (n *firstNIC) refuse() {
+	if !n.done {
+		n.mac, n.done = "", true
+	}
 }
 
 func hasAttr(attrs []xml.Attr, local string) bool {
@@ -289,7 +319,7 @@ func buildDomain(p domainParams) (*libvirtxml.Domain, error) {
 	}
 	typ := p.Type
 	if typ == "" {
-		typ = DefaultDomainType
+		typ = defaultDomainType
 	}
 	zero := uint(0)
 	os := &libvirtxml.DomainOS{

@@ -252,13 +252,9 @@ func TestParseMetadata(t *testing.T) {
 	}
 }
 
-// The element kvm2 writes is the one internal/domainmeta decodes (its
-// struct tags cannot name MetadataNamespace).
-func TestMetadataNamespaceIsDomainmetas(t *testing.T) {
+// The element kvm2 writes is the one internal/domainmeta decodes.
+func TestMetadataIsDomainmetas(t *testing.T) {
 	t.Parallel()
-	if MetadataNamespace != domainmeta.Namespace {
-		t.Fatalf("MetadataNamespace %q, domainmeta.Namespace %q", MetadataNamespace, domainmeta.Namespace)
-	}
 	s, err := marshalMetadata(testParams().Meta)
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy"
-	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/kvm2"
 )
 
@@ -61,22 +60,72 @@ func ExampleOpen() {
 	// opened lab-1 on hv1.example.net:22
 }
 
-// ParseConfig reads YAML or JSON strictly: a mistyped key, or a duration
-// written as a bare number (it would be nanoseconds), is a Permanent error
-// naming the key, before anything is validated.
+// ParseConfig reads YAML or JSON strictly and reports every problem at
+// once, each naming the key path as the file writes it and its line.
 func ExampleParseConfig() {
-	for _, doc := range []string{
-		"entry: lab-1\nowner: my-operator\ncallTimout: 30s\n",
-		"entry: lab-1\nowner: my-operator\ncallTimeout: 30\n",
-	} {
-		_, err := kvm2.ParseConfig([]byte(doc))
-		for _, fe := range errs.FieldErrors(err) {
-			fmt.Println(errs.Code(err), fe.Field)
-		}
+	_, err := kvm2.ParseConfig([]byte(`
+entry: lab-1
+owner: my-operator
+address: hv1.example.net:22
+user: egressproxy
+pool: default
+CallTimeout: 30s
+images:
+  deb:
+    url: https://images.example.net/debian-12.qcow2
+    formt: raw
+machineTypes:
+  small: {vcpus: 0, memoryMiB: 512}
+knownHosts: |
+  hv1.example.net ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl
+`))
+	fmt.Println(egressproxy.Code(err))
+	for _, fe := range egressproxy.FieldErrors(err) {
+		fmt.Println(fe)
 	}
 	// Output:
-	// Permanent callTimout
-	// Permanent callTimeout
+	// Permanent
+	// line 7: invalid CallTimeout: unknown key; keys are camelCase: write callTimeout
+	// line 11: invalid images.deb.formt: unknown key; did you mean format?
+	// line 13: invalid machineTypes.small.vcpus "0": must be 1-256
+}
+
+// ParseEntries reads a file that lists several entries next to a
+// program's own settings, and names every problem with its entry's index.
+func ExampleParseEntries() {
+	var settings struct {
+		Target string        `json:"target"`
+		Every  time.Duration `json:"every"`
+	}
+	_, err := kvm2.ParseEntries([]byte(`
+target: example.com:443
+every: 30
+entries:
+- entry: hv1
+  owner: my-tool
+  address: hv1.example.net:22
+  user: egressproxy
+  keyFile: /etc/egressproxy/id_ed25519
+  knownHostsFile: /etc/egressproxy/known_hosts
+  pool: default
+- entry: hv1
+  owner: my-tool
+  address: hv2.example.net
+  user: egressproxy
+  agentSocket: /run/agent.sock
+  knownHostsFile: /etc/egressproxy/known_hosts
+  pool: default
+  images:
+    deb: {url: https://images.example.net/debian-12.qcow2, sha256: abc}
+`), &settings)
+	for _, fe := range egressproxy.FieldErrors(err) {
+		fmt.Println(fe)
+	}
+	// Output:
+	// line 3: invalid every "30": must be a duration such as "30s", "2m" or "1h30m" (Go's time.ParseDuration syntax); a bare number would be read as nanoseconds: give its unit
+	// line 12: invalid entries[1].entry "hv1": is also the name of entries[0]: every entry needs its own
+	// line 14: invalid entries[1].address "hv2.example.net": must be host:port
+	// line 20: invalid entries[1].images.deb.sha256 "abc": must be 64 lowercase hex digits
 }
 
 // A bad Config is one Permanent error naming every field that is wrong and
@@ -90,8 +139,8 @@ func ExampleOpen_invalidConfig() {
 		Bridge:  "br0", // a NIC joins one or the other
 		// User, KeyFile, KnownHostsFile and Pool are missing.
 	}, nil)
-	fmt.Println(errs.Code(err))
-	for _, fe := range errs.FieldErrors(err) {
+	fmt.Println(egressproxy.Code(err))
+	for _, fe := range egressproxy.FieldErrors(err) {
 		fmt.Println(fe.Field)
 	}
 	// Output:

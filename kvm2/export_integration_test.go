@@ -12,7 +12,7 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 
-	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
 
@@ -47,7 +47,7 @@ func HostInstanceT(t *testing.T, cfg Config, name string) HostInstance {
 	h.State, h.Defined = facts.domains[dn]
 	h.OverlayBacking, h.Overlay = facts.volumes[overlayVolume(dn)]
 	_, h.Seed = facts.volumes[seedVolume(dn)]
-	h.BasePath = facts.paths[imagecache.BaseName(cfg.Entry, "tiny", "qcow2")]
+	h.BasePath = facts.paths[basecache.BaseName(cfg.Entry, "tiny", "qcow2")]
 	if h.Seed {
 		_, files := readSeed(t, downloadVolume(t, cfg, seedVolume(dn)))
 		h.UserData = files["user-data"]
@@ -60,7 +60,7 @@ func HostInstanceT(t *testing.T, cfg Config, name string) HostInstance {
 func AssertOnlyBasesT(t *testing.T, cfg Config, when string) {
 	t.Helper()
 	facts := assertOnlyBases(t, cfg, when)
-	if _, ok := facts.volumes[imagecache.BaseName(cfg.Entry, "tiny", "qcow2")]; !ok {
+	if _, ok := facts.volumes[basecache.BaseName(cfg.Entry, "tiny", "qcow2")]; !ok {
 		t.Errorf("the base is gone%s: %v", when, facts.volumes)
 	}
 }

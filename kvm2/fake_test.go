@@ -17,6 +17,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/budget"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -977,7 +978,7 @@ func (c *fakeImages) setErr(err error) {
 	c.mu.Unlock()
 }
 
-func (c *fakeImages) Ensure(ctx context.Context, img imagecache.Image) (imagecache.Base, error) {
+func (c *fakeImages) Ensure(ctx context.Context, img imagecache.Image) (basecache.Base, error) {
 	c.mu.Lock()
 	c.ensured = append(c.ensured, img.Key)
 	err, block := c.err, c.block
@@ -989,22 +990,22 @@ func (c *fakeImages) Ensure(ctx context.Context, img imagecache.Image) (imagecac
 		select {
 		case <-block:
 		case <-ctx.Done():
-			return imagecache.Base{}, ctx.Err()
+			return basecache.Base{}, ctx.Err()
 		}
 	}
 	if err != nil {
-		return imagecache.Base{}, err
+		return basecache.Base{}, err
 	}
 	format := img.Format
 	if format == "" {
 		format = "qcow2"
 	}
-	name := imagecache.BaseName(c.entry, img.Key, format)
+	name := basecache.BaseName(c.entry, img.Key, format)
 	if _, ok := c.lv.vol(c.pool, name); !ok {
 		c.lv.putVol(c.pool, fakeVol{name: name, format: format, capacity: 1 << 30, data: []byte("base")})
 	}
 	v, _ := c.lv.vol(c.pool, name)
-	return imagecache.Base{Volume: name, Path: v.path, Digest: "0123456789abcdef", Format: format}, nil
+	return basecache.Base{Volume: name, Path: v.path, Digest: "0123456789abcdef", Format: format}, nil
 }
 
 func (c *fakeImages) UsePool(p libvirt.StoragePool) {
@@ -1045,7 +1046,7 @@ func newFakeEnv(t *testing.T, mod ...func(*Config)) *fakeEnv {
 	for _, m := range mod {
 		m(&c)
 	}
-	cfg, err := c.validate()
+	cfg, err := c.validate(false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,10 +73,10 @@ func field(line, key string) string {
 }
 
 // Without any option, the providers of one process share image fan-out
-// (imagecache.ProcessFanout): two entries creating an instance of a cold
+// (basecache.ProcessFanout): two entries creating an instance of a cold
 // image at once cost the mirror one GET (sources mirror and shared); a
 // third entry going cold afterwards copies a published base from one of
-// them (source peer, no GET). An entry opened with NoImageFanout downloads
+// them (source peer, no GET). An entry opened with PrivateImageCache downloads
 // on its own.
 func TestIntegrationImageFanoutByDefault(t *testing.T) {
 	e := newLifecycleEnv(t)
@@ -139,11 +139,11 @@ func TestIntegrationImageFanoutByDefault(t *testing.T) {
 	if g, s := gets.Load(), logs.of(e3); g != 1 || s != imagecache.SourcePeer {
 		t.Fatalf("a third entry going cold later: %d GETs in all, source %q; want 1 and peer", g, s)
 	}
-	p4, e4 := open(&Options{NoImageFanout: true})
+	p4, e4 := open(&Options{PrivateImageCache: true})
 	if err := create(p4, "fan4"); err != nil {
 		t.Fatal(err)
 	}
 	if g, s := gets.Load(), logs.of(e4); g != 2 || s != imagecache.SourceMirror {
-		t.Fatalf("an entry with NoImageFanout: %d GETs in all, source %q; want 2 and mirror", g, s)
+		t.Fatalf("an entry with PrivateImageCache: %d GETs in all, source %q; want 2 and mirror", g, s)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/egressproxy/egressproxy/internal/obs"
@@ -18,7 +19,7 @@ import (
 
 // The driver.ImageManager of kvm2: the entry's configured images
 // (Config.Images) and their bases in the pool, through the entry's
-// imagecache.Cache (List, Verify, Evict).
+// basecache.Cache (List, Verify, Evict).
 
 var _ driver.ImageManager = (*provider)(nil)
 
@@ -49,7 +50,7 @@ func (p *provider) baseName(img imagecache.Image) string {
 	if format == "" {
 		format = imagecache.FormatQCOW2
 	}
-	return imagecache.BaseName(p.cfg.Entry, img.Key, format)
+	return basecache.BaseName(p.cfg.Entry, img.Key, format)
 }
 
 // startImage starts the span of an image operation: the entry and, for one
@@ -86,13 +87,15 @@ func (p *provider) instanceNames(domains []string) []string {
 // info describes key's base as found in the pool (e: the cache's entry of
 // its volume; found false when the pool has none). A base without a valid
 // digest marker is not Present (it is debris or still being fetched), but
-// its users are listed.
-func (p *provider) info(key string, e imagecache.Entry, found bool) egressproxy.ImageInfo {
+// its users are listed. A disk on the host whose chain cannot be followed
+// might use it: its users are then unknown, as EvictImage's refusal says.
+func (p *provider) info(key string, e basecache.Entry, found bool) egressproxy.ImageInfo {
 	info := egressproxy.ImageInfo{Key: key}
 	if !found {
 		return info
 	}
 	info.InUseBy = p.instanceNames(e.UsedBy)
+	info.InUseUnknown = len(e.Unresolved) > 0
 	if e.Marker != "" {
 		info.Name, info.Present, info.Digest, info.SizeBytes = e.Volume, true, e.Digest, e.Size
 	}
@@ -100,12 +103,12 @@ func (p *provider) info(key string, e imagecache.Entry, found bool) egressproxy.
 }
 
 // listed lists the pool's bases of this entry by volume name.
-func (p *provider) listed(ctx context.Context) (map[string]imagecache.Entry, error) {
+func (p *provider) listed(ctx context.Context) (map[string]basecache.Entry, error) {
 	entries, err := p.cache.List(ctx)
 	if err != nil {
 		return nil, p.wrap(err)
 	}
-	m := make(map[string]imagecache.Entry, len(entries))
+	m := make(map[string]basecache.Entry, len(entries))
 	for _, e := range entries {
 		m[e.Volume] = e
 	}
@@ -116,8 +119,11 @@ func (p *provider) listed(ctx context.Context) (map[string]imagecache.Entry, err
 // sorted by key, whether its base is in the pool or not: the base volume's
 // name, the digest its marker records, its stored size, and the instances
 // whose disks use it (a domain that is not an instance of this entry
-// appears as "domain/<libvirt name>"). Bases of keys no longer configured
-// are not listed. One imagecache.List (span imagecache.List under
+// appears as "domain/<libvirt name>"). When a disk on the host cannot be
+// followed to its end (an inactive domain's overlay outside every active
+// pool, a disk in an inactive pool), every stored base is InUseUnknown:
+// that disk might use it. Bases of keys no longer configured are not
+// listed. One imagecache.List (span imagecache.List under
 // kvm2.ListImages): every pool's volumes and every domain's disks are read
 // to find the users.
 func (p *provider) ListImages(ctx context.Context) (_ []egressproxy.ImageInfo, opErr error) {
@@ -148,7 +154,7 @@ func (p *provider) ListImages(ctx context.Context) (_ []egressproxy.ImageInfo, o
 
 // VerifyImage reads key's base back from the host through libvirt, hashes
 // it and compares it with the digest its marker records
-// (imagecache.Cache.Verify), then lists it for its size and users.
+// (the image cache's Verify), then lists it for its size and users.
 // Errors: Permanent for an invalid or unconfigured key (a
 // *errs.FieldError naming it) and for stored bytes or a marker that
 // differ (nothing is deleted); NotFound when the key has no published base;
@@ -187,7 +193,7 @@ func (p *provider) VerifyImage(ctx context.Context, key string) (_ egressproxy.I
 }
 
 // EvictImage deletes key's base and its digest marker from the pool
-// (imagecache.Cache.Evict, under the base's claim), so the next Create of
+// (the image cache's Evict, under the base's claim), so the next Create of
 // the key fetches it again. It refuses, Permanent, naming the domains,
 // while any defined domain (running or not, of any entry) uses the base,
 // or while a disk on the host cannot be resolved (it might use it). A key

@@ -10,9 +10,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.opentelemetry.io/otel/codes"
+	"libvirt.org/go/libvirtxml"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
@@ -41,43 +43,68 @@ func (c *fakeImages) usersOf(base fakeVol) []string {
 	return out
 }
 
+// unresolvedDisks names the fake's disks whose chain the real cache could
+// not follow: a qcow2 file that is no volume of any pool.
+func (c *fakeImages) unresolvedDisks() []string {
+	var out []string
+	for _, d := range c.lv.domainNames() {
+		fd, _ := c.lv.domain(d)
+		var dx libvirtxml.Domain
+		if dx.Unmarshal(fd.xml) != nil || dx.Devices == nil {
+			continue
+		}
+		for _, disk := range dx.Devices.Disks {
+			if disk.Source == nil || disk.Source.File == nil || disk.Driver == nil || disk.Driver.Type != "qcow2" {
+				continue
+			}
+			c.lv.mu.Lock()
+			known := c.lv.volByPath(disk.Source.File.File) != nil
+			c.lv.mu.Unlock()
+			if !known {
+				out = append(out, "domain "+d+" disk "+disk.Target.Dev+": "+disk.Source.File.File+" is in no active storage pool, so its backing store is unknown")
+			}
+		}
+	}
+	return out
+}
+
 // List lists the entry's base volumes in the fake's pool (each with a
 // marker, unless its name is in noMarker), with their users.
-func (c *fakeImages) List(ctx context.Context) ([]imagecache.Entry, error) {
+func (c *fakeImages) List(ctx context.Context) ([]basecache.Entry, error) {
 	c.mu.Lock()
 	err := c.err
 	c.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	var out []imagecache.Entry
+	var out []basecache.Entry
 	for _, n := range c.lv.volNames(c.pool) {
-		e, _, f, ok := imagecache.ParseBaseName(n)
+		e, _, f, ok := basecache.ParseBaseName(n)
 		if !ok || e != c.entry {
 			continue
 		}
 		v, _ := c.lv.vol(c.pool, n)
-		out = append(out, imagecache.Entry{
-			Base:   imagecache.Base{Volume: n, Path: v.path, Digest: fakeDigest, Format: f},
-			Marker: imagecache.MarkerName(n, fakeDigest), Size: int64(len(v.data)), UsedBy: c.usersOf(v),
+		out = append(out, basecache.Entry{
+			Base:   basecache.Base{Volume: n, Path: v.path, Digest: fakeDigest, Format: f},
+			Marker: basecache.MarkerName(n, fakeDigest), Size: int64(len(v.data)), UsedBy: c.usersOf(v), Unresolved: c.unresolvedDisks(),
 		})
 	}
 	return out, nil
 }
 
-func (c *fakeImages) Verify(ctx context.Context, img imagecache.Image) (imagecache.Base, error) {
+func (c *fakeImages) Verify(ctx context.Context, img imagecache.Image) (basecache.Base, error) {
 	c.mu.Lock()
 	err := c.err
 	c.mu.Unlock()
 	if err != nil {
-		return imagecache.Base{}, err
+		return basecache.Base{}, err
 	}
-	name := imagecache.BaseName(c.entry, img.Key, "qcow2")
+	name := basecache.BaseName(c.entry, img.Key, "qcow2")
 	v, ok := c.lv.vol(c.pool, name)
 	if !ok {
-		return imagecache.Base{}, errs.Errorf(errs.NotFound, "base %s: no published base in pool %s", name, c.pool)
+		return basecache.Base{}, errs.Errorf(errs.NotFound, "base %s: no published base in pool %s", name, c.pool)
 	}
-	return imagecache.Base{Volume: name, Path: v.path, Digest: fakeDigest, Format: "qcow2"}, nil
+	return basecache.Base{Volume: name, Path: v.path, Digest: fakeDigest, Format: "qcow2"}, nil
 }
 
 func (c *fakeImages) Evict(ctx context.Context, img imagecache.Image) error {
@@ -87,13 +114,16 @@ func (c *fakeImages) Evict(ctx context.Context, img imagecache.Image) error {
 	if err != nil {
 		return err
 	}
-	name := imagecache.BaseName(c.entry, img.Key, "qcow2")
+	name := basecache.BaseName(c.entry, img.Key, "qcow2")
 	v, ok := c.lv.vol(c.pool, name)
 	if !ok {
 		return nil
 	}
 	if users := c.usersOf(v); len(users) > 0 {
 		return errs.Errorf(errs.Permanent, "base %s is the backing store of domains %s; delete them before you evict it", name, strings.Join(users, ", "))
+	}
+	if u := c.unresolvedDisks(); len(u) > 0 {
+		return errs.Errorf(errs.Permanent, "refusing to evict base %s: the backing chains of some disks cannot be resolved, so they may use it: %s", name, strings.Join(u, "; "))
 	}
 	c.lv.removeVol(c.pool, name)
 	return nil
@@ -127,7 +157,7 @@ func TestImagesListMapsUsersToInstances(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	base := imagecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
+	base := basecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
 	bv, _ := e.lv.vol(e.cfg.Pool, base)
 	// A domain of another tool using the base directly.
 	e.lv.defineXML(t, `<domain type="qemu"><name>other-vm</name><devices><disk type="file" device="disk"><source file="`+bv.path+`"/><target dev="vda"/></disk></devices></domain>`)
@@ -160,6 +190,58 @@ func TestImagesListMapsUsersToInstances(t *testing.T) {
 	}
 	if _, ok := e.lv.vol(e.cfg.Pool, base); !ok {
 		t.Fatal("a refused EvictImage removed the base")
+	}
+}
+
+// A disk whose chain cannot be followed (an inactive domain's overlay
+// outside every pool) might use any stored base: ListImages and
+// VerifyImage say its users are unknown, never that it is unused, exactly
+// while EvictImage refuses; a key without a base is not InUseUnknown.
+func TestImagesUnresolvedDiskIsInUseUnknown(t *testing.T) {
+	t.Parallel()
+	e := newFakeEnv(t, func(c *Config) {
+		c.Images["alpine"] = imagecache.Image{URL: "http://127.0.0.1:1/alpine.qcow2"}
+		c.DefaultImage = "tiny"
+	})
+	ctx := fakeCtx(t)
+	if _, err := e.p.Create(ctx, egressproxy.Spec{Name: "a", UID: "u-a", ImageKey: "tiny"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.p.Delete(ctx, egressproxy.Ref{Name: "a", UID: "u-a"}); err != nil {
+		t.Fatal(err)
+	}
+	base := basecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
+	e.lv.defineXML(t, `<domain type="qemu"><name>elsewhere</name><devices><disk type="file" device="disk"><driver name="qemu" type="qcow2"/><source file="/srv/vms/elsewhere.qcow2"/><target dev="vda"/></disk></devices></domain>`)
+
+	want := []egressproxy.ImageInfo{
+		{Key: "alpine"},
+		{Key: "tiny", Name: base, Present: true, Digest: fakeDigest, SizeBytes: int64(len("base")), InUseUnknown: true},
+	}
+	l, err := e.p.ListImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, l); diff != "" {
+		t.Fatalf("ListImages with an unresolved disk (-want +got):\n%s", diff)
+	}
+	v, err := e.p.VerifyImage(ctx, "tiny")
+	want[1].Verified = true
+	if err != nil || !cmp.Equal(v, want[1]) {
+		t.Fatalf("VerifyImage = %+v, %v; want %+v", v, err, want[1])
+	}
+	if err := e.p.EvictImage(ctx, "tiny"); errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), "elsewhere") {
+		t.Fatalf("EvictImage while users are unknown = %v, want Permanent naming the disk", err)
+	}
+
+	e.lv.mu.Lock()
+	delete(e.lv.domains, "elsewhere")
+	e.lv.mu.Unlock()
+	l, err = e.p.ListImages(ctx)
+	if err != nil || len(l) != 2 || l[1].InUseUnknown || len(l[1].InUseBy) != 0 {
+		t.Fatalf("ListImages once the disk is gone = %+v, %v; want tiny unused", l, err)
+	}
+	if err := e.p.EvictImage(ctx, "tiny"); err != nil {
+		t.Fatalf("EvictImage of an unused base: %v", err)
 	}
 }
 

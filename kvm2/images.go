@@ -1,72 +1,45 @@
 package kvm2
 
 import (
-	"errors"
-
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/internal/errs"
 )
 
-// validateImages checks Images and DefaultImage and fills image keys.
-func (c Config) validateImages(problems []error) (Config, []error) {
-	add := func(err error) { problems = append(problems, err) }
-	imgs := make(map[string]imagecache.Image, len(c.Images))
+// images checks Images and DefaultImage.
+func (k *checker) images(c Config) {
 	for _, key := range sortedKeys(c.Images) {
 		img := c.Images[key]
-		field := keyField("Images", key)
-		if err := validateKey(field, key); err != nil {
-			add(err)
+		at := []step{fieldStep("Images"), keyStep(key)}
+		if k.mapKey(key, at) {
 			continue
 		}
-		if img.Key == "" {
-			img.Key = key
-		} else if img.Key != key {
-			add(fieldErr(field+".Key", img.Key, "must be empty or equal the map key"))
+		if img.Key != "" && img.Key != key {
+			k.add(img.Key, "must be empty or equal the map key", append(at, fieldStep("Key"))...)
 			continue
 		}
-		if err := img.Validate(); err != nil {
-			for _, e := range flatten(err) {
-				var fe *errs.FieldError
-				if errors.As(e, &fe) {
-					add(&errs.FieldError{Field: field + "." + fe.Field, Value: fe.Value, Rule: fe.Rule})
-				} else {
-					add(fieldErr(field, "", e.Error()))
-				}
-			}
-			continue
-		}
-		imgs[key] = img
+		img.Key = key
+		k.addErr(img.Validate(), at...)
 	}
-	c.Images = imgs
+	_, known := c.Images[c.DefaultImage]
 	switch {
-	case c.DefaultImage != "":
-		if _, ok := c.Images[c.DefaultImage]; !ok {
-			add(fieldErr("DefaultImage", c.DefaultImage, "must be a key of Images"))
+	case c.DefaultImage == "":
+		if len(c.Images) > 1 {
+			k.add("", "is required when {Images} has several entries", fieldStep("DefaultImage"))
 		}
-	case len(c.Images) == 1:
-		for k := range c.Images {
-			c.DefaultImage = k
-		}
-	case len(c.Images) > 1:
-		add(fieldErr("DefaultImage", "", "is required when Images has several entries"))
+	case !known:
+		k.add(c.DefaultImage, "must be a key of {Images}", fieldStep("DefaultImage"))
 	}
-	return c, problems
 }
 
-// flatten returns the leaves of an errors.Join tree (looking through
-// single-error wrappers such as a provider class).
-func flatten(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		var out []error
-		for _, e := range j.Unwrap() {
-			out = append(out, flatten(e)...)
-		}
-		return out
+// imagesWithKeys returns a copy of imgs with each image's Key set to its
+// map key.
+func imagesWithKeys(imgs map[string]imagecache.Image) map[string]imagecache.Image {
+	if imgs == nil {
+		return nil
 	}
-	if u := errors.Unwrap(err); u != nil {
-		if _, ok := u.(interface{ Unwrap() []error }); ok {
-			return flatten(u)
-		}
+	out := make(map[string]imagecache.Image, len(imgs))
+	for key, img := range imgs {
+		img.Key = key
+		out[key] = img
 	}
-	return []error{err}
+	return out
 }

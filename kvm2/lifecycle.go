@@ -187,7 +187,7 @@ func (d *domainAddrs) InterfaceAddresses(ctx context.Context, src libvirt.Domain
 // wrap prefixes err with the entry and classifies it. It says only what the
 // caller does not: egressproxy.Client already says the operation and the
 // instance ("egressproxy get proxy-1: kvm2 hv1: look up domain …"), so
-// neither is repeated here (see the provider package doc, "Error text").
+// neither is repeated here.
 //
 // A call that Close interrupted fails with ErrClosed (Permanent), whatever
 // the torn-down connection made of it (a link error would say Transient, and
@@ -242,17 +242,13 @@ func (p *provider) Get(ctx context.Context, ref egressproxy.Ref) (_ egressproxy.
 // libvirtd works on at most that many calls of one connection at once and
 // leaves the rest unread in the socket until one is answered, so the
 // bound does not set libvirtd's load (that stays 5 calls) but how much of
-// the round trip the queue hides. Measured through a 50 ms delay proxy
-// (List of 100 stopped instances, a Get of a stopped instance alone
-// 103 ms, 2 round trips): bound 5, List 1.34 s and a Get issued during
-// it 106 ms; bound 32, List 0.31 s and such a Get 150 ms; bound 64, List
-// 0.21 s, Get 158 ms. So another caller's call made during a List's
-// burst waits about one round trip more, and libvirtd logs once per
-// connection the warning "Client hit max requests limit 5. This may
-// result in keep-alive timeouts" (libvirt's keepalive is not used on
-// these connections: go-libvirt never enables it, and liveness comes from
-// SSH keepalives; see sshconn). Following the server's limit instead would
-// make List of 100 take 20 round trips (issue 20 asks ≤ 0.5 s at 50 ms).
+// the round trip the queue hides. The cost: a call another caller makes
+// during a List's burst waits about one round trip more, and libvirtd logs
+// once per connection "Client hit max requests limit 5. This may result in
+// keep-alive timeouts" (libvirt's keepalive is not used on these
+// connections: go-libvirt never enables it, and liveness comes from SSH
+// keepalives). Following the server's limit would make List of 100 take
+// 20 round trips. docs/benchmarks.md has the measurements.
 const listInFlight = 32
 
 // List returns every instance of this entry and owner (domains carrying our

@@ -31,7 +31,7 @@ func foreignXML(t *testing.T, dn, entry, owner string, malformed bool) string {
 	meta := ""
 	switch {
 	case malformed:
-		meta = `<metadata><egressproxy:instance xmlns:egressproxy="` + MetadataNamespace + `"><egressproxy:uid>u</egressproxy:uid></egressproxy:instance></metadata>`
+		meta = `<metadata><egressproxy:instance xmlns:egressproxy="` + metadataNamespace + `"><egressproxy:uid>u</egressproxy:uid></egressproxy:instance></metadata>`
 	case entry != "":
 		m, err := marshalMetadata(instanceMeta{UID: "uid-x", Created: time.Now().UTC(), Entry: entry, Owner: owner, Port: 3128})
 		if err != nil {
@@ -116,8 +116,10 @@ func TestFakeGet(t *testing.T) {
 			errs.Transient, nil},
 		{"state unreadable", failOn("DomainGetState", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")),
 			errs.Transient, nil},
+		// A denial of the entry's rights is the entry's fault, not the
+		// instance's: Permanent, as on every other operation.
 		{"lookup refused", failOn("DomainLookupByName", "", false, lvErrorf(libvirt.ErrAccessDenied, "access denied")),
-			errs.Transient, nil},
+			errs.Permanent, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e.lv.setFault(tc.fault)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
@@ -63,7 +64,7 @@ func newLifecycleEnv(t *testing.T) *lifecycleEnv {
 	cfg.Images = map[string]imagecache.Image{"tiny": {URL: srv.URL + "/tiny.qcow2", SHA256: hex.EncodeToString(sum[:])}}
 
 	// An isolated network (no <forward>): guests reach nothing beyond it.
-	e := &lifecycleEnv{network: "k2it-" + sfx, baseVol: imagecache.BaseName(cfg.Entry, "tiny", "qcow2")}
+	e := &lifecycleEnv{network: "k2it-" + sfx, baseVol: basecache.BaseName(cfg.Entry, "tiny", "qcow2")}
 	nx, err := (&libvirtxml.Network{
 		Name:   e.network,
 		Bridge: &libvirtxml.NetworkBridge{Name: "vbk2" + sfx},

@@ -18,7 +18,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/driver"
-	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/libvirterr"
@@ -37,10 +37,10 @@ type provider struct {
 	tracer trace.Tracer
 
 	lv    lvSession  // the shared libvirt connection (sshSession)
-	cache imageCache // the entry's base images (*imagecache.Cache)
+	cache imageCache // the entry's base images (*basecache.Cache)
 	locks nameLocks
 
-	accel accelCache // whether the host offers KVM (accel.go)
+	accel accelCache // whether the host offers KVM
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -50,8 +50,12 @@ type provider struct {
 // Open validates cfg and returns the portable client of that entry. It does
 // not touch the host: the first call dials, so Check can report an
 // unreachable host, bad credentials or an unknown host key as a Health
-// reason. A bad cfg is a Permanent error that names each field and rule. A
-// nil opts is valid. Closing the client closes the entry's connections.
+// reason. A bad cfg is a Permanent error joining one
+// *egressproxy.FieldError per broken rule, each naming the Go field path
+// (Images["deb"].SHA256); Open requires a key source (a Config field or
+// opts.Signer) and a known_hosts source, which a file read by ParseConfig
+// may leave out. A nil opts is valid. Closing the client closes the
+// entry's connections.
 func Open(ctx context.Context, cfg Config, opts *Options) (*egressproxy.Client, error) {
 	p, err := open(ctx, cfg, opts)
 	if err != nil {
@@ -71,7 +75,7 @@ func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	cfg, err := cfg.validate()
+	cfg, err := cfg.validate(opts.Signer != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -98,7 +102,7 @@ func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 		DialTimeout:       cfg.DialTimeout,
 		KeepaliveInterval: cfg.KeepaliveInterval,
 		KeepaliveCount:    cfg.KeepaliveCount,
-	}, &sshconn.Options{Logger: log, Signer: cfg.Signer})
+	}, &sshconn.Options{Logger: log, Signer: opts.Signer})
 	if err != nil {
 		return nil, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
 	}
@@ -108,14 +112,11 @@ func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 		URI:         cfg.LibvirtURI,
 		CallTimeout: cfg.CallTimeout,
 	}, &libvirtconn.Options{Logger: log})
-	fanout := opts.ImageFanout
-	switch {
-	case opts.NoImageFanout:
+	fanout := basecache.ProcessFanout()
+	if opts.PrivateImageCache {
 		fanout = nil
-	case fanout == nil:
-		fanout = imagecache.ProcessFanout()
 	}
-	cache, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{
+	cache, err := basecache.New(basecache.SSH(lv), basecache.Config{
 		Entry:            cfg.Entry,
 		Pool:             cfg.Pool,
 		TransferBudget:   cfg.TransferBudget,
@@ -225,7 +226,7 @@ func formatGiB(b uint64) string {
 // kept.
 //
 // Unless DomainType is "qemu", Check reads the host's domain capabilities
-// (see accel.go) and refreshes what Create uses. With the zero DomainType on
+// and refreshes what Create uses. With the zero DomainType on
 // a host that offers no KVM, the entry is Reachable but degraded: domainType
 // "qemu", acceleration "none", and a "degraded" detail saying that guests
 // run without acceleration. An explicit "kvm" on such a host is not

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
@@ -77,20 +78,20 @@ func (s *sshSession) Close() error {
 	return errors.Join(lerr, perr)
 }
 
-// imageCache is what kvm2 needs of the entry's *imagecache.Cache.
+// imageCache is what kvm2 needs of the entry's *basecache.Cache.
 type imageCache interface {
-	Ensure(ctx context.Context, img imagecache.Image) (imagecache.Base, error)
+	Ensure(ctx context.Context, img imagecache.Image) (basecache.Base, error)
 	// UsePool hands the cache the entry's pool handle kvm2 looked up, so
 	// that the cache's first call does not look it up again.
 	UsePool(pool libvirt.StoragePool)
 	// List, Verify and Evict serve provider.ImageManager (imagemgr.go).
-	List(ctx context.Context) ([]imagecache.Entry, error)
-	Verify(ctx context.Context, img imagecache.Image) (imagecache.Base, error)
+	List(ctx context.Context) ([]basecache.Entry, error)
+	Verify(ctx context.Context, img imagecache.Image) (basecache.Base, error)
 	Evict(ctx context.Context, img imagecache.Image) error
 	Close() error
 }
 
-var _ imageCache = (*imagecache.Cache)(nil)
+var _ imageCache = (*basecache.Cache)(nil)
 
 // newProvider builds a Provider of the validated cfg on sess and images.
 func newProvider(cfg Config, log logr.Logger, tracer trace.Tracer, sess lvSession, images imageCache) *provider {

@@ -109,7 +109,7 @@ func TestSpansOfPublicOperations(t *testing.T) {
 		{name: "get, host unusable", call: func(ctx context.Context, p *provider) error {
 			_, err := p.Get(ctx, egressproxy.Ref{Name: "a", UID: "u"})
 			return err
-		}, want: recordedSpan{name: "kvm2.Get", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1", "egressproxy.instance": "a"}}, errType: "Transient",
+		}, want: recordedSpan{name: "kvm2.Get", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1", "egressproxy.instance": "a"}}, errType: "Permanent",
 			children: []recordedSpan{{name: "kvm2.libvirt.Get", attrs: map[attribute.Key]string{"kvm2.domain": domainName("lab-1", "a"), "error.type": "Permanent"}, status: codes.Error, parent: "kvm2.Get"}}},
 		{name: "get canceled", call: func(_ context.Context, p *provider) error {
 			_, err := p.Get(canceled, egressproxy.Ref{Name: "a", UID: "u"})
@@ -119,7 +119,7 @@ func TestSpansOfPublicOperations(t *testing.T) {
 		{name: "list, host unusable", call: func(ctx context.Context, p *provider) error {
 			_, err := p.List(ctx)
 			return err
-		}, want: recordedSpan{name: "kvm2.List", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1"}}, errType: "Transient",
+		}, want: recordedSpan{name: "kvm2.List", attrs: map[attribute.Key]string{"egressproxy.entry": "lab-1"}}, errType: "Permanent",
 			children: []recordedSpan{{name: "kvm2.libvirt.List", attrs: map[attribute.Key]string{"error.type": "Permanent"}, status: codes.Error, parent: "kvm2.List"}}},
 		{name: "check, host unusable, is a health reason", call: func(ctx context.Context, p *provider) error {
 			h, err := p.Check(ctx)

@@ -142,7 +142,7 @@ func TestSuiteCatchesBrokenVariants(t *testing.T) {
 		{"no-spec-digest", false, []string{"--- FAIL: TestBrokenVariant/Create/SpecDigestReadBack", "Create returned SpecDigest"}},
 		{"ignores-context", false, []string{"--- FAIL: TestBrokenVariant/Context/CanceledBeforeCall", "want Canceled"}},
 		{"slow", false, []string{"--- FAIL: TestBrokenVariant/Create/ConcurrentSameSpec", "exceeded its budget of 1s"}},
-		{"hangs", false, []string{"panic: providertest: TestBrokenVariant/Create/ConcurrentSameSpec is still blocked", "does not honour its context"}},
+		{"hangs", false, []string{"panic: drivertest: TestBrokenVariant/Create/ConcurrentSameSpec is still blocked", "does not honour its context"}},
 		{"delete-ignores-uid", true, []string{"--- FAIL: TestBrokenVariant", "rapid"}},
 		{"create-not-idempotent", true, []string{"--- FAIL: TestBrokenVariant", "Create("}},
 	}

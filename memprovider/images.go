@@ -118,7 +118,8 @@ func (p *provider) infoLocked(key string) egressproxy.ImageInfo {
 // ListImages lists the configured image keys (Options.Images), or, when
 // every key is offered, the keys a Create has used, sorted. A key's base is
 // present from the first Create that used it until EvictImage removes it.
-// InUseBy names the instances created from it.
+// InUseBy names the instances created from it; they are always known, so
+// InUseUnknown is never set.
 func (p *provider) ListImages(ctx context.Context) ([]egressproxy.ImageInfo, error) {
 	if _, err := p.enter(ctx, OpListImages); err != nil {
 		return nil, err

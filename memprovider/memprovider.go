@@ -1,34 +1,3 @@
-// Package memprovider is an in-memory driver.Provider: the embedded default
-// for examples and for an embedder's own tests.
-//
-// It keeps instances in a map behind a mutex and copies every value in and
-// out, so callers never share state with it. It validates input exactly as a
-// real backend must (Spec.Validate, provider.ValidateRef), honours contexts,
-// and can be made to misbehave on purpose with InjectFault (an error of a
-// class, a delay, N times) and SetState (Stopped, Failed).
-//
-// With Options.ServeProxies every Running instance serves a real HTTP
-// CONNECT proxy on 127.0.0.1 (Instance.IP and Instance.Port are that
-// listener), so health probes and anything else an embedder does with a
-// proxy work for real without a hypervisor. The listener is closed when the
-// instance is deleted, stops running, or the provider is closed.
-//
-// It does not own persistence (everything is lost on Close), owners or
-// provider entries: one Provider is one entry.
-//
-// Create records every instance's Spec.Digest (Instance.SpecDigest) and
-// reports a Create of an existing UID with another spec as
-// errs.ErrSpecConflict, naming the fields that differ.
-//
-// # Images
-//
-// It implements driver.ImageManager over a simple image notion: the image
-// keys are Options.Images (every valid key when empty); the base of a key is
-// stored by the first Create that uses it (a few bytes and their sha256),
-// is used by the instances created from it, verifies unless CorruptImage
-// changed it, and can be evicted only while no instance uses it.
-//
-// memprovider passes the full providertest conformance suite.
 package memprovider
 
 import (
@@ -80,7 +49,7 @@ type Options struct {
 	// Images are the image keys the provider offers (see the package doc,
 	// "Images"); the first is the default of a Spec without ImageKey, and
 	// a Create of another key is Permanent. Each must be a valid key
-	// (naming.ValidateKey); others are ignored. Zero: every valid key is
+	// (the rule of Spec.ImageKey); others are ignored. Zero: every valid key is
 	// offered, and the default is DefaultImageKey.
 	Images []string
 }
@@ -195,7 +164,7 @@ func newProvider(opts *Options) *provider {
 		o.DialTimeout = 5 * time.Second
 	}
 	if o.AllowTarget == nil {
-		o.AllowTarget = LoopbackOnly
+		o.AllowTarget = loopbackOnly
 	}
 	return &provider{
 		opts:     o,
@@ -211,9 +180,9 @@ func newProvider(opts *Options) *provider {
 
 var _ driver.Provider = (*provider)(nil)
 
-// LoopbackOnly allows CONNECT targets on loopback addresses only. It is the
+// loopbackOnly allows CONNECT targets on loopback addresses only: the
 // default Options.AllowTarget.
-func LoopbackOnly(hostport string) bool {
+func loopbackOnly(hostport string) bool {
 	host, _, err := net.SplitHostPort(hostport)
 	if err != nil {
 		return false

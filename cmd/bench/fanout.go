@@ -20,16 +20,17 @@ import (
 	"github.com/digitalocean/go-libvirt"
 
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/testing/benchutil"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
 
-// The fanout phase (issue 21 point 4): the lab's mirror (scripts/lab
+// The fanout phase: the lab's mirror (scripts/lab
 // mirror) in a namespace of its own behind a -fanout-mirror-rate link,
 // -fanout-hosts hosts behind -fanout-rate links (plus one more, the late
 // joiner), one cold image of -fanout-mib MiB. Each round, interleaved:
 // one host's cold fetch from the mirror alone; the same image needed by
-// every host at once in one process sharing an imagecache.Fanout; then,
+// every host at once in one process sharing a basecache.Fanout; then,
 // in a fresh process, one more host going cold while the others hold
 // the image (the peer path). The first round also measures today's
 // behaviour: every host downloading on its own (no Fanout). Bytes served
@@ -123,18 +124,18 @@ func fanoutChild(ctx context.Context, env teststack.Env, o options) error {
 // fanout is set, and runs Ensure of the image (url, sum) on all of them at
 // once; it closes them before it returns.
 func fanoutEnsure(ctx context.Context, ts []fanoutTarget, url, sum string, fanout bool) (fanoutChildOut, error) {
-	var f *imagecache.Fanout
+	var f *basecache.Fanout
 	if fanout {
-		f = imagecache.NewFanout(imagecache.FanoutOptions{})
+		f = basecache.NewFanout(basecache.FanoutOptions{})
 	}
-	caches := make([]*imagecache.Cache, len(ts))
+	caches := make([]*basecache.Cache, len(ts))
 	for i, t := range ts {
 		lv, _, closeLink, err := benchutil.Link(t.Env, "")
 		if err != nil {
 			return fanoutChildOut{}, err
 		}
 		defer closeLink()
-		c, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{Entry: t.Entry, Pool: t.Env.Pool, TransferBudget: 10 * time.Minute, Fanout: f})
+		c, err := basecache.New(basecache.SSH(lv), basecache.Config{Entry: t.Entry, Pool: t.Env.Pool, TransferBudget: 10 * time.Minute, Fanout: f})
 		if err != nil {
 			return fanoutChildOut{}, err
 		}
@@ -477,7 +478,7 @@ func (r *report) renderFanout(p func(string, ...any), f *fanoutResult) {
 	size := float64(f.image.Size)
 	p("## 8. Image fan-out across hosts: one download for the fleet")
 	p("")
-	p("The lab (docs/lab.md) with its **mirror** (`scripts/lab mirror up`: `labmirror` serving the image in a network namespace of its own behind a **%s** link) and **%d + 1 hosts** behind **%s** links; one cold qcow2 of %.0f MB (%d MiB of random data, sha256 %s…). Each process below is a `bench -fanout-child` under `/usr/bin/time -v` with one `imagecache.Cache` per host on its own SSH connection, all sharing one `imagecache.Fanout` (as kvm2's providers share `imagecache.ProcessFanout()` by default). Bytes served are the mirror's own count of body bytes (`/.stats`); the mirror link's byte counter is the cross-check. %d rounds, the first two steps' order alternated; load average at the start: %s.", f.mirrorRate, f.hosts, f.rate, size/1e6, f.mib, f.image.SHA256[:12], len(f.one), f.load)
+	p("The lab (docs/lab.md) with its **mirror** (`scripts/lab mirror up`: `labmirror` serving the image in a network namespace of its own behind a **%s** link) and **%d + 1 hosts** behind **%s** links; one cold qcow2 of %.0f MB (%d MiB of random data, sha256 %s…). Each process below is a `bench -fanout-child` under `/usr/bin/time -v` with one `basecache.Cache` per host on its own SSH connection, all sharing one `basecache.Fanout` (as kvm2's providers share `basecache.ProcessFanout()` by default). Bytes served are the mirror's own count of body bytes (`/.stats`); the mirror link's byte counter is the cross-check. %d rounds, the first two steps' order alternated; load average at the start: %s.", f.mirrorRate, f.hosts, f.rate, size/1e6, f.mib, f.image.SHA256[:12], len(f.one), f.load)
 	p("")
 	p("- **1 host**: one host's cold fetch from the mirror, alone.")
 	p("- **%d hosts at once**: every host needs the image at the same time; wall time from the common start to the last host's published base.", f.hosts)

@@ -8,7 +8,8 @@ import (
 	"strings"
 )
 
-// Targets of issue 20 point 5.
+// The link rows' targets: the library's whole cold fetch against cat | ssh
+// and against the virsh pipeline, on the same link.
 const (
 	targetWholeVsSSH  = 0.85
 	targetWholeVsPipe = 1.6

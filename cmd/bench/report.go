@@ -201,7 +201,7 @@ func (r *report) renderUpload(p func(string, ...any), u *uploadResult) {
 	p("")
 	p("Same file, same sshd on loopback, same pool; rounds interleave the three paths (order rotated each round), `sync` after each, volumes deleted between runs.")
 	p("")
-	p("- **library cold fetch**: a separate process (`bench -fetch-child`, under `/usr/bin/time -v`) runs `imagecache.Cache.Ensure`: HTTP GET from a local server → `StorageVolUpload` on a dedicated SSH connection → physical size check + read-back (`StorageVolDownload`) and sha256 on the host → marker; then `Evict` (untimed). Phases from imagecache's spans (`imagecache.Upload`, `imagecache.Verify`); *whole* is the wall time of `Ensure` (SSH dial, pool listing, claim and marker included).")
+	p("- **library cold fetch**: a separate process (`bench -fetch-child`, under `/usr/bin/time -v`) runs `basecache.Cache.Ensure`: HTTP GET from a local server → `StorageVolUpload` on a dedicated SSH connection → physical size check + read-back (`StorageVolDownload`) and sha256 on the host → marker; then `Evict` (untimed). Phases from imagecache's spans (`imagecache.Upload`, `imagecache.Verify`); *whole* is the wall time of `Ensure` (SSH dial, pool listing, claim and marker included).")
 	p("- **virsh**: `virsh -c '%s' vol-upload` into a fresh raw volume (the `command=` wrapper runs OpenSSH with `UserKnownHostsFile=<stack known_hosts> StrictHostKeyChecking=yes`: libvirt 9.0's ssh transport does not hand the URI's `known_hosts` to OpenSSH, and `no_verify` is not used). Process wall time (connection included).", u.uri)
 	p("- **raw ssh**: `cat FILE | ssh -i KEY -o UserKnownHostsFile=… -o StrictHostKeyChecking=yes -p PORT root@127.0.0.1 'cat > FILE'`.")
 	p("")

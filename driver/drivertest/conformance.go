@@ -221,13 +221,13 @@ func testCheckReachable(e *env) {
 		h.Details[k] = "mutated by caller"
 	}
 	if h.Details != nil {
-		h.Details["providertest-injected"] = "x"
+		h.Details["drivertest-injected"] = "x"
 	}
 	h2, err := e.p.Check(e.ctx)
 	if err != nil {
 		e.fatalf("Check (direct): %v", err)
 	}
-	if _, leaked := h2.Details["providertest-injected"]; leaked {
+	if _, leaked := h2.Details["drivertest-injected"]; leaked {
 		e.t.Error("Check hands out its own Details map: a caller's change shows in the next Check")
 	}
 	for k, v := range saved {
@@ -424,7 +424,7 @@ func testCreateSpecConflict(e *env) {
 	before := e.baseline()
 	s := e.spec("a")
 	orig := e.create(s)
-	secret := "providertest-secret-" + randomSuffix(12)
+	secret := "drivertest-secret-" + randomSuffix(12)
 	type mutation struct {
 		name   string
 		mutate func(*egressproxy.Spec)

@@ -33,7 +33,7 @@ func RunStateMachine(t *testing.T, newHarness HarnessMaker, opts *Options) {
 	defer cancel()
 	h, err := newHarness(ctx, t)
 	if err != nil {
-		t.Fatalf("providertest: making the harness: %v", err)
+		t.Fatalf("drivertest: making the harness: %v", err)
 	}
 	defer h.Close()
 	prefix := o.NamePrefix + "-sm" + randomSuffix(4)
@@ -46,7 +46,7 @@ func RunStateMachine(t *testing.T, newHarness HarnessMaker, opts *Options) {
 		defer wd.finish(rt)
 		p, err := h.MakeProvider(ctx)
 		if err != nil {
-			rt.Fatalf("providertest: making the provider: %v", err)
+			rt.Fatalf("drivertest: making the provider: %v", err)
 		}
 		m := &machine{
 			ctx:      ctx,
@@ -235,7 +235,7 @@ func (m *machine) cleanup(t *rapid.T, budget time.Duration) {
 	defer cancel()
 	for r := range m.touched {
 		if err := m.p.Delete(ctx, r); err != nil {
-			t.Errorf("providertest cleanup: deleting %s (UID %s): %v", r.Name, r.UID, err)
+			t.Errorf("drivertest cleanup: deleting %s (UID %s): %v", r.Name, r.UID, err)
 		}
 	}
 }

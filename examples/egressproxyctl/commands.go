@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -451,6 +450,21 @@ func probeErr(res health.Result) error {
 	return errs.WithCode(egressproxy.Transient, res.Err)
 }
 
+// noAddressErr is the error of probing an instance without an address:
+// Transient while it is Provisioning (it gets one as it boots; probe it
+// later), Permanent in any other state (nothing changes until someone acts).
+func noAddressErr(inst egressproxy.Instance) error {
+	code := egressproxy.Permanent
+	if inst.State == egressproxy.StateProvisioning {
+		code = egressproxy.Transient
+	}
+	state := string(inst.State)
+	if state == "" {
+		state = "no state"
+	}
+	return errs.Errorf(code, "instance %s (%s) has no address to probe", errs.Quote(inst.Name), state)
+}
+
 func cmdProbe(ctx context.Context, c *cli, args []string) error {
 	fs := c.newFlags("probe", "probe NAME -target HOST:PORT [-proxy-user U -proxy-password-file F] [-expect-body S] [-probe-timeout D]")
 	var target, user, passFile, body string
@@ -459,7 +473,7 @@ func cmdProbe(ctx context.Context, c *cli, args []string) error {
 	fs.StringVar(&user, "proxy-user", "", "proxy basic-auth user (default: none)")
 	fs.StringVar(&passFile, "proxy-password-file", "", "file holding the proxy password (default: $EGRESSPROXYCTL_PROXY_PASSWORD)")
 	fs.StringVar(&body, "expect-body", "", "prove the tunnel: GET / through it must answer 200 with exactly this body (target must be plain HTTP)")
-	fs.DurationVar(&timeout, "probe-timeout", health.DefaultTimeout, "bound of the probe")
+	fs.DurationVar(&timeout, "probe-timeout", 10*time.Second, "bound of the probe")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -493,20 +507,19 @@ func cmdProbe(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return entryErr(e, err)
 	}
-	t, opts, err := health.TargetFor(inst, target, user, password)
-	if err != nil {
-		var fe *egressproxy.FieldError
-		if errors.As(err, &fe) {
-			return usagef("probe: %v", err)
-		}
-		return entryErr(e, err)
+	if inst.IP == "" {
+		return entryErr(e, noAddressErr(inst))
 	}
-	opts.Timeout = timeout
+	if strings.Contains(user, ":") {
+		return usagef("probe: -proxy-user must not contain ':' (RFC 7617 basic auth)")
+	}
+	opts := health.ProbeOptions{Timeout: timeout, Username: user, Password: password}
 	if body != "" {
 		opts.Exchange = health.HTTPGet(target, body)
 	}
-	res := health.Probe(ctx, t.ProxyAddr, t.TargetAddr, &opts)
-	row := probeRow{Entry: e.name(), Name: inst.Name, Proxy: t.ProxyAddr, Target: t.TargetAddr, OK: res.OK,
+	proxy := inst.Address()
+	res := health.Probe(ctx, proxy, target, &opts)
+	row := probeRow{Entry: e.name(), Name: inst.Name, Proxy: proxy, Target: target, OK: res.OK,
 		StatusCode: res.StatusCode, LatencyMS: res.Total.Milliseconds(), Error: errText(res.Err)}
 	if !res.OK {
 		row.Kind = res.Kind.String()

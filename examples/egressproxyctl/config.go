@@ -1,18 +1,18 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"strings"
 
-	"sigs.k8s.io/yaml"
-
-	"github.com/egressproxy/egressproxy/internal/naming"
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/kvm2"
 )
 
 // fileConfig is the config file: the kvm2 entries an embedder would give
 // kvm2.Open, one per hypervisor.
 type fileConfig struct {
-	Entries []kvm2.Config `json:"entries"`
+	Entries []kvm2.Config
 }
 
 const configHelp = `Config file (JSON or YAML; "scripts/teststack ctl-config" prints one for the
@@ -23,38 +23,42 @@ project's test stack). Each entry is a kvm2.Config, in camelCase:
       address: 192.0.2.10:22       # the hypervisor's sshd
       user: root
       keyFile: /home/me/.ssh/id_ed25519
-      knownHostsFile: /home/me/.ssh/known_hosts
+      knownHostsFile: /home/me/.ssh/known_hosts   # or knownHosts: | and the lines below it
       pool: default
       images:
         debian-12:
           url: https://mirror.example/debian-12.qcow2
           sha256: <64 hex digits>
+Every problem of the file is reported at once, with its line and key path.
 `
 
-// loadConfig reads and checks the config file. Unknown fields are errors
-// (a typo must not silently drop a setting); the entries themselves are
-// validated by kvm2.Open.
+// loadConfig reads and checks the config file with kvm2.ParseEntries:
+// strictly (a typo must not silently drop a setting), every entry checked
+// as kvm2.Open checks it, every problem reported at once with its key path
+// and line.
 func loadConfig(path string) (*fileConfig, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, usagef("config: %v", err)
 	}
-	var cfg fileConfig
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return nil, usagef("%s: %v", path, err)
+	entries, err := kvm2.ParseEntries(data, nil)
+	if err != nil {
+		return nil, usagef("%s: %s", path, problemList(err))
 	}
-	if len(cfg.Entries) == 0 {
-		return nil, usagef("%s: no entries (want at least one under \"entries\")", path)
+	return &fileConfig{Entries: entries}, nil
+}
+
+// problemList is err's problems one per line, or err's text when it names
+// no field (a YAML syntax error).
+func problemList(err error) string {
+	fes := egressproxy.FieldErrors(err)
+	if len(fes) < 2 {
+		return err.Error()
 	}
-	seen := map[string]bool{}
-	for i, e := range cfg.Entries {
-		if err := naming.ValidateName("entry", e.Entry); err != nil {
-			return nil, usagef("%s: entries[%d]: %v", path, i, err)
-		}
-		if seen[e.Entry] {
-			return nil, usagef("%s: entries[%d]: entry %q appears twice", path, i, e.Entry)
-		}
-		seen[e.Entry] = true
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d problems:", len(fes))
+	for _, fe := range fes {
+		b.WriteString("\n  " + fe.Error())
 	}
-	return &cfg, nil
+	return b.String()
 }

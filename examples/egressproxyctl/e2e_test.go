@@ -20,6 +20,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/driver"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
@@ -261,23 +262,19 @@ func TestE2ECLI(t *testing.T) {
 	// probe: Squid starts after the guest has its address; until then the
 	// probe fails as Transient (exit 3), then passes with the token.
 	var pr probeRow
-	for deadline := time.Now().Add(ctlSquidBound); ; {
+	var last string
+	if !eventually.PollEvery(ctx, ctlSquidBound, 3*time.Second, func() bool {
 		code, out, errs := cli.run("-o", "json", "probe", "proxy-a", "-target", ln.Addr().String(), "-expect-body", token, "-probe-timeout", "15s")
-		if code == exitOK {
-			pr = ctlJSON[probeRow](t, out)
-			break
-		}
-		if code != exitTransient {
+		if code != exitOK && code != exitTransient {
 			t.Fatalf("probe: exit %d, want 0 or 3 (not yet)\n%s", code, errs)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Squid never answered within %s of Running: %s", ctlSquidBound, errs)
+		last = errs
+		if code == exitOK {
+			pr = ctlJSON[probeRow](t, out)
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatal(ctx.Err())
-		case <-time.After(3 * time.Second):
-		}
+		return code == exitOK
+	}) {
+		t.Fatalf("Squid never answered within %s of Running: %s", ctlSquidBound, last)
 	}
 	if !pr.OK || pr.StatusCode != 200 || pr.Proxy != inst.Address {
 		t.Fatalf("probe: %+v", pr)

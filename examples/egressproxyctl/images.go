@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -106,9 +107,9 @@ func cmdImages(ctx context.Context, c *cli, args []string) error {
 		}
 		switch sub {
 		case "ls":
-			table = append(table, []string{r.Entry, r.Key, yesNo(r.Present), r.Name, short(r.Digest), size(r.SizeBytes), strings.Join(r.InUseBy, ",")})
+			table = append(table, []string{r.Entry, r.Key, yesNo(r.Present), r.Name, short(r.Digest), size(r.SizeBytes), inUseBy(r.ImageInfo)})
 		case "verify":
-			table = append(table, []string{r.Entry, r.Key, map[bool]string{true: "verified", false: "NOT verified"}[r.Verified], r.Name, short(r.Digest), size(r.SizeBytes), strings.Join(r.InUseBy, ",")})
+			table = append(table, []string{r.Entry, r.Key, map[bool]string{true: "verified", false: "NOT verified"}[r.Verified], r.Name, short(r.Digest), size(r.SizeBytes), inUseBy(r.ImageInfo)})
 		case "evict":
 			table = append(table, []string{r.Entry, r.Key, "evicted", "", "", "", ""})
 		}
@@ -124,6 +125,16 @@ func indexOfName(es []*entry, name string) int {
 		}
 	}
 	return 0
+}
+
+// inUseBy is the IN USE BY column: the users found, and "(unknown)" when
+// the entry cannot tell them all (no instance name has parentheses).
+func inUseBy(info egressproxy.ImageInfo) string {
+	users := slices.Clone(info.InUseBy)
+	if info.InUseUnknown {
+		users = append(users, "(unknown)")
+	}
+	return strings.Join(users, ",")
 }
 
 func yesNo(b bool) string {

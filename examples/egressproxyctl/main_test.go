@@ -24,6 +24,7 @@ import (
 	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
@@ -72,7 +73,8 @@ func newWorld(t *testing.T, entries ...string) *world {
 			owner = "someone-else"
 		}
 		// camelCase keys, as an embedder writes them (no duration fields).
-		fmt.Fprintf(&b, "  - entry: %s\n    owner: %s\n    address: 127.0.0.1:22\n    user: root\n    keyFile: /nonexistent/key\n    knownHostsFile: /nonexistent/known_hosts\n    pool: default\n    defaultImage: base\n    domainType: qemu\n", e, owner)
+		fmt.Fprintf(&b, "  - entry: %s\n    owner: %s\n    address: 127.0.0.1:22\n    user: root\n    keyFile: /nonexistent/key\n    knownHostsFile: /nonexistent/known_hosts\n    pool: default\n    defaultImage: base\n    domainType: qemu\n"+
+			"    images:\n      base: {url: http://127.0.0.1:1/base.qcow2}\n      other: {url: http://127.0.0.1:1/other.qcow2}\n", e, owner)
 	}
 	w.config = filepath.Join(t.TempDir(), "ctl.yaml")
 	if err := os.WriteFile(w.config, []byte(b.String()), 0o600); err != nil {
@@ -272,25 +274,43 @@ func TestUsage(t *testing.T) {
 func TestConfigErrors(t *testing.T) {
 	dir := t.TempDir()
 	w := newWorld(t, "lab1")
-	for name, body := range map[string]string{
-		"unknown field": "entries:\n  - entry: lab1\n    adress: x\n",
-		"no entries":    "entries: []\n",
-		"bad entry":     "entries:\n  - entry: Lab_1\n",
-		"twice":         "entries:\n  - entry: lab1\n  - entry: lab1\n",
-		"not yaml":      "entries: [\n",
+	const ok = "    owner: tooling\n    address: 127.0.0.1:22\n    user: root\n    keyFile: /k\n    knownHostsFile: /kh\n    pool: default\n"
+	for name, tt := range map[string]struct {
+		body string
+		want []string
+	}{
+		"unknown field": {"entries:\n  - entry: lab1\n" + ok + "    adress: x\n", []string{"line 9: invalid entries[0].adress: unknown key; did you mean address?"}},
+		"no entries":    {"entries: []\n", []string{"line 1: invalid entries: must list at least one entry"}},
+		"bad entry":     {"entries:\n  - entry: Lab_1\n" + ok, []string{`line 2: invalid entries[0].entry "Lab_1"`}},
+		"twice":         {"entries:\n  - entry: lab1\n" + ok + "  - entry: lab1\n" + ok, []string{`line 9: invalid entries[1].entry "lab1": is also the name of entries[0]`}},
+		"not yaml":      {"entries: [\n", []string{"yaml: line 1: "}},
+		// Every problem of every entry at once, with its entry's index.
+		"several": {"entries:\n  - entry: lab1\n" + ok + "    callTimeout: 30\n  - entry: lab2\n" + strings.Replace(ok, "127.0.0.1:22", "127.0.0.1", 1) +
+			"    images:\n      deb: {url: http://h/d.qcow2, sha256: abc}\n", []string{
+			"3 problems:\n",
+			"\n  line 9: invalid entries[0].callTimeout \"30\": must be a duration",
+			"\n  line 12: invalid entries[1].address \"127.0.0.1\": must be host:port",
+			"\n  line 18: invalid entries[1].images.deb.sha256 \"abc\": must be 64 lowercase hex digits",
+		}},
 	} {
 		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
-		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		if err := os.WriteFile(p, []byte(tt.body), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		w.config = p
-		if code, _, stderr := w.runT("ls"); code != exitUsage || !strings.Contains(stderr, p) {
+		code, _, stderr := w.runT("ls")
+		if code != exitUsage || !strings.Contains(stderr, p+": ") {
 			t.Errorf("%s: exit %d, stderr %q; want %d naming the file", name, code, stderr, exitUsage)
+		}
+		for _, want := range tt.want {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("%s: stderr lacks %q:\n%s", name, want, stderr)
+			}
 		}
 	}
 	// JSON works as well as YAML; keys match kvm2.Config's fields.
 	p := filepath.Join(dir, "ctl.json")
-	if err := os.WriteFile(p, []byte(`{"entries": [{"entry": "lab1", "owner": "tooling", "address": "127.0.0.1:22", "libvirtSocket": "/run/x.sock", "images": {"base": {"url": "http://127.0.0.1/x.qcow2"}}}]}`), 0o600); err != nil {
+	if err := os.WriteFile(p, []byte(`{"entries": [{"entry": "lab1", "owner": "tooling", "address": "127.0.0.1:22", "user": "root", "keyFile": "/k", "knownHostsFile": "/kh", "pool": "default", "libvirtSocket": "/run/x.sock", "images": {"base": {"url": "http://127.0.0.1/x.qcow2"}}}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := loadConfig(p)
@@ -737,12 +757,10 @@ type fetching struct {
 
 func (f fetching) Create(ctx context.Context, spec egressproxy.Spec) (egressproxy.Instance, error) {
 	f.progress(imagecache.Progress{Volume: "base-lab1--base.qcow2", Bytes: 300 << 20, Total: 600 << 20, Rate: 50e6})
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(f.stderr.String(), "300.0 MiB of 600.0 MiB uploaded (50%), 50.0 MB/s") {
-		if time.Now().After(deadline) {
-			return egressproxy.Instance{}, errs.Errorf(egressproxy.Transient, "progress line never showed the fetch: %q", f.stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !eventually.Poll(ctx, 10*time.Second, func() bool {
+		return strings.Contains(f.stderr.String(), "300.0 MiB of 600.0 MiB uploaded (50%), 50.0 MB/s")
+	}) {
+		return egressproxy.Instance{}, errs.Errorf(egressproxy.Transient, "progress line never showed the fetch: %q", f.stderr.String())
 	}
 	return f.bare.Create(ctx, spec)
 }

@@ -1,5 +1,5 @@
 // Package operator is an egress-proxy operator built on the egressproxy
-// library and sigs.k8s.io/controller-runtime (issue 17; see README.md): the
+// library and sigs.k8s.io/controller-runtime (see README.md): the
 // API in api/v1alpha1, the logic in controller, the command in
 // cmd/egressproxy-operator. It is
 // its own Go module, so the library's module gains no Kubernetes

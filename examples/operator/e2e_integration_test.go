@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,6 +34,8 @@ import (
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
@@ -113,21 +116,15 @@ func sideProvider(t *testing.T, h e2eHost, cfg kvm2.Config) *egressproxy.Client 
 	return p
 }
 
-// eventually polls cond every 250 ms until it returns "" or d passes, then
-// fails with its last message.
-func eventually(t *testing.T, d time.Duration, what string, cond func() string) {
+// waitFor fails t with cond's last message unless cond returns "" within d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() string) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		msg := cond()
-		if msg == "" {
-			return
+	eventually.NoError(t, d, func() error {
+		if msg := cond(); msg != "" {
+			return errors.New(msg)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v: %s", what, d, msg)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return nil
+	}, "%s", what)
 }
 
 // TestOperatorEndToEnd runs the operator against a real kube-apiserver and
@@ -193,7 +190,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var ef controller.EntriesFile
+	ef := controller.EntriesFile{CredentialsSecrets: map[string]string{}}
 	side := map[string]*egressproxy.Client{}
 	for i, h := range hosts {
 		key, err := os.ReadFile(h.keyFile)
@@ -217,7 +214,8 @@ func TestOperatorEndToEnd(t *testing.T) {
 			cfg.Images["held"] = imagecache.Image{URL: held.url, SHA256: held.sha256}
 			cfg.DefaultImage = "tiny"
 		}
-		ef.Entries = append(ef.Entries, controller.EntryConfig{CredentialsSecret: operatorNS + "/" + name, Config: cfg})
+		ef.Entries = append(ef.Entries, cfg)
+		ef.CredentialsSecrets[cfg.Entry] = operatorNS + "/" + name
 		side[entryNames[i]] = sideProvider(t, h, cfg)
 	}
 	// The booting guest: a third entry on the first host, with the
@@ -233,7 +231,8 @@ func TestOperatorEndToEnd(t *testing.T) {
 		cfg.MachineTypes = map[string]kvm2.MachineType{"small": {VCPUs: 1, MemoryMiB: 512}}
 		cfg.Kernel, cfg.Initrd, cfg.Cmdline = g.kernel, g.initrd, g.cmdline
 		cfg.ConsoleLogDir = t.TempDir()
-		ef.Entries = append(ef.Entries, controller.EntryConfig{CredentialsSecret: operatorNS + "/ssh-" + entryNames[0], Config: cfg})
+		ef.Entries = append(ef.Entries, cfg)
+		ef.CredentialsSecrets[cfg.Entry] = operatorNS + "/ssh-" + entryNames[0]
 		side[guestEntry] = sideProvider(t, hosts[0], cfg)
 		target := guesttest.ServeTarget(t, g.targetIP)
 		healthTarget = target.Addr
@@ -358,7 +357,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 		return ""
 	}
 	for _, ep := range eps {
-		eventually(t, 4*time.Minute, "VM of "+ep.Name, func() string {
+		waitFor(t, 4*time.Minute, "VM of "+ep.Name, func() string {
 			if err := c.Get(ctx, client.ObjectKeyFromObject(ep), ep); err != nil {
 				return err.Error()
 			}
@@ -384,7 +383,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 	if err := c.Update(ctx, alpha); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "the recreate to start", func() string {
+	waitFor(t, time.Minute, "the recreate to start", func() string {
 		if inst, err := vm(alpha); err == nil && inst.SpecDigest == before.SpecDigest {
 			return "old VM still there"
 		}
@@ -403,9 +402,9 @@ func TestOperatorEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	held.waitGET(t, 2*time.Minute, "the first operator's cold fetch of gamma's image")
-	heldBase := imagecache.BaseName(entryNames[1], "held", imagecache.FormatQCOW2)
+	heldBase := basecache.BaseName(entryNames[1], "held", imagecache.FormatQCOW2)
 	claimPrefix := "claim-" + strings.TrimPrefix(heldBase, "base-") + "."
-	eventually(t, time.Minute, "gamma's reconcile in flight", func() string {
+	waitFor(t, time.Minute, "gamma's reconcile in flight", func() string {
 		got, err := get(gamma)
 		if err != nil || !controllerutil.ContainsFinalizer(got, controller.Finalizer) {
 			return fmt.Sprintf("no finalizer yet (%v)", err)
@@ -458,7 +457,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 	// has run out.
 	op2 := start("operator-2")
 	var holder2 string
-	eventually(t, 2*time.Minute, "operator-2 to acquire the Lease", func() string {
+	waitFor(t, 2*time.Minute, "operator-2 to acquire the Lease", func() string {
 		h, _, tr, err := leaseHolder(ctx, c)
 		if err != nil {
 			return err.Error()
@@ -518,14 +517,14 @@ func TestOperatorEndToEnd(t *testing.T) {
 	if err := c.Update(ctx, beta); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 90*time.Second, "beta converged on port 8081 while gamma's fetch is held", func() string { return converged(beta, 8081) })
+	waitFor(t, 90*time.Second, "beta converged on port 8081 while gamma's fetch is held", func() string { return converged(beta, 8081) })
 	if _, err := vm(gamma); egressproxy.Code(err) != egressproxy.NotFound {
 		t.Fatalf("gamma's VM while its image is still held: %v (want NotFound)", err)
 	}
 	held.unblock()
 
-	eventually(t, 4*time.Minute, "gamma converged after the restart", func() string { return converged(gamma, 3128) })
-	eventually(t, 4*time.Minute, "alpha converged on port 8080 after the restart", func() string { return converged(alpha, 8080) })
+	waitFor(t, 4*time.Minute, "gamma converged after the restart", func() string { return converged(gamma, 3128) })
+	waitFor(t, 4*time.Minute, "alpha converged on port 8080 after the restart", func() string { return converged(alpha, 8080) })
 	eps = append(eps, gamma)
 	if delta != nil {
 		// The new replica probes the booted guest again.
@@ -538,13 +537,13 @@ func TestOperatorEndToEnd(t *testing.T) {
 	t.Logf("every object converged after the restart, %v after the kill", time.Since(killedAt).Round(time.Second))
 
 	// GC: the owned orphan is collected, the foreign VM is not.
-	eventually(t, time.Minute, "the orphan collected", func() string {
+	waitFor(t, time.Minute, "the orphan collected", func() string {
 		if _, err := side[entryNames[0]].Get(ctx, egressproxy.Ref{Name: orphan.Name, UID: orphan.UID}); egressproxy.Code(err) != egressproxy.NotFound {
 			return fmt.Sprintf("orphan Get: %v", err)
 		}
 		return ""
 	})
-	time.Sleep(5 * time.Second) // two more GC rounds
+	time.Sleep(5 * time.Second) // two more GC rounds, which must leave the foreign VM alone
 	if _, err := foreign.Get(ctx, egressproxy.Ref{Name: fspec.Name, UID: fspec.UID}); err != nil {
 		t.Errorf("the foreign VM after GC: %v (want it untouched)", err)
 	}
@@ -582,7 +581,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 		}
 	}
 	for _, ep := range eps {
-		eventually(t, 2*time.Minute, "deletion of "+ep.Name, func() string {
+		waitFor(t, 2*time.Minute, "deletion of "+ep.Name, func() string {
 			if _, err := get(ep); !apierrors.IsNotFound(err) {
 				return fmt.Sprintf("object: %v", err)
 			}
@@ -625,7 +624,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 			t.Errorf("claim volumes left in pool %s: %v", h.pool, cl)
 		}
 	}
-	if vols := poolVolumes(t, hosts[1].poolPath, heldBase); len(vols) != 2 || vols[0] != heldBase || vols[1] != imagecache.MarkerName(heldBase, held.sha256) {
+	if vols := poolVolumes(t, hosts[1].poolPath, heldBase); len(vols) != 2 || vols[0] != heldBase || vols[1] != basecache.MarkerName(heldBase, held.sha256) {
 		t.Errorf("gamma's image in pool %s: %v, want exactly the base %s and its marker", hosts[1].pool, vols, heldBase)
 	}
 
@@ -687,7 +686,7 @@ func bootingGuest(t *testing.T) *guestImage {
 func healthyGuest(t *testing.T, ctx context.Context, c client.Client, ep *v1alpha1.EgressProxy, g *guestImage, converged func(*v1alpha1.EgressProxy, int) string) {
 	t.Helper()
 	var got v1alpha1.EgressProxy
-	eventually(t, 8*time.Minute, "delta's guest Running and Healthy", func() string {
+	waitFor(t, 8*time.Minute, "delta's guest Running and Healthy", func() string {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(ep), &got); err != nil {
 			return err.Error()
 		}

@@ -1,14 +1,11 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"strings"
 	"time"
-
-	"sigs.k8s.io/yaml"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/errs"
@@ -33,15 +30,23 @@ type fleetConfig struct {
 	ProgressInterval time.Duration
 }
 
-// configFile is the -config file as written. Each entry is kept raw and
-// decoded by kvm2.ParseConfig, which reads it strictly and validates it as
-// kvm2.Open does, so an entry's errors name its key or Go field.
+// configFile is the -config file's own keys; kvm2.ParseEntries reads
+// them as it reads the entries beside them (strictly, durations as
+// strings).
 type configFile struct {
-	Entries          []json.RawMessage `json:"entries"`
-	Spec             egressproxy.Spec  `json:"spec"`
-	Target           string            `json:"target"`
-	RunningTimeout   string            `json:"runningTimeout"`
-	ProgressInterval string            `json:"progressInterval"`
+	Spec             specFile      `json:"spec"`
+	Target           string        `json:"target"`
+	RunningTimeout   time.Duration `json:"runningTimeout"`
+	ProgressInterval time.Duration `json:"progressInterval"`
+}
+
+// specFile is the spec template as written: the fields of
+// egressproxy.Spec a file sets (simple-fleet sets Name and UID).
+type specFile struct {
+	ImageKey    string `json:"imageKey"`
+	MachineType string `json:"machineType"`
+	Port        int    `json:"port"`
+	UserData    string `json:"userData"`
 }
 
 const (
@@ -50,60 +55,36 @@ const (
 )
 
 // loadConfig reads the -config file (JSON or YAML) and checks all of it,
-// reporting every problem at once, each naming its field: the file's own
-// keys (an unknown one is an error), every entry (kvm2.ParseConfig; entry
-// names must differ), the spec template, and that each entry has the image
-// the spec asks for.
+// reporting every problem at once, each naming its key path: the file and
+// its entries (kvm2.ParseEntries: each entry's problems with its index
+// and line, unknown keys, entry names that repeat), the spec template,
+// the target and durations, and that each entry has the image the spec
+// asks for.
 func loadConfig(path string) (*fleetConfig, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fail("reading -config: %v", err)
 	}
 	var f configFile
-	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fail("%s: %v", path, err)
+	entries, err := kvm2.ParseEntries(data, &f)
+	if err != nil && len(egressproxy.FieldErrors(err)) == 0 {
+		return nil, fail("%s: %v", path, err) // not YAML: nothing else can be read
 	}
-	cfg := &fleetConfig{Spec: f.Spec, Target: f.Target, RunningTimeout: defaultRunningTimeout, ProgressInterval: defaultProgressInterval}
-	var problems []error
+	problems := egressproxy.FieldErrors(err)
 	field := func(name, value, rule string) {
 		problems = append(problems, &egressproxy.FieldError{Field: name, Value: value, Rule: rule})
 	}
-	if len(f.Entries) == 0 {
-		field("entries", "", "want at least one kvm2 entry (one per hypervisor; docs/config.md)")
-	}
-	seen := map[string]int{}
-	for i, raw := range f.Entries {
-		c, err := kvm2.ParseConfig(raw)
-		if err != nil {
-			name := entryName(raw)
-			if name != "" {
-				name = " (" + errs.Quote(name) + ")"
-			}
-			fes := egressproxy.FieldErrors(err)
-			if len(fes) == 0 {
-				problems = append(problems, fmt.Errorf("entries[%d]%s: %w", i, name, err))
-			}
-			for _, fe := range fes {
-				problems = append(problems, fmt.Errorf("entries[%d]%s: %w", i, name, fe))
-			}
-			continue
-		}
-		if j, dup := seen[c.Entry]; dup {
-			field(fmt.Sprintf("entries[%d].entry", i), c.Entry, fmt.Sprintf("also the name of entries[%d]; every entry needs its own name", j))
-		}
-		seen[c.Entry] = i
-		if rule := imageRule(c, f.Spec.ImageKey); rule != "" {
+	spec := egressproxy.Spec{ImageKey: f.Spec.ImageKey, MachineType: f.Spec.MachineType, Port: f.Spec.Port, UserData: f.Spec.UserData}
+	cfg := &fleetConfig{Entries: entries, Spec: spec, Target: f.Target, RunningTimeout: f.RunningTimeout, ProgressInterval: f.ProgressInterval}
+	for i, c := range entries {
+		if rule := imageRule(c, spec.ImageKey); rule != "" {
 			field(fmt.Sprintf("entries[%d].images", i), "", fmt.Sprintf("entry %s %s", c.Entry, rule))
 		}
-		cfg.Entries = append(cfg.Entries, c)
 	}
-	if f.Spec.Name != "" || f.Spec.UID != "" {
-		field("spec", "", "name and uid are set by simple-fleet (fleet-N and a per-run UID); leave them out")
-	}
-	s := f.Spec
+	s := spec
 	s.Name, s.UID = "fleet-1", "simple-fleet-check-1"
 	for _, fe := range egressproxy.FieldErrors(s.Validate()) {
-		field("spec."+fe.Field, fe.Value, fe.Rule)
+		field("spec."+specKey(fe.Field), fe.Value, fe.Rule)
 	}
 	if f.Target != "" {
 		if host, port, err := net.SplitHostPort(f.Target); err != nil || host == "" || port == "" {
@@ -111,18 +92,16 @@ func loadConfig(path string) (*fleetConfig, error) {
 		}
 	}
 	for _, d := range []struct {
-		name, value string
-		to          *time.Duration
-	}{{"runningTimeout", f.RunningTimeout, &cfg.RunningTimeout}, {"progressInterval", f.ProgressInterval, &cfg.ProgressInterval}} {
-		if d.value == "" {
-			continue
+		name string
+		to   *time.Duration
+		def  time.Duration
+	}{{"runningTimeout", &cfg.RunningTimeout, defaultRunningTimeout}, {"progressInterval", &cfg.ProgressInterval, defaultProgressInterval}} {
+		switch {
+		case *d.to == 0:
+			*d.to = d.def
+		case *d.to < 0:
+			field(d.name, d.to.String(), `want a positive duration like "10m" or "500ms"`)
 		}
-		v, err := time.ParseDuration(d.value)
-		if err != nil || v <= 0 {
-			field(d.name, d.value, `want a positive duration like "10m" or "500ms"`)
-			continue
-		}
-		*d.to = v
 	}
 	switch len(problems) {
 	case 0:
@@ -136,6 +115,14 @@ func loadConfig(path string) (*fleetConfig, error) {
 		return nil, fail("%s: %d problems:%s", path, len(problems), strings.Join(msgs, ""))
 	}
 	return cfg, nil
+}
+
+// specKey is the key of a Spec field in the file: ImageKey → imageKey.
+func specKey(goName string) string {
+	if goName == "" {
+		return goName
+	}
+	return strings.ToLower(goName[:1]) + goName[1:]
 }
 
 // imageRule says what is wrong with entry c for a spec asking for image
@@ -152,16 +139,4 @@ func imageRule(c kvm2.Config, key string) string {
 		return "has several images and no defaultImage; set spec.imageKey or defaultImage"
 	}
 	return ""
-}
-
-// entryName is the "entry" key of an entry that did not parse, for the
-// message, or "".
-func entryName(raw json.RawMessage) string {
-	var e struct {
-		Entry string `json:"entry"`
-	}
-	if json.Unmarshal(raw, &e) != nil {
-		return ""
-	}
-	return e.Entry
 }

@@ -12,10 +12,12 @@
 //	go run ./examples/simple-fleet -config fleet.yaml   # kvm2 entries
 //
 // The -config file (JSON or YAML) lists kvm2 entries, one per hypervisor
-// (each one kvm2.Config in the form docs/config.md describes, read by
-// kvm2.ParseConfig: camelCase keys, durations as strings), the Spec
+// (each one kvm2.Config in the form docs/config.md describes), the Spec
 // template of the proxies, and the CONNECT target to probe through them
-// (it must be reachable from the VMs, and the VMs from this program):
+// (it must be reachable from the VMs, and the VMs from this program). It
+// is read by kvm2.ParseEntries: camelCase keys, durations as strings, and
+// every problem reported at once, each with its key path and line
+// ("line 9: invalid entries[1].images.debian-12.sha256 …"):
 //
 //	entries:
 //	  - entry: lab1

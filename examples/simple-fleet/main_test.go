@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
 
@@ -146,7 +147,7 @@ func TestRunFailures(t *testing.T) {
 		{name: "n zero", args: []string{"-n", "0"}, code: 2, stderr: []string{"-n 0: want 1 to 50"}},
 		{name: "positional argument", args: []string{"extra"}, code: 2, stderr: []string{"unexpected arguments"}},
 		{name: "missing config", args: []string{"-config", filepath.Join(dir, "nope.yaml")}, code: 1, stderr: []string{"reading -config", "nope.yaml"}},
-		{name: "config without entries", args: []string{"-config", write("empty.yaml", "target: example.com:443\n")}, code: 1, stderr: []string{"invalid entries: want at least one kvm2 entry"}},
+		{name: "config without entries", args: []string{"-config", write("empty.yaml", "target: example.com:443\n")}, code: 1, stderr: []string{"invalid entries: is required: a list of entries"}},
 		{name: "config unknown field", args: []string{"-config", write("typo.yaml", "entries: []\nbogus: 1\n")}, code: 1, stderr: []string{"bogus"}},
 		{name: "config bad json", args: []string{"-config", write("bad.json", "{")}, code: 1, stderr: []string{"bad.json"}},
 		// Both entries are checked and reported, each with its own
@@ -163,21 +164,16 @@ func TestRunFailures(t *testing.T) {
 			p.InjectFault(memprovider.OpCreate, memprovider.Fault{Code: egressproxy.Permanent, Times: 1})
 		}, code: 1, stderr: []string{"create fleet-1", "class Permanent"}},
 		{name: "instance fails while starting", memFaults: func(c *egressproxy.Client, p *memprovider.Control) {
-			go func() { // once fleet-2 exists, break it
-				for i := 0; i < 400; i++ {
-					l, err := c.List(context.Background())
-					if err != nil {
-						return
+			// Every read of the fleet first breaks fleet-2 once it exists
+			// (Waiting runs as a delayed call starts, outside the entry's lock).
+			p.InjectFault(memprovider.OpGet, memprovider.Fault{Delay: time.Nanosecond, Waiting: func() {
+				l, _ := c.List(context.Background())
+				for _, inst := range l {
+					if inst.Name == "fleet-2" {
+						p.SetState(inst.Ref, egressproxy.StateFailed)
 					}
-					for _, inst := range l {
-						if inst.Name == "fleet-2" {
-							p.SetState(inst.Ref, egressproxy.StateFailed)
-							return
-						}
-					}
-					time.Sleep(5 * time.Millisecond)
 				}
-			}()
+			}})
 		}, code: 1, stderr: []string{"fleet-2 is Failed while starting"}},
 		{name: "provider unhealthy", memFaults: func(c *egressproxy.Client, p *memprovider.Control) {
 			p.InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient, Reason: egressproxy.ReasonUnreachable})
@@ -221,14 +217,10 @@ func TestRunKeepServesUntilInterrupted(t *testing.T) {
 	var out, errb syncBuffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, []string{"-keep", "-n", "2"}, &out, &errb) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(out.String(), "press Ctrl-C") {
-		if time.Now().After(deadline) {
-			cancel()
-			<-done
-			t.Fatalf("fleet never kept up:\n%s\n%s", out.String(), errb.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !eventually.Poll(ctx, 20*time.Second, func() bool { return strings.Contains(out.String(), "press Ctrl-C") }) {
+		cancel()
+		<-done
+		t.Fatalf("fleet never kept up:\n%s\n%s", out.String(), errb.String())
 	}
 	// The kept proxies still serve.
 	rows := rowRE.FindAllStringSubmatch(out.String(), -1)
@@ -317,28 +309,29 @@ func TestLoadConfigErrors(t *testing.T) {
 		content string
 		want    []string
 	}{
-		{"no entries", "target: example.com:443\n", []string{"invalid entries: want at least one kvm2 entry"}},
-		{"unknown top-level key", "entries: []\nbogus: 1\n", []string{`unknown field "bogus"`}},
-		{"unknown spec key", "spec: {imagekey2: x}\nentries:\n" + ok, []string{`unknown field "imagekey2"`}},
-		{"syntax", "{", []string{"bad.yaml: "}},
+		{"no entries", "target: example.com:443\n", []string{"invalid entries: is required: a list of entries"}},
+		{"unknown top-level key", "entries:\n" + ok + "bogus: 1\n", []string{"line 13: invalid bogus: unknown key"}},
+		{"unknown spec key", "spec: {imagekey2: x}\nentries:\n" + ok, []string{"line 1: invalid spec.imagekey2: unknown key; did you mean imageKey?"}},
+		{"go-style spec key", "spec: {ImageKey: tiny}\nentries:\n" + ok, []string{"line 1: invalid spec.ImageKey: unknown key; keys are camelCase: write imageKey"}},
+		{"spec name set", "spec: {name: x}\nentries:\n" + ok, []string{"line 1: invalid spec.name: unknown key (keys: imageKey, machineType, port, userData)"}},
+		{"syntax", "{", []string{"bad.yaml: kvm2: invalid config: yaml: line 1: "}},
 		{"entry missing fields", "entries:\n" + ok + "  - entry: lab2\n    owner: fleet\n", []string{
-			`entries[1] ("lab2"): `, "Address", "User", "Pool",
+			"line 13: invalid entries[1].address: is required", "line 13: invalid entries[1].user: is required", "line 13: invalid entries[1].pool: is required",
 		}},
-		{"entry unknown key", "entries:\n" + ok + "    callTimout: 3s\n", []string{`entries[0] ("lab1"): `, "callTimout", "is not a field of the config"}},
-		{"entry bare-number duration", "entries:\n" + strings.Replace(ok, "callTimeout: 30s", "callTimeout: 30", 1), []string{`entries[0] ("lab1"): `, "callTimeout", "bare number"}},
-		{"entry bad name", "entries:\n" + strings.Replace(ok, "entry: lab1", "entry: Lab_1", 1), []string{`entries[0] ("Lab_1"): `, "Entry"}},
-		{"duplicate entry", "entries:\n" + ok + ok, []string{`invalid entries[1].entry "lab1": also the name of entries[0]`}},
+		{"entry unknown key", "entries:\n" + ok + "    callTimout: 3s\n", []string{"line 13: invalid entries[0].callTimout: unknown key; did you mean callTimeout?"}},
+		{"entry bare-number duration", "entries:\n" + strings.Replace(ok, "callTimeout: 30s", "callTimeout: 30", 1), []string{"line 10: invalid entries[0].callTimeout \"30\"", "bare number"}},
+		{"entry bad name", "entries:\n" + strings.Replace(ok, "entry: lab1", "entry: Lab_1", 1), []string{`line 2: invalid entries[0].entry "Lab_1"`}},
+		{"duplicate entry", "entries:\n" + ok + ok, []string{`line 13: invalid entries[1].entry "lab1": is also the name of entries[0]`}},
 		{"missing image", "spec: {imageKey: debian-12}\nentries:\n" + ok, []string{`invalid entries[0].images: entry lab1 has no image "debian-12" (spec.imageKey)`}},
 		{"no images", "entries:\n" + strings.Split(ok, "    images:")[0], []string{"invalid entries[0].images: entry lab1 has no images"}},
-		{"spec name set", "spec: {name: x}\nentries:\n" + ok, []string{"invalid spec: name and uid are set by simple-fleet"}},
-		{"spec bad port", "spec: {port: 70000}\nentries:\n" + ok, []string{"invalid spec.", "70000"}},
+		{"spec bad port", "spec: {port: 70000}\nentries:\n" + ok, []string{`invalid spec.port "70000"`}},
 		{"bad target", "target: example.com\nentries:\n" + ok, []string{`invalid target "example.com": want the host:port`}},
 		{"bad durations", "runningTimeout: 10\nprogressInterval: -1s\nentries:\n" + ok, []string{
-			`invalid runningTimeout "10": want a positive duration`, `invalid progressInterval "-1s": want a positive duration`,
+			`line 1: invalid runningTimeout "10": must be a duration`, `invalid progressInterval "-1s": want a positive duration`,
 		}},
 		// Several problems in one file: all of them, in one message.
-		{"all at once", "target: nope\nspec: {imageKey: gone}\nentries:\n" + ok + "  - entry: lab2\n", []string{
-			"8 problems:\n  ", `entries[0].images: entry lab1 has no image "gone"`, `entries[1] ("lab2"): `, "invalid target",
+		{"all at once", "target: nope\nspec: {imageKey: gone, port: -1}\nentries:\n" + ok + "  - entry: lab2\n", []string{
+			"6 problems:\n  ", "line 15: invalid entries[1].owner", "line 15: invalid entries[1].pool", `invalid spec.port "-1"`, "invalid target",
 		}},
 	}
 	for _, tt := range tests {

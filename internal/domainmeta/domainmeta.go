@@ -1,8 +1,8 @@
 // Package domainmeta decodes the library's own metadata element in a libvirt
-// domain's XML (namespace Namespace, kvm2.MetadataNamespace): the one
-// decoding and check of it, which kvm2 reads every domain with and
-// internal/benchutil decodes domains with as kvm2 does. kvm2 writes the
-// element (kvm2/domain.go marshalMetadata).
+// domain's XML (namespace Namespace): the one decoding and check of it,
+// which kvm2 reads every domain with and internal/benchutil decodes domains
+// with as kvm2 does. kvm2 writes the element (kvm2/domain.go
+// marshalMetadata).
 package domainmeta
 
 import (
@@ -15,8 +15,7 @@ import (
 	"time"
 )
 
-// Namespace is the XML namespace of the element; kvm2.MetadataNamespace is
-// the same string (a kvm2 test checks it).
+// Namespace is the XML namespace of the element, the one kvm2 writes.
 const Namespace = "https://egressproxy.dev/xmlns/instance/v1"
 
 // Meta is what the library records in a domain's metadata.

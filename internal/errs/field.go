@@ -1,24 +1,31 @@
 package errs
 
+import "strconv"
+
 // FieldError is a bad-input error naming the field and the rule it broke.
 // It is always classed Permanent by Validate. Its text is
 //
-//	invalid <Field> <Quote(Value)>: <Rule>
+//	line <Line>: invalid <Field> <Quote(Value)>: <Rule>
 //
-// (without the value when Value is empty), clipped to MaxErrorText bytes:
-// Value is printed escaped and bounded by Quote, so any input is safe to
-// put in it as given.
+// (without the line when Line is zero, without the value when Value is
+// empty), clipped to MaxErrorText bytes: Value is printed escaped and
+// bounded by Quote, so any input is safe to put in it as given.
 type FieldError struct {
 	Field string
 	Value string // the offending value as given; Error quotes and bounds it
 	Rule  string
+	Line  int // the line of the file the field is on (1-based); zero: none
 }
 
 func (e *FieldError) Error() string {
-	if e.Value == "" {
-		return ClipMessage("invalid " + e.Field + ": " + e.Rule)
+	var at string
+	if e.Line > 0 {
+		at = "line " + strconv.Itoa(e.Line) + ": "
 	}
-	return ClipMessage("invalid " + e.Field + " " + Quote(e.Value) + ": " + e.Rule)
+	if e.Value == "" {
+		return ClipMessage(at + "invalid " + e.Field + ": " + e.Rule)
+	}
+	return ClipMessage(at + "invalid " + e.Field + " " + Quote(e.Value) + ": " + e.Rule)
 }
 
 // FieldErrors returns every *FieldError in err's tree (through %w wraps,

@@ -26,6 +26,13 @@
 //     list is Transient;
 //  7. anything else is Transient (a retry is the safe default).
 //
+// A fault of the entry itself — its credentials (key unreadable, auth
+// refused), its host's key (unknown, changed), its rights on the host
+// (libvirt's access and operation denials), its pool, its link — has one
+// class on every operation (Verdict.Entry). Every other libvirt answer
+// concerns the object a call names; ClassifyRead demotes such an answer
+// from Permanent to Transient, never an entry's fault.
+//
 // A libvirt "no such object" (no domain, no storage volume, no domain
 // metadata) is NotFound in the table, and Verdict.Missing says so. Only a
 // call whose subject is that object may return NotFound (kvm2's Get of an
@@ -63,6 +70,11 @@ type Verdict struct {
 	// Closed: the link was closed by its owner (Code Permanent); the error
 	// is made to match errs.ErrClosed by Classify.
 	Closed bool
+	// Entry: the fault is the entry's own, not an answer about the object
+	// a call names: its credentials, its host's key, its rights on the
+	// host, its pool or its link. Its Code holds on every operation
+	// (ClassifyRead keeps it).
+	Entry bool
 }
 
 // Entry is one row of the libvirt-number table.
@@ -74,7 +86,9 @@ type Entry struct {
 // Table maps the libvirt error numbers that are not Transient (and the
 // Transient ones that name a health reason) to their class. Every other
 // number is Transient with ReasonUnknown: internal and system errors, RPC
-// failures, timeouts, busy resources, agent failures.
+// failures, timeouts, busy resources, agent failures. A row with a health
+// reason is a fault of the entry (Verdict.Entry): its rights, its pool,
+// its link.
 var Table = map[libvirt.ErrorNumber]Entry{
 	// The object the call names does not exist.
 	libvirt.ErrNoDomain:         {errs.NotFound, egressproxy.ReasonUnknown},
@@ -204,15 +218,17 @@ func PoolBusy(err error) bool {
 		strings.Contains(le.Message, "asynchronous jobs running")
 }
 
+// sshKinds are the verdicts of sshconn's kinds: every one is a fault of
+// the entry's link.
 var sshKinds = map[sshconn.Kind]Verdict{
-	sshconn.KindUnreachable:     {Code: errs.Transient, Reason: egressproxy.ReasonUnreachable},
-	sshconn.KindClosed:          {Code: errs.Permanent, Reason: egressproxy.ReasonUnknown, Closed: true},
-	sshconn.KindConfig:          {Code: errs.Permanent, Reason: egressproxy.ReasonUnknown},
-	sshconn.KindKeyUnreadable:   {Code: errs.Permanent, Reason: egressproxy.ReasonCredentialsUnavailable},
-	sshconn.KindAuthRefused:     {Code: errs.Permanent, Reason: egressproxy.ReasonUnauthorized},
-	sshconn.KindHostUnknown:     {Code: errs.Permanent, Reason: egressproxy.ReasonHostKeyUnknown},
-	sshconn.KindHostKeyMismatch: {Code: errs.Permanent, Reason: egressproxy.ReasonHostKeyMismatch},
-	sshconn.KindForbidden:       {Code: errs.Transient, Reason: egressproxy.ReasonForbidden},
+	sshconn.KindUnreachable:     {Code: errs.Transient, Reason: egressproxy.ReasonUnreachable, Entry: true},
+	sshconn.KindClosed:          {Code: errs.Permanent, Reason: egressproxy.ReasonUnknown, Closed: true, Entry: true},
+	sshconn.KindConfig:          {Code: errs.Permanent, Reason: egressproxy.ReasonUnknown, Entry: true},
+	sshconn.KindKeyUnreadable:   {Code: errs.Permanent, Reason: egressproxy.ReasonCredentialsUnavailable, Entry: true},
+	sshconn.KindAuthRefused:     {Code: errs.Permanent, Reason: egressproxy.ReasonUnauthorized, Entry: true},
+	sshconn.KindHostUnknown:     {Code: errs.Permanent, Reason: egressproxy.ReasonHostKeyUnknown, Entry: true},
+	sshconn.KindHostKeyMismatch: {Code: errs.Permanent, Reason: egressproxy.ReasonHostKeyMismatch, Entry: true},
+	sshconn.KindForbidden:       {Code: errs.Transient, Reason: egressproxy.ReasonForbidden, Entry: true},
 }
 
 // Classed reports whether err already carries an explicit class: a
@@ -259,20 +275,20 @@ func inferred(err error) Verdict {
 		}
 	}
 	if errors.As(err, new(*budget.TimeoutError)) {
-		return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnreachable}
+		return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnreachable, Entry: true}
 	}
 	if LinkDead(err) {
-		return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnreachable}
+		return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnreachable, Entry: true}
 	}
 	if PoolInactive(err) {
-		return Verdict{Code: errs.Permanent, Reason: egressproxy.ReasonPoolNotActive}
+		return Verdict{Code: errs.Permanent, Reason: egressproxy.ReasonPoolNotActive, Entry: true}
 	}
 	if n, ok := Number(err); ok {
 		if busy(err) {
 			return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnknown}
 		}
 		if e, ok := Table[n]; ok {
-			return Verdict{Code: e.Code, Reason: e.Reason, Missing: e.Code == errs.NotFound}
+			return Verdict{Code: e.Code, Reason: e.Reason, Missing: e.Code == errs.NotFound, Entry: e.Reason != egressproxy.ReasonUnknown}
 		}
 		return Verdict{Code: errs.Transient, Reason: egressproxy.ReasonUnknown}
 	}
@@ -300,11 +316,14 @@ func Classify(err error) error {
 }
 
 // ClassifyRead classifies an error of a read (state, address, metadata) of
-// an object that exists: like Classify, but a Permanent class inferred from
-// a libvirt number becomes Transient, so a read that fails (for example
+// an object that exists: like Classify, but a Permanent libvirt answer
+// about that object becomes Transient, so a read that fails (for example
 // because the link died half-way and libvirt answered "invalid argument")
-// never latches a healthy instance as failed. Explicit classes, NotFound,
-// context codes and a closed link are kept.
+// never latches a healthy instance as failed. A fault of the entry
+// (Verdict.Entry: credentials, host key, rights, pool, a closed link)
+// keeps its class, as on every other operation, so that a caller whose
+// status comes from reads sees what a human must fix. Explicit classes,
+// NotFound and context codes are kept.
 func ClassifyRead(err error) error {
 	if err == nil {
 		return nil
@@ -312,7 +331,7 @@ func ClassifyRead(err error) error {
 	if Classed(err) {
 		return err
 	}
-	if v := Of(err); v.Code == errs.Permanent && !v.Closed {
+	if v := Of(err); v.Code == errs.Permanent && !v.Entry {
 		return errs.WithCode(errs.Transient, err)
 	}
 	return Classify(err)

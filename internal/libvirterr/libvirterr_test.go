@@ -69,8 +69,15 @@ func TestEveryLibvirtNumber(t *testing.T) {
 			if !errors.Is(got, err) {
 				t.Errorf("Classify(%d) lost its cause", n)
 			}
+			// A denial of the entry's rights or a missing pool is the
+			// entry's fault: Permanent on reads too. Any other Permanent
+			// answer is about the object read: Transient on a read.
+			entry := reason != egressproxy.ReasonUnknown
+			if v.Entry != entry {
+				t.Errorf("Of(%d).Entry = %v, want %v", n, v.Entry, entry)
+			}
 			wantRead := code
-			if code == errs.Permanent {
+			if code == errs.Permanent && !entry {
 				wantRead = errs.Transient
 			}
 			if c := errs.Code(ClassifyRead(err)); c != wantRead {
@@ -110,17 +117,17 @@ func TestShapes(t *testing.T) {
 		{"our CallTimeout bare", fmt.Errorf("step: %w", &budget.TimeoutError{Budget: "CallTimeout", After: time.Second}), errs.Transient, egressproxy.ReasonUnreachable, 0},
 		{"unreachable wraps access denied", sshErr(sshconn.KindUnreachable, lvErr(libvirt.ErrAccessDenied, "")), errs.Transient, egressproxy.ReasonUnreachable, 0},
 		{"ssh closed", sshErr(sshconn.KindClosed, nil), errs.Permanent, egressproxy.ReasonUnknown, errs.Permanent},
-		{"ssh config", sshErr(sshconn.KindConfig, nil), errs.Permanent, egressproxy.ReasonUnknown, errs.Transient},
-		{"key unreadable", sshErr(sshconn.KindKeyUnreadable, nil), errs.Permanent, egressproxy.ReasonCredentialsUnavailable, errs.Transient},
-		{"auth refused", sshErr(sshconn.KindAuthRefused, nil), errs.Permanent, egressproxy.ReasonUnauthorized, errs.Transient},
-		{"host unknown", sshErr(sshconn.KindHostUnknown, nil), errs.Permanent, egressproxy.ReasonHostKeyUnknown, errs.Transient},
-		{"host key mismatch", sshErr(sshconn.KindHostKeyMismatch, nil), errs.Permanent, egressproxy.ReasonHostKeyMismatch, errs.Transient},
+		{"ssh config", sshErr(sshconn.KindConfig, nil), errs.Permanent, egressproxy.ReasonUnknown, 0},
+		{"key unreadable", sshErr(sshconn.KindKeyUnreadable, nil), errs.Permanent, egressproxy.ReasonCredentialsUnavailable, 0},
+		{"auth refused", sshErr(sshconn.KindAuthRefused, nil), errs.Permanent, egressproxy.ReasonUnauthorized, 0},
+		{"host unknown", sshErr(sshconn.KindHostUnknown, nil), errs.Permanent, egressproxy.ReasonHostKeyUnknown, 0},
+		{"host key mismatch", sshErr(sshconn.KindHostKeyMismatch, nil), errs.Permanent, egressproxy.ReasonHostKeyMismatch, 0},
 		{"socket forbidden", sshErr(sshconn.KindForbidden, nil), errs.Transient, egressproxy.ReasonForbidden, 0},
 		{"EINVAL after disconnect", fmt.Errorf("state: %w", syscall.EINVAL), errs.Transient, egressproxy.ReasonUnreachable, 0},
 		{"interrupted", libvirt.ErrInterrupted, errs.Transient, egressproxy.ReasonUnreachable, 0},
 		{"eof", io.EOF, errs.Transient, egressproxy.ReasonUnreachable, 0},
-		{"pool marker", fmt.Errorf("pool %q is inactive: %w", "p", ErrPoolInactive), errs.Permanent, egressproxy.ReasonPoolNotActive, errs.Transient},
-		{"libvirt pool not active", lvErr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' is not active"), errs.Permanent, egressproxy.ReasonPoolNotActive, errs.Transient},
+		{"pool marker", fmt.Errorf("pool %q is inactive: %w", "p", ErrPoolInactive), errs.Permanent, egressproxy.ReasonPoolNotActive, 0},
+		{"libvirt pool not active", lvErr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' is not active"), errs.Permanent, egressproxy.ReasonPoolNotActive, 0},
 		{"pool busy", lvErr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool 'p' has asynchronous jobs running."), errs.Transient, egressproxy.ReasonUnknown, 0},
 		{"procedure unsupported", libvirt.ErrUnsupported, errs.Permanent, egressproxy.ReasonUnknown, errs.Transient},
 		{"plain", errors.New("odd"), errs.Transient, egressproxy.ReasonUnknown, 0},
@@ -186,6 +193,51 @@ func TestBareSentinelKeepsItsClass(t *testing.T) {
 		}
 		if v := Of(err); v.Code != want {
 			t.Errorf("Of(%v).Code = %v, want %v", err, v.Code, want)
+		}
+	}
+}
+
+// TestEntryFaultsKeepTheirClassOnReads: a fault of the entry (its link,
+// credentials, host key, rights, pool) has the same class through
+// ClassifyRead as through Classify; a Permanent libvirt answer about the
+// object read is Transient through ClassifyRead.
+func TestEntryFaultsKeepTheirClassOnReads(t *testing.T) {
+	t.Parallel()
+	entry := []error{
+		sshErr(sshconn.KindKeyUnreadable, errors.New("open key: no such file")),
+		sshErr(sshconn.KindAuthRefused, nil),
+		sshErr(sshconn.KindHostUnknown, nil),
+		sshErr(sshconn.KindHostKeyMismatch, nil),
+		sshErr(sshconn.KindForbidden, nil),
+		sshErr(sshconn.KindUnreachable, nil),
+		sshErr(sshconn.KindConfig, nil),
+		sshErr(sshconn.KindClosed, nil),
+		fmt.Errorf("look up domain: %w", lvErr(libvirt.ErrAccessDenied, "access denied")),
+		fmt.Errorf("list domains: %w", lvErr(libvirt.ErrOperationDenied, "operation forbidden: read only access prevents this")),
+		fmt.Errorf("look up pool: %w", lvErr(libvirt.ErrNoStoragePool, "")),
+		fmt.Errorf("pool: %w", ErrPoolInactive),
+		io.EOF,
+	}
+	for _, err := range entry {
+		if !Of(err).Entry {
+			t.Errorf("Of(%v).Entry = false, want true", err)
+		}
+		if c, r := errs.Code(Classify(err)), errs.Code(ClassifyRead(err)); c != r {
+			t.Errorf("%v: Classify %v, ClassifyRead %v: want one class", err, c, r)
+		}
+	}
+	object := []error{
+		lvErr(libvirt.ErrInvalidArg, ""),
+		lvErr(libvirt.ErrXMLError, ""),
+		lvErr(libvirt.ErrOperationInvalid, "domain is not running"),
+		libvirt.ErrUnsupported,
+	}
+	for _, err := range object {
+		if Of(err).Entry {
+			t.Errorf("Of(%v).Entry = true, want false", err)
+		}
+		if c := errs.Code(ClassifyRead(err)); c != errs.Transient {
+			t.Errorf("ClassifyRead(%v) = %v, want Transient", err, c)
 		}
 	}
 }

@@ -2,16 +2,16 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/kvm2"
@@ -26,75 +26,84 @@ const (
 )
 
 // EntriesFile is the operator's entry configuration (e.g. a ConfigMap
-// mounted as a file):
+// mounted as a file): the kvm2 entries (docs/config.md) without
+// credentials, and for each entry the Secret its credentials come from:
 //
+//	credentialsSecrets:
+//	  hv1: egressproxy-system/hv1-ssh
 //	entries:
-//	- credentialsSecret: egressproxy-system/hv1-ssh
-//	  config: {entry: hv1, owner: egressproxy-operator, address: ..., ...}
+//	- {entry: hv1, owner: egressproxy-operator, address: ..., ...}
 //
-// config is a kvm2.Config (docs/config.md) without credentials; the client
-// key and known_hosts come from the named Secret's keys ssh-privatekey,
-// known_hosts (and optionally ssh-passphrase).
+// The client key and known_hosts come from the named Secret's keys
+// ssh-privatekey, known_hosts (and optionally ssh-passphrase).
 type EntriesFile struct {
-	Entries []EntryConfig `json:"entries"`
+	// CredentialsSecrets maps each entry's name to "namespace/name" of
+	// the Secret holding its SSH credentials. Every entry needs one.
+	CredentialsSecrets map[string]string `json:"credentialsSecrets"`
+	Entries            []kvm2.Config     `json:"entries"`
 }
 
-// EntryConfig is one entry of EntriesFile.
-type EntryConfig struct {
-	// CredentialsSecret is "namespace/name" of the Secret holding the SSH
-	// credentials.
-	CredentialsSecret string      `json:"credentialsSecret"`
-	Config            kvm2.Config `json:"config"`
-}
-
-// LoadEntries decodes an EntriesFile strictly, each entry's config with
-// kvm2.ParseConfig and CredentialsLater (every problem at once, each naming
-// its key or field; the credentials come from the Secret),
-// and fills each entry's credentials from its Secret, read through r.
-// kvm2.Open validates the filled configs again (OpenEntries).
+// LoadEntries reads an EntriesFile with kvm2.ParseEntries (strictly,
+// every problem at once, each naming its key path and line), checks that
+// each entry names its credentials Secret, and fills each entry's
+// credentials from its Secret, read through r. kvm2.Open validates the
+// filled configs (OpenEntries).
 func LoadEntries(ctx context.Context, r client.Reader, data []byte) ([]kvm2.Config, error) {
-	var raw struct {
-		Entries []struct {
-			CredentialsSecret string          `json:"credentialsSecret"`
-			Config            json.RawMessage `json:"config"`
-		} `json:"entries"`
+	var f struct { // the file's keys besides entries
+		CredentialsSecrets map[string]string `json:"credentialsSecrets"`
 	}
-	if err := yaml.UnmarshalStrict(data, &raw); err != nil {
-		return nil, fmt.Errorf("entries: %w", err)
-	}
-	f := EntriesFile{Entries: make([]EntryConfig, len(raw.Entries))}
-	for i, e := range raw.Entries {
-		cfg, err := kvm2.ParseConfig(e.Config, kvm2.CredentialsLater())
-		if err != nil {
-			return nil, fmt.Errorf("entries[%d].config: %w", i, err)
+	cfgs, err := kvm2.ParseEntries(data, &f)
+	problems := []error{err}
+	secrets := map[string]types.NamespacedName{}
+	for _, entry := range slices.Sorted(maps.Keys(f.CredentialsSecrets)) {
+		ns, name, ok := strings.Cut(f.CredentialsSecrets[entry], "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			problems = append(problems, &egressproxy.FieldError{Field: secretKeyPath(entry), Value: f.CredentialsSecrets[entry], Rule: "want namespace/name of a Secret"})
+			continue
 		}
-		f.Entries[i] = EntryConfig{CredentialsSecret: e.CredentialsSecret, Config: cfg}
+		secrets[entry] = types.NamespacedName{Namespace: ns, Name: name}
 	}
-	if len(f.Entries) == 0 {
-		return nil, errors.New("entries: none configured")
+	if err != nil {
+		return nil, errors.Join(problems...)
 	}
-	seen := map[string]bool{}
-	out := make([]kvm2.Config, 0, len(f.Entries))
-	for i, e := range f.Entries {
-		cfg := e.Config
-		if seen[cfg.Entry] {
-			return nil, fmt.Errorf("entries[%d]: entry %q given twice", i, cfg.Entry)
+	for i, cfg := range cfgs {
+		if _, ok := f.CredentialsSecrets[cfg.Entry]; !ok {
+			problems = append(problems, &egressproxy.FieldError{Field: "credentialsSecrets", Rule: fmt.Sprintf("names no Secret for entries[%d] (%s)", i, cfg.Entry)})
 		}
-		seen[cfg.Entry] = true
-		ns, name, ok := strings.Cut(e.CredentialsSecret, "/")
-		if !ok || ns == "" || name == "" {
-			return nil, fmt.Errorf("entries[%d]: credentialsSecret %q: want namespace/name", i, e.CredentialsSecret)
+	}
+	for _, entry := range slices.Sorted(maps.Keys(f.CredentialsSecrets)) {
+		if !slices.ContainsFunc(cfgs, func(c kvm2.Config) bool { return c.Entry == entry }) {
+			problems = append(problems, &egressproxy.FieldError{Field: secretKeyPath(entry), Rule: "is not the name of an entry"})
 		}
+	}
+	if err := errors.Join(problems...); err != nil {
+		return nil, err
+	}
+	for i := range cfgs {
+		cfg := &cfgs[i]
+		key := secrets[cfg.Entry]
 		var s corev1.Secret
-		if err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &s); err != nil {
-			return nil, fmt.Errorf("entries[%d] (%s): read credentials Secret %s/%s: %w", i, cfg.Entry, ns, name, err)
+		if err := r.Get(ctx, key, &s); err != nil {
+			problems = append(problems, fmt.Errorf("entry %s: read credentials Secret %s: %w", cfg.Entry, key, err))
+			continue
 		}
-		if err := FillCredentials(&cfg, &s); err != nil {
-			return nil, fmt.Errorf("entries[%d] (%s): credentials Secret %s/%s: %w", i, cfg.Entry, ns, name, err)
+		if err := FillCredentials(cfg, &s); err != nil {
+			problems = append(problems, fmt.Errorf("entry %s: credentials Secret %s: %w", cfg.Entry, key, err))
 		}
-		out = append(out, cfg)
 	}
-	return out, nil
+	if err := errors.Join(problems...); err != nil {
+		return nil, err
+	}
+	return cfgs, nil
+}
+
+// secretKeyPath is the key path of entry's Secret in the file: the entry
+// name as it is when it is a plain name, quoted otherwise.
+func secretKeyPath(entry string) string {
+	if entry != "" && strings.Trim(entry, "abcdefghijklmnopqrstuvwxyz0123456789-") == "" && len(entry) <= 63 {
+		return "credentialsSecrets." + entry
+	}
+	return fmt.Sprintf("credentialsSecrets[%.70q]", entry)
 }
 
 // FillCredentials sets cfg's value credentials (Key, KnownHosts,

@@ -6,14 +6,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy/kvm2"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 )
 
-// LoadEntries reads each entry's config with kvm2.ParseConfig: a config
-// without credentials parses (they come from the Secret), and a problem is
-// named by entry, key and rule; the Secret's values fill the credentials.
+// LoadEntries reads the file with kvm2.ParseEntries: an entry without
+// credentials parses (they come from the Secret), and a problem is named by
+// its key path (with the entry's index) and line; the Secret's values fill
+// the credentials.
 func TestLoadEntries(t *testing.T) {
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "sys", Name: "hv1-ssh"},
 		Data: map[string][]byte{
@@ -21,26 +23,43 @@ func TestLoadEntries(t *testing.T) {
 			SecretKeyKnownHosts:    []byte("hv1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"),
 		}}
 	r := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(sec).Build()
-	const entry = "entries:\n- credentialsSecret: sys/hv1-ssh\n  config: {entry: hv1, owner: op, address: 'hv1:22', user: root, pool: default%s}\n"
-	cfgs, err := LoadEntries(context.Background(), r, []byte(strings.Replace(entry, "%s", "", 1)))
+	const entry = "credentialsSecrets:\n  hv1: sys/hv1-ssh\nentries:\n- {entry: hv1, owner: op, address: 'hv1:22', user: root, pool: default%s}\n"
+	load := func(extra string) ([]kvm2.Config, error) {
+		return LoadEntries(context.Background(), r, []byte(strings.Replace(entry, "%s", extra, 1)))
+	}
+	cfgs, err := load("")
 	if err != nil {
 		t.Fatalf("LoadEntries = %v", err)
 	}
 	if len(cfgs) != 1 || cfgs[0].Entry != "hv1" || len(cfgs[0].Key) == 0 || len(cfgs[0].KnownHosts) == 0 {
 		t.Fatalf("LoadEntries = %+v, want hv1 with Key and KnownHosts from the Secret", cfgs)
 	}
-	_, err = LoadEntries(context.Background(), r, []byte(strings.Replace(entry, "%s", ", callTimeout: 30", 1)))
-	if err == nil || !strings.Contains(err.Error(), "entries[0].config") || !strings.Contains(err.Error(), "callTimeout") || !strings.Contains(err.Error(), "nanoseconds") {
-		t.Fatalf("LoadEntries with a bare-number duration = %v, want an error naming entries[0].config, callTimeout and the rule", err)
-	}
 	// The image cache's claim timeout is set per entry (README: keep it
 	// near the lease duration), with kvm2's lower bound.
-	cfgs, err = LoadEntries(context.Background(), r, []byte(strings.Replace(entry, "%s", ", claimTimeout: 15s", 1)))
+	cfgs, err = load(", claimTimeout: 15s")
 	if err != nil || len(cfgs) != 1 || cfgs[0].ClaimTimeout != 15*time.Second {
 		t.Fatalf("LoadEntries with claimTimeout 15s = %+v, %v", cfgs, err)
 	}
-	_, err = LoadEntries(context.Background(), r, []byte(strings.Replace(entry, "%s", ", claimTimeout: 2s", 1)))
-	if err == nil || !strings.Contains(err.Error(), "entries[0].config") || !strings.Contains(err.Error(), "ClaimTimeout") || !strings.Contains(err.Error(), "at least 10s") {
-		t.Fatalf("LoadEntries with claimTimeout 2s = %v, want an error naming entries[0].config, ClaimTimeout and its minimum", err)
+	for _, tt := range []struct {
+		name, extra string
+		want        []string
+	}{
+		{"bare-number duration", ", callTimeout: 30", []string{"line 4: invalid entries[0].callTimeout", "nanoseconds"}},
+		{"claim timeout too short", ", claimTimeout: 2s", []string{"line 4: invalid entries[0].claimTimeout", "at least 10s"}},
+		{"no Secret for an entry", "}\n- {entry: hv2, owner: op, address: 'hv2:22', user: root, pool: default", []string{"invalid credentialsSecrets: names no Secret for entries[1] (hv2)"}},
+	} {
+		_, err := load(tt.extra)
+		for _, w := range tt.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: LoadEntries = %v, want an error saying %q", tt.name, err, w)
+			}
+		}
+	}
+	const badSecrets = "credentialsSecrets:\n  hv1: hv1-ssh\n  hv9: sys/x\nentries:\n- {entry: hv1, owner: op, address: 'hv1:22', user: root, pool: default}\n"
+	_, err = LoadEntries(context.Background(), r, []byte(badSecrets))
+	for _, w := range []string{`invalid credentialsSecrets.hv1 "hv1-ssh": want namespace/name`, "invalid credentialsSecrets.hv9: is not the name of an entry"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("LoadEntries with bad credentialsSecrets = %v, want an error saying %q", err, w)
+		}
 	}
 }

@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -75,8 +77,8 @@ func NewHealthRunnable(entries map[string]*egressproxy.Client, opts HealthOption
 			return nil, err
 		}
 	}
-	if _, _, err := health.TargetFor(egressproxy.Instance{IP: "127.0.0.1", Port: 1}, opts.ConnectTarget, "", ""); err != nil {
-		return nil, err
+	if host, port, err := net.SplitHostPort(opts.ConnectTarget); err != nil || host == "" || port == "" {
+		return nil, fmt.Errorf("health: ConnectTarget %q: must be host:port", opts.ConnectTarget)
 	}
 	return &HealthRunnable{
 		entries: entries, opts: opts, tracker: t, log: log.WithName("health"),
@@ -177,31 +179,25 @@ func (h *HealthRunnable) Round(ctx context.Context) {
 		}
 	}
 
-	// One ProbeAll for every proxy, each with its own credentials, then
-	// one Tracker.Update with every observation.
+	// One Tracker round over every proxy, each with its own credentials
+	// (none for a proxy without); one without an address keeps its state.
 	h.mu.Lock()
-	var targets []health.Target
-	var obs []health.Observation
+	var proxies []health.Proxy
 	keys := map[string]types.NamespacedName{}
 	for _, m := range h.members {
 		keys[m.ID] = m.Key
-		if m.Addr == "" {
-			obs = append(obs, health.Observation{ID: m.ID})
-			continue
-		}
-		targets = append(targets, health.Target{ID: m.ID, ProxyAddr: m.Addr, Username: m.Credentials.User, Password: m.Credentials.Password})
+		proxies = append(proxies, health.Proxy{ID: m.ID, Address: m.Addr, Username: m.Credentials.User, Password: m.Credentials.Password})
 	}
 	h.mu.Unlock()
 	po := h.opts.Probe
 	po.Username, po.Password = "", "" // per proxy only: none for a proxy without
-	res := health.ProbeAll(ctx, targets, &health.ProbeAllOptions{TargetAddr: h.opts.ConnectTarget, Probe: po})
-	for i, r := range res {
-		obs = append(obs, health.Observation{ID: targets[i].ID, Addr: targets[i].ProxyAddr, Result: r})
+	if _, err := h.tracker.Round(ctx, proxies, &health.ProbeAllOptions{Target: h.opts.ConnectTarget, Probe: po}); err != nil {
+		h.log.Error(err, "health round not recorded")
+		return
 	}
 	if ctx.Err() != nil {
 		return
 	}
-	h.tracker.Update(obs)
 
 	var changed []types.NamespacedName
 	h.mu.Lock()

@@ -236,7 +236,7 @@ func TestHealthFromTracker(t *testing.T) {
 	}
 	var notified []types.NamespacedName
 	f.hr.notify = func(k types.NamespacedName) { notified = append(notified, k) }
-	for range health.DefaultRise {
+	for range 2 { // the tracker's default Rise
 		f.hr.Round(context.Background())
 	}
 	_, ep = f.reconcile(t)

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/egressproxy/egressproxy/kvm2"
+	"github.com/egressproxy/egressproxy/internal/domainmeta"
 )
 
 // TestDecodeLikeKVM2 checks the diagnostic's decoding against kvm2's own
@@ -23,7 +23,7 @@ func TestDecodeLikeKVM2(t *testing.T) {
 		wantErr string
 	}{
 		{"kvm2 shut-off domain", doc, ""},
-		{"no metadata", "<domain type='qemu'><name>x</name></domain>", "no " + kvm2.MetadataNamespace + " metadata"},
+		{"no metadata", "<domain type='qemu'><name>x</name></domain>", "no " + domainmeta.Namespace + " metadata"},
 		{"port out of range", strings.Replace(doc, ">3128<", ">70000<", 1), "port"},
 		{"no owner", strings.Replace(doc, ">operator-a<", "><", 1), "required"},
 		{"bad created", strings.Replace(doc, "2026-11-30T11:00:00.123456789Z", "yesterday", 1), "created"},

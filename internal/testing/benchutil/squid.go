@@ -86,15 +86,15 @@ func ProbeThrough(ctx context.Context, proxyAddr, target string, n, workers int)
 // ProbeThroughAuth is ProbeThrough with basic proxy credentials (none when
 // user is empty).
 func ProbeThroughAuth(ctx context.Context, proxyAddr, target, user, password string, n, workers int) ProbeRound {
-	targets := make([]health.Target, n)
-	for i := range targets {
-		targets[i] = health.Target{ID: fmt.Sprint("p", i), ProxyAddr: proxyAddr}
+	proxies := make([]health.Proxy, n)
+	for i := range proxies {
+		proxies[i] = health.Proxy{ID: fmt.Sprint("p", i), Address: proxyAddr}
 	}
-	opts := &health.ProbeAllOptions{Workers: workers, TargetAddr: target, Probe: health.ProbeOptions{Timeout: 10 * time.Second, Username: user, Password: password}}
+	opts := &health.ProbeAllOptions{Workers: workers, Target: target, Probe: health.ProbeOptions{Timeout: 10 * time.Second, Username: user, Password: password}}
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	start := time.Now()
-	res := health.ProbeAll(ctx, targets, opts)
+	res := health.ProbeAll(ctx, proxies, opts)
 	wall := time.Since(start)
 	runtime.ReadMemStats(&m1)
 	r := ProbeRound{Probes: n, Wall: wall, PerSecond: float64(n) / wall.Seconds(), AllocsPerOp: float64(m1.Mallocs-m0.Mallocs) / float64(n)}

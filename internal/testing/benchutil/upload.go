@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
@@ -62,7 +63,7 @@ func LibraryFetch(ctx context.Context, env teststack.Env, entry, key, imageURL, 
 	rec := tracetest.NewSpanRecorder()
 	tp := trace.NewTracerProvider(trace.WithSpanProcessor(rec))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
-	cache, err := imagecache.New(imagecache.SSH(lv), imagecache.Config{Entry: entry, Pool: env.Pool, TransferBudget: 10 * time.Minute, TracerProvider: tp})
+	cache, err := basecache.New(basecache.SSH(lv), basecache.Config{Entry: entry, Pool: env.Pool, TransferBudget: 10 * time.Minute, TracerProvider: tp})
 	if err != nil {
 		return FetchResult{}, err
 	}

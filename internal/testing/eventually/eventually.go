@@ -44,8 +44,18 @@ func NoError(tb testing.TB, d time.Duration, fn func() error, format string, arg
 // ctx ends (false). cond runs in the caller's goroutine; it is called at
 // least once, and once more at the deadline.
 func Poll(ctx context.Context, d time.Duration, cond func() bool) bool {
+	return poll(ctx, d, firstTick, maxTick, cond)
+}
+
+// PollEvery is Poll at a fixed interval, for a condition that costs (a
+// call to a real host over a slow link).
+func PollEvery(ctx context.Context, d, every time.Duration, cond func() bool) bool {
+	return poll(ctx, d, every, every, cond)
+}
+
+func poll(ctx context.Context, d, first, most time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
-	tick := firstTick
+	tick := first
 	t := time.NewTimer(tick)
 	defer t.Stop()
 	for {
@@ -62,6 +72,6 @@ func Poll(ctx context.Context, d time.Duration, cond func() bool) bool {
 			return false
 		case <-t.C:
 		}
-		tick = min(2*tick, maxTick)
+		tick = min(2*tick, most)
 	}
 }

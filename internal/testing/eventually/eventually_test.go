@@ -20,6 +20,10 @@ func TestPoll(t *testing.T) {
 	if e := time.Since(start); e < 20*time.Millisecond {
 		t.Fatalf("Poll gave up after %v, before its deadline", e)
 	}
+	n.Store(0)
+	if !PollEvery(context.Background(), time.Second, time.Millisecond, func() bool { return n.Add(1) == 3 }) {
+		t.Fatal("PollEvery gave up before the condition held")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if Poll(ctx, time.Hour, func() bool { return false }) {

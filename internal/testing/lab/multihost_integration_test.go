@@ -24,6 +24,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/kvm2"
@@ -217,7 +218,7 @@ func TestLabMultiHost(t *testing.T) {
 	entries := make([]*multiEntry, len(env.Hosts))
 	for i, h := range env.Hosts {
 		e := &multiEntry{host: h, cfg: entryConfig(h, fmt.Sprintf("mh%s-%d", sfx, h.N), owner, img)}
-		e.base = imagecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
+		e.base = basecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
 		if i == 0 {
 			// The entry whose host is frozen, then cut off: short budgets
 			// so that its calls fail in bounded time.

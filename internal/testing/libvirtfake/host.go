@@ -2,7 +2,7 @@
 // pools and volumes (with upload and download streams on byte slices) and
 // defined domains, reached through sessions whose methods have the
 // signatures of go-libvirt's *libvirt.Libvirt, so a Session satisfies the
-// small interfaces packages declare for what they call (imagecache.Libvirt).
+// small interfaces packages declare for what they call (basecache.Libvirt).
 //
 // It owns: the state (Host), the sessions (Session; Do and Dedicated mirror
 // libvirtconn's shared and dedicated sessions), the errors (libvirt.Error values

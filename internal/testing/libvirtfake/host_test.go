@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
-	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 	"go.uber.org/goleak"
 	"libvirt.org/go/libvirtxml"
@@ -19,7 +19,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var _ imagecache.Libvirt = (*libvirtfake.Session)(nil)
+var _ basecache.Libvirt = (*libvirtfake.Session)(nil)
 
 func code(err error) libvirt.ErrorNumber {
 	var le libvirt.Error

@@ -634,9 +634,9 @@ func (d *driverProc) sideLoad(ctx context.Context, h *dhost, r *mrand.Rand) {
 			// tiny image never gets an address: members without one keep
 			// their state until the tracker's grace forgets them).
 			h.mu.Lock()
-			var members []health.Member
+			var members []health.Proxy
 			for _, in := range h.listed {
-				members = append(members, health.Member{ID: in.Name, Addr: in.Address()})
+				members = append(members, health.Proxy{ID: in.Name, Address: in.Address()})
 			}
 			h.mu.Unlock()
 			target := d.cfg.ProbeTarget
@@ -644,8 +644,11 @@ func (d *driverProc) sideLoad(ctx context.Context, h *dhost, r *mrand.Rand) {
 				target = h.guest.ProbeTarget
 			}
 			_ = d.call(ctx, h.n, "health-round", strconv.Itoa(len(members)), budgetRead, func(cc context.Context) error {
-				res := h.tracker.Round(cc, members, &health.ProbeAllOptions{TargetAddr: target,
+				res, err := h.tracker.Round(cc, members, &health.ProbeAllOptions{Target: target,
 					Probe: health.ProbeOptions{Timeout: 5 * time.Second}})
+				if err != nil {
+					return err
+				}
 				healthy := 0
 				for _, st := range h.tracker.Snapshot() {
 					if st.Healthy() {

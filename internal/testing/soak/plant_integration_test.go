@@ -22,7 +22,7 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 )
 
@@ -332,10 +332,10 @@ func poolDebris(entry string, vols []string, lastKill time.Time) (debris, killed
 				out = append(out, "claim left behind: "+v)
 			}
 		}
-		if e, _, _, ok := imagecache.ParseBaseName(v); ok && e == entry {
+		if e, _, _, ok := basecache.ParseBaseName(v); ok && e == entry {
 			bases[v] = true
 		}
-		if b, _, ok := imagecache.ParseMarkerName(v); ok && strings.HasPrefix(b, "base-"+entry+"--") {
+		if b, _, ok := basecache.ParseMarkerName(v); ok && strings.HasPrefix(b, "base-"+entry+"--") {
 			markers[b] = true
 		}
 	}
@@ -361,7 +361,7 @@ func poolDebris(entry string, vols []string, lastKill time.Time) (debris, killed
 // hasMarker reports whether base has a digest marker among vols.
 func hasMarker(base string, vols []string) bool {
 	for _, v := range vols {
-		if b, _, ok := imagecache.ParseMarkerName(v); ok && b == base {
+		if b, _, ok := basecache.ParseMarkerName(v); ok && b == base {
 			return true
 		}
 	}

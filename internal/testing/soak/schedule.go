@@ -1,4 +1,4 @@
-// Package soak is the chaos soak of issue 22: a model operator drives
+// Package soak is the chaos soak: a model operator drives
 // provider entries on the lab's hosts through the public egressproxy.Client
 // while faults are injected, and invariants are checked all the time.
 //

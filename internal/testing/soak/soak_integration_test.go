@@ -29,7 +29,7 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
-	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
@@ -726,7 +726,7 @@ func (s *supervisor) verifyList(ctx context.Context, h *shost) []string {
 	return append(out, pending...)
 }
 
-// TestSoak is the chaos soak (issue 22, docs/soak.md): SOAK=5m (a
+// TestSoak is the chaos soak (docs/soak.md): SOAK=5m (a
 // duration) runs it on the lab in the environment; without SOAK it is
 // skipped, whatever CI says — make test and make soak run it. SOAK_SEED
 // replays a run; SOAK_REPORT names the report to write, SOAK_EVENTS the
@@ -912,13 +912,8 @@ func TestSoak(t *testing.T) {
 			x := s.desired[s.keyOf(h)]["guest"]
 			spec := egressproxy.Spec{Name: x.Name, UID: x.UID, Port: x.Port, ImageKey: x.Image, UserData: g.UserData}
 			in, err := h.c.Create(ctx, spec)
-			for err == nil && (in.State != egressproxy.StateRunning || in.IP == "") && ctx.Err() == nil {
-				time.Sleep(2 * time.Second)
-				if got, gerr := h.c.Get(ctx, spec.Ref()); gerr == nil {
-					in = got
-				} else if errs.Code(gerr) != errs.Transient {
-					err = gerr
-				}
+			if err == nil {
+				in, err = h.c.WaitRunning(ctx, spec.Ref(), &egressproxy.WaitOptions{Interval: 2 * time.Second})
 			}
 			if err != nil || in.IP == "" {
 				cancel()
@@ -929,13 +924,10 @@ func TestSoak(t *testing.T) {
 			// Squid starts a while after the address shows (TCG on busy
 			// cores): the schedule starts once a probe goes through.
 			var res health.Result
-			for ctx.Err() == nil {
+			eventually.PollEvery(ctx, budgetGuestCreate, 2*time.Second, func() bool {
 				res = health.Probe(ctx, in.Address(), g.ProbeTarget, &health.ProbeOptions{Timeout: 5 * time.Second})
-				if res.OK {
-					break
-				}
-				time.Sleep(2 * time.Second)
-			}
+				return res.OK
+			})
 			cancel()
 			if !res.OK {
 				t.Fatalf("the guest on host %d at %s: no probe through its Squid went through within %v of its Create: %v\n%s", h.h.N, in.Address(), budgetGuestCreate, res.Err,
@@ -1079,20 +1071,17 @@ func TestSoak(t *testing.T) {
 	lastEnd := time.Unix(0, lastFaultEnd.Load())
 	var converged time.Duration
 	var diffs []string
-	for {
+	eventually.PollEvery(ctx, time.Until(lastEnd.Add(convergeBound)), 2*time.Second, func() bool {
 		diffs = nil
 		for _, h := range s.hosts {
 			diffs = append(diffs, s.verifyList(ctx, h)...)
 		}
-		if len(diffs) == 0 {
-			converged = time.Since(lastEnd)
-			break
+		if len(diffs) > 0 {
+			return false
 		}
-		if time.Since(lastEnd) > convergeBound {
-			break
-		}
-		time.Sleep(2 * time.Second)
-	}
+		converged = time.Since(lastEnd)
+		return true
+	})
 	chk.Check(InvConverged, len(diffs) == 0, fmt.Sprintf("not converged %v after the last fault: %v", convergeBound, diffs))
 	// The rest of the quiet period under the same load (Lists, Gets,
 	// Checks, evictions, health rounds), then the fleet must still be

@@ -367,7 +367,7 @@ func TestCompareEventLogs(t *testing.T) {
 	t.Logf("%d scheduled steps identical, in order (calls made: %d and %d, which the library's timing decides)", len(steps[0]), calls[0], calls[1])
 }
 
-// TestScheduleNewFaults checks the faults issue 22's last gaps added: a
+// TestScheduleNewFaults checks the pool-full and driver-kill faults: a
 // pool-full fault is always on the pool host (and absent without one), a
 // driver-sigkill concerns no host and keeps the driver down at most
 // DriverDownMax, and every kind shows up over a few seeds.

@@ -1,11 +1,14 @@
 package teststack
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 )
 
 // Descendants finds a child and a grandchild of this process, and nothing
@@ -17,12 +20,10 @@ func TestDescendants(t *testing.T) {
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	var got []int
-	for range 200 { // sh forks sleep soon after it starts
-		if got = Descendants(cmd.Process.Pid); len(got) > 0 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually.Poll(context.Background(), 2*time.Second, func() bool { // sh forks sleep soon after it starts
+		got = Descendants(cmd.Process.Pid)
+		return len(got) > 0
+	})
 	if len(got) != 1 {
 		t.Fatalf("Descendants(sh) = %v, want its one sleep", got)
 	}

@@ -1,0 +1,749 @@
+package basecache
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/egressproxy/egressproxy/imagecache"
+	"github.com/egressproxy/egressproxy/internal/redact"
+)
+
+// FanoutOptions tune a Fanout. Zero fields take the defaults.
+type FanoutOptions struct {
+	// JoinWindow is how long a shared download keeps its first bytes for
+	// fetches of the same image that join it later: while another cache's
+	// Ensure of the image is under way and has not reached its GET, up to
+	// the whole window (waiting when the window is full), so that fetch
+	// joins from byte 0; with nobody on the way, only the first 8 chunks
+	// (2 MiB), never waiting, so a fetch alone never waits and holds no
+	// more than those and the read-ahead. A fetch that comes after byte 0
+	// left downloads on its own (or copies from a peer). Zero: 1s.
+	JoinWindow time.Duration
+	// Window bounds the bytes a shared download holds in memory, whatever
+	// the number of fetches reading it. Zero: 8 MiB.
+	Window int64
+	// Chunk is the unit the window is allocated and recycled in. Zero:
+	// 256 KiB.
+	Chunk int
+	// DetachAfter: a fetch that keeps the window full (the others are a
+	// window ahead of it) for this long is detached from the shared
+	// download and continues on its own. Zero: 2s.
+	DetachAfter time.Duration
+	// MirrorOnly: a cold fetch never copies the base from another cache
+	// of the Fanout (see Fanout); it joins a shared download or downloads
+	// from the mirror. Zero: it copies, for an image with a configured
+	// SHA256, when another cache has published it.
+	MirrorOnly bool
+}
+
+// Fanout shares one HTTP download of an image among concurrent cold
+// fetches of caches (of different entries, on different hosts) configured
+// with the same *Fanout (Config.Fanout). Only the HTTP body is shared:
+// every fetch still uploads, reads back and hashes what its own host
+// stored, checks its size and writes its own marker last.
+//
+// Downloads are shared per (URL, configured SHA256, *http.Client): caches
+// with different HTTP clients (other credentials or transports) never
+// share. A download streams through a bounded window (FanoutOptions.Window)
+// read by every fetch at its own pace; a fetch that stays a whole window
+// behind the others for DetachAfter is detached: its next read continues
+// on a download of its own from where it was (Range with If-Range when the
+// server announced ranges and a validator, else a full GET skipping the
+// bytes it has), so a slow or stalled host never slows the others nor
+// makes the process buffer the image. A fetch that ends (its context, its
+// host failing) leaves without affecting the others; the download goes on
+// while any fetch reads it and is canceled when none is left. A body error
+// fails every fetch still attached with that error (each fails Transient
+// before its marker: nothing is published).
+//
+// A download reads at most a few chunks ahead of the fetch furthest into
+// it, so a fetch alone holds about a megabyte, not the window.
+//
+// Late joiners: a cache that goes cold for an image with a configured
+// SHA256 when no download of it can be joined asks the other caches of
+// the Fanout (with the same HTTP client) whether their pools hold a base
+// published with a marker of that digest (one listing each, at once,
+// bounded by 2 s). If one does, it copies that base — StorageVolDownload
+// on a dedicated connection to the peer's host, streamed into its own
+// upload — instead of downloading the image: Base.Source
+// imagecache.SourcePeer. What
+// it publishes is still the digest of what it read back from its own
+// volume, which must equal the configured one. Any failure of the copy
+// (the peer's link or host, its base gone, bytes that do not hash to the
+// digest, no progress for 15 s or Config.StreamStall if shorter) falls
+// back to the mirror within the same fetch, so a peer's fault never fails
+// a fetch nor makes it Permanent; that peer is not asked again for a
+// minute. A peer whose last copy ran slower than the last download of the
+// image from the mirror is not asked either. Among peers that answer
+// within 200 ms of the first, the one with the fewest copies in flight is
+// used. FanoutOptions.MirrorOnly turns this off.
+//
+// A Fanout is safe for concurrent use and needs no Close: a download's
+// goroutine ends with the download, and the last fetch to leave waits for
+// it. Caches join it in New and leave it in Close.
+type Fanout struct {
+	opts FanoutOptions
+
+	mu  sync.Mutex
+	dls map[fanKey]*download
+	// coming counts, per key, the Ensures of caches of this Fanout that
+	// may still join a download of it (see expect).
+	coming map[fanKey]*atomic.Int64
+	// chunks counts the window chunks ever allocated (tests check that
+	// memory is bounded by the window, not the image or the fetches).
+	chunks atomic.Int64
+
+	// pmu guards the caches of this Fanout (peers of each other) and
+	// what it learnt of them and of the mirror (peer.go).
+	pmu        sync.Mutex
+	caches     []*Cache
+	peerStats  map[*Cache]*peerStats
+	mirrorRate map[fanKey]float64 // bytes/s of the last download published
+}
+
+type fanKey struct {
+	url, sha256 string
+	client      *http.Client
+}
+
+var (
+	processFanout     *Fanout
+	processFanoutOnce sync.Once
+	// fanoutClient is the HTTP client of caches with a Fanout and no
+	// Config.HTTPClient, so that such caches share downloads (a client per
+	// cache would make every key different).
+	fanoutClient = &http.Client{}
+)
+
+// ProcessFanout returns the Fanout of this process (default options), to
+// give every cache's Config.Fanout so that all of them share downloads.
+func ProcessFanout() *Fanout {
+	processFanoutOnce.Do(func() { processFanout = NewFanout(FanoutOptions{}) })
+	return processFanout
+}
+
+// NewFanout returns a Fanout with opts (zero fields: defaults).
+func NewFanout(opts FanoutOptions) *Fanout {
+	if opts.JoinWindow <= 0 {
+		opts.JoinWindow = time.Second
+	}
+	if opts.Chunk <= 0 {
+		opts.Chunk = 256 << 10
+	}
+	if opts.Window <= 0 {
+		opts.Window = 8 << 20
+	}
+	if opts.Window < int64(opts.Chunk) {
+		opts.Window = int64(opts.Chunk)
+	}
+	if opts.DetachAfter <= 0 {
+		opts.DetachAfter = 2 * time.Second
+	}
+	return &Fanout{opts: opts, dls: map[fanKey]*download{}, coming: map[fanKey]*atomic.Int64{}}
+}
+
+// comingLocked is key's counter of expected joiners.
+func (f *Fanout) comingLocked(key fanKey) *atomic.Int64 {
+	n := f.coming[key]
+	if n == nil {
+		n = new(atomic.Int64)
+		f.coming[key] = n
+	}
+	return n
+}
+
+// arrivalKey carries, in the context of an Ensure's flight, the func that
+// tells its Fanout the flight has reached its GET (or ended).
+type arrivalKey struct{}
+
+// expect notes that a cache's Ensure of key is under way and may reach a
+// GET soon: until arrived is called (by Fanout.get once the fetch joined
+// or started a download, else when the flight ends; more calls do
+// nothing), a download of key whose window fills up before JoinWindow
+// keeps byte 0 for it and waits, instead of giving byte 0 up. So a fetch
+// alone never waits for joiners that are not coming.
+func (f *Fanout) expect(key fanKey) (arrived func()) {
+	f.mu.Lock()
+	n := f.comingLocked(key)
+	n.Add(1)
+	f.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			n.Add(-1)
+			f.mu.Lock()
+			d := f.dls[key]
+			f.mu.Unlock()
+			if d != nil {
+				d.mu.Lock()
+				d.broadcastLocked()
+				d.mu.Unlock()
+			}
+		})
+	}
+}
+
+// readAhead bounds how far the download reads ahead of the fetch that is
+// furthest into it: a fetch alone holds a few chunks, not the window (the
+// window is for the spread between fetches and for keeping byte 0).
+func (f *Fanout) readAhead() int64 { return min(f.opts.Window, 4*int64(f.opts.Chunk)) }
+
+// joinKeep is how much of its first bytes a download keeps for JoinWindow
+// when no fetch is known to be on its way (2 MiB by default), for a fetch
+// whose Ensure starts a little later.
+func (f *Fanout) joinKeep() int64 { return min(f.opts.Window, 8*int64(f.opts.Chunk)) }
+
+// download is one shared HTTP download.
+type download struct {
+	f      *Fanout
+	key    fanKey
+	coming *atomic.Int64 // the Fanout's count of expected joiners of key
+	client *http.Client
+	start  time.Time
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{} // the pump has returned
+	ready  chan struct{} // resp or err is set
+
+	mu   sync.Mutex
+	resp *http.Response // the headers; the body is the pump's
+	err  error          // the GET failed
+	// bufs hold bytes [base, head): every chunk but the last is full.
+	bufs    [][]byte
+	base    int64
+	head    int64
+	end     error // io.EOF or the body's error, once it ended
+	members map[*member]bool
+	changed chan struct{} // closed and replaced on every change
+	free    [][]byte
+	gone    bool // no more joins
+	// fullSince: since when a member keeps the window full (zero: not).
+	fullSince time.Time
+	// holdOver: byte 0 has left the window; nobody joins any more.
+	holdOver bool
+}
+
+// member is one fetch reading a download.
+type member struct {
+	off      int64
+	detached bool
+}
+
+// get is HTTPClient.Do(req) through the Fanout: it joins a download of the
+// same key when one can be joined, or starts one. source tells, once the
+// body was read, where it came from.
+func (f *Fanout) get(key fanKey, req *http.Request) (*http.Response, func() string, error) {
+	f.mu.Lock()
+	d := f.dls[key]
+	src := imagecache.SourceShared
+	var m *member
+	if d != nil {
+		m = d.join()
+	}
+	if m == nil {
+		src = imagecache.SourceMirror
+		d, m = f.startDownload(key, req)
+		f.dls[key] = d
+	}
+	f.mu.Unlock()
+	if arrived, ok := req.Context().Value(arrivalKey{}).(func()); ok {
+		arrived()
+	}
+
+	body := &fanBody{d: d, m: m, req: req, src: src}
+	body.ctx, body.cancel = context.WithCancel(req.Context())
+	select {
+	case <-d.ready:
+	case <-body.ctx.Done():
+		_ = body.Close()
+		// Shaped as net/http's error of a GET given up (fetchOnce
+		// redacts the URL).
+		return nil, nil, &url.Error{Op: "Get", URL: redact.URL(req.URL.String()), Err: req.Context().Err()}
+	}
+	if d.err != nil {
+		_ = body.Close()
+		return nil, nil, d.err
+	}
+	r := d.resp
+	resp := &http.Response{
+		Status: r.Status, StatusCode: r.StatusCode,
+		Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
+		Header: r.Header.Clone(), ContentLength: r.ContentLength,
+		TransferEncoding: r.TransferEncoding, Uncompressed: r.Uncompressed,
+		TLS: r.TLS, Request: req, Body: body,
+	}
+	body.total = r.ContentLength
+	body.ranges = strings.EqualFold(strings.TrimSpace(r.Header.Get("Accept-Ranges")), "bytes")
+	body.validator = validatorOf(r)
+	if body.validator == "" {
+		body.prefix = sha256.New()
+	}
+	return resp, body.source, nil
+}
+
+// startDownload starts a download of key with its first member, the
+// caller's: the member is in before the pump starts, so that a body the
+// pump reads to its end (or trims) before the caller gets to read is still
+// the caller's.
+func (f *Fanout) startDownload(key fanKey, req *http.Request) (*download, *member) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(req.Context()))
+	m := &member{}
+	d := &download{
+		f: f, key: key, client: key.client, start: time.Now(), ctx: ctx, cancel: cancel, coming: f.comingLocked(key),
+		done: make(chan struct{}), ready: make(chan struct{}),
+		members: map[*member]bool{m: true}, changed: make(chan struct{}),
+	}
+	go d.pump(req.Clone(ctx))
+	return d, m
+}
+
+// validatorOf is what identifies the version of r's resource: its strong
+// ETag, else its Last-Modified ("" for neither).
+func validatorOf(r *http.Response) string {
+	if et := r.Header.Get("ETag"); et != "" && !strings.HasPrefix(et, "W/") {
+		return et
+	}
+	return r.Header.Get("Last-Modified")
+}
+
+// join adds a member reading from byte 0, or returns nil when byte 0 is
+// gone or the download ended.
+func (d *download) join() *member {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.gone || d.base > 0 {
+		return nil
+	}
+	m := &member{}
+	d.members[m] = true
+	d.broadcastLocked()
+	return m
+}
+
+func (d *download) broadcastLocked() {
+	close(d.changed)
+	d.changed = make(chan struct{})
+}
+
+// leave removes m; the last member to leave a running download cancels it
+// and waits for its goroutine.
+func (d *download) leave(m *member) {
+	d.mu.Lock()
+	delete(d.members, m)
+	last := len(d.members) == 0 && !d.gone
+	if last {
+		d.gone = true
+	}
+	d.broadcastLocked()
+	d.mu.Unlock()
+	if last {
+		d.cancel()
+		<-d.done
+	}
+}
+
+// pump does the GET and fills the window until the body ends or every
+// member left.
+func (d *download) pump(req *http.Request) {
+	defer close(d.done)
+	defer d.drop()
+	resp, err := d.client.Do(req)
+	d.mu.Lock()
+	if err != nil {
+		d.err, d.end, d.gone = err, err, true
+		close(d.ready)
+		d.broadcastLocked()
+		d.mu.Unlock()
+		return
+	}
+	d.resp = resp
+	close(d.ready)
+	d.mu.Unlock()
+	defer resp.Body.Close()
+	for {
+		buf, err := d.room()
+		if err != nil {
+			d.finish(err)
+			return
+		}
+		n, rerr := resp.Body.Read(buf)
+		d.mu.Lock()
+		last := len(d.bufs) - 1
+		d.bufs[last] = d.bufs[last][:len(d.bufs[last])+n]
+		d.head += int64(n)
+		if rerr != nil {
+			d.end, d.gone = rerr, true
+		}
+		d.broadcastLocked()
+		d.mu.Unlock()
+		if rerr != nil {
+			return
+		}
+	}
+}
+
+// drop removes d from its Fanout (no more joins).
+func (d *download) drop() {
+	d.f.mu.Lock()
+	if d.f.dls[d.key] == d {
+		delete(d.f.dls, d.key)
+	}
+	d.f.mu.Unlock()
+}
+
+func (d *download) finish(err error) {
+	d.mu.Lock()
+	if d.end == nil {
+		d.end = err
+	}
+	d.gone = true
+	d.broadcastLocked()
+	d.mu.Unlock()
+}
+
+// room waits until the window has room and returns the space to read the
+// next bytes into. It detaches the members that keep the window full for
+// DetachAfter while another member is ahead of them.
+func (d *download) room() ([]byte, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for {
+		if err := d.ctx.Err(); err != nil {
+			return nil, err
+		}
+		now := time.Now()
+		w := d.windowLocked(now)
+		if d.head-w.tail < d.f.opts.Window && d.head-w.maxOff < d.f.readAhead() {
+			d.fullSince = time.Time{}
+			return d.spaceLocked(), nil
+		}
+		wait, detached := d.fullLocked(w, now)
+		if detached {
+			continue
+		}
+		d.sleepLocked(wait)
+	}
+}
+
+// window is where a download's members are at one instant, and what it
+// keeps.
+type window struct {
+	minOff, maxOff int64 // the offsets of the members furthest behind and ahead
+	hold           bool  // byte 0 is kept for joiners
+	tail           int64 // the first byte kept
+}
+
+// windowLocked reads the window at now and recycles the chunks before its
+// tail.
+func (d *download) windowLocked(now time.Time) window {
+	w := window{minOff: d.head}
+	for m := range d.members {
+		w.minOff, w.maxOff = min(w.minOff, m.off), max(w.maxOff, m.off)
+	}
+	if len(d.members) == 0 {
+		w.maxOff = 0 // nobody reads yet: read ahead of byte 0 only
+	}
+	// Byte 0 is kept for joiners for JoinWindow: up to the whole window
+	// (waiting when it is full) while one is on its way (an Ensure of the
+	// image under way that has not reached its GET), else only up to
+	// joinKeep bytes, never waiting: a fetch alone keeps at most joinKeep
+	// behind it, for a fetch that has not started yet.
+	w.hold = !d.holdOver && now.Sub(d.start) < d.f.opts.JoinWindow
+	if w.hold && d.head >= d.f.joinKeep() && d.coming.Load() == 0 {
+		w.hold = false
+	}
+	w.tail = w.minOff
+	if w.hold {
+		w.tail = 0
+	}
+	d.trimLocked(w.tail)
+	if d.base > 0 {
+		d.holdOver = true // byte 0 is gone: no more joins
+	}
+	return w
+}
+
+// spaceLocked returns the space the next bytes are read into: the rest of
+// the last chunk, else a new chunk (a recycled one when there is one).
+func (d *download) spaceLocked() []byte {
+	if n := len(d.bufs); n > 0 && len(d.bufs[n-1]) < cap(d.bufs[n-1]) {
+		b := d.bufs[n-1]
+		return b[len(b):cap(b)]
+	}
+	var b []byte
+	if k := len(d.free); k > 0 {
+		b, d.free = d.free[k-1][:0], d.free[:k-1]
+	} else {
+		b = make([]byte, 0, d.f.opts.Chunk)
+		d.f.chunks.Add(1)
+	}
+	d.bufs = append(d.bufs, b)
+	return b[:cap(b)][:d.f.opts.Chunk]
+}
+
+// fullLocked decides what a full window w waits for: when a member is a
+// window behind another, the end of DetachAfter since it became so, after
+// which the members furthest behind are detached (detached: look again at
+// once); when byte 0 is kept for a joiner on its way, the joiner (its
+// arrival, or its flight ending, wakes room) or at most the end of
+// JoinWindow; else the next change (wait 0).
+func (d *download) fullLocked(w window, now time.Time) (wait time.Duration, detached bool) {
+	o := d.f.opts
+	switch {
+	case d.head-w.minOff >= o.Window && w.maxOff > w.minOff:
+		if d.fullSince.IsZero() {
+			d.fullSince = now
+		}
+		if now.Sub(d.fullSince) < o.DetachAfter {
+			return d.fullSince.Add(o.DetachAfter).Sub(now), false
+		}
+		for m := range d.members {
+			if m.off == w.minOff {
+				m.detached = true
+				delete(d.members, m)
+			}
+		}
+		d.fullSince = time.Time{}
+		d.broadcastLocked()
+		return 0, true
+	case w.hold && d.head >= o.Window:
+		d.fullSince = time.Time{}
+		return d.start.Add(o.JoinWindow).Sub(now), false
+	}
+	d.fullSince = time.Time{}
+	return 0, false
+}
+
+// sleepLocked waits, with d.mu released, for the next change, for wait
+// when it is positive, or for the download's end.
+func (d *download) sleepLocked(wait time.Duration) {
+	ch := d.changed
+	d.mu.Unlock()
+	defer d.mu.Lock()
+	var tc <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		tc = t.C
+	}
+	select {
+	case <-ch:
+	case <-tc:
+	case <-d.ctx.Done():
+	}
+}
+
+// trimLocked recycles the chunks wholly before tail.
+func (d *download) trimLocked(tail int64) {
+	chunk := int64(d.f.opts.Chunk)
+	for len(d.bufs) > 1 && d.base+chunk <= tail {
+		d.free = append(d.free, d.bufs[0])
+		d.bufs[0] = nil
+		d.bufs = d.bufs[1:]
+		d.base += chunk
+	}
+}
+
+// copyAtLocked copies bytes from offset off (base <= off < head) into p.
+func (d *download) copyAtLocked(p []byte, off int64) int {
+	chunk := int64(d.f.opts.Chunk)
+	i, j := (off-d.base)/chunk, (off-d.base)%chunk
+	return copy(p, d.bufs[i][j:])
+}
+
+// fanBody is one fetch's body of a shared download.
+type fanBody struct {
+	d      *download
+	m      *member
+	req    *http.Request
+	ctx    context.Context // req's, ended by Close too
+	cancel context.CancelFunc
+	src    string
+
+	total     int64
+	ranges    bool
+	validator string // the shared response's ETag (strong) or Last-Modified
+	// prefix hashes the bytes read from the shared download when the
+	// response had no validator: a full GET after detaching must start
+	// with the same bytes (else the image changed on the mirror).
+	prefix hash.Hash
+
+	mu     sync.Mutex
+	own    io.ReadCloser // after detaching
+	closed bool
+}
+
+var errBodyClosed = errors.New("http: read on closed response body")
+
+func (b *fanBody) source() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.own != nil {
+		return imagecache.SourceDetached
+	}
+	return b.src
+}
+
+func (b *fanBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	own, closed := b.own, b.closed
+	b.mu.Unlock()
+	if closed {
+		return 0, errBodyClosed
+	}
+	if own != nil {
+		return own.Read(p)
+	}
+	d := b.d
+	for {
+		d.mu.Lock()
+		if b.m.detached {
+			off := b.m.off
+			d.mu.Unlock()
+			return b.resume(p, off)
+		}
+		if b.m.off < d.head {
+			n := d.copyAtLocked(p, b.m.off)
+			b.m.off += int64(n)
+			d.broadcastLocked()
+			d.mu.Unlock()
+			if b.prefix != nil {
+				b.prefix.Write(p[:n])
+			}
+			return n, nil
+		}
+		if d.end != nil {
+			err := d.end
+			d.mu.Unlock()
+			if errors.Is(err, context.Canceled) && b.ctx.Err() != nil {
+				err = b.ctx.Err()
+			}
+			return 0, err
+		}
+		ch := d.changed
+		d.mu.Unlock()
+		select {
+		case <-ch:
+		case <-b.ctx.Done():
+			b.mu.Lock()
+			closed := b.closed
+			b.mu.Unlock()
+			if closed {
+				return 0, errBodyClosed
+			}
+			return 0, b.ctx.Err()
+		}
+	}
+}
+
+// resume opens this fetch's own download from off and reads from it.
+func (b *fanBody) resume(p []byte, off int64) (int, error) {
+	own, err := b.open(off)
+	if err != nil {
+		// net/http's errors name the URL: redacted here, since the
+		// upload's errors are logged before fetch's own redaction.
+		return 0, fmt.Errorf("detached from the shared download after %d bytes: %w", off, redact.Err(err, b.d.key.url))
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		_ = own.Close()
+		return 0, errBodyClosed
+	}
+	b.own = own
+	b.mu.Unlock()
+	b.d.leave(b.m) // already detached: only wakes the others
+	return own.Read(p)
+}
+
+// open GETs the image from off: a Range request with If-Range when the
+// shared response announced byte ranges and a validator, else a full GET
+// whose first off bytes are skipped.
+func (b *fanBody) open(off int64) (io.ReadCloser, error) {
+	r := b.req.Clone(b.ctx)
+	ranged := off > 0 && b.ranges && b.validator != ""
+	if ranged {
+		r.Header.Set("Range", fmt.Sprintf("bytes=%d-", off))
+		r.Header.Set("If-Range", b.validator)
+	}
+	resp, err := b.d.client.Do(r)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case ranged && resp.StatusCode == http.StatusPartialContent:
+		if cr := resp.Header.Get("Content-Range"); !strings.HasPrefix(cr, fmt.Sprintf("bytes %d-", off)) {
+			_ = resp.Body.Close()
+			return nil, fmt.Errorf("the server answered the range from %d with Content-Range %q", off, serverText(cr, b.d.key.url))
+		}
+		return resp.Body, nil
+	case resp.StatusCode == http.StatusOK:
+		// The whole image again (no ranges, or If-Range found another
+		// version): only the same version may continue what was read.
+		if err := b.sameImage(resp, off); err != nil {
+			_ = resp.Body.Close()
+			return nil, err
+		}
+		return resp.Body, nil
+	}
+	_ = resp.Body.Close()
+	return nil, fmt.Errorf("GET: %s", serverText(resp.Status, b.d.key.url))
+}
+
+// sameImage checks that resp (a 200 after detaching) serves the image the
+// shared download served, and consumes its first off bytes: the same
+// validator, or without one the same first bytes (hashed); the same
+// length either way. Otherwise the image changed on the mirror during the
+// fetch, and continuing would splice two versions.
+func (b *fanBody) sameImage(resp *http.Response, off int64) error {
+	if b.total >= 0 && resp.ContentLength >= 0 && resp.ContentLength != b.total {
+		return fmt.Errorf("the image changed on the mirror during the fetch: %d bytes now, %d before", resp.ContentLength, b.total)
+	}
+	if b.validator != "" {
+		if v := validatorOf(resp); v != b.validator {
+			return fmt.Errorf("the image changed on the mirror during the fetch: validator %q now, %q before", serverText(v, b.d.key.url), serverText(b.validator, b.d.key.url))
+		}
+		if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
+			return fmt.Errorf("skipping the %d bytes already read: %w", off, err)
+		}
+		return nil
+	}
+	h := sha256.New()
+	if _, err := io.CopyN(h, resp.Body, off); err != nil {
+		return fmt.Errorf("skipping the %d bytes already read: %w", off, err)
+	}
+	if !bytes.Equal(h.Sum(nil), b.prefix.Sum(nil)) {
+		return fmt.Errorf("the image changed on the mirror during the fetch: its first %d bytes differ", off)
+	}
+	return nil
+}
+
+// Close leaves the shared download (the others go on) and unblocks a Read
+// in progress.
+func (b *fanBody) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	own := b.own
+	b.mu.Unlock()
+	b.cancel()
+	if own != nil {
+		_ = own.Close()
+	}
+	b.d.leave(b.m)
+	return nil
+}
