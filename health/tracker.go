@@ -236,7 +236,7 @@ func (t *Tracker) update(obs []observation) {
 	}
 	t.mu.Unlock()
 	for _, c := range changes {
-		t.log.Info("proxy health changed", "id", c.to.ID, "addr", c.to.Address,
+		t.log.Info("proxy health changed", "id", c.to.ID, "address", c.to.Address,
 			"from", c.from.String(), "to", c.to.State.String(), "lastError", c.to.LastErr)
 	}
 	t.forget(forgotten, "grace period expired")
@@ -277,7 +277,7 @@ func (t *Tracker) record(e *Status, r *Result, now time.Time) bool {
 
 func (t *Tracker) forget(forgotten []Status, why string) {
 	for _, s := range forgotten {
-		t.log.Info("proxy forgotten", "id", s.ID, "addr", s.Address, "state", s.State.String(),
+		t.log.Info("proxy forgotten", "id", s.ID, "address", s.Address, "state", s.State.String(),
 			"lastSeen", s.LastSeen, "reason", why)
 		if t.onForget != nil {
 			t.onForget(s)

@@ -31,7 +31,7 @@ var logKeys = []string{
 	"entry", "instance", "volume", "image", "elapsed", "err", // the key set
 	"op", "code", "uid", "domain", "base", "pool", "url", "uri", "bytes", "total", "rate", "bytesPerSecond",
 	"sha256", "upload", "uploadBytesPerSecond", "verify", "verifyBytesPerSecond",
-	"claims", "final", "addr", "user", "dedicated", "reason", "hostname", "libvirtVersion",
+	"claims", "final", "address", "user", "dedicated", "reason", "hostname", "libvirtVersion",
 	"poolState", "poolFreeGiB", "domainType", "state", "created", "deleted", "heldBeforeReply", "droppedAfterEnd",
 	"content_length", "contentLength", "format", "source", "marker", "token", "from", "holder",
 }

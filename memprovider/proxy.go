@@ -49,7 +49,7 @@ func (p *provider) startProxy(name string) (*proxyServer, error) {
 	}
 	p.proxies.Add(1)
 	go ps.serve()
-	p.log.V(1).Info("proxy serving", "instance", name, "addr", ln.Addr().String())
+	p.log.V(1).Info("proxy serving", "instance", name, "address", ln.Addr().String())
 	return ps, nil
 }
 

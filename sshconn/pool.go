@@ -65,7 +65,7 @@ func New(cfg Config, opts *Options) (*Pool, error) {
 	return &Pool{
 		cfg:       cfg,
 		signer:    opts.Signer,
-		log:       log.WithName("sshconn").WithValues("addr", cfg.Address),
+		log:       log.WithName("sshconn").WithValues("address", cfg.Address),
 		closing:   make(chan struct{}),
 		closeCtx:  closeCtx,
 		cancelAll: cancelAll,

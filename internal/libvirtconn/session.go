@@ -180,7 +180,7 @@ func New(pool *sshconn.Pool, cfg Config, opts *Options) *Session {
 	}
 	log = log.WithName("libvirt")
 	if cfg.Address != "" {
-		log = log.WithValues("addr", cfg.Address)
+		log = log.WithValues("address", cfg.Address)
 	}
 	closeCtx, cancelAll := context.WithCancel(context.Background())
 	return &Session{
