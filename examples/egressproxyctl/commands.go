@@ -224,7 +224,7 @@ func (c *cli) find(ctx context.Context, name string) (*entry, egressproxy.Instan
 	problems := c.forEach(ctx, func(ctx context.Context, e *entry) error {
 		insts, err := e.client.List(ctx)
 		if err != nil {
-			return entryErr(e, err)
+			return lookupErr(e, name, err)
 		}
 		for _, inst := range insts {
 			if inst.Name == name {

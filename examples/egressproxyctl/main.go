@@ -471,7 +471,21 @@ func entryErr(e *entry, err error) error {
 	if err == nil {
 		return nil
 	}
+	if strings.Contains(err.Error(), "kvm2 "+e.name()+":") {
+		return err // kvm2's errors name their entry already
+	}
 	return fmt.Errorf("entry %s: %w", e.name(), err)
+}
+
+// lookupErr is a failed List of e while a command looked name up: the
+// entry's error, said as the command's step rather than as the client's
+// "egressproxy list", with its class.
+func lookupErr(e *entry, name string, err error) error {
+	var op *egressproxy.OpError
+	if errors.As(err, &op) {
+		err = op.Err
+	}
+	return entryErr(e, fmt.Errorf("looking up %s: %w", name, err))
 }
 
 func isTerminal(f *os.File) bool {
