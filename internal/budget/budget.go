@@ -1,12 +1,3 @@
-// Package budget bounds a context by one of the module's own time budgets
-// (sshconn's DialTimeout, a libvirt session's or kvm2's CallTimeout) and
-// tells, once the context has ended, whether that budget or the caller
-// ended it.
-//
-// A budget that runs out is a *TimeoutError, which does not match
-// context.DeadlineExceeded: that is kept for the caller's own deadline, so
-// a caller without one never sees "deadline exceeded" (errs.DeadlineExceeded
-// means the caller's context deadline passed).
 package budget
 
 import (

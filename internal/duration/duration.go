@@ -8,11 +8,11 @@ import (
 	"time"
 )
 
-// Duration is a time.Duration that configuration files write as a string in
-// time.ParseDuration syntax: "30s", "2m", "1h30m", "500ms", "0s". The
-// configuration structs of kvm2, imagecache, health and sshconn use it for
-// every duration field, so a JSON or YAML file never gives a duration in
-// nanoseconds.
+// Duration is a time.Duration as a configuration file writes it: a string
+// in time.ParseDuration syntax ("30s", "2m", "1h30m", "500ms", "0s"). The
+// Config types that marshal (kvm2.Config, sshconn.Config) hold
+// time.Duration fields and marshal them through it, so a JSON or YAML file
+// never gives a duration in nanoseconds.
 //
 // It marshals to that string (Duration(90*time.Second) is "1m30s"). It
 // unmarshals from a string only: a bare number is refused with an error
