@@ -63,8 +63,8 @@ func envInt(t *testing.T, k string, def int) int {
 // the RPC counter on the runs through the proxy (benchutil.RPCCounter.
 // Rounds: calls that waited for an answer; concurrent ones count once), so
 // they do not depend on how long libvirtd takes to start a guest. The
-// bounds are those of the pipelined control path (issue 20 point 4): a
-// sequential List (1 + 2n round trips) or Get (6) fails them.
+// bounds are those of the pipelined control path: a sequential List
+// (1 + 2n round trips) or Get (6) fails them.
 func TestIntegrationControlPathRTT(t *testing.T) {
 	rtt := time.Duration(envInt(t, "EGRESSPROXY_RTT_MS", 50)) * time.Millisecond
 	listN := envInt(t, "EGRESSPROXY_RTT_LIST", 20)
@@ -242,9 +242,9 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 		op  *rttOp
 		max int // round trips on the critical path
 	}{
-		{create, 9}, // issue 20: a cache hit ≤ 10 (8 measured since the image cache remembers the pool's handle)
+		{create, 9}, // a cache hit: the image cache keeps the pool's handle
 		{get, 3},
-		{del, 7},                  // 6 measured since Delete overlaps its lookups and deletions (11 before)
+		{del, 7},                  // Delete overlaps its lookups and deletions
 		{list, 3 + (listN+31)/32}, // 1 + n/32 (kvm2's bound), and slack for a worker that falls a round behind
 	} {
 		t.Logf("%v", b.op)

@@ -338,7 +338,7 @@ func TestFakeOverlapUploadInUseGivesUp(t *testing.T) {
 
 // No connection of a segmented fetch looks the volume up: every call on
 // it uses the handle StorageVolCreateXML answered (a lookup costs a round
-// trip; at 50 ms of round trip each one was 50 ms more). Segment k's
+// trip). Segment k's
 // upload (from the third on) waits until segment k-2, the newest
 // committed one when it starts, was read back, so the read-back reads
 // range by range, on a session of its own.
