@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -303,11 +304,9 @@ func volumeDisk(pool, vol string) libvirtxml.DomainDisk {
 		Target: &libvirtxml.DomainDiskTarget{Dev: "vda"}}
 }
 
-// Domains as libvirt keeps them: define fills in the UUID and a MAC and
-// refuses a second definition of the name without its UUID; a start needs
-// the disks' volumes; undefine while running leaves a transient domain
-// that destroy removes.
-func TestDomainLifecycle(t *testing.T) {
+// Define fills in the UUID and a MAC, and refuses a second definition of
+// the name without its UUID, and another name with it.
+func TestDomainDefine(t *testing.T) {
 	h, s := newHost(t)
 	dom, err := s.DomainDefineXMLFlags(domXML("d", volumeDisk("p", "root")), 0)
 	if err != nil {
@@ -324,6 +323,20 @@ func TestDomainLifecycle(t *testing.T) {
 	}
 	if _, err := s.DomainDefineXMLFlags(d.XML, 0); err != nil {
 		t.Fatalf("definition again with the UUID: %v", err)
+	}
+	other := strings.Replace(d.XML, "<name>d</name>", "<name>e</name>", 1)
+	if _, err := s.DomainDefineXMLFlags(other, 0); code(err) != libvirt.ErrOperationFailed {
+		t.Fatalf("definition of another name with the UUID: %v", err)
+	}
+}
+
+// A start needs the disks' volumes; undefine while running leaves a
+// transient domain that destroy removes.
+func TestDomainStartStop(t *testing.T) {
+	h, s := newHost(t)
+	dom, err := s.DomainDefineXMLFlags(domXML("d", volumeDisk("p", "root")), 0)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if err := s.DomainCreate(dom); code(err) != libvirt.ErrNoStorageVol {
 		t.Fatalf("start without the disk's volume: %v", err)
@@ -343,15 +356,6 @@ func TestDomainLifecycle(t *testing.T) {
 	if got, err := s.DomainLookupByName("d"); err != nil || got.ID <= 0 {
 		t.Fatalf("lookup of a running domain: %+v, %v", got, err)
 	}
-	active, n, err := s.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive)
-	inactive, _, _ := s.ConnectListAllDomains(1, libvirt.ConnectListDomainsInactive)
-	if err != nil || n != 1 || len(active) != 1 || len(inactive) != 0 {
-		t.Fatalf("active %v, inactive %v, %v", active, inactive, err)
-	}
-	stats, err := s.ConnectGetAllDomainStats(nil, uint32(libvirt.DomainStatsState), 0)
-	if err != nil || len(stats) != 1 || stats[0].Params[0].Value.I != int32(libvirt.DomainRunning) {
-		t.Fatalf("stats %+v, %v", stats, err)
-	}
 	if err := s.DomainUndefineFlags(dom, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -369,6 +373,41 @@ func TestDomainLifecycle(t *testing.T) {
 	}
 	if err := s.DomainDestroy(dom); code(err) != libvirt.ErrNoDomain {
 		t.Fatalf("destroy of a gone domain: %v", err)
+	}
+}
+
+// Listings filter on the domain's activity; the state stats say it.
+func TestDomainListings(t *testing.T) {
+	h, s := newHost(t)
+	for _, n := range []string{"b", "a"} {
+		if _, err := h.DefineDomain(domXML(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.StartDomain("b"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		flags libvirt.ConnectListAllDomainsFlags
+		want  string
+	}{
+		{0, "[a b]"},
+		{libvirt.ConnectListDomainsActive, "[b]"},
+		{libvirt.ConnectListDomainsInactive, "[a]"},
+		{libvirt.ConnectListDomainsActive | libvirt.ConnectListDomainsInactive, "[a b]"},
+	} {
+		doms, n, err := s.ConnectListAllDomains(1, tc.flags)
+		var names []string
+		for _, d := range doms {
+			names = append(names, d.Name)
+		}
+		if err != nil || int(n) != len(names) || fmt.Sprint(names) != tc.want {
+			t.Errorf("flags %v: %v (%d), %v; want %s", tc.flags, names, n, err, tc.want)
+		}
+	}
+	stats, err := s.ConnectGetAllDomainStats(nil, uint32(libvirt.DomainStatsState), 0)
+	if err != nil || len(stats) != 2 || stats[0].Params[0].Value.I != int32(libvirt.DomainShutoff) || stats[1].Params[0].Value.I != int32(libvirt.DomainRunning) {
+		t.Fatalf("stats %+v, %v", stats, err)
 	}
 }
 
@@ -436,9 +475,8 @@ func TestConnection(t *testing.T) {
 	}
 }
 
-// Hooks before and after a call, the catch-all hook, the call log, and
-// the helpers that pick calls (Named, FailNth, Chain, Pause).
-func TestHookKindsAndLog(t *testing.T) {
+// A reply hook runs after the call took effect; its error is the call's.
+func TestReplyHook(t *testing.T) {
 	h, s := newHost(t)
 	boom := errors.New("boom")
 	p, _ := s.StoragePoolLookupByName("p")
@@ -457,8 +495,17 @@ func TestHookKindsAndLog(t *testing.T) {
 	if _, ok := h.Volume("p", "v"); !ok {
 		t.Fatal("a call whose reply was lost had no effect")
 	}
+}
 
-	// The catch-all hook sees every libvirt call, not Do.
+// The catch-all hook sees every libvirt call, not Do, before the method's
+// own (here a chain of Named and FailNth); the log keeps them in order.
+func TestCatchAllHookAndLog(t *testing.T) {
+	h, s := newHost(t)
+	boom := errors.New("boom")
+	if err := h.PutVolume("p", libvirtfake.Volume{Name: "v"}); err != nil {
+		t.Fatal(err)
+	}
+
 	var seen []string
 	h.SetHook("", func(c libvirtfake.Call) error { seen = append(seen, c.Method+" "+c.Name()); return nil })
 	h.SetHook("StorageVolGetPath", libvirtfake.Chain(nil, libvirtfake.Named("w", libvirtfake.Fail(boom)), libvirtfake.FailNth(2, boom)))
@@ -484,8 +531,8 @@ func TestHookKindsAndLog(t *testing.T) {
 	for _, c := range h.Log() {
 		logged = append(logged, c.Method)
 	}
-	if fmt.Sprint(logged) != "[StorageVolCreateXML StorageVolGetPath StorageVolGetPath StorageVolGetPath StorageVolGetPath]" ||
-		h.Calls("") != 5 || h.Calls("StorageVolGetPath") != 4 || h.Calls("Do") != 1 {
+	if fmt.Sprint(logged) != "[StorageVolGetPath StorageVolGetPath StorageVolGetPath StorageVolGetPath]" ||
+		h.Calls("") != 4 || h.Calls("StorageVolGetPath") != 4 || h.Calls("Do") != 1 {
 		t.Fatalf("log %v, %d calls (%d paths, %d Do)", logged, h.Calls(""), h.Calls("StorageVolGetPath"), h.Calls("Do"))
 	}
 	h.ClearHooks()
@@ -493,8 +540,12 @@ func TestHookKindsAndLog(t *testing.T) {
 	if _, err := s.StorageVolGetPath(libvirt.StorageVol{Pool: "p", Name: "w"}); code(err) != libvirt.ErrNoStorageVol || h.Calls("") != 1 {
 		t.Fatalf("after ClearHooks and ResetCalls: %v, %d calls", err, h.Calls(""))
 	}
+}
 
-	// Pause holds the first call only; Kill ends a held call.
+// Pause holds the first call only; Kill ends a held call.
+func TestPause(t *testing.T) {
+	h, s := newHost(t)
+	p, _ := s.StoragePoolLookupByName("p")
 	pause := libvirtfake.NewPause()
 	h.SetHook("StoragePoolRefresh", pause.Hook)
 	done := make(chan error, 1)
