@@ -10,6 +10,7 @@ import (
 	libvirt "github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 	"libvirt.org/go/libvirtxml"
 )
 
@@ -57,12 +58,12 @@ func TestKVMOffered(t *testing.T) {
 // domainTypeOf returns the type attribute of the fake's domain of name.
 func (e *fakeEnv) domainTypeOf(name string) string {
 	e.t.Helper()
-	d, ok := e.lv.domain(e.dom(name))
+	d, ok := e.host.Domain(e.dom(name))
 	if !ok {
 		e.t.Fatalf("domain of %s missing", name)
 	}
 	var dx libvirtxml.Domain
-	if err := dx.Unmarshal(d.xml); err != nil {
+	if err := dx.Unmarshal(d.XML); err != nil {
 		e.t.Fatal(err)
 	}
 	return dx.Type
@@ -74,11 +75,7 @@ func (c *fakeImages) ensureCount() int {
 	return len(c.ensured)
 }
 
-func (e *fakeEnv) setDomcaps(doc string) {
-	e.lv.mu.Lock()
-	e.lv.domcaps = doc
-	e.lv.mu.Unlock()
-}
+func (e *fakeEnv) setDomcaps(doc string) { e.host.SetDomainCapabilities(doc) }
 
 // TestFakeAcceleration: every combination of host (offers KVM or not) and
 // Config.DomainType (automatic, "kvm", "qemu") — what Create defines, what
@@ -106,7 +103,7 @@ func TestFakeAcceleration(t *testing.T) {
 			if got := e.p.cfg.DomainType; got != tt.cfgType {
 				t.Errorf("Config().DomainType = %q, want %q as configured (\"\" stays automatic)", got, tt.cfgType)
 			}
-			if n := e.lv.callCount(""); n != 0 {
+			if n := e.host.Calls(""); n != 0 {
 				t.Fatalf("building the provider made %d calls", n)
 			}
 
@@ -157,16 +154,13 @@ func TestFakeAcceleration(t *testing.T) {
 			if d, ok := h.Details["degraded"]; ok != tt.degraded || (ok && !strings.Contains(d, "without acceleration")) {
 				t.Errorf("degraded detail %q (set %v), want set %v saying guests run without acceleration", d, ok, tt.degraded)
 			}
-			if n := e.lv.callCount("ConnectGetDomainCapabilities"); n != tt.asks {
+			if n := e.host.Calls("ConnectGetDomainCapabilities"); n != tt.asks {
 				t.Errorf("%d capability reads, want %d", n, tt.asks)
 			}
-			e.lv.mu.Lock()
-			args := append([]string(nil), e.lv.capsArgs...)
-			e.lv.mu.Unlock()
-			for _, a := range args {
+			for _, c := range e.host.Log() {
 				// The guests' architecture, libvirt's default domain type.
-				if a != `emulator=[] arch=["x86_64"] machine=[] virttype=[] flags=0` {
-					t.Errorf("capabilities asked with %s", a)
+				if c.Method == "ConnectGetDomainCapabilities" && c.Args != `emulator=[] arch=["x86_64"] machine=[] virttype=[] flags=0` {
+					t.Errorf("capabilities asked with %s", c.Args)
 				}
 			}
 		})
@@ -179,7 +173,7 @@ func TestFakeAcceleration(t *testing.T) {
 func TestFakeAccelerationCache(t *testing.T) {
 	ctx := context.Background()
 	e := newFakeEnv(t)
-	asks := func() int { return e.lv.callCount("ConnectGetDomainCapabilities") }
+	asks := func() int { return e.host.Calls("ConnectGetDomainCapabilities") }
 	for _, n := range []string{"a", "b"} {
 		if _, err := e.p.Create(ctx, fakeSpec(n)); err != nil {
 			t.Fatal(err)
@@ -240,13 +234,13 @@ func TestFakeAccelerationReadFails(t *testing.T) {
 		reason egressproxy.HealthReason
 	}{
 		{"link dies", libvirt.ErrInterrupted, "", errs.Transient, egressproxy.ReasonUnreachable},
-		{"access denied", lvErrorf(libvirt.ErrAccessDenied, "access denied"), "", errs.Permanent, egressproxy.ReasonForbidden},
+		{"access denied", libvirtfake.Errorf(libvirt.ErrAccessDenied, "access denied"), "", errs.Permanent, egressproxy.ReasonForbidden},
 		{"not a capabilities document", nil, "<capabilities/>", errs.Transient, egressproxy.ReasonUnknown},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newFakeEnv(t)
 			if tt.err != nil {
-				e.lv.setFault(failOn("ConnectGetDomainCapabilities", "", false, tt.err))
+				e.host.SetHook("ConnectGetDomainCapabilities", libvirtfake.Fail(tt.err))
 			} else {
 				e.setDomcaps(tt.doc)
 			}
@@ -265,7 +259,7 @@ func TestFakeAccelerationReadFails(t *testing.T) {
 				t.Errorf("Check = %+v, %v; want reason %s, pool details kept, no domainType", h, err, tt.reason)
 			}
 
-			e.lv.setFault(nil)
+			e.host.ClearHooks()
 			e.setDomcaps(domcapsKVM)
 			if _, err := e.p.Create(ctx, fakeSpec("a")); err != nil {
 				t.Fatalf("retried Create: %v", err)

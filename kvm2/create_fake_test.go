@@ -16,11 +16,12 @@ import (
 	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/naming"
+	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 )
 
-// Create, Get, List, Delete and Check on the in-memory libvirt of
-// fake_test.go: what the calls leave on the "host" and how their errors are
-// classed.
+// Create, Get, List, Delete and Check on the in-memory libvirt
+// (internal/testing/libvirtfake): what the calls leave on the "host" and
+// how their errors are classed.
 
 func fakeSpec(name string) egressproxy.Spec {
 	return egressproxy.Spec{Name: name, UID: "uid-" + name, UserData: "#cloud-config\nhostname: " + name + "\n"}
@@ -36,37 +37,37 @@ func wantCode(t *testing.T, what string, err error, want errs.ErrorCode) {
 // onlyBases fails t unless the fake holds no domain and only base volumes.
 func (e *fakeEnv) onlyBases(when string) {
 	e.t.Helper()
-	if d := e.lv.domainNames(); len(d) != 0 {
+	if d := e.host.DomainNames(); len(d) != 0 {
 		e.t.Errorf("%s: domains left: %v", when, d)
 	}
-	for _, v := range e.lv.volNames(e.cfg.Pool) {
+	for _, v := range e.host.VolumeNames(e.cfg.Pool) {
 		if !strings.HasPrefix(v, "base-") {
-			e.t.Errorf("%s: volume left: %s (all: %v)", when, v, e.lv.volNames(e.cfg.Pool))
+			e.t.Errorf("%s: volume left: %s (all: %v)", when, v, e.host.VolumeNames(e.cfg.Pool))
 		}
 	}
 }
 
 // hasInstance fails t unless the fake holds name's domain in state st with
 // its overlay (backed by the base) and its seed.
-func (e *fakeEnv) hasInstance(name string, st libvirt.DomainState) fakeDomain {
+func (e *fakeEnv) hasInstance(name string, st libvirt.DomainState) libvirtfake.Domain {
 	e.t.Helper()
 	dn := e.dom(name)
-	d, ok := e.lv.domain(dn)
+	d, ok := e.host.Domain(dn)
 	if !ok {
-		e.t.Fatalf("domain %s missing (domains %v)", dn, e.lv.domainNames())
+		e.t.Fatalf("domain %s missing (domains %v)", dn, e.host.DomainNames())
 	}
-	if d.state != st {
-		e.t.Errorf("domain %s state %v, want %v", dn, d.state, st)
+	if d.State != st {
+		e.t.Errorf("domain %s state %v, want %v", dn, d.State, st)
 	}
-	ov, ok := e.lv.vol(e.cfg.Pool, overlayVolume(dn))
+	ov, ok := e.host.Volume(e.cfg.Pool, overlayVolume(dn))
 	if !ok {
-		e.t.Fatalf("overlay of %s missing (volumes %v)", dn, e.lv.volNames(e.cfg.Pool))
+		e.t.Fatalf("overlay of %s missing (volumes %v)", dn, e.host.VolumeNames(e.cfg.Pool))
 	}
-	base, _ := e.lv.vol(e.cfg.Pool, basecache.BaseName(e.cfg.Entry, "tiny", "qcow2"))
-	if base.path == "" || ov.backing != base.path || ov.format != "qcow2" {
+	base, _ := e.host.Volume(e.cfg.Pool, basecache.BaseName(e.cfg.Entry, "tiny", "qcow2"))
+	if base.Path == "" || ov.BackingPath != base.Path || ov.Format != "qcow2" {
 		e.t.Errorf("overlay %+v: want qcow2 backed by the base", ov)
 	}
-	if _, ok := e.lv.vol(e.cfg.Pool, seedVolume(dn)); !ok {
+	if _, ok := e.host.Volume(e.cfg.Pool, seedVolume(dn)); !ok {
 		e.t.Fatalf("seed of %s missing", dn)
 	}
 	return d
@@ -85,16 +86,16 @@ func TestFakeCreateFresh(t *testing.T) {
 		t.Errorf("instance %+v", inst)
 	}
 	d := e.hasInstance("a", libvirt.DomainRunning)
-	meta, err := parseMetadata(d.xml)
+	meta, err := parseMetadata(d.XML)
 	if err != nil || meta.UID != spec.UID || meta.Entry != e.cfg.Entry || meta.Owner != e.cfg.Owner ||
 		meta.SpecDigest != spec.Digest() || !meta.Created.Equal(inst.CreatedAt) {
 		t.Errorf("metadata %+v (%v)", meta, err)
 	}
-	seed, _ := e.lv.vol(e.cfg.Pool, seedVolume(e.dom("a")))
-	if uint64(len(seed.data)) != seed.capacity {
-		t.Errorf("seed holds %d bytes, capacity %d", len(seed.data), seed.capacity)
+	seed, _ := e.host.Volume(e.cfg.Pool, seedVolume(e.dom("a")))
+	if uint64(len(seed.Data)) != seed.Capacity {
+		t.Errorf("seed holds %d bytes, capacity %d", len(seed.Data), seed.Capacity)
 	}
-	label, files := readSeed(t, seed.data)
+	label, files := readSeed(t, seed.Data)
 	if label != seedLabel || files["user-data"] != spec.UserData || !strings.Contains(files["meta-data"], spec.UID) {
 		t.Errorf("seed %q %v", label, files)
 	}
@@ -102,7 +103,7 @@ func TestFakeCreateFresh(t *testing.T) {
 		t.Errorf("images ensured: %v", got)
 	}
 	for op, n := range map[string]int{"StorageVolCreateXML": 2, "StorageVolUpload": 1, "DomainDefineXMLFlags": 1, "DomainCreate": 1, "StorageVolDelete": 0} {
-		if got := e.lv.callCount(op); got != n {
+		if got := e.host.Calls(op); got != n {
 			t.Errorf("%s called %d times, want %d", op, got, n)
 		}
 	}
@@ -112,7 +113,7 @@ func TestFakeCreateFresh(t *testing.T) {
 	if err != nil || got.State != egressproxy.StateProvisioning || got.IP != "" || !got.CreatedAt.Equal(inst.CreatedAt) {
 		t.Errorf("Get before lease: %+v, %v", got, err)
 	}
-	e.lv.setLease(d.mac, "192.0.2.10")
+	e.host.SetLease(d.MAC, "192.0.2.10")
 	got, err = e.p.Get(ctx, spec.Ref())
 	if err != nil || got.State != egressproxy.StateRunning || got.IP != "192.0.2.10" || got.AddressSource != SourceLease {
 		t.Errorf("Get with lease: %+v, %v", got, err)
@@ -130,8 +131,8 @@ func TestFakeCreateAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.lv.setDomain(e.dom("a"), func(d *fakeDomain) { d.agentIP = "192.0.2.20" })
-	e.lv.resetCalls()
+	e.host.UpdateDomain(e.dom("a"), func(d *libvirtfake.Domain) { d.AgentAddress = "192.0.2.20" })
+	e.host.ResetCalls()
 	again, err := e.p.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +141,7 @@ func TestFakeCreateAgain(t *testing.T) {
 		t.Errorf("again: %+v, first %+v", again, first)
 	}
 	for _, op := range []string{"StorageVolCreateXML", "DomainDefineXMLFlags", "DomainCreate", "StorageVolUpload"} {
-		if n := e.lv.callCount(op); n != 0 {
+		if n := e.host.Calls(op); n != 0 {
 			t.Errorf("%s called %d times by a Create of an existing instance", op, n)
 		}
 	}
@@ -150,22 +151,22 @@ func TestFakeCreateAgain(t *testing.T) {
 
 	// The address is best-effort for an existing instance: every source
 	// failing still returns it (without an address).
-	e.lv.setFault(failOn("DomainInterfaceAddresses", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")))
+	e.host.SetHook("DomainInterfaceAddresses", libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")))
 	again, err = e.p.Create(ctx, spec)
 	if err != nil || again.IP != "" || again.State != egressproxy.StateProvisioning {
 		t.Errorf("address failing: %+v, %v", again, err)
 	}
-	e.lv.setFault(nil)
+	e.host.ClearHooks()
 
 	// Stopped on purpose (shut down): left as it is.
-	e.lv.setDomain(e.dom("a"), func(d *fakeDomain) {
-		d.state, d.reason = libvirt.DomainShutoff, int32(libvirt.DomainShutoffShutdown)
+	e.host.UpdateDomain(e.dom("a"), func(d *libvirtfake.Domain) {
+		d.State, d.Reason = libvirt.DomainShutoff, int32(libvirt.DomainShutoffShutdown)
 	})
 	again, err = e.p.Create(ctx, spec)
 	if err != nil || again.State != egressproxy.StateStopped {
 		t.Errorf("stopped: %+v, %v", again, err)
 	}
-	if n := e.lv.callCount("DomainCreate"); n != 0 {
+	if n := e.host.Calls("DomainCreate"); n != 0 {
 		t.Errorf("a stopped instance was started")
 	}
 }
@@ -178,18 +179,18 @@ func TestFakeCreateCompletesDefined(t *testing.T) {
 	e := newFakeEnv(t)
 	ctx := context.Background()
 	spec := fakeSpec("a")
-	e.lv.setFault(failOn("DomainCreate", "", false, libvirt.ErrInterrupted))
+	e.host.SetHook("DomainCreate", libvirtfake.Fail(libvirt.ErrInterrupted))
 	_, err := e.p.Create(ctx, spec)
 	wantCode(t, "start interrupted", err, errs.Transient)
 	d := e.hasInstance("a", libvirt.DomainShutoff)
-	if !neverRan(d.state, d.reason) {
-		t.Fatalf("state %v reason %v", d.state, d.reason)
+	if !neverRan(d.State, d.Reason) {
+		t.Fatalf("state %v reason %v", d.State, d.Reason)
 	}
-	meta, _ := parseMetadata(d.xml)
+	meta, _ := parseMetadata(d.XML)
 
-	e.lv.setFault(nil)
-	e.lv.removeVol(e.cfg.Pool, seedVolume(e.dom("a")))
-	e.lv.resetCalls()
+	e.host.ClearHooks()
+	e.host.RemoveVolume(e.cfg.Pool, seedVolume(e.dom("a")))
+	e.host.ResetCalls()
 	inst, err := e.p.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -198,25 +199,25 @@ func TestFakeCreateCompletesDefined(t *testing.T) {
 	if !inst.CreatedAt.Equal(meta.Created) || inst.State != egressproxy.StateProvisioning {
 		t.Errorf("instance %+v, want the defined domain's creation time %v", inst, meta.Created)
 	}
-	if n := e.lv.callCount("StorageVolCreateXML"); n != 1 {
+	if n := e.host.Calls("StorageVolCreateXML"); n != 1 {
 		t.Errorf("%d volumes created, want the missing seed only", n)
 	}
-	if n := e.lv.callCount("DomainDefineXMLFlags"); n != 0 {
+	if n := e.host.Calls("DomainDefineXMLFlags"); n != 0 {
 		t.Errorf("domain defined again")
 	}
-	seed, _ := e.lv.vol(e.cfg.Pool, seedVolume(e.dom("a")))
-	if _, files := readSeed(t, seed.data); files["user-data"] != spec.UserData {
+	seed, _ := e.host.Volume(e.cfg.Pool, seedVolume(e.dom("a")))
+	if _, files := readSeed(t, seed.Data); files["user-data"] != spec.UserData {
 		t.Errorf("recreated seed: %v", files)
 	}
 
 	// The overlay missing instead: recreated too.
 	e2 := newFakeEnv(t)
-	e2.lv.setFault(failOn("DomainCreate", "", false, libvirt.ErrInterrupted))
+	e2.host.SetHook("DomainCreate", libvirtfake.Fail(libvirt.ErrInterrupted))
 	if _, err := e2.p.Create(ctx, spec); err == nil {
 		t.Fatal("want the interrupted start's error")
 	}
-	e2.lv.setFault(nil)
-	e2.lv.removeVol(e2.cfg.Pool, overlayVolume(e2.dom("a")))
+	e2.host.ClearHooks()
+	e2.host.RemoveVolume(e2.cfg.Pool, overlayVolume(e2.dom("a")))
 	if _, err := e2.p.Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -229,16 +230,16 @@ func TestFakeCreateDefineReplyLost(t *testing.T) {
 	e := newFakeEnv(t)
 	ctx := context.Background()
 	spec := fakeSpec("a")
-	e.lv.setFault(failOn("DomainDefineXMLFlags", "", true, libvirt.ErrInterrupted))
+	e.host.SetReplyHook("DomainDefineXMLFlags", libvirtfake.Fail(libvirt.ErrInterrupted))
 	_, err := e.p.Create(ctx, spec)
 	wantCode(t, "define reply lost", err, errs.Transient)
 	e.hasInstance("a", libvirt.DomainShutoff)
-	e.lv.setFault(nil)
+	e.host.ClearHooks()
 	if _, err := e.p.Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	e.hasInstance("a", libvirt.DomainRunning)
-	if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+	if n := e.host.Calls("StorageVolDelete"); n != 0 {
 		t.Errorf("%d volumes deleted", n)
 	}
 }
@@ -252,14 +253,14 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 	spec := fakeSpec("a")
 	leftovers := func(t *testing.T) *fakeEnv {
 		e := newFakeEnv(t)
-		e.lv.setFault(failOn("DomainDefineXMLFlags", "", false, libvirt.ErrInterrupted))
+		e.host.SetHook("DomainDefineXMLFlags", libvirtfake.Fail(libvirt.ErrInterrupted))
 		_, err := e.p.Create(ctx, spec)
 		wantCode(t, "define interrupted", err, errs.Transient)
-		if len(e.lv.domainNames()) != 0 || len(e.lv.volNames(e.cfg.Pool)) != 3 {
-			t.Fatalf("want overlay and seed left, no domain: %v %v", e.lv.domainNames(), e.lv.volNames(e.cfg.Pool))
+		if len(e.host.DomainNames()) != 0 || len(e.host.VolumeNames(e.cfg.Pool)) != 3 {
+			t.Fatalf("want overlay and seed left, no domain: %v %v", e.host.DomainNames(), e.host.VolumeNames(e.cfg.Pool))
 		}
-		e.lv.setFault(nil)
-		e.lv.resetCalls()
+		e.host.ClearHooks()
+		e.host.ResetCalls()
 		return e
 	}
 
@@ -269,10 +270,10 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.hasInstance("a", libvirt.DomainRunning)
-		if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+		if n := e.host.Calls("StorageVolDelete"); n != 0 {
 			t.Errorf("%d volumes deleted", n)
 		}
-		if n := e.lv.callCount("StorageVolUpload"); n != 1 {
+		if n := e.host.Calls("StorageVolUpload"); n != 1 {
 			t.Errorf("seed uploaded %d times, want again once", n)
 		}
 	})
@@ -285,11 +286,11 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.hasInstance("a", libvirt.DomainRunning)
-		seed, _ := e.lv.vol(e.cfg.Pool, seedVolume(e.dom("a")))
-		if _, files := readSeed(t, seed.data); files["user-data"] != big.UserData {
+		seed, _ := e.host.Volume(e.cfg.Pool, seedVolume(e.dom("a")))
+		if _, files := readSeed(t, seed.Data); files["user-data"] != big.UserData {
 			t.Error("seed not replaced")
 		}
-		if n := e.lv.callCount("StorageVolDelete"); n != 1 {
+		if n := e.host.Calls("StorageVolDelete"); n != 1 {
 			t.Errorf("%d volumes deleted, want the old seed", n)
 		}
 	})
@@ -300,15 +301,13 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 		big.UserData = "#cloud-config\n# " + strings.Repeat("x", 40000) + "\n"
 		// Another call defines the domain right after our overlay step.
 		var once sync.Once
-		e.lv.setFault(func(c fakeCall) error {
-			if c.Op == "StorageVolGetInfo" && !c.After {
-				once.Do(func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", spec.UID)) })
-			}
+		e.host.SetHook("StorageVolGetInfo", func(libvirtfake.Call) error {
+			once.Do(func() { e.defineXML(t, otherDomainXML(t, e, "a", spec.UID)) })
 			return nil
 		})
 		_, err := e.p.Create(ctx, big)
 		wantCode(t, "domain appeared", err, errs.Transient)
-		if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+		if n := e.host.Calls("StorageVolDelete"); n != 0 {
 			t.Errorf("%d volumes deleted while a domain of their name exists", n)
 		}
 	})
@@ -321,56 +320,54 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 	// the name blocked until someone deleted it by hand).
 	t.Run("overlay backed by another base", func(t *testing.T) {
 		e := leftovers(t)
-		e.lv.putVol(e.cfg.Pool, fakeVol{name: "other-base.qcow2", capacity: 1 << 20})
-		other, _ := e.lv.vol(e.cfg.Pool, "other-base.qcow2")
-		e.lv.putVol(e.cfg.Pool, fakeVol{name: overlayVolume(e.dom("a")), format: "qcow2", backing: other.path})
+		e.putVolume(libvirtfake.Volume{Name: "other-base.qcow2", Capacity: 1 << 20})
+		other, _ := e.host.Volume(e.cfg.Pool, "other-base.qcow2")
+		e.putVolume(libvirtfake.Volume{Name: overlayVolume(e.dom("a")), Format: "qcow2", BackingPath: other.Path})
 		if _, err := e.p.Create(ctx, spec); err != nil {
 			t.Fatalf("Create over a leftover overlay of another base: %v", err)
 		}
 		e.hasInstance("a", libvirt.DomainRunning) // its overlay backed by our base
-		if n := e.lv.callCount("StorageVolDelete"); n != 1 {
+		if n := e.host.Calls("StorageVolDelete"); n != 1 {
 			t.Errorf("%d volumes deleted, want the leftover overlay", n)
 		}
-		if _, ok := e.lv.vol(e.cfg.Pool, "other-base.qcow2"); !ok {
+		if _, ok := e.host.Volume(e.cfg.Pool, "other-base.qcow2"); !ok {
 			t.Error("the other base was removed")
 		}
 	})
 
 	t.Run("overlay backed by another base, domain defined meanwhile", func(t *testing.T) {
 		e := leftovers(t)
-		e.lv.putVol(e.cfg.Pool, fakeVol{name: "other-base.qcow2", capacity: 1 << 20})
-		other, _ := e.lv.vol(e.cfg.Pool, "other-base.qcow2")
-		e.lv.putVol(e.cfg.Pool, fakeVol{name: overlayVolume(e.dom("a")), format: "qcow2", backing: other.path})
+		e.putVolume(libvirtfake.Volume{Name: "other-base.qcow2", Capacity: 1 << 20})
+		other, _ := e.host.Volume(e.cfg.Pool, "other-base.qcow2")
+		e.putVolume(libvirtfake.Volume{Name: overlayVolume(e.dom("a")), Format: "qcow2", BackingPath: other.Path})
 		// Another call defines the domain right after our read of the
 		// overlay.
 		var once sync.Once
-		e.lv.setFault(func(c fakeCall) error {
-			if c.Op == "StorageVolGetXMLDesc" && c.After {
-				once.Do(func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", "uid-other")) })
-			}
+		e.host.SetReplyHook("StorageVolGetXMLDesc", func(libvirtfake.Call) error {
+			once.Do(func() { e.defineXML(t, otherDomainXML(t, e, "a", "uid-other")) })
 			return nil
 		})
 		_, err := e.p.Create(ctx, spec)
 		wantCode(t, "domain appeared", err, errs.Transient)
-		if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+		if n := e.host.Calls("StorageVolDelete"); n != 0 {
 			t.Errorf("%d volumes deleted while a domain of their name exists", n)
 		}
-		if ov, ok := e.lv.vol(e.cfg.Pool, overlayVolume(e.dom("a"))); !ok || ov.backing != other.path {
+		if ov, ok := e.host.Volume(e.cfg.Pool, overlayVolume(e.dom("a"))); !ok || ov.BackingPath != other.Path {
 			t.Errorf("the overlay of the defined domain changed: %+v", ov)
 		}
 	})
 
 	t.Run("overlay unreadable", func(t *testing.T) {
 		e := leftovers(t)
-		e.lv.setFault(failOn("StorageVolGetXMLDesc", "", false, lvErrorf(libvirt.ErrInternalError, "internal error: cannot read")))
+		e.host.SetHook("StorageVolGetXMLDesc", libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrInternalError, "internal error: cannot read")))
 		_, err := e.p.Create(ctx, spec)
 		wantCode(t, "overlay unreadable", err, errs.Transient)
 	})
 
 	t.Run("overlay vanished", func(t *testing.T) {
 		e := leftovers(t)
-		e.lv.setFault(failOn("StorageVolLookupByName", overlayVolume(e.dom("a")), false,
-			lvErrorf(libvirt.ErrNoStorageVol, "Storage volume not found: no storage vol with matching name")))
+		e.host.SetHook("StorageVolLookupByName", libvirtfake.Named(overlayVolume(e.dom("a")),
+			libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrNoStorageVol, "Storage volume not found: no storage vol with matching name"))))
 		_, err := e.p.Create(ctx, spec)
 		wantCode(t, "overlay vanished", err, errs.Transient) // raced: a retry converges
 	})
@@ -379,19 +376,19 @@ func TestFakeCreateReusesLeftovers(t *testing.T) {
 		e := leftovers(t)
 		var mu sync.Mutex
 		busy := 2
-		e.lv.setFault(func(c fakeCall) error {
+		e.host.SetHook("StorageVolUpload", func(c libvirtfake.Call) error {
 			mu.Lock()
 			defer mu.Unlock()
-			if c.Op == "StorageVolUpload" && !c.After && busy > 0 {
+			if busy > 0 {
 				busy--
-				return lvErrorf(libvirt.ErrOperationInvalid, "Requested operation is not valid: volume '%s' is still being allocated.", c.Name)
+				return libvirtfake.Errorf(libvirt.ErrOperationInvalid, "Requested operation is not valid: volume '%s' is still being allocated.", c.Name())
 			}
 			return nil
 		})
 		if _, err := e.p.Create(ctx, spec); err != nil {
 			t.Fatal(err)
 		}
-		if n := e.lv.callCount("StorageVolUpload"); n != 3 {
+		if n := e.host.Calls("StorageVolUpload"); n != 3 {
 			t.Errorf("%d uploads, want 3 (two busy)", n)
 		}
 	})
@@ -422,17 +419,15 @@ func TestFakeCreateRaces(t *testing.T) {
 	spec := fakeSpec("a")
 	onceBefore := func(e *fakeEnv, op string, f func()) {
 		var once sync.Once
-		e.lv.setFault(func(c fakeCall) error {
-			if c.Op == op && !c.After {
-				once.Do(f)
-			}
+		e.host.SetHook(op, func(libvirtfake.Call) error {
+			once.Do(f)
 			return nil
 		})
 	}
 
 	t.Run("defined by a replica", func(t *testing.T) {
 		e := newFakeEnv(t)
-		onceBefore(e, "DomainDefineXMLFlags", func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", spec.UID)) })
+		onceBefore(e, "DomainDefineXMLFlags", func() { e.defineXML(t, otherDomainXML(t, e, "a", spec.UID)) })
 		if _, err := e.p.Create(ctx, spec); err != nil {
 			t.Fatal(err)
 		}
@@ -441,11 +436,11 @@ func TestFakeCreateRaces(t *testing.T) {
 
 	t.Run("defined by another UID", func(t *testing.T) {
 		e := newFakeEnv(t)
-		onceBefore(e, "DomainDefineXMLFlags", func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", "someone-else")) })
+		onceBefore(e, "DomainDefineXMLFlags", func() { e.defineXML(t, otherDomainXML(t, e, "a", "someone-else")) })
 		_, err := e.p.Create(ctx, spec)
 		wantCode(t, "name taken meanwhile", err, errs.Permanent)
 		d := e.hasInstance("a", libvirt.DomainShutoff) // its volumes stay: a domain of their name exists
-		if m, _ := parseMetadata(d.xml); m.UID != "someone-else" {
+		if m, _ := parseMetadata(d.XML); m.UID != "someone-else" {
 			t.Errorf("the other domain changed: %+v", m)
 		}
 	})
@@ -453,8 +448,7 @@ func TestFakeCreateRaces(t *testing.T) {
 	t.Run("started by a replica", func(t *testing.T) {
 		e := newFakeEnv(t)
 		onceBefore(e, "DomainCreate", func() {
-			d, _ := e.lv.domain(e.dom("a"))
-			if err := e.lv.start(d.dom); err != nil {
+			if err := e.host.StartDomain(e.dom("a")); err != nil {
 				t.Error(err)
 			}
 		})
@@ -471,7 +465,7 @@ func TestFakeCreateStepFailures(t *testing.T) {
 	ctx := context.Background()
 	spec := fakeSpec("a")
 	dn := domainName("lab-1", "a")
-	internal := lvErrorf(libvirt.ErrInternalError, "internal error: something broke")
+	internal := libvirtfake.Errorf(libvirt.ErrInternalError, "internal error: something broke")
 	for _, tc := range []struct {
 		name     string
 		op, on   string
@@ -481,18 +475,22 @@ func TestFakeCreateStepFailures(t *testing.T) {
 	}{
 		{"pool lookup", "StoragePoolLookupByName", "", internal, errs.Transient, "look up pool"},
 		{"pool missing", "StoragePoolLookupByName", "",
-			lvErrorf(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching name 'default'"),
+			libvirtfake.Errorf(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching name 'default'"),
 			errs.Code(classify(lverr(libvirt.ErrNoStoragePool))), "look up pool"},
 		{"overlay", "StorageVolCreateXML", overlayVolume(dn), internal, errs.Transient, "create overlay"},
 		{"seed", "StorageVolCreateXML", seedVolume(dn), internal, errs.Transient, "create seed volume"},
 		{"upload", "StorageVolUpload", "", internal, errs.Transient, "upload seed"},
-		{"define refused", "DomainDefineXMLFlags", "", lvErrorf(libvirt.ErrXMLError, "XML error: bad"), errs.Permanent, "define domain"},
-		{"start: no network", "DomainCreate", "", lvErrorf(libvirt.ErrNoNetwork, "Network not found: no network with matching name 'default'"), errs.Permanent, "start domain"},
-		{"start failed", "DomainCreate", "", lvErrorf(libvirt.ErrOperationFailed, "operation failed: qemu exited"), errs.Transient, "start domain"},
+		{"define refused", "DomainDefineXMLFlags", "", libvirtfake.Errorf(libvirt.ErrXMLError, "XML error: bad"), errs.Permanent, "define domain"},
+		{"start: no network", "DomainCreate", "", libvirtfake.Errorf(libvirt.ErrNoNetwork, "Network not found: no network with matching name 'default'"), errs.Permanent, "start domain"},
+		{"start failed", "DomainCreate", "", libvirtfake.Errorf(libvirt.ErrOperationFailed, "operation failed: qemu exited"), errs.Transient, "start domain"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEnv(t)
-			e.lv.setFault(failOn(tc.op, tc.on, false, tc.err))
+			hook := libvirtfake.Fail(tc.err)
+			if tc.on != "" {
+				hook = libvirtfake.Named(tc.on, hook)
+			}
+			e.host.SetHook(tc.op, hook)
 			_, err := e.p.Create(ctx, spec)
 			wantCode(t, tc.name, err, tc.want)
 			// The backend names its entry and the failed step; the client
@@ -505,7 +503,7 @@ func TestFakeCreateStepFailures(t *testing.T) {
 			}
 			e.onlyBases("after " + tc.name)
 			// A retry converges once the cause is gone.
-			e.lv.setFault(nil)
+			e.host.ClearHooks()
 			if _, err := e.p.Create(ctx, spec); err != nil {
 				t.Fatalf("retry: %v", err)
 			}
@@ -521,18 +519,12 @@ func TestFakeCreateUndoFails(t *testing.T) {
 	e := newFakeEnv(t)
 	ctx := context.Background()
 	spec := fakeSpec("a")
-	start := failOn("DomainCreate", "", false, lvErrorf(libvirt.ErrNoNetwork, "Network not found"))
-	undefine := failOn("DomainUndefineFlags", "", false, lvErrorf(libvirt.ErrInternalError, "internal error: undefine"))
-	e.lv.setFault(func(c fakeCall) error {
-		if err := start(c); err != nil {
-			return err
-		}
-		return undefine(c)
-	})
+	e.host.SetHook("DomainCreate", libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrNoNetwork, "Network not found")))
+	e.host.SetHook("DomainUndefineFlags", libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrInternalError, "internal error: undefine")))
 	_, err := e.p.Create(ctx, spec)
 	wantCode(t, "start", err, errs.Permanent)
 	e.hasInstance("a", libvirt.DomainShutoff)
-	e.lv.setFault(nil)
+	e.host.ClearHooks()
 	if err := e.p.Delete(ctx, spec.Ref()); err != nil {
 		t.Fatal(err)
 	}
@@ -548,8 +540,8 @@ func TestFakeCreateRefusals(t *testing.T) {
 		if _, err := e.p.Create(ctx, spec); err != nil {
 			t.Fatal(err)
 		}
-		before, _ := e.lv.domain(e.dom("a"))
-		e.lv.resetCalls()
+		before, _ := e.host.Domain(e.dom("a"))
+		e.host.ResetCalls()
 		other := spec
 		other.UserData = "#cloud-config\nsecret: s3cr3t\n"
 		_, err := e.p.Create(ctx, other)
@@ -557,21 +549,21 @@ func TestFakeCreateRefusals(t *testing.T) {
 		if !errors.Is(err, errs.ErrSpecConflict) || strings.Contains(err.Error(), "s3cr3t") {
 			t.Errorf("err %v: want ErrSpecConflict without user-data", err)
 		}
-		after, _ := e.lv.domain(e.dom("a"))
-		if after.xml != before.xml || e.lv.callCount("StorageVolCreateXML")+e.lv.callCount("DomainDefineXMLFlags")+e.lv.callCount("StorageVolDelete") != 0 {
+		after, _ := e.host.Domain(e.dom("a"))
+		if after.XML != before.XML || e.host.Calls("StorageVolCreateXML")+e.host.Calls("DomainDefineXMLFlags")+e.host.Calls("StorageVolDelete") != 0 {
 			t.Error("a spec conflict changed the host")
 		}
 	})
 
 	t.Run("name taken by a domain without our metadata", func(t *testing.T) {
 		e := newFakeEnv(t)
-		e.lv.defineXML(t, "<domain type='kvm'><name>"+e.dom("a")+"</name><memory>1024</memory></domain>")
+		e.defineXML(t, "<domain type='kvm'><name>"+e.dom("a")+"</name><memory>1024</memory></domain>")
 		_, err := e.p.Create(ctx, spec)
 		wantCode(t, "name taken", err, errs.Permanent)
 		if errors.Is(err, errs.ErrSpecConflict) || !strings.Contains(err.Error(), "the name is taken") {
 			t.Errorf("err %v", err)
 		}
-		if n := e.lv.callCount("StorageVolCreateXML"); n != 0 {
+		if n := e.host.Calls("StorageVolCreateXML"); n != 0 {
 			t.Errorf("%d volumes created", n)
 		}
 	})
@@ -586,7 +578,7 @@ func TestFakeCreateRefusals(t *testing.T) {
 		if !errors.As(err, &fe) || fe.Field != "ImageKey" {
 			t.Errorf("err %v: want a FieldError on ImageKey", err)
 		}
-		if n := e.lv.callCount(""); n != 0 || len(e.images.ensured) != 0 {
+		if n := e.host.Calls(""); n != 0 || len(e.images.ensured) != 0 {
 			t.Errorf("bad input touched the host: %d calls, ensured %v", n, e.images.ensured)
 		}
 	})
@@ -595,7 +587,7 @@ func TestFakeCreateRefusals(t *testing.T) {
 		e := newFakeEnv(t, func(c *Config) { c.Images = nil })
 		_, err := e.p.Create(ctx, spec)
 		wantCode(t, "no images", err, errs.Permanent)
-		if !strings.Contains(err.Error(), "Config.Images is empty") || e.lv.callCount("") != 0 {
+		if !strings.Contains(err.Error(), "Config.Images is empty") || e.host.Calls("") != 0 {
 			t.Errorf("err %v", err)
 		}
 	})
@@ -623,7 +615,7 @@ func TestFakeCreateRefusals(t *testing.T) {
 
 	t.Run("lookup fails", func(t *testing.T) {
 		e := newFakeEnv(t)
-		e.lv.setFault(failOn("DomainLookupByName", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")))
+		e.host.SetHook("DomainLookupByName", libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")))
 		_, err := e.p.Create(ctx, spec)
 		wantCode(t, "lookup", err, errs.Transient)
 		if len(e.images.ensured) != 0 {
@@ -645,7 +637,7 @@ func TestFakeCreateContext(t *testing.T) {
 		cancel()
 		_, err := e.p.Create(ctx, spec)
 		wantCode(t, "cancelled", err, errs.Canceled)
-		if n := e.lv.callCount(""); n != 0 {
+		if n := e.host.Calls(""); n != 0 {
 			t.Errorf("%d calls with a cancelled context", n)
 		}
 	})
@@ -675,13 +667,13 @@ func TestFakeCreateContext(t *testing.T) {
 				mods = append(mods, tc.mod)
 			}
 			e := newFakeEnv(t, mods...)
-			hook, entered, release := e.lv.block("DomainDefineXMLFlags", "")
-			e.lv.setFault(hook)
+			pause := libvirtfake.NewPause()
+			e.host.SetHook("DomainDefineXMLFlags", pause.Hook)
 			ctx, cancel := tc.ctx()
 			defer cancel()
 			go func() {
 				select {
-				case <-entered:
+				case <-pause.Entered():
 					if tc.end != nil {
 						tc.end(cancel, e)
 					}
@@ -690,12 +682,12 @@ func TestFakeCreateContext(t *testing.T) {
 			}()
 			_, err := e.p.Create(ctx, spec)
 			wantCode(t, tc.name, err, tc.want)
-			release()
-			e.sess.wait() // the abandoned call completes its define and stops
-			if n := e.lv.callCount("DomainCreate"); n != 0 {
+			pause.Release()
+			e.host.Wait() // the abandoned call completes its define and stops
+			if n := e.host.Calls("DomainCreate"); n != 0 {
 				t.Errorf("the abandoned call went on to start the domain")
 			}
-			if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+			if n := e.host.Calls("StorageVolDelete"); n != 0 {
 				t.Errorf("an interrupted Create removed %d volumes", n)
 			}
 			e.hasInstance("a", libvirt.DomainShutoff)
@@ -708,13 +700,13 @@ func TestFakeCreateContext(t *testing.T) {
 
 	t.Run("closed during upload", func(t *testing.T) {
 		e := newFakeEnv(t)
-		hook, entered, _ := e.lv.block("StorageVolUpload", "")
-		e.lv.setFault(hook)
+		pause := libvirtfake.NewPause()
+		e.host.SetHook("StorageVolUpload", pause.Hook)
 		var wg sync.WaitGroup
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			<-entered
+			<-pause.Entered()
 			if err := e.p.Close(); err != nil {
 				t.Errorf("Close: %v", err)
 			}
@@ -725,22 +717,22 @@ func TestFakeCreateContext(t *testing.T) {
 		if !errors.Is(err, errs.ErrClosed) {
 			t.Errorf("err %v: want ErrClosed", err)
 		}
-		if n := e.lv.callCount("StorageVolDelete"); n != 0 {
+		if n := e.host.Calls("StorageVolDelete"); n != 0 {
 			t.Errorf("a Create interrupted by Close removed %d volumes", n)
 		}
-		if e.images.closed != 1 || e.sess.closes != 1 {
-			t.Errorf("Close closed images %d, session %d times", e.images.closed, e.sess.closes)
+		if e.images.closeCount() != 1 || e.link.closeCount() != 1 {
+			t.Errorf("Close closed images %d, session %d times", e.images.closeCount(), e.link.closeCount())
 		}
 	})
 
 	t.Run("cancelled while waiting for the name", func(t *testing.T) {
 		e := newFakeEnv(t)
-		hook, entered, release := e.lv.block("DomainCreate", "")
-		e.lv.setFault(hook)
+		pause := libvirtfake.NewPause()
+		e.host.SetHook("DomainCreate", pause.Hook)
 		done := make(chan error, 1)
 		go func() { _, err := e.p.Create(context.Background(), spec); done <- err }()
 		select {
-		case <-entered:
+		case <-pause.Entered():
 		case err := <-done:
 			t.Fatalf("the first Create never reached its start: %v", err)
 		}
@@ -750,7 +742,7 @@ func TestFakeCreateContext(t *testing.T) {
 		// and gives up with its context.
 		_, err := e.p.Create(ctx, spec)
 		wantCode(t, "second", err, errs.Canceled)
-		release()
+		pause.Release()
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
@@ -778,22 +770,22 @@ var createScenarios = []struct {
 	{"leftovers reused", false, leaveVolumes},
 	{"leftover seed replaced", true, leaveVolumes},
 	{"defined, seed missing", false, func(t *testing.T, e *fakeEnv) {
-		e.lv.setFault(failOn("DomainCreate", "", false, libvirt.ErrInterrupted))
+		e.host.SetHook("DomainCreate", libvirtfake.Fail(libvirt.ErrInterrupted))
 		if _, err := e.p.Create(context.Background(), fakeSpec("a")); err == nil {
 			t.Fatal("want the interrupted start's error")
 		}
-		e.lv.setFault(nil)
-		e.lv.removeVol(e.cfg.Pool, seedVolume(e.dom("a")))
+		e.host.ClearHooks()
+		e.host.RemoveVolume(e.cfg.Pool, seedVolume(e.dom("a")))
 	}},
 }
 
 // leaveVolumes leaves the overlay and seed of an interrupted Create.
 func leaveVolumes(t *testing.T, e *fakeEnv) {
-	e.lv.setFault(failOn("DomainDefineXMLFlags", "", false, libvirt.ErrInterrupted))
+	e.host.SetHook("DomainDefineXMLFlags", libvirtfake.Fail(libvirt.ErrInterrupted))
 	if _, err := e.p.Create(context.Background(), fakeSpec("a")); err == nil {
 		t.Fatal("want the interrupted define's error")
 	}
-	e.lv.setFault(nil)
+	e.host.ClearHooks()
 }
 
 func bigSpec() egressproxy.Spec {
@@ -817,20 +809,20 @@ func TestFakeCreateCancelledBetweenCalls(t *testing.T) {
 		// The RPCs of this path.
 		probe := newFakeEnv(t)
 		sc.setup(t, probe)
-		mark := probe.lv.callCount("")
+		mark := probe.host.Calls("")
 		if _, err := probe.p.Create(context.Background(), spec); err != nil {
 			t.Fatalf("%s: %v", sc.name, err)
 		}
-		calls := probe.lv.callsSince(mark)
+		calls := rpcsOf(probe.host.Log()[mark:])
 		// The lookup (domain and pool at once): two calls when there is
 		// no domain, four when there is (its XML and state at once).
 		skip := 2
 		for _, c := range calls[:min(4, len(calls))] {
-			if c.Op == "DomainGetXMLDesc" {
+			if c.Method == "DomainGetXMLDesc" {
 				skip = 4
 			}
 		}
-		inPath := func(seen []fakeCall) bool {
+		inPath := func(seen []fakeRPC) bool {
 			left := slices.Clone(calls)
 			for _, c := range seen {
 				i := slices.Index(left, c)
@@ -848,21 +840,18 @@ func TestFakeCreateCancelledBetweenCalls(t *testing.T) {
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
 				var mu sync.Mutex
-				var seen []fakeCall
-				e.lv.setFault(func(c fakeCall) error {
-					if c.After {
-						return nil
-					}
+				var seen []fakeRPC
+				e.host.SetHook("", func(c libvirtfake.Call) error {
 					mu.Lock()
 					defer mu.Unlock()
-					seen = append(seen, c)
+					seen = append(seen, fakeRPC{c.Method, c.Name()})
 					if len(seen) == j+1 {
 						cancel()
 					}
 					return nil
 				})
 				_, err := e.p.Create(ctx, spec)
-				e.sess.wait()
+				e.host.Wait()
 				if err != nil || j < len(calls)-1 {
 					wantCode(t, "cancelled", err, errs.Canceled)
 				}
@@ -874,10 +863,10 @@ func TestFakeCreateCancelledBetweenCalls(t *testing.T) {
 					t.Errorf("calls %v, want %d or %d of the path's: %v", seen, j+1, j+2, calls)
 				}
 				mu.Unlock()
-				if !sc.big && e.lv.callCount("StorageVolDelete") != 0 {
+				if !sc.big && e.host.Calls("StorageVolDelete") != 0 {
 					t.Errorf("an interrupted Create removed volumes")
 				}
-				e.lv.setFault(nil)
+				e.host.ClearHooks()
 				if _, err := e.p.Create(context.Background(), spec); err != nil {
 					t.Fatalf("retry: %v", err)
 				}
@@ -892,7 +881,7 @@ func TestFakeCreateCancelledBetweenCalls(t *testing.T) {
 // a leftover seed) are classed and leave what the retry needs.
 func TestFakeCreateRareFailures(t *testing.T) {
 	ctx := context.Background()
-	internal := lvErrorf(libvirt.ErrInternalError, "internal error: something broke")
+	internal := libvirtfake.Errorf(libvirt.ErrInternalError, "internal error: something broke")
 	dn := domainName("lab-1", "a")
 	scenario := func(name string) func(*testing.T, *fakeEnv) {
 		for _, sc := range createScenarios {
@@ -906,72 +895,52 @@ func TestFakeCreateRareFailures(t *testing.T) {
 		name     string
 		setup    func(*testing.T, *fakeEnv)
 		big      bool
-		fault    func(*testing.T, *fakeEnv) func(fakeCall) error
+		fault    func(*testing.T, *fakeEnv) // installs the hooks
 		want     errs.ErrorCode
 		contains string
 	}{
-		{"complete: volume lookup fails", scenario("defined, seed missing"), false,
-			func(*testing.T, *fakeEnv) func(fakeCall) error {
-				return failOn("StorageVolLookupByName", overlayVolume(dn), false, internal)
-			}, errs.Transient, "look up volume"},
+		{"complete: volume lookup fails", scenario("defined, seed missing"), false, func(_ *testing.T, e *fakeEnv) {
+			e.host.SetHook("StorageVolLookupByName", libvirtfake.Named(overlayVolume(dn), libvirtfake.Fail(internal)))
+		}, errs.Transient, "look up volume"},
 		{"complete: seed exists after all, of another size", func(t *testing.T, e *fakeEnv) {
 			scenario("defined, seed missing")(t, e)
-			e.lv.putVol(e.cfg.Pool, fakeVol{name: seedVolume(dn), capacity: 7})
-		}, false, func(*testing.T, *fakeEnv) func(fakeCall) error {
+			e.putVolume(libvirtfake.Volume{Name: seedVolume(dn), Capacity: 7})
+		}, false, func(_ *testing.T, e *fakeEnv) {
 			// The first look finds no seed; the create then finds one.
-			var once sync.Once
-			return func(c fakeCall) error {
-				var err error
-				if c.Op == "StorageVolLookupByName" && c.Name == seedVolume(dn) && !c.After {
-					once.Do(func() { err = lvErrorf(libvirt.ErrNoStorageVol, "Storage volume not found") })
-				}
-				return err
-			}
+			e.host.SetHook("StorageVolLookupByName", libvirtfake.Named(seedVolume(dn),
+				libvirtfake.FailFirst(1, libvirtfake.Errorf(libvirt.ErrNoStorageVol, "Storage volume not found"))))
 		}, errs.Transient, "not replaced while the domain exists"},
-		{"define fails, domain lookup fails", scenario("fresh"), false, func(*testing.T, *fakeEnv) func(fakeCall) error {
-			return faults(failOn("DomainDefineXMLFlags", "", false, lvErrorf(libvirt.ErrXMLError, "XML error")),
-				failNth("DomainLookupByName", 2, internal))
+		{"define fails, domain lookup fails", scenario("fresh"), false, func(_ *testing.T, e *fakeEnv) {
+			e.host.SetHook("DomainDefineXMLFlags", libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrXMLError, "XML error")))
+			e.host.SetHook("DomainLookupByName", libvirtfake.FailNth(2, internal))
 		}, errs.Transient, "look up domain"},
-		{"replica's domain unreadable", scenario("fresh"), false, func(t *testing.T, e *fakeEnv) func(fakeCall) error {
+		{"replica's domain unreadable", scenario("fresh"), false, func(t *testing.T, e *fakeEnv) {
 			var once sync.Once
-			return faults(func(c fakeCall) error {
-				if c.Op == "DomainDefineXMLFlags" && !c.After {
-					once.Do(func() { e.lv.defineXML(t, otherDomainXML(t, e, "a", fakeSpec("a").UID)) })
-				}
+			e.host.SetHook("DomainDefineXMLFlags", func(libvirtfake.Call) error {
+				once.Do(func() { e.defineXML(t, otherDomainXML(t, e, "a", fakeSpec("a").UID)) })
 				return nil
-			}, failOn("DomainGetXMLDesc", "", false, internal))
+			})
+			e.host.SetHook("DomainGetXMLDesc", libvirtfake.Fail(internal))
 		}, errs.Transient, "get XML of domain"},
-		{"leftover seed lookup fails", leaveVolumes, false, func(*testing.T, *fakeEnv) func(fakeCall) error {
-			return failOn("StorageVolLookupByName", seedVolume(dn), false, internal)
+		{"leftover seed lookup fails", leaveVolumes, false, func(_ *testing.T, e *fakeEnv) {
+			e.host.SetHook("StorageVolLookupByName", libvirtfake.Named(seedVolume(dn), libvirtfake.Fail(internal)))
 		}, errs.Transient, "look up existing seed"},
-		{"leftover seed unreadable", leaveVolumes, false, func(*testing.T, *fakeEnv) func(fakeCall) error {
-			return failOn("StorageVolGetInfo", "", false, internal)
+		{"leftover seed unreadable", leaveVolumes, false, func(_ *testing.T, e *fakeEnv) {
+			e.host.SetHook("StorageVolGetInfo", libvirtfake.Fail(internal))
 		}, errs.Transient, "read existing seed"},
-		{"replacing the seed: domain lookup fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
-			return failNth("DomainLookupByName", 2, internal)
+		{"replacing the seed: domain lookup fails", leaveVolumes, true, func(_ *testing.T, e *fakeEnv) {
+			e.host.SetHook("DomainLookupByName", libvirtfake.FailNth(2, internal))
 		}, errs.Transient, "look up domain"},
-		{"replacing the seed: delete fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
-			return failOn("StorageVolDelete", "", false, internal)
+		{"replacing the seed: delete fails", leaveVolumes, true, func(_ *testing.T, e *fakeEnv) {
+			e.host.SetHook("StorageVolDelete", libvirtfake.Fail(internal))
 		}, errs.Transient, "delete leftover seed"},
-		{"replacing the seed: create fails", leaveVolumes, true, func(*testing.T, *fakeEnv) func(fakeCall) error {
+		{"replacing the seed: create fails", leaveVolumes, true, func(_ *testing.T, e *fakeEnv) {
 			// The seed's second create (the overlay's is made at the same time).
-			var mu sync.Mutex
-			seen := 0
-			return func(c fakeCall) error {
-				if c.Op != "StorageVolCreateXML" || c.Name != seedVolume(dn) || c.After {
-					return nil
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				if seen++; seen == 2 {
-					return internal
-				}
-				return nil
-			}
+			e.host.SetHook("StorageVolCreateXML", libvirtfake.Named(seedVolume(dn), libvirtfake.FailNth(2, internal)))
 		}, errs.Transient, "create seed volume"},
-		{"start fails, state unreadable", scenario("fresh"), false, func(*testing.T, *fakeEnv) func(fakeCall) error {
-			return faults(failOn("DomainCreate", "", false, lvErrorf(libvirt.ErrOperationFailed, "operation failed")),
-				failOn("DomainGetState", "", false, internal))
+		{"start fails, state unreadable", scenario("fresh"), false, func(_ *testing.T, e *fakeEnv) {
+			e.host.SetHook("DomainCreate", libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrOperationFailed, "operation failed")))
+			e.host.SetHook("DomainGetState", libvirtfake.Fail(internal))
 		}, errs.Transient, "start domain"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -981,15 +950,15 @@ func TestFakeCreateRareFailures(t *testing.T) {
 			if tc.big {
 				spec = bigSpec()
 			}
-			e.lv.setFault(tc.fault(t, e))
+			tc.fault(t, e)
 			_, err := e.p.Create(ctx, spec)
 			wantCode(t, tc.name, err, tc.want)
 			if !strings.Contains(err.Error(), tc.contains) {
 				t.Errorf("err %q: want %q", err, tc.contains)
 			}
-			e.lv.setFault(nil)
+			e.host.ClearHooks()
 			if tc.name == "complete: seed exists after all, of another size" {
-				e.lv.removeVol(e.cfg.Pool, seedVolume(dn)) // what an operator would do
+				e.host.RemoveVolume(e.cfg.Pool, seedVolume(dn)) // what an operator would do
 			}
 			if _, err := e.p.Create(ctx, spec); err != nil {
 				t.Fatalf("retry: %v", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/libvirterr"
+	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -35,7 +36,7 @@ type entryFault struct {
 func linkFault(kind sshconn.Kind, op string, cause error) func(e *fakeEnv) {
 	return func(e *fakeEnv) {
 		err := &sshconn.Error{Kind: kind, Address: fakeAddr, Op: op, Err: cause}
-		e.sess.setDial(func() error { return err })
+		e.host.SetHook("Do", libvirtfake.Fail(err))
 		e.images.setErr(libvirterr.Classify(fmt.Errorf("list volumes of pool %s: %w", e.cfg.Pool, err)))
 	}
 }
@@ -43,13 +44,8 @@ func linkFault(kind sshconn.Kind, op string, cause error) func(e *fakeEnv) {
 // libvirtFault makes libvirtd answer every call with code.
 func libvirtFault(code libvirt.ErrorNumber, msg string) func(e *fakeEnv) {
 	return func(e *fakeEnv) {
-		err := lvErrorf(code, "%s", msg)
-		e.lv.setFault(func(c fakeCall) error {
-			if c.After {
-				return nil
-			}
-			return err
-		})
+		err := libvirtfake.Errorf(code, "%s", msg)
+		e.host.SetHook("", libvirtfake.Fail(err))
 		e.images.setErr(libvirterr.Classify(fmt.Errorf("list volumes of pool %s: %w", e.cfg.Pool, err)))
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/basecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 )
 
 // fakeDigest is the digest the fake cache records for every base.
@@ -23,18 +24,18 @@ const fakeDigest = "e1fdb1fb2b8b0fd7a8e9f41f54858c1c55bbf28060e778f0b74acdf3b8d8
 
 // usersOf names the fake's domains whose XML names the path of base or
 // the path or name of a volume backed by it.
-func (c *fakeImages) usersOf(base fakeVol) []string {
-	paths := []string{base.path}
-	for _, n := range c.lv.volNames(c.pool) {
-		if v, ok := c.lv.vol(c.pool, n); ok && v.backing == base.path {
-			paths = append(paths, v.path, `volume="`+n+`"`)
+func (c *fakeImages) usersOf(base libvirtfake.Volume) []string {
+	paths := []string{base.Path}
+	for _, n := range c.host.VolumeNames(c.pool) {
+		if v, ok := c.host.Volume(c.pool, n); ok && v.BackingPath == base.Path {
+			paths = append(paths, v.Path, `volume="`+n+`"`)
 		}
 	}
 	var out []string
-	for _, d := range c.lv.domainNames() {
-		fd, _ := c.lv.domain(d)
+	for _, d := range c.host.DomainNames() {
+		fd, _ := c.host.Domain(d)
 		for _, p := range paths {
-			if strings.Contains(fd.xml, p) {
+			if strings.Contains(fd.XML, p) {
 				out = append(out, d)
 				break
 			}
@@ -44,28 +45,36 @@ func (c *fakeImages) usersOf(base fakeVol) []string {
 }
 
 // unresolvedDisks names the fake's disks whose chain the real cache could
-// not follow: a qcow2 file that is no volume of any pool.
+// not follow: a qcow2 file that is no volume of the pool (the fake host's
+// only one).
 func (c *fakeImages) unresolvedDisks() []string {
 	var out []string
-	for _, d := range c.lv.domainNames() {
-		fd, _ := c.lv.domain(d)
+	for _, d := range c.host.DomainNames() {
+		fd, _ := c.host.Domain(d)
 		var dx libvirtxml.Domain
-		if dx.Unmarshal(fd.xml) != nil || dx.Devices == nil {
+		if dx.Unmarshal(fd.XML) != nil || dx.Devices == nil {
 			continue
 		}
 		for _, disk := range dx.Devices.Disks {
 			if disk.Source == nil || disk.Source.File == nil || disk.Driver == nil || disk.Driver.Type != "qcow2" {
 				continue
 			}
-			c.lv.mu.Lock()
-			known := c.lv.volByPath(disk.Source.File.File) != nil
-			c.lv.mu.Unlock()
-			if !known {
+			if !c.isVolume(disk.Source.File.File) {
 				out = append(out, "domain "+d+" disk "+disk.Target.Dev+": "+disk.Source.File.File+" is in no active storage pool, so its backing store is unknown")
 			}
 		}
 	}
 	return out
+}
+
+// isVolume reports whether path is the file of a volume of the pool.
+func (c *fakeImages) isVolume(path string) bool {
+	for _, n := range c.host.VolumeNames(c.pool) {
+		if v, ok := c.host.Volume(c.pool, n); ok && v.Path == path {
+			return true
+		}
+	}
+	return false
 }
 
 // List lists the entry's base volumes in the fake's pool (each with a
@@ -78,15 +87,15 @@ func (c *fakeImages) List(ctx context.Context) ([]basecache.Entry, error) {
 		return nil, err
 	}
 	var out []basecache.Entry
-	for _, n := range c.lv.volNames(c.pool) {
+	for _, n := range c.host.VolumeNames(c.pool) {
 		e, _, f, ok := basecache.ParseBaseName(n)
 		if !ok || e != c.entry {
 			continue
 		}
-		v, _ := c.lv.vol(c.pool, n)
+		v, _ := c.host.Volume(c.pool, n)
 		out = append(out, basecache.Entry{
-			Base:   basecache.Base{Volume: n, Path: v.path, Digest: fakeDigest, Format: f},
-			Marker: basecache.MarkerName(n, fakeDigest), Size: int64(len(v.data)), UsedBy: c.usersOf(v), Unresolved: c.unresolvedDisks(),
+			Base:   basecache.Base{Volume: n, Path: v.Path, Digest: fakeDigest, Format: f},
+			Marker: basecache.MarkerName(n, fakeDigest), Size: int64(len(v.Data)), UsedBy: c.usersOf(v), Unresolved: c.unresolvedDisks(),
 		})
 	}
 	return out, nil
@@ -100,11 +109,11 @@ func (c *fakeImages) Verify(ctx context.Context, img imagecache.Image) (basecach
 		return basecache.Base{}, err
 	}
 	name := basecache.BaseName(c.entry, img.Key, "qcow2")
-	v, ok := c.lv.vol(c.pool, name)
+	v, ok := c.host.Volume(c.pool, name)
 	if !ok {
 		return basecache.Base{}, errs.Errorf(errs.NotFound, "base %s: no published base in pool %s", name, c.pool)
 	}
-	return basecache.Base{Volume: name, Path: v.path, Digest: fakeDigest, Format: "qcow2"}, nil
+	return basecache.Base{Volume: name, Path: v.Path, Digest: fakeDigest, Format: "qcow2"}, nil
 }
 
 func (c *fakeImages) Evict(ctx context.Context, img imagecache.Image) error {
@@ -115,7 +124,7 @@ func (c *fakeImages) Evict(ctx context.Context, img imagecache.Image) error {
 		return err
 	}
 	name := basecache.BaseName(c.entry, img.Key, "qcow2")
-	v, ok := c.lv.vol(c.pool, name)
+	v, ok := c.host.Volume(c.pool, name)
 	if !ok {
 		return nil
 	}
@@ -125,7 +134,7 @@ func (c *fakeImages) Evict(ctx context.Context, img imagecache.Image) error {
 	if u := c.unresolvedDisks(); len(u) > 0 {
 		return errs.Errorf(errs.Permanent, "refusing to evict base %s: the backing chains of some disks cannot be resolved, so they may use it: %s", name, strings.Join(u, "; "))
 	}
-	c.lv.removeVol(c.pool, name)
+	c.host.RemoveVolume(c.pool, name)
 	return nil
 }
 
@@ -158,9 +167,9 @@ func TestImagesListMapsUsersToInstances(t *testing.T) {
 		}
 	}
 	base := basecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
-	bv, _ := e.lv.vol(e.cfg.Pool, base)
+	bv, _ := e.host.Volume(e.cfg.Pool, base)
 	// A domain of another tool using the base directly.
-	e.lv.defineXML(t, `<domain type="qemu"><name>other-vm</name><devices><disk type="file" device="disk"><source file="`+bv.path+`"/><target dev="vda"/></disk></devices></domain>`)
+	e.defineXML(t, `<domain type="qemu"><name>other-vm</name><devices><disk type="file" device="disk"><source file="`+bv.Path+`"/><target dev="vda"/></disk></devices></domain>`)
 
 	l, err = e.p.ListImages(ctx)
 	if err != nil {
@@ -188,7 +197,7 @@ func TestImagesListMapsUsersToInstances(t *testing.T) {
 	if errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), "ep-lab-1--a, ep-lab-1--b, other-vm") {
 		t.Fatalf("EvictImage in use = %v, want Permanent naming the domains", err)
 	}
-	if _, ok := e.lv.vol(e.cfg.Pool, base); !ok {
+	if _, ok := e.host.Volume(e.cfg.Pool, base); !ok {
 		t.Fatal("a refused EvictImage removed the base")
 	}
 }
@@ -211,7 +220,7 @@ func TestImagesUnresolvedDiskIsInUseUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := basecache.BaseName(e.cfg.Entry, "tiny", "qcow2")
-	e.lv.defineXML(t, `<domain type="qemu"><name>elsewhere</name><devices><disk type="file" device="disk"><driver name="qemu" type="qcow2"/><source file="/srv/vms/elsewhere.qcow2"/><target dev="vda"/></disk></devices></domain>`)
+	e.defineXML(t, `<domain type="qemu"><name>elsewhere</name><devices><disk type="file" device="disk"><driver name="qemu" type="qcow2"/><source file="/srv/vms/elsewhere.qcow2"/><target dev="vda"/></disk></devices></domain>`)
 
 	want := []egressproxy.ImageInfo{
 		{Key: "alpine"},
@@ -233,9 +242,9 @@ func TestImagesUnresolvedDiskIsInUseUnknown(t *testing.T) {
 		t.Fatalf("EvictImage while users are unknown = %v, want Permanent naming the disk", err)
 	}
 
-	e.lv.mu.Lock()
-	delete(e.lv.domains, "elsewhere")
-	e.lv.mu.Unlock()
+	if d, ok := e.host.Domain("elsewhere"); !ok || e.host.Shared().DomainUndefine(d.Handle()) != nil {
+		t.Fatal("the domain elsewhere could not be undefined")
+	}
 	l, err = e.p.ListImages(ctx)
 	if err != nil || len(l) != 2 || l[1].InUseUnknown || len(l[1].InUseBy) != 0 {
 		t.Fatalf("ListImages once the disk is gone = %+v, %v; want tiny unused", l, err)
@@ -262,7 +271,7 @@ func TestImagesKeysErrorsAndClose(t *testing.T) {
 			}
 		}
 	}
-	if n := len(e.lv.callsSince(0)); n != 0 {
+	if n := e.host.Calls(""); n != 0 {
 		t.Errorf("bad keys made %d libvirt calls", n)
 	}
 	if err := e.p.EvictImage(ctx, "tiny"); err != nil {

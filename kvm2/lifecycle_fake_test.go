@@ -11,16 +11,17 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
 // mustCreate creates fakeSpec(name) and returns its fake domain.
-func (e *fakeEnv) mustCreate(name string) fakeDomain {
+func (e *fakeEnv) mustCreate(name string) libvirtfake.Domain {
 	e.t.Helper()
 	if _, err := e.p.Create(context.Background(), fakeSpec(name)); err != nil {
 		e.t.Fatalf("create %s: %v", name, err)
 	}
-	d, _ := e.lv.domain(e.dom(name))
+	d, _ := e.host.Domain(e.dom(name))
 	return d
 }
 
@@ -60,11 +61,11 @@ func TestFakeGet(t *testing.T) {
 	} {
 		switch tc.name {
 		case "no metadata":
-			e.lv.defineXML(t, foreignXML(t, e.dom("f"), "", "", false))
+			e.defineXML(t, foreignXML(t, e.dom("f"), "", "", false))
 		case "another owner":
-			e.lv.defineXML(t, foreignXML(t, e.dom("o"), e.cfg.Entry, "someone-else", false))
+			e.defineXML(t, foreignXML(t, e.dom("o"), e.cfg.Entry, "someone-else", false))
 		case "malformed metadata":
-			e.lv.defineXML(t, foreignXML(t, e.dom("m"), "", "", true))
+			e.defineXML(t, foreignXML(t, e.dom("m"), "", "", true))
 		}
 		_, err := e.p.Get(ctx, tc.ref)
 		wantCode(t, tc.name, err, errs.NotFound)
@@ -74,18 +75,18 @@ func TestFakeGet(t *testing.T) {
 	}
 
 	// Address discovery: agent (only its answer for our NIC), lease, ARP.
-	e.lv.setDomain(e.dom("a"), func(d *fakeDomain) { d.agentIP = "192.0.2.30" })
+	e.host.UpdateDomain(e.dom("a"), func(d *libvirtfake.Domain) { d.AgentAddress = "192.0.2.30" })
 	inst, err := e.p.Get(ctx, ref)
 	if err != nil || inst.IP != "192.0.2.30" || inst.AddressSource != SourceAgent || inst.State != egressproxy.StateRunning {
 		t.Errorf("agent: %+v, %v", inst, err)
 	}
-	e.lv.setDomain(e.dom("a"), func(d *fakeDomain) { d.mac = "52:54:00:ff:ff:ff" }) // agent reports another NIC
-	e.lv.setARP("52:54:00:ff:ff:ff", "2001:db8::7")
+	e.host.UpdateDomain(e.dom("a"), func(d *libvirtfake.Domain) { d.MAC = "52:54:00:ff:ff:ff" }) // agent reports another NIC
+	e.host.SetARP("52:54:00:ff:ff:ff", "2001:db8::7")
 	inst, err = e.p.Get(ctx, ref)
 	if err != nil || inst.IP != "2001:db8::7" || inst.AddressSource != SourceARP {
 		t.Errorf("arp: %+v, %v", inst, err)
 	}
-	e.lv.setLease("52:54:00:ff:ff:ff", "192.0.2.31")
+	e.host.SetLease("52:54:00:ff:ff:ff", "192.0.2.31")
 	inst, err = e.p.Get(ctx, ref)
 	if err != nil || inst.IP != "192.0.2.31" || inst.AddressSource != SourceLease {
 		t.Errorf("lease: %+v, %v", inst, err)
@@ -93,37 +94,37 @@ func TestFakeGet(t *testing.T) {
 
 	for _, tc := range []struct {
 		name  string
-		fault func(fakeCall) error
+		fault fakeFault
 		want  errs.ErrorCode
 		is    func(error) bool
 	}{
-		{"every source fails", failOn("DomainInterfaceAddresses", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")),
+		{"every source fails", failCalls("DomainInterfaceAddresses", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")),
 			errs.Transient, func(err error) bool {
 				var ae *AddressError
 				return errors.As(err, &ae) && len(ae.Sources) == 3 && !ae.LinkDead
 			}},
-		{"link dies", failOn("DomainInterfaceAddresses", "", false, libvirt.ErrInterrupted),
+		{"link dies", failCalls("DomainInterfaceAddresses", libvirt.ErrInterrupted),
 			errs.Transient, func(err error) bool {
 				var ae *AddressError
 				return errors.As(err, &ae) && ae.LinkDead
 			}},
-		{"domain vanished", failOn("DomainInterfaceAddresses", "", false, lvErrorf(libvirt.ErrNoDomain, "Domain not found")),
+		{"domain vanished", failCalls("DomainInterfaceAddresses", libvirtfake.Errorf(libvirt.ErrNoDomain, "Domain not found")),
 			errs.NotFound, nil},
-		{"XML unreadable", failOn("DomainGetXMLDesc", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")),
+		{"XML unreadable", failCalls("DomainGetXMLDesc", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")),
 			errs.Transient, nil},
 		// A read answered "invalid argument" never latches the instance as failed.
-		{"XML invalid argument", failOn("DomainGetXMLDesc", "", false, lvErrorf(libvirt.ErrInvalidArg, "invalid argument")),
+		{"XML invalid argument", failCalls("DomainGetXMLDesc", libvirtfake.Errorf(libvirt.ErrInvalidArg, "invalid argument")),
 			errs.Transient, nil},
-		{"state unreadable", failOn("DomainGetState", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")),
+		{"state unreadable", failCalls("DomainGetState", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")),
 			errs.Transient, nil},
 		// A denial of the entry's rights is the entry's fault, not the
 		// instance's: Permanent, as on every other operation.
-		{"lookup refused", failOn("DomainLookupByName", "", false, lvErrorf(libvirt.ErrAccessDenied, "access denied")),
+		{"lookup refused", failCalls("DomainLookupByName", libvirtfake.Errorf(libvirt.ErrAccessDenied, "access denied")),
 			errs.Permanent, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e.lv.setFault(tc.fault)
-			defer e.lv.setFault(nil)
+			tc.fault.install(e.host)
+			defer e.host.ClearHooks()
 			_, err := e.p.Get(ctx, ref)
 			wantCode(t, tc.name, err, tc.want)
 			if tc.is != nil && !tc.is(err) {
@@ -136,15 +137,15 @@ func TestFakeGet(t *testing.T) {
 	}
 
 	// Stopped: no address lookup.
-	e.lv.setDomain(e.dom("a"), func(d *fakeDomain) {
-		d.state, d.reason = libvirt.DomainShutoff, int32(libvirt.DomainShutoffShutdown)
+	e.host.UpdateDomain(e.dom("a"), func(d *libvirtfake.Domain) {
+		d.State, d.Reason = libvirt.DomainShutoff, int32(libvirt.DomainShutoffShutdown)
 	})
-	e.lv.resetCalls()
+	e.host.ResetCalls()
 	inst, err = e.p.Get(ctx, ref)
-	if err != nil || inst.State != egressproxy.StateStopped || inst.IP != "" || e.lv.callCount("DomainInterfaceAddresses") != 0 {
+	if err != nil || inst.State != egressproxy.StateStopped || inst.IP != "" || e.host.Calls("DomainInterfaceAddresses") != 0 {
 		t.Errorf("stopped: %+v, %v", inst, err)
 	}
-	e.lv.setDomain(e.dom("a"), func(d *fakeDomain) { d.state = libvirt.DomainCrashed })
+	e.host.UpdateDomain(e.dom("a"), func(d *libvirtfake.Domain) { d.State = libvirt.DomainCrashed })
 	if inst, err = e.p.Get(ctx, ref); err != nil || inst.State != egressproxy.StateFailed {
 		t.Errorf("crashed: %+v, %v", inst, err)
 	}
@@ -160,13 +161,13 @@ func TestFakeGet(t *testing.T) {
 func TestFakeGetCancelledDuringAddress(t *testing.T) {
 	e := newFakeEnv(t)
 	e.mustCreate("a")
-	hook, entered, release := e.lv.block("DomainInterfaceAddresses", "")
-	e.lv.setFault(hook)
+	pause := libvirtfake.NewPause()
+	e.host.SetHook("DomainInterfaceAddresses", pause.Hook)
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { <-entered; cancel() }()
+	go func() { <-pause.Entered(); cancel() }()
 	_, err := e.p.Get(ctx, fakeSpec("a").Ref())
 	wantCode(t, "cancelled", err, errs.Canceled)
-	release()
+	pause.Release()
 }
 
 func TestFakeList(t *testing.T) {
@@ -175,20 +176,20 @@ func TestFakeList(t *testing.T) {
 	for _, n := range []string{"c", "a", "b"} {
 		e.mustCreate(n)
 	}
-	e.lv.setDomain(e.dom("c"), func(d *fakeDomain) {
-		d.state, d.reason = libvirt.DomainShutoff, int32(libvirt.DomainShutoffShutdown)
+	e.host.UpdateDomain(e.dom("c"), func(d *libvirtfake.Domain) {
+		d.State, d.Reason = libvirt.DomainShutoff, int32(libvirt.DomainShutoffShutdown)
 	})
-	da, _ := e.lv.domain(e.dom("a"))
-	e.lv.setLease(da.mac, "192.0.2.40")
+	da, _ := e.host.Domain(e.dom("a"))
+	e.host.SetLease(da.MAC, "192.0.2.40")
 	// Not ours: another entry, another owner, no metadata, malformed
 	// metadata, a name without our prefix.
-	e.lv.defineXML(t, foreignXML(t, domainName("lab-2", "x"), "lab-2", e.cfg.Owner, false))
-	e.lv.defineXML(t, foreignXML(t, e.dom("y"), e.cfg.Entry, "another-owner", false))
-	e.lv.defineXML(t, foreignXML(t, e.dom("z"), "", "", false))
-	e.lv.defineXML(t, foreignXML(t, e.dom("m"), "", "", true))
-	e.lv.defineXML(t, foreignXML(t, "plain-vm", e.cfg.Entry, e.cfg.Owner, false))
+	e.defineXML(t, foreignXML(t, domainName("lab-2", "x"), "lab-2", e.cfg.Owner, false))
+	e.defineXML(t, foreignXML(t, e.dom("y"), e.cfg.Entry, "another-owner", false))
+	e.defineXML(t, foreignXML(t, e.dom("z"), "", "", false))
+	e.defineXML(t, foreignXML(t, e.dom("m"), "", "", true))
+	e.defineXML(t, foreignXML(t, "plain-vm", e.cfg.Entry, e.cfg.Owner, false))
 
-	e.lv.resetCalls()
+	e.host.ResetCalls()
 	got, err := e.p.List(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -206,18 +207,19 @@ func TestFakeList(t *testing.T) {
 			t.Errorf("List[%d] = %+v, want %+v", i, g, w)
 		}
 	}
-	if n := e.lv.callCount("DomainGetXMLDesc"); n != 6 {
+	if n := e.host.Calls("DomainGetXMLDesc"); n != 6 {
 		t.Errorf("%d domain XML reads, want 6 (every prefixed domain; not plain-vm)", n)
 	}
 
 	// An address that cannot be read: listed without one.
-	e.lv.setFault(failOn("DomainInterfaceAddresses", e.dom("a"), false, lvErrorf(libvirt.ErrInternalError, "internal error")))
+	e.host.SetHook("DomainInterfaceAddresses", libvirtfake.Named(e.dom("a"), libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrInternalError, "internal error"))))
 	got, err = e.p.List(ctx)
 	if err != nil || len(got) != 3 || got[0].IP != "" || got[0].State != egressproxy.StateProvisioning {
 		t.Errorf("address failing: %+v, %v", got, err)
 	}
 	// Undefined between the listing and the read: skipped.
-	e.lv.setFault(failOn("DomainGetXMLDesc", e.dom("b"), false, lvErrorf(libvirt.ErrNoDomain, "Domain not found")))
+	e.host.ClearHooks()
+	e.host.SetHook("DomainGetXMLDesc", libvirtfake.Named(e.dom("b"), libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrNoDomain, "Domain not found"))))
 	got, err = e.p.List(ctx)
 	if err != nil || len(got) != 2 || got[0].Name != "a" || got[1].Name != "c" {
 		t.Errorf("b vanished: %+v, %v", got, err)
@@ -225,27 +227,28 @@ func TestFakeList(t *testing.T) {
 
 	for _, tc := range []struct {
 		name  string
-		fault func(fakeCall) error
+		fault fakeFault
 		want  errs.ErrorCode
 	}{
-		{"listing fails", failOn("ConnectGetAllDomainStats", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient},
-		{"a read fails", failOn("DomainGetXMLDesc", e.dom("b"), false, lvErrorf(libvirt.ErrInvalidArg, "invalid argument")), errs.Transient},
-		{"link dies", failOn("ConnectGetAllDomainStats", "", false, libvirt.ErrInterrupted), errs.Transient},
+		{"listing fails", failCalls("ConnectGetAllDomainStats", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")), errs.Transient},
+		{"a read fails", fakeFault{"DomainGetXMLDesc", libvirtfake.Named(e.dom("b"), libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrInvalidArg, "invalid argument")))}, errs.Transient},
+		{"link dies", failCalls("ConnectGetAllDomainStats", libvirt.ErrInterrupted), errs.Transient},
 	} {
-		e.lv.setFault(tc.fault)
+		e.host.ClearHooks()
+		tc.fault.install(e.host)
 		_, err := e.p.List(ctx)
 		wantCode(t, tc.name, err, tc.want)
 	}
-	e.lv.setFault(nil)
+	e.host.ClearHooks()
 
 	// The context ending during address discovery ends List.
-	hook, entered, release := e.lv.block("DomainInterfaceAddresses", "")
-	e.lv.setFault(hook)
+	pause := libvirtfake.NewPause()
+	e.host.SetHook("DomainInterfaceAddresses", pause.Hook)
 	cctx, cancel := context.WithCancel(ctx)
-	go func() { <-entered; cancel() }()
+	go func() { <-pause.Entered(); cancel() }()
 	_, err = e.p.List(cctx)
 	wantCode(t, "cancelled", err, errs.Canceled)
-	release()
+	pause.Release()
 }
 
 func TestFakeDelete(t *testing.T) {
@@ -259,11 +262,11 @@ func TestFakeDelete(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.onlyBases("after Delete")
-		if n := e.lv.callCount("DomainDestroy"); n != 1 {
+		if n := e.host.Calls("DomainDestroy"); n != 1 {
 			t.Errorf("destroyed %d times", n)
 		}
-		if len(e.lv.volNames(e.cfg.Pool)) != 1 {
-			t.Errorf("the base went too: %v", e.lv.volNames(e.cfg.Pool))
+		if len(e.host.VolumeNames(e.cfg.Pool)) != 1 {
+			t.Errorf("the base went too: %v", e.host.VolumeNames(e.cfg.Pool))
 		}
 		// Again: missing succeeds.
 		if err := e.p.Delete(ctx, ref); err != nil {
@@ -274,26 +277,26 @@ func TestFakeDelete(t *testing.T) {
 	t.Run("stopped", func(t *testing.T) {
 		e := newFakeEnv(t)
 		e.mustCreate("a")
-		e.lv.setDomain(e.dom("a"), func(d *fakeDomain) {
-			d.state, d.reason = libvirt.DomainShutoff, int32(libvirt.DomainShutoffShutdown)
+		e.host.UpdateDomain(e.dom("a"), func(d *libvirtfake.Domain) {
+			d.State, d.Reason = libvirt.DomainShutoff, int32(libvirt.DomainShutoffShutdown)
 		})
-		e.lv.resetCalls()
+		e.host.ResetCalls()
 		if err := e.p.Delete(ctx, ref); err != nil {
 			t.Fatal(err)
 		}
 		e.onlyBases("after Delete")
-		if n := e.lv.callCount("DomainDestroy"); n != 0 {
+		if n := e.host.Calls("DomainDestroy"); n != 0 {
 			t.Errorf("a stopped domain was destroyed")
 		}
 	})
 
 	t.Run("missing, with leftovers of a failed Create", func(t *testing.T) {
 		e := newFakeEnv(t)
-		e.lv.setFault(failOn("DomainDefineXMLFlags", "", false, libvirt.ErrInterrupted))
+		e.host.SetHook("DomainDefineXMLFlags", libvirtfake.Fail(libvirt.ErrInterrupted))
 		if _, err := e.p.Create(ctx, fakeSpec("a")); err == nil {
 			t.Fatal("want the interrupted define's error")
 		}
-		e.lv.setFault(nil)
+		e.host.ClearHooks()
 		if err := e.p.Delete(ctx, ref); err != nil {
 			t.Fatal(err)
 		}
@@ -307,11 +310,11 @@ func TestFakeDelete(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.hasInstance("a", libvirt.DomainRunning)
-		e.lv.defineXML(t, foreignXML(t, e.dom("f"), "", "", false))
+		e.defineXML(t, foreignXML(t, e.dom("f"), "", "", false))
 		if err := e.p.Delete(ctx, egressproxy.Ref{Name: "f", UID: "u"}); err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := e.lv.domain(e.dom("f")); !ok {
+		if _, ok := e.host.Domain(e.dom("f")); !ok {
 			t.Error("a foreign domain was deleted")
 		}
 	})
@@ -319,7 +322,7 @@ func TestFakeDelete(t *testing.T) {
 	t.Run("vanished while read", func(t *testing.T) {
 		e := newFakeEnv(t)
 		e.mustCreate("a")
-		e.lv.setFault(failOn("DomainGetXMLDesc", "", false, lvErrorf(libvirt.ErrNoDomain, "Domain not found")))
+		e.host.SetHook("DomainGetXMLDesc", libvirtfake.Fail(libvirtfake.Errorf(libvirt.ErrNoDomain, "Domain not found")))
 		if err := e.p.Delete(ctx, ref); err != nil {
 			t.Fatal(err)
 		}
@@ -330,10 +333,8 @@ func TestFakeDelete(t *testing.T) {
 	t.Run("defined again meanwhile", func(t *testing.T) {
 		e := newFakeEnv(t)
 		d := e.mustCreate("a")
-		e.lv.setFault(func(c fakeCall) error {
-			if c.Op == "DomainUndefineFlags" && c.After {
-				e.lv.defineXML(t, d.xml) // a Create elsewhere defines it again
-			}
+		e.host.SetReplyHook("DomainUndefineFlags", func(libvirtfake.Call) error {
+			e.defineXML(t, d.XML) // a Create elsewhere defines it again
 			return nil
 		})
 		if err := e.p.Delete(ctx, ref); err != nil {
@@ -345,16 +346,14 @@ func TestFakeDelete(t *testing.T) {
 	t.Run("pool gone", func(t *testing.T) {
 		e := newFakeEnv(t)
 		e.mustCreate("a")
-		e.lv.mu.Lock()
-		delete(e.lv.pools, e.cfg.Pool)
-		e.lv.mu.Unlock()
+		e.host.RemovePool(e.cfg.Pool)
 		// Its volumes may still be on disk: Delete cannot succeed, and
 		// must not say NotFound; it names the pool.
 		err := e.p.Delete(ctx, ref)
 		if errs.Code(err) != errs.Permanent || !strings.Contains(err.Error(), e.cfg.Pool) {
 			t.Fatalf("Delete with the pool gone: %v (code %v), want Permanent naming the pool", err, errs.Code(err))
 		}
-		if len(e.lv.domainNames()) != 0 {
+		if len(e.host.DomainNames()) != 0 {
 			t.Error("domain left")
 		}
 		if err := e.p.Delete(ctx, ref); errs.Code(err) != errs.Permanent {
@@ -364,25 +363,25 @@ func TestFakeDelete(t *testing.T) {
 
 	for _, tc := range []struct {
 		name  string
-		fault func(fakeCall) error
+		fault fakeFault
 		want  errs.ErrorCode
 		left  bool // the domain stays
 	}{
-		{"destroy fails", failOn("DomainDestroy", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
-		{"destroy: not running", failOn("DomainDestroy", "", false, lvErrorf(libvirt.ErrOperationInvalid, "domain is not running")), errs.OK, true}, // undefined while running: transient until destroyed
-		{"undefine fails", failOn("DomainUndefineFlags", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
-		{"undefine: gone", failOn("DomainUndefineFlags", "", false, lvErrorf(libvirt.ErrNoDomain, "Domain not found")), errs.OK, true},
-		{"lookup fails", failOn("DomainLookupByName", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
-		{"state fails", failOn("DomainGetState", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
-		{"volume busy", failOn("StorageVolDelete", "", false, lvErrorf(libvirt.ErrOperationInvalid, "volume is still in use")), errs.Transient, false},
-		{"volume gone meanwhile", failOn("StorageVolDelete", "", false, lvErrorf(libvirt.ErrNoStorageVol, "Storage volume not found")), errs.OK, false},
-		{"volume lookup fails", failOn("StorageVolLookupByName", "", false, lvErrorf(libvirt.ErrInternalError, "internal error")), errs.Transient, false},
-		{"link dies", failOn("DomainDestroy", "", false, libvirt.ErrInterrupted), errs.Transient, true},
+		{"destroy fails", failCalls("DomainDestroy", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
+		{"destroy: not running", failCalls("DomainDestroy", libvirtfake.Errorf(libvirt.ErrOperationInvalid, "domain is not running")), errs.OK, true}, // undefined while running: transient until destroyed
+		{"undefine fails", failCalls("DomainUndefineFlags", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
+		{"undefine: gone", failCalls("DomainUndefineFlags", libvirtfake.Errorf(libvirt.ErrNoDomain, "Domain not found")), errs.OK, true},
+		{"lookup fails", failCalls("DomainLookupByName", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
+		{"state fails", failCalls("DomainGetState", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")), errs.Transient, true},
+		{"volume busy", failCalls("StorageVolDelete", libvirtfake.Errorf(libvirt.ErrOperationInvalid, "volume is still in use")), errs.Transient, false},
+		{"volume gone meanwhile", failCalls("StorageVolDelete", libvirtfake.Errorf(libvirt.ErrNoStorageVol, "Storage volume not found")), errs.OK, false},
+		{"volume lookup fails", failCalls("StorageVolLookupByName", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")), errs.Transient, false},
+		{"link dies", failCalls("DomainDestroy", libvirt.ErrInterrupted), errs.Transient, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEnv(t)
 			e.mustCreate("a")
-			e.lv.setFault(tc.fault)
+			tc.fault.install(e.host)
 			err := e.p.Delete(ctx, ref)
 			if tc.want == errs.OK {
 				if err != nil {
@@ -394,11 +393,11 @@ func TestFakeDelete(t *testing.T) {
 					t.Errorf("err %q does not name the entry", err)
 				}
 			}
-			if _, ok := e.lv.domain(e.dom("a")); ok != tc.left {
+			if _, ok := e.host.Domain(e.dom("a")); ok != tc.left {
 				t.Errorf("domain left: %v, want %v", ok, tc.left)
 			}
 			// Once the cause is gone, Delete finishes.
-			e.lv.setFault(nil)
+			e.host.ClearHooks()
 			if err := e.p.Delete(ctx, ref); err != nil {
 				t.Fatal(err)
 			}
@@ -431,16 +430,18 @@ func TestFakeCheck(t *testing.T) {
 
 	dial := func(k sshconn.Kind) func(*fakeEnv) {
 		return func(e *fakeEnv) {
-			e.sess.setDial(func() error {
-				return &sshconn.Error{Kind: k, Address: fakeAddr, Op: "dial", Err: errors.New(k.String())}
-			})
+			e.host.SetHook("Do", libvirtfake.Fail(&sshconn.Error{Kind: k, Address: fakeAddr, Op: "dial", Err: errors.New(k.String())}))
 		}
 	}
 	fault := func(op string, err error) func(*fakeEnv) {
-		return func(e *fakeEnv) { e.lv.setFault(failOn(op, "", false, err)) }
+		return func(e *fakeEnv) { e.host.SetHook(op, libvirtfake.Fail(err)) }
 	}
-	pool := func(f func(*fakePool)) func(*fakeEnv) {
-		return func(e *fakeEnv) { e.lv.mu.Lock(); f(e.lv.pools[e.cfg.Pool]); e.lv.mu.Unlock() }
+	poolState := func(st libvirt.StoragePoolState) func(*fakeEnv) {
+		return func(e *fakeEnv) {
+			if err := e.host.SetPoolState(e.cfg.Pool, st); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	for _, tc := range []struct {
 		name    string
@@ -454,24 +455,17 @@ func TestFakeCheck(t *testing.T) {
 		{"host key mismatch", dial(sshconn.KindHostKeyMismatch), egressproxy.ReasonHostKeyMismatch, nil},
 		{"socket forbidden", dial(sshconn.KindForbidden), egressproxy.ReasonForbidden, nil},
 		{"unreachable", dial(sshconn.KindUnreachable), egressproxy.ReasonUnreachable, nil},
-		{"libvirt access denied", fault("ConnectGetHostname", lvErrorf(libvirt.ErrAccessDenied, "access denied")), egressproxy.ReasonForbidden, nil},
+		{"libvirt access denied", fault("ConnectGetHostname", libvirtfake.Errorf(libvirt.ErrAccessDenied, "access denied")), egressproxy.ReasonForbidden, nil},
 		{"link dies", fault("ConnectGetLibVersion", libvirt.ErrInterrupted), egressproxy.ReasonUnreachable, []string{"hostname"}},
-		{"rpc error", fault("ConnectGetLibVersion", lvErrorf(libvirt.ErrRPC, "rpc error")), egressproxy.ReasonUnreachable, []string{"hostname"}},
-		{"pool missing", pool(func(p *fakePool) { p.pool.Name = "renamed" }), egressproxy.ReasonPoolNotFound, []string{"hostname", "libvirtVersion"}},
-		{"pool inactive", pool(func(p *fakePool) { p.state = uint8(libvirt.StoragePoolInactive) }), egressproxy.ReasonPoolNotActive, []string{"hostname", "libvirtVersion", "poolState"}},
-		{"pool info fails", fault("StoragePoolGetInfo", lvErrorf(libvirt.ErrInternalError, "internal error")), egressproxy.ReasonUnknown, []string{"hostname", "libvirtVersion"}},
-		{"pool refresh fails", fault("StoragePoolRefresh", lvErrorf(libvirt.ErrInternalError, "internal error")), egressproxy.ReasonUnknown, []string{"hostname", "libvirtVersion", "poolState"}},
+		{"rpc error", fault("ConnectGetLibVersion", libvirtfake.Errorf(libvirt.ErrRPC, "rpc error")), egressproxy.ReasonUnreachable, []string{"hostname"}},
+		{"pool missing", func(e *fakeEnv) { e.host.RemovePool(e.cfg.Pool) }, egressproxy.ReasonPoolNotFound, []string{"hostname", "libvirtVersion"}},
+		{"pool inactive", poolState(libvirt.StoragePoolInactive), egressproxy.ReasonPoolNotActive, []string{"hostname", "libvirtVersion", "poolState"}},
+		{"pool info fails", fault("StoragePoolGetInfo", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")), egressproxy.ReasonUnknown, []string{"hostname", "libvirtVersion"}},
+		{"pool refresh fails", fault("StoragePoolRefresh", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")), egressproxy.ReasonUnknown, []string{"hostname", "libvirtVersion", "poolState"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEnv(t)
 			tc.setup(e)
-			if tc.name == "pool missing" {
-				// The fake finds pools by map key: move it.
-				e.lv.mu.Lock()
-				e.lv.pools["renamed"] = e.lv.pools[e.cfg.Pool]
-				delete(e.lv.pools, e.cfg.Pool)
-				e.lv.mu.Unlock()
-			}
 			h, err := e.p.Check(ctx)
 			if err != nil {
 				t.Fatalf("Check: %v (the error is for the call only)", err)
@@ -494,7 +488,7 @@ func TestFakeCheck(t *testing.T) {
 	// ("has asynchronous jobs running"): the entry is still Reachable.
 	t.Run("pool busy", func(t *testing.T) {
 		e := newFakeEnv(t)
-		fault("StoragePoolRefresh", lvErrorf(libvirt.ErrInternalError, "internal error: pool '%s' has asynchronous jobs running.", e.cfg.Pool))(e)
+		fault("StoragePoolRefresh", libvirtfake.Errorf(libvirt.ErrInternalError, "internal error: pool '%s' has asynchronous jobs running.", e.cfg.Pool))(e)
 		h, err := e.p.Check(ctx)
 		if err != nil || !h.Reachable || h.Details["poolFreeGiB"] == "" || !strings.Contains(h.Details["poolRefresh"], "asynchronous jobs running") {
 			t.Errorf("%+v, %v; want Reachable with poolFreeGiB and a poolRefresh detail", h, err)
@@ -503,7 +497,7 @@ func TestFakeCheck(t *testing.T) {
 
 	t.Run("pool in an unknown state", func(t *testing.T) {
 		e := newFakeEnv(t)
-		pool(func(p *fakePool) { p.state = 9 })(e)
+		poolState(9)(e)
 		h, err := e.p.Check(ctx)
 		if err != nil || h.Reason != egressproxy.ReasonPoolNotActive || h.Details["poolState"] != "state-9" {
 			t.Errorf("%+v, %v", h, err)
@@ -523,10 +517,10 @@ func TestFakeCheck(t *testing.T) {
 
 	t.Run("closed during the call", func(t *testing.T) {
 		e := newFakeEnv(t)
-		hook, entered, _ := e.lv.block("ConnectGetLibVersion", "")
-		e.lv.setFault(hook)
+		pause := libvirtfake.NewPause()
+		e.host.SetHook("ConnectGetLibVersion", pause.Hook)
 		done := make(chan error, 1)
-		go func() { <-entered; done <- e.p.Close() }()
+		go func() { <-pause.Entered(); done <- e.p.Close() }()
 		_, err := e.p.Check(ctx)
 		if cerr := <-done; cerr != nil {
 			t.Errorf("Close: %v", cerr)
@@ -549,10 +543,10 @@ func TestFakeClose(t *testing.T) {
 	if err := e.p.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	if e.images.closed != 1 || e.sess.closes != 1 {
-		t.Errorf("images closed %d, session %d times; want once each", e.images.closed, e.sess.closes)
+	if e.images.closeCount() != 1 || e.link.closeCount() != 1 {
+		t.Errorf("images closed %d, session %d times; want once each", e.images.closeCount(), e.link.closeCount())
 	}
-	e.lv.resetCalls()
+	e.host.ResetCalls()
 	ctx := context.Background()
 	ref := fakeSpec("a").Ref()
 	_, e1 := e.p.Create(ctx, fakeSpec("b"))
@@ -565,7 +559,7 @@ func TestFakeClose(t *testing.T) {
 			t.Errorf("call %d after Close: %v", i, err)
 		}
 	}
-	if n := e.lv.callCount(""); n != 0 {
+	if n := e.host.Calls(""); n != 0 {
 		t.Errorf("%d libvirt calls after Close", n)
 	}
 	e.hasInstance("a", libvirt.DomainRunning) // Close deletes nothing
@@ -576,7 +570,7 @@ func TestFakeClose(t *testing.T) {
 func TestFakeSessionClosedUnderneath(t *testing.T) {
 	e := newFakeEnv(t)
 	e.mustCreate("a")
-	e.sess.setDial(func() error { return e.sess.closedError() })
+	e.host.SetHook("Do", libvirtfake.Fail(fakeClosedError()))
 	ctx := context.Background()
 	ref := fakeSpec("a").Ref()
 	_, e1 := e.p.Create(ctx, fakeSpec("b"))
@@ -607,28 +601,28 @@ func TestOpenCheckKeyUnreadable(t *testing.T) {
 
 func TestFakeDeleteVolumeSteps(t *testing.T) {
 	ctx := context.Background()
-	internal := lvErrorf(libvirt.ErrInternalError, "internal error")
+	internal := libvirtfake.Errorf(libvirt.ErrInternalError, "internal error")
 	for _, tc := range []struct {
 		name     string
-		fault    func(fakeCall) error
+		fault    fakeFault
 		contains string
 	}{
-		{"pool lookup fails", failOn("StoragePoolLookupByName", "", false, internal), "look up pool"},
-		{"domain lookup before a volume fails", failNth("DomainLookupByName", 2, internal), "look up domain"},
+		{"pool lookup fails", failCalls("StoragePoolLookupByName", internal), "look up pool"},
+		{"domain lookup before a volume fails", fakeFault{"DomainLookupByName", libvirtfake.FailNth(2, internal)}, "look up domain"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEnv(t)
 			e.mustCreate("a")
-			e.lv.setFault(tc.fault)
+			tc.fault.install(e.host)
 			err := e.p.Delete(ctx, fakeSpec("a").Ref())
 			wantCode(t, tc.name, err, errs.Transient)
 			if !strings.Contains(err.Error(), tc.contains) {
 				t.Errorf("err %q: want %q", err, tc.contains)
 			}
-			if len(e.lv.volNames(e.cfg.Pool)) != 3 {
-				t.Errorf("volumes %v: want them kept", e.lv.volNames(e.cfg.Pool))
+			if len(e.host.VolumeNames(e.cfg.Pool)) != 3 {
+				t.Errorf("volumes %v: want them kept", e.host.VolumeNames(e.cfg.Pool))
 			}
-			e.lv.setFault(nil)
+			e.host.ClearHooks()
 			if err := e.p.Delete(ctx, fakeSpec("a").Ref()); err != nil {
 				t.Fatal(err)
 			}

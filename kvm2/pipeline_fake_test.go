@@ -10,15 +10,16 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 	"go.uber.org/goleak"
 )
 
-// gate is a fault hook that holds the calls of op (before they take
-// effect) and counts how many are held at once. full is closed when want
-// are held together; the held calls go on when open is closed (by
-// release, or at once when the gate is full and auto is set). A gate that
-// never fills opens after gateWait, so that a test of a sequential caller
-// fails instead of hanging.
+// gate is a hook that holds the calls of op (before they take effect) and
+// counts how many are held at once. full is closed when want are held
+// together; the held calls go on when open is closed (by release, or at
+// once when the gate is full and auto is set). A gate that never fills
+// opens after gateWait, so that a test of a sequential caller fails
+// instead of hanging.
 type gate struct {
 	op   string
 	want int
@@ -46,10 +47,10 @@ func (g *gate) maxHeld() int {
 	return g.max
 }
 
-func (g *gate) hook(c fakeCall) error {
-	if c.After || c.Op != g.op {
-		return nil
-	}
+// install makes the gate hold the calls of its op on h.
+func (g *gate) install(h *libvirtfake.Host) { h.SetHook(g.op, g.hook) }
+
+func (g *gate) hook(libvirtfake.Call) error {
 	g.mu.Lock()
 	g.held++
 	g.max = max(g.max, g.held)
@@ -76,7 +77,7 @@ func (g *gate) hook(c fakeCall) error {
 // defineStopped defines n stopped domains of ours (names s000…).
 func (e *fakeEnv) defineStopped(n int) {
 	for i := range n {
-		e.lv.defineXML(e.t, foreignXML(e.t, e.dom(fmt.Sprintf("s%03d", i)), e.cfg.Entry, e.cfg.Owner, false))
+		e.defineXML(e.t, foreignXML(e.t, e.dom(fmt.Sprintf("s%03d", i)), e.cfg.Entry, e.cfg.Owner, false))
 	}
 }
 
@@ -88,8 +89,8 @@ func TestFakeListPipelined(t *testing.T) {
 	const n = 3*listInFlight + 5
 	e.defineStopped(n)
 	g := newGate("DomainGetXMLDesc", listInFlight, true)
-	e.lv.setFault(g.hook)
-	e.lv.resetCalls()
+	g.install(e.host)
+	e.host.ResetCalls()
 	start := time.Now()
 	got, err := e.p.List(context.Background())
 	if err != nil || len(got) != n {
@@ -101,7 +102,7 @@ func TestFakeListPipelined(t *testing.T) {
 	if m := g.maxHeld(); m != listInFlight {
 		t.Errorf("at most %d XML reads in flight, want %d", m, listInFlight)
 	}
-	if c, s := e.lv.callCount(""), e.lv.callCount("ConnectGetAllDomainStats"); c != n+1 || s != 1 {
+	if c, s := e.host.Calls(""), e.host.Calls("ConnectGetAllDomainStats"); c != n+1 || s != 1 {
 		t.Errorf("%d calls (%d listings), want %d: one listing with states, one XML read per domain", c, s, n+1)
 	}
 	for i, inst := range got {
@@ -121,7 +122,7 @@ func TestFakeListAddressesBounded(t *testing.T) {
 		e.mustCreate(fmt.Sprintf("r%02d", i))
 	}
 	g := newGate("DomainInterfaceAddresses", listInFlight, true)
-	e.lv.setFault(g.hook)
+	g.install(e.host)
 	start := time.Now()
 	got, err := e.p.List(context.Background())
 	if err != nil || len(got) != n {
@@ -156,8 +157,8 @@ func TestFakeListCancelled(t *testing.T) {
 			e := newFakeEnv(t)
 			tc.setup(e)
 			g := newGate(tc.op, listInFlight, false)
-			e.lv.setFault(g.hook)
-			e.lv.resetCalls()
+			g.install(e.host)
+			e.host.ResetCalls()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			go func() {
@@ -170,13 +171,13 @@ func TestFakeListCancelled(t *testing.T) {
 			_, err := e.p.List(ctx)
 			wantCode(t, "cancelled List", err, errs.Canceled)
 			// Only the abandoned calls (the fake's fn goroutines) remain.
-			if err := goleak.Find(goleak.IgnoreCurrent(), goleak.IgnoreAnyFunction("github.com/egressproxy/egressproxy/kvm2.(*fakeSession).Do.func1")); err != nil {
+			if err := goleak.Find(goleak.IgnoreCurrent(), goleak.IgnoreAnyFunction("github.com/egressproxy/egressproxy/internal/testing/libvirtfake.(*Host).Do.func1")); err != nil {
 				t.Errorf("List left goroutines behind: %v", err)
 			}
-			held := e.lv.callCount(tc.op)
+			held := e.host.Calls(tc.op)
 			g.release()
-			e.sess.wait()
-			if n := e.lv.callCount(tc.op); n != held {
+			e.host.Wait()
+			if n := e.host.Calls(tc.op); n != held {
 				t.Errorf("%d %s calls after the held ones returned, want %d: the abandoned List went on", n, tc.op, held)
 			}
 		})
@@ -191,7 +192,9 @@ func TestFakeGetOverlapped(t *testing.T) {
 	xml := newGate("DomainGetXMLDesc", 1, false)
 	state := newGate("DomainGetState", 1, false)
 	addrs := newGate("DomainInterfaceAddresses", 3, true)
-	e.lv.setFault(faults(xml.hook, state.hook, addrs.hook))
+	for _, g := range []*gate{xml, state, addrs} {
+		g.install(e.host)
+	}
 	go func() {
 		// Both reads held at once, or neither goes on (until gateWait).
 		for _, c := range []<-chan struct{}{xml.full, state.full} {
@@ -240,13 +243,16 @@ func TestFakeDeletePipelined(t *testing.T) {
 	dels := newGate("StorageVolDelete", 2, true)
 	checked := make(chan struct{})
 	var lookups atomic.Int32
-	check := func(c fakeCall) error {
-		if c.Op == "DomainLookupByName" && !c.After && lookups.Add(1) == 2 {
+	check := func(libvirtfake.Call) error {
+		if lookups.Add(1) == 2 {
 			close(checked) // the second lookup: the check before the volumes go
 		}
 		return nil
 	}
-	e.lv.setFault(faults(check, pool.hook, dom.hook, vols.hook, dels.hook))
+	for _, g := range []*gate{pool, vols, dels} {
+		g.install(e.host)
+	}
+	e.host.SetHook("DomainLookupByName", libvirtfake.Chain(check, dom.hook))
 	go func() {
 		for _, c := range []<-chan struct{}{pool.full, dom.full} {
 			select {
@@ -266,7 +272,7 @@ func TestFakeDeletePipelined(t *testing.T) {
 		}
 		vols.release()
 	}()
-	e.lv.resetCalls()
+	e.host.ResetCalls()
 	start := time.Now()
 	if err := e.p.Delete(context.Background(), fakeSpec("a").Ref()); err != nil {
 		t.Fatal(err)
@@ -277,13 +283,13 @@ func TestFakeDeletePipelined(t *testing.T) {
 	if m := dels.maxHeld(); m != 2 {
 		t.Errorf("%d volume deletions in flight at once, want 2", m)
 	}
-	if n, p := e.lv.callCount("DomainLookupByName"), e.lv.callCount("StoragePoolLookupByName"); n != 2 || p != 1 {
+	if n, p := e.host.Calls("DomainLookupByName"), e.host.Calls("StoragePoolLookupByName"); n != 2 || p != 1 {
 		t.Errorf("%d domain lookups and %d pool lookups, want 2 and 1", n, p)
 	}
-	if vs := e.lv.volNames(e.cfg.Pool); len(vs) != 1 {
+	if vs := e.host.VolumeNames(e.cfg.Pool); len(vs) != 1 {
 		t.Errorf("volumes left: %v, want only the base", vs)
 	}
-	if _, ok := e.lv.domain(e.dom("a")); ok {
+	if _, ok := e.host.Domain(e.dom("a")); ok {
 		t.Error("the domain is still defined")
 	}
 }
@@ -317,11 +323,9 @@ func TestFakeEntriesCreateConcurrently(t *testing.T) {
 	envs := make([]*fakeEnv, hosts)
 	for i := range envs {
 		envs[i] = newFakeEnv(t, func(c *Config) { c.Entry = fmt.Sprintf("hv%d", i+1) })
-		var hooks []func(fakeCall) error
 		for _, g := range gates {
-			hooks = append(hooks, g.hook)
+			g.install(envs[i].host)
 		}
-		envs[i].lv.setFault(faults(hooks...))
 	}
 	start := time.Now()
 	var wg sync.WaitGroup

@@ -9,6 +9,7 @@ import (
 
 	libvirt "github.com/digitalocean/go-libvirt"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/testing/libvirtfake"
 )
 
 // unusableTempDir points TMPDIR at a regular file for the rest of t, so
@@ -46,7 +47,7 @@ func TestFakeCreateSeedNoTempDir(t *testing.T) {
 		t.Errorf("fresh Create built %d seeds, want 1", n)
 	}
 
-	e.lv.resetCalls()
+	e.host.ResetCalls()
 	built = seedsBuilt.Load()
 	if _, err := e.p.Create(ctx, spec); err != nil {
 		t.Fatal(err)
@@ -55,7 +56,7 @@ func TestFakeCreateSeedNoTempDir(t *testing.T) {
 		t.Errorf("Create of an existing instance built %d seeds, want none", n)
 	}
 	for _, op := range []string{"StorageVolCreateXML", "StorageVolUpload", "StorageVolDelete"} {
-		if n := e.lv.callCount(op); n != 0 {
+		if n := e.host.Calls(op); n != 0 {
 			t.Errorf("Create of an existing instance: %d %s calls", n, op)
 		}
 	}
@@ -63,11 +64,11 @@ func TestFakeCreateSeedNoTempDir(t *testing.T) {
 	// Interrupted after the define, then completed: the seed is built
 	// again (uploaded again) and is byte for byte the first one.
 	b := fakeSpec("b")
-	e.lv.setFault(failOn("DomainCreate", "", false, libvirt.ErrInterrupted))
+	e.host.SetHook("DomainCreate", libvirtfake.Fail(libvirt.ErrInterrupted))
 	_, err := e.p.Create(ctx, b)
 	wantCode(t, "start interrupted", err, errs.Transient)
-	first, _ := e.lv.vol(e.cfg.Pool, seedVolume(e.dom("b")))
-	e.lv.setFault(nil)
+	first, _ := e.host.Volume(e.cfg.Pool, seedVolume(e.dom("b")))
+	e.host.ClearHooks()
 	built = seedsBuilt.Load()
 	if _, err := e.p.Create(ctx, b); err != nil {
 		t.Fatal(err)
@@ -75,8 +76,8 @@ func TestFakeCreateSeedNoTempDir(t *testing.T) {
 	if n := seedsBuilt.Load() - built; n != 1 {
 		t.Errorf("completing Create built %d seeds, want 1", n)
 	}
-	again, _ := e.lv.vol(e.cfg.Pool, seedVolume(e.dom("b")))
-	if len(first.data) == 0 || !bytes.Equal(first.data, again.data) {
-		t.Errorf("completed seed differs from the first attempt's (%d vs %d bytes)", len(first.data), len(again.data))
+	again, _ := e.host.Volume(e.cfg.Pool, seedVolume(e.dom("b")))
+	if len(first.Data) == 0 || !bytes.Equal(first.Data, again.Data) {
+		t.Errorf("completed seed differs from the first attempt's (%d vs %d bytes)", len(first.Data), len(again.Data))
 	}
 }

@@ -170,7 +170,7 @@ func TestFakeSpaceReadAgainAfterDebris(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := BaseName(fakeEntry, "k", imagecache.FormatQCOW2)
-	if err := h.PutVolume(fakePool, name, make([]byte, 4<<20)); err != nil { // debris: no marker
+	if err := h.PutVolume(fakePool, libvirtfake.Volume{Name: name, Data: make([]byte, 4<<20)}); err != nil { // debris: no marker
 		t.Fatal(err)
 	}
 	// The space is read ahead before the debris goes (else this test

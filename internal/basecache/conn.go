@@ -17,7 +17,7 @@ import (
 // Code is a libvirt.ErrorNumber for an answer of libvirtd, anything else for
 // a failure to reach it.
 //
-// internal/libvirtfake implements it in memory, for tests.
+// internal/testing/libvirtfake implements it in memory, for tests.
 type Libvirt interface {
 	ConnectListAllStoragePools(NeedResults int32, Flags libvirt.ConnectListAllStoragePoolsFlags) (rPools []libvirt.StoragePool, rRet uint32, err error)
 	StoragePoolLookupByName(Name string) (rPool libvirt.StoragePool, err error)
@@ -44,7 +44,7 @@ var _ Libvirt = (*libvirt.Libvirt)(nil)
 
 // Conn is the cache's link to one libvirtd: a shared session for short
 // calls and dedicated sessions for streams. SSH adapts a libvirt session over SSH;
-// tests use an in-memory one (internal/libvirtfake). Implementations must
+// tests use an in-memory one (internal/testing/libvirtfake). Implementations must
 // be safe for concurrent use.
 type Conn interface {
 	// Do runs fn with the shared session. When ctx ends before fn

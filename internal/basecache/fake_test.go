@@ -199,8 +199,8 @@ func TestFakeFetchHitVerifyListEvict(t *testing.T) {
 	}
 	want.Source = imagecache.SourcePool // a hit from now on; List and Verify leave Source empty
 	wantVolumes(t, h, name, MarkerName(name, sum))
-	if got, _ := h.VolumeData(fakePool, name); !slices.Equal(got, body) {
-		t.Fatalf("stored %d bytes, not the image's %d", len(got), len(body))
+	if got, _ := h.Volume(fakePool, name); !slices.Equal(got.Data, body) {
+		t.Fatalf("stored %d bytes, not the image's %d", len(got.Data), len(body))
 	}
 	if progress.Load() != int64(len(body)) {
 		t.Fatalf("last progress %d bytes, want %d", progress.Load(), len(body))
@@ -307,10 +307,10 @@ func TestFakeUnresolvedDisksRefuse(t *testing.T) {
 	if err := h.AddPool("stopped", 1<<30); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.PutVolume("stopped", "x.qcow2", nil); err != nil {
+	if err := h.PutVolume("stopped", libvirtfake.Volume{Name: "x.qcow2"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.SetPoolActive("stopped", false); err != nil {
+	if err := h.SetPoolState("stopped", libvirt.StoragePoolInactive); err != nil {
 		t.Fatal(err)
 	}
 	d, err := s.DomainDefineXML(domainXML("odd",
@@ -400,14 +400,14 @@ func TestFakeClaims(t *testing.T) {
 		srv := serve(t, body, nil)
 		c, h := newFakeCache(t, nil)
 		other := claimName(name, time.Now(), otherToken)
-		if err := h.PutVolume(fakePool, other, nil); err != nil {
+		if err := h.PutVolume(fakePool, libvirtfake.Volume{Name: other}); err != nil {
 			t.Fatal(err)
 		}
 		var lists atomic.Int64
 		h.SetHook("StoragePoolListAllVolumes", func(libvirtfake.Call) error {
 			if lists.Add(1) == 2 { // we have seen the claim and waited once
-				_ = h.PutVolume(fakePool, name, body)
-				_ = h.PutVolume(fakePool, MarkerName(name, sum), nil)
+				_ = h.PutVolume(fakePool, libvirtfake.Volume{Name: name, Data: body})
+				_ = h.PutVolume(fakePool, libvirtfake.Volume{Name: MarkerName(name, sum)})
 				_ = h.Shared().StorageVolDelete(libvirt.StorageVol{Pool: fakePool, Name: other}, 0)
 			}
 			return nil
@@ -423,7 +423,7 @@ func TestFakeClaims(t *testing.T) {
 	t.Run("taken: the caller gives up waiting", func(t *testing.T) {
 		srv := serve(t, body, nil)
 		c, h := newFakeCache(t, nil)
-		if err := h.PutVolume(fakePool, claimName(name, time.Now(), otherToken), nil); err != nil {
+		if err := h.PutVolume(fakePool, libvirtfake.Volume{Name: claimName(name, time.Now(), otherToken)}); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -437,7 +437,7 @@ func TestFakeClaims(t *testing.T) {
 		stale := claimName(name, time.Now().Add(-2*time.Minute), otherToken)
 		legacy := claimName(name, time.Now().Add(-3*c.cfg.TransferBudget), "abc")
 		for _, v := range []string{stale, legacy, MarkerName(name, "bad")} {
-			if err := h.PutVolume(fakePool, v, nil); err != nil {
+			if err := h.PutVolume(fakePool, libvirtfake.Volume{Name: v}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -450,7 +450,7 @@ func TestFakeClaims(t *testing.T) {
 		srv := serve(t, body, nil)
 		c, h := newFakeCache(t, nil)
 		orphan := claimName(name, time.Now(), c.instance+"0011223344556677")
-		if err := h.PutVolume(fakePool, orphan, nil); err != nil {
+		if err := h.PutVolume(fakePool, libvirtfake.Volume{Name: orphan}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := c.Ensure(testCtx(t, 30*time.Second), img(srv.url)); err != nil {
@@ -508,7 +508,7 @@ func TestFakeClaims(t *testing.T) {
 		var once, gone sync.Once
 		h.SetHook("StorageVolCreateXML", func(call libvirtfake.Call) error {
 			if strings.HasPrefix(call.Volume, "claim-") {
-				once.Do(func() { _ = h.PutVolume(fakePool, rival, nil) })
+				once.Do(func() { _ = h.PutVolume(fakePool, libvirtfake.Volume{Name: rival}) })
 			}
 			return nil
 		})
@@ -559,7 +559,7 @@ func TestFakeCacheStates(t *testing.T) {
 				if v == name {
 					data = body
 				}
-				if err := h.PutVolume(fakePool, v, data); err != nil {
+				if err := h.PutVolume(fakePool, libvirtfake.Volume{Name: v, Data: data}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -651,7 +651,7 @@ func TestFakeFailureShapes(t *testing.T) {
 			_, _ = w.Write(body[:len(body)/2])
 		}, code: errs.Transient, text: "reading the image"},
 		{name: "pool missing", setup: func(t *testing.T, h *libvirtfake.Host) { h.RemovePool(fakePool) }, code: errs.Permanent, text: "no storage pool with matching name", gets: -1},
-		{name: "pool inactive", setup: func(t *testing.T, h *libvirtfake.Host) { _ = h.SetPoolActive(fakePool, false) }, code: errs.Permanent, text: "is not active; start it", gets: -1},
+		{name: "pool inactive", setup: func(t *testing.T, h *libvirtfake.Host) { _ = h.SetPoolState(fakePool, libvirt.StoragePoolInactive) }, code: errs.Permanent, text: "is not active; start it", gets: -1},
 		{name: "pool full (announced size)", setup: func(t *testing.T, h *libvirtfake.Host) { _ = h.SetPoolCapacity(fakePool, 50<<10) }, code: errs.Transient, text: "has only 51200 bytes free"},
 		{name: "pool full (no size announced)", handler: func(w http.ResponseWriter, r *http.Request) {
 			_, _ = w.Write(body[:20<<10])
@@ -704,7 +704,7 @@ func TestFakeFailureShapes(t *testing.T) {
 		}, code: errs.Transient, text: "create marker"},
 		{name: "cleanup retried after a lost session", setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetStreamHook("StorageVolUpload", libvirtfake.CutAfter(fakeChunk, errBoom))
-			h.SetHook("StorageVolDelete", libvirtfake.FailN(1, &sshconn.Error{Kind: sshconn.KindUnreachable, Err: errors.New("link lost")}))
+			h.SetHook("StorageVolDelete", libvirtfake.FailFirst(1, &sshconn.Error{Kind: sshconn.KindUnreachable, Err: errors.New("link lost")}))
 		}, code: errs.Transient, text: "boom"},
 		{name: "pool listing fails", setup: func(t *testing.T, h *libvirtfake.Host) {
 			h.SetHook("StoragePoolListAllVolumes", libvirtfake.Fail(errBoom))
@@ -736,7 +736,7 @@ func TestFakeFailureShapes(t *testing.T) {
 				t.Fatalf("%d GETs, want %d", srv.gets.Load(), gets)
 			}
 			h.SetHook("StoragePoolListAllVolumes", nil)
-			_ = h.SetPoolActive(fakePool, true)
+			_ = h.SetPoolState(fakePool, libvirt.StoragePoolRunning)
 			wantLeft(t, h)
 		})
 	}
@@ -936,7 +936,8 @@ func TestFakeLibvirtLosesBytes(t *testing.T) {
 	short := func(h *libvirtfake.Host) libvirtfake.Hook {
 		return func(call libvirtfake.Call) error {
 			if call.Done == int64(len(body)) { // before the Read that ends the source
-				data, _ := h.VolumeData(call.Pool, call.Volume)
+				vol, _ := h.Volume(call.Pool, call.Volume)
+				data := vol.Data
 				return h.SetVolumeData(call.Pool, call.Volume, data[:len(data)-10])
 			}
 			return nil
@@ -1027,7 +1028,7 @@ func TestFakeEvictAndListFailures(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	wantClass(t, c.Evict(ctx, imagecache.Image{Key: "a--b"}), errs.Permanent, "Key")
 	wantClass(t, c.Evict(ctx, imagecache.Image{Key: "k", Format: "vmdk"}), errs.Permanent, "vmdk")
-	if err := h.PutVolume(fakePool, BaseName(fakeEntry, "k", imagecache.FormatQCOW2), nil); err != nil {
+	if err := h.PutVolume(fakePool, libvirtfake.Volume{Name: BaseName(fakeEntry, "k", imagecache.FormatQCOW2)}); err != nil {
 		t.Fatal(err)
 	}
 	h.SetHook("ConnectListAllDomains", libvirtfake.Fail(errBoom))
@@ -1069,8 +1070,8 @@ func TestFakePoolRedefinedUnderTheCache(t *testing.T) {
 	if err != nil || b.Digest != sum {
 		t.Fatalf("Ensure after the pool was defined again = %+v, %v", b, err)
 	}
-	if got, _ := h.VolumeData(fakePool, b.Volume); !slices.Equal(got, body) {
-		t.Errorf("the new pool holds %d bytes, not the image", len(got))
+	if got, _ := h.Volume(fakePool, b.Volume); !slices.Equal(got.Data, body) {
+		t.Errorf("the new pool holds %d bytes, not the image", len(got.Data))
 	}
 	if n := h.Calls("StoragePoolLookupByName") - lookups; n != 1 {
 		t.Errorf("%d pool lookups after the pool was defined again, want 1 (the stale handle forgotten once)", n)

@@ -77,8 +77,8 @@ func wantPublished(t *testing.T, c *Cache, h *libvirtfake.Host, img imagecache.I
 		t.Fatalf("%s: base %+v, want volume %s digest %s", c.cfg.Entry, b, name, sum)
 	}
 	wantLeft(t, h, name, MarkerName(name, sum))
-	if got, _ := h.VolumeData(fakePool, name); !bytes.Equal(got, body) {
-		t.Fatalf("%s: host stores %d bytes, not the image's %d", c.cfg.Entry, len(got), len(body))
+	if got, _ := h.Volume(fakePool, name); !bytes.Equal(got.Data, body) {
+		t.Fatalf("%s: host stores %d bytes, not the image's %d", c.cfg.Entry, len(got.Data), len(body))
 	}
 }
 

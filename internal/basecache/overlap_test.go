@@ -112,8 +112,8 @@ func TestFakeOverlapReadsBehindUpload(t *testing.T) {
 	if uploads.Load() != 4 || downloads.Load() < 2 {
 		t.Errorf("%d upload streams, %d download streams; want 4 and at least 2", uploads.Load(), downloads.Load())
 	}
-	if got, _ := h.VolumeData(fakePool, b.Volume); !slices.Equal(got, body) {
-		t.Errorf("the host holds %d bytes, not the image", len(got))
+	if got, _ := h.Volume(fakePool, b.Volume); !slices.Equal(got.Data, body) {
+		t.Errorf("the host holds %d bytes, not the image", len(got.Data))
 	}
 	wantLeft(t, h, b.Volume, MarkerName(b.Volume, sum))
 }
@@ -149,7 +149,8 @@ func TestFakeOverlapCatchesCorruptMiddleSegment(t *testing.T) {
 	// committed, so not read back.
 	callCounter(h, "StorageVolUpload", func(k int64, call libvirtfake.Call) error {
 		if k == 3 {
-			data, _ := h.VolumeData(call.Pool, call.Volume)
+			vol, _ := h.Volume(call.Pool, call.Volume)
+			data := vol.Data
 			data[fakeSegment+8<<10] ^= 0x40
 			return h.SetVolumeData(call.Pool, call.Volume, data)
 		}
@@ -212,7 +213,8 @@ func TestFakeOverlapCatchesTruncatedSegment(t *testing.T) {
 					err = errors.New("the fourth upload stream never started")
 					return
 				}
-				data, _ := h.VolumeData(call.Pool, call.Volume)
+				vol, _ := h.Volume(call.Pool, call.Volume)
+				data := vol.Data
 				err = h.SetVolumeData(call.Pool, call.Volume, data[:pos])
 			})
 			return err

@@ -230,7 +230,7 @@ func TestPeerOnlyWhenPublished(t *testing.T) {
 			}
 		}},
 		{"a second marker (ambiguous)", nil, func(t *testing.T, cs []*Cache, hs []*libvirtfake.Host, img *imagecache.Image) {
-			if err := hs[0].PutVolume(fakePool, MarkerName(cs[0].BaseName(*img), strings.Repeat("cd", 32)), nil); err != nil {
+			if err := hs[0].PutVolume(fakePool, libvirtfake.Volume{Name: MarkerName(cs[0].BaseName(*img), strings.Repeat("cd", 32))}); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -240,7 +240,7 @@ func TestPeerOnlyWhenPublished(t *testing.T) {
 			if err := hs[0].Shared().StorageVolDelete(libvirt.StorageVol{Pool: fakePool, Name: MarkerName(name, img.SHA256)}, 0); err != nil {
 				t.Fatal(err)
 			}
-			if err := hs[0].PutVolume(fakePool, MarkerName(name, other), nil); err != nil {
+			if err := hs[0].PutVolume(fakePool, libvirtfake.Volume{Name: MarkerName(name, other)}); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -261,7 +261,7 @@ func TestPeerOnlyWhenPublished(t *testing.T) {
 			if n := hs[0].Calls("StorageVolDownload") - reads; n != 0 {
 				t.Fatalf("host 0's volumes were read %d times", n)
 			}
-			if got, _ := hs[1].VolumeData(fakePool, b.Volume); !bytes.Equal(got, body) {
+			if got, _ := hs[1].Volume(fakePool, b.Volume); !bytes.Equal(got.Data, body) {
 				t.Fatal("host 1 does not hold the image")
 			}
 		})

@@ -1,36 +1,17 @@
-// Package libvirtfake is an in-memory libvirtd for unit tests: storage
-// pools and volumes (with upload and download streams on byte slices) and
-// defined domains, reached through sessions whose methods have the
-// signatures of go-libvirt's *libvirt.Libvirt, so a Session satisfies the
-// small interfaces packages declare for what they call (basecache.Libvirt).
-//
-// It owns: the state (Host), the sessions (Session; Do and Dedicated mirror
-// libvirtconn's shared and dedicated sessions), the errors (libvirt.Error values
-// with the codes and messages libvirtd returns, so classifiers see what
-// they see in production), and fault injection (SetHook, SetStreamHook: any
-// call can fail, block until released or until its session is killed, and
-// a stream can be cut or stalled after any number of bytes).
-//
-// It does not own libvirt's semantics beyond what its callers need. Domains
-// are definitions only (define, undefine, list, XML): no lifecycle, no
-// networks; a kvm2 fake grows them here, in domain.go and beside it.
-//
-// Every method is safe for concurrent use. Hooks run without any lock held
-// and may call the Host.
 package libvirtfake
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/digitalocean/go-libvirt"
 )
-
-// DefaultChunk is the default stream chunk size (SetChunkSize).
-const DefaultChunk = 64 << 10
 
 // ErrKilled is returned by the calls of a killed or closed session, and by
 // Call.Wait when the session dies while the hook waits. It is not a
@@ -41,195 +22,50 @@ var ErrKilled = errors.New("libvirtfake: session killed: connection closed")
 // ErrHostClosed is returned by Do and Dedicated after Host.Close.
 var ErrHostClosed = errors.New("libvirtfake: host closed")
 
+// The connection's answers to ConnectGetHostname and ConnectGetLibVersion.
+const (
+	Hostname   = "hv1.example"
+	LibVersion = 10_002_003 // libvirt 10.2.3
+)
+
 // Host is one in-memory libvirtd. The zero value is not usable: call New.
 type Host struct {
 	mu       sync.Mutex
 	pools    map[string]*pool
-	domains  map[string]*domain
+	domains  map[string]*Domain
+	leases   map[string]string // MAC → IP: the network's DHCP leases
+	arp      map[string]string // MAC → IP: the host's ARP table
+	domcaps  string
 	hooks    map[string]Hook
+	replies  map[string]Hook
 	streams  map[string]Hook
-	calls    map[string]int
+	counts   map[string]int
+	log      []Call
 	sessions map[*Session]struct{}
 	shared   *Session
 	chunk    int
-	seq      uint64 // UUIDs
+	seq      uint64 // UUIDs and MAC addresses
+	ids      int32  // IDs of running domains
 	closed   bool
 	wg       sync.WaitGroup // Do's goroutines
 }
 
-// New returns an empty Host: no pools, no domains, no hooks.
+// New returns a Host without pools, domains, hooks or domain capabilities.
 func New() *Host {
 	h := &Host{
 		pools:    map[string]*pool{},
-		domains:  map[string]*domain{},
+		domains:  map[string]*Domain{},
+		leases:   map[string]string{},
+		arp:      map[string]string{},
 		hooks:    map[string]Hook{},
+		replies:  map[string]Hook{},
 		streams:  map[string]Hook{},
-		calls:    map[string]int{},
+		counts:   map[string]int{},
 		sessions: map[*Session]struct{}{},
 		chunk:    DefaultChunk,
 	}
 	h.shared = h.newSessionLocked(false)
 	return h
-}
-
-// Call describes one call for a hook.
-type Call struct {
-	// Method is the go-libvirt method name ("StorageVolUpload"), or "Do"
-	// and "Dedicated" for the Host's own entry points.
-	Method string
-	// Session is the session the call runs on (nil for "Dedicated").
-	Session *Session
-	// Pool and Volume name what the call is about, when it has them.
-	Pool, Volume string
-	// Done is, for a stream hook, the bytes moved so far by this call.
-	// An upload moves what one Read of its source returns (at most the
-	// chunk size), so Done need not be a multiple of it.
-	Done int64
-}
-
-// Wait blocks until release is closed (nil), or the call's session is
-// killed or closed, or the Host is closed (ErrKilled). A hook that blocks
-// with Wait therefore never outlives its session: Kill ends it, as it ends
-// a blocked call of go-libvirt.
-func (c Call) Wait(release <-chan struct{}) error {
-	var dead <-chan struct{}
-	if c.Session != nil {
-		dead = c.Session.dead
-	}
-	select {
-	case <-release:
-		return nil
-	case <-dead:
-		return ErrKilled
-	}
-}
-
-// Hook runs before a call does its work (SetHook) or before a stream moves
-// its next chunk (SetStreamHook). A non-nil error is returned by the call
-// as it is; nil lets the call go on.
-type Hook func(Call) error
-
-// SetHook makes fn run before every call of method (nil: none). It
-// replaces the previous hook of method.
-func (h *Host) SetHook(method string, fn Hook) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if fn == nil {
-		delete(h.hooks, method)
-		return
-	}
-	h.hooks[method] = fn
-}
-
-// SetStreamHook makes fn run before each chunk of the stream call method
-// ("StorageVolUpload", "StorageVolDownload"), with Call.Done the bytes
-// moved so far (nil: none). An error cuts the stream: the call returns it.
-// Blocking (Call.Wait) stalls the stream.
-func (h *Host) SetStreamHook(method string, fn Hook) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if fn == nil {
-		delete(h.streams, method)
-		return
-	}
-	h.streams[method] = fn
-}
-
-// Fail returns a hook that fails every call with err.
-func Fail(err error) Hook { return func(Call) error { return err } }
-
-// FailN returns a hook that fails the first n calls with err.
-func FailN(n int, err error) Hook {
-	var mu sync.Mutex
-	return func(Call) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if n <= 0 {
-			return nil
-		}
-		n--
-		return err
-	}
-}
-
-// Block returns a hook that blocks each call until release is closed or
-// its session dies (then the call fails with ErrKilled).
-func Block(release <-chan struct{}) Hook { return func(c Call) error { return c.Wait(release) } }
-
-// CutAfter returns a stream hook that fails the stream with err once n
-// bytes have moved.
-func CutAfter(n int64, err error) Hook {
-	return func(c Call) error {
-		if c.Done >= n {
-			return err
-		}
-		return nil
-	}
-}
-
-// StallAfter returns a stream hook that stalls the stream once n bytes
-// have moved, until release is closed or the session dies.
-func StallAfter(n int64, release <-chan struct{}) Hook {
-	return func(c Call) error {
-		if c.Done >= n {
-			return c.Wait(release)
-		}
-		return nil
-	}
-}
-
-// SetChunkSize sets how many bytes a stream moves between two stream hook
-// calls (zero or less: DefaultChunk).
-func (h *Host) SetChunkSize(n int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if n <= 0 {
-		n = DefaultChunk
-	}
-	h.chunk = n
-}
-
-// Calls returns how many times method was called (hooked failures
-// included), on any session.
-func (h *Host) Calls(method string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.calls[method]
-}
-
-// enter counts a call, refuses it on a dead session and runs its hook.
-func (h *Host) enter(c Call) error {
-	h.mu.Lock()
-	h.calls[c.Method]++
-	fn := h.hooks[c.Method]
-	h.mu.Unlock()
-	if c.Session != nil && c.Session.isDead() {
-		return ErrKilled
-	}
-	if fn != nil {
-		if err := fn(c); err != nil {
-			return err
-		}
-	}
-	if c.Session != nil && c.Session.isDead() {
-		return ErrKilled
-	}
-	return nil
-}
-
-func (h *Host) streamHook(c Call) error {
-	h.mu.Lock()
-	fn := h.streams[c.Method]
-	h.mu.Unlock()
-	if fn != nil {
-		if err := fn(c); err != nil {
-			return err
-		}
-	}
-	if c.Session.isDead() {
-		return ErrKilled
-	}
-	return nil
 }
 
 // Session is one connection to the Host. Its methods have the signatures
@@ -275,12 +111,13 @@ func (s *Session) isDead() bool {
 // it makes every later call on it fail with ErrKilled (a lost session).
 func (h *Host) Shared() *Session { return h.shared }
 
-// Do runs fn with the shared session in a goroutine of its own, with
-// libvirtconn.Session.Do's semantics: a ctx that already ended starts nothing;
-// when ctx ends before fn returns, Do returns ctx's error at once and fn
-// goes on running (the caller must not read what fn writes unless Do
-// returned nil); Close waits for such fns. The hook "Do" runs first: its
-// error is returned without running fn (a transport failure, say).
+// Do runs fn with the shared session in a goroutine of its own, with the
+// semantics of the module's shared libvirt session: a ctx that already
+// ended starts nothing; when ctx ends before fn returns, Do returns an
+// error wrapping ctx's at once and fn goes on running (the caller must not
+// read what fn writes unless Do returned nil); Wait and Close wait for
+// such fns. The hook "Do" runs first: its error is returned without
+// running fn (a failed dial, say).
 func (h *Host) Do(ctx context.Context, fn func(*Session) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -309,6 +146,10 @@ func (h *Host) Do(ctx context.Context, fn func(*Session) error) error {
 		return fmt.Errorf("libvirtfake: call abandoned: %w", ctx.Err())
 	}
 }
+
+// Wait waits until no fn that Do started runs, abandoned ones included.
+// No Do may start while Wait runs.
+func (h *Host) Wait() { h.wg.Wait() }
 
 // Dedicated opens a new session (the hook "Dedicated" runs first and may
 // fail it). ctx only bounds the opening. The caller closes the session.
@@ -341,19 +182,13 @@ func (h *Host) OpenSessions() int {
 	return n
 }
 
-// Close kills every session (ending every blocked call) and waits for the
+// Close kills every session (ending every held call) and waits for the
 // goroutines Do started. Later Do and Dedicated calls fail with
-// ErrHostClosed. The state stays readable.
+// ErrHostClosed. The state stays readable. Calling it again is allowed.
 func (h *Host) Close() error {
 	h.mu.Lock()
 	h.closed = true
-	ss := slices.Collect(func(yield func(*Session) bool) {
-		for s := range h.sessions {
-			if !yield(s) {
-				return
-			}
-		}
-	})
+	ss := slices.Collect(maps.Keys(h.sessions))
 	h.mu.Unlock()
 	for _, s := range ss {
 		s.Kill()
@@ -377,7 +212,23 @@ func uuidString(u libvirt.UUID) string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
-// lverr is an error as go-libvirt returns libvirtd's answer.
-func lverr(code libvirt.ErrorNumber, format string, args ...any) error {
+func parseUUID(s string) (libvirt.UUID, error) {
+	var u libvirt.UUID
+	b, err := hex.DecodeString(strings.ReplaceAll(s, "-", ""))
+	if err != nil || len(b) != len(u) {
+		return u, Errorf(libvirt.ErrInternalError, "internal error: malformed uuid element")
+	}
+	copy(u[:], b)
+	return u, nil
+}
+
+// Errorf returns an error as go-libvirt returns libvirtd's answer: a
+// libvirt.Error with code and the message. Hooks return it to make a call
+// fail as libvirtd would.
+func Errorf(code libvirt.ErrorNumber, format string, args ...any) error {
 	return libvirt.Error{Code: uint32(code), Message: fmt.Sprintf(format, args...)}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,7 +71,7 @@ func TestErrorsAreLibvirts(t *testing.T) {
 	if _, err := s.DomainGetXMLDesc(libvirt.Domain{Name: "d"}, 0); code(err) != libvirt.ErrNoDomain {
 		t.Fatalf("missing domain: %v", err)
 	}
-	if err := h.SetPoolActive("p", false); err != nil {
+	if err := h.SetPoolState("p", libvirt.StoragePoolInactive); err != nil {
 		t.Fatal(err)
 	}
 	_, _, err = s.StoragePoolListAllVolumes(p, 1, 0)
@@ -155,7 +156,7 @@ func TestUploadFillsPool(t *testing.T) {
 func TestKillEndsStalledStream(t *testing.T) {
 	h, _ := newHost(t)
 	h.SetChunkSize(4)
-	_ = h.PutVolume("p", "v", make([]byte, 64))
+	_ = h.PutVolume("p", libvirtfake.Volume{Name: "v", Data: make([]byte, 64)})
 	d, err := h.Dedicated(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -214,13 +215,13 @@ func TestDoAbandonAndClose(t *testing.T) {
 	}
 }
 
-// Hooks: FailN fails the first calls only; an upload source error ends the
+// Hooks: FailFirst fails the first calls only; an upload source error ends the
 // call with it; CutAfter cuts a stream.
 func TestHooks(t *testing.T) {
 	h, s := newHost(t)
 	h.SetChunkSize(2)
 	boom := errors.New("boom")
-	h.SetHook("StoragePoolRefresh", libvirtfake.FailN(1, boom))
+	h.SetHook("StoragePoolRefresh", libvirtfake.FailFirst(1, boom))
 	p, _ := s.StoragePoolLookupByName("p")
 	if err := s.StoragePoolRefresh(p, 0); err != boom {
 		t.Fatalf("first refresh: %v", err)
@@ -233,8 +234,8 @@ func TestHooks(t *testing.T) {
 	if err := s.StorageVolUpload(v, bytes.NewReader([]byte("abcdefgh")), 0, 0, 0); err != boom {
 		t.Fatalf("cut upload: %v", err)
 	}
-	if got, _ := h.VolumeData("p", "v"); string(got) != "abcd" {
-		t.Fatalf("stored %q", got)
+	if got, _ := h.Volume("p", "v"); string(got.Data) != "abcd" {
+		t.Fatalf("stored %q", got.Data)
 	}
 	h.SetStreamHook("StorageVolUpload", nil)
 	src := io.MultiReader(bytes.NewReader([]byte("xy")), iotest{boom})
@@ -282,5 +283,321 @@ func TestConcurrentUse(t *testing.T) {
 	doms, _, _ := h.Shared().ConnectListAllDomains(1, 0)
 	if len(doms) != 8 {
 		t.Fatalf("%d domains", len(doms))
+	}
+}
+
+func domXML(name string, disks ...libvirtxml.DomainDisk) string {
+	d := libvirtxml.Domain{Type: "kvm", Name: name, Devices: &libvirtxml.DomainDeviceList{
+		Disks:      disks,
+		Interfaces: []libvirtxml.DomainInterface{{Source: &libvirtxml.DomainInterfaceSource{Network: &libvirtxml.DomainInterfaceSourceNetwork{Network: "default"}}}},
+	}}
+	x, err := d.Marshal()
+	if err != nil {
+		panic(err)
+	}
+	return x
+}
+
+func volumeDisk(pool, vol string) libvirtxml.DomainDisk {
+	return libvirtxml.DomainDisk{Device: "disk",
+		Source: &libvirtxml.DomainDiskSource{Volume: &libvirtxml.DomainDiskSourceVolume{Pool: pool, Volume: vol}},
+		Target: &libvirtxml.DomainDiskTarget{Dev: "vda"}}
+}
+
+// Define fills in the UUID and a MAC, and refuses a second definition of
+// the name without its UUID, and another name with it.
+func TestDomainDefine(t *testing.T) {
+	h, s := newHost(t)
+	dom, err := s.DomainDefineXMLFlags(domXML("d", volumeDisk("p", "root")), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, ok := h.Domain("d")
+	var dx libvirtxml.Domain
+	if !ok || d.Handle() != dom || dom.ID != -1 || d.State != libvirt.DomainShutoff || !d.Persistent ||
+		d.MAC == "" || dx.Unmarshal(d.XML) != nil || dx.UUID == "" || dx.Devices.Interfaces[0].MAC.Address != d.MAC {
+		t.Fatalf("defined %+v (handle %+v)", d, dom)
+	}
+	if _, err := s.DomainDefineXMLFlags(domXML("d"), 0); code(err) != libvirt.ErrOperationFailed {
+		t.Fatalf("second definition without the UUID: %v", err)
+	}
+	if _, err := s.DomainDefineXMLFlags(d.XML, 0); err != nil {
+		t.Fatalf("definition again with the UUID: %v", err)
+	}
+	other := strings.Replace(d.XML, "<name>d</name>", "<name>e</name>", 1)
+	if _, err := s.DomainDefineXMLFlags(other, 0); code(err) != libvirt.ErrOperationFailed {
+		t.Fatalf("definition of another name with the UUID: %v", err)
+	}
+}
+
+// A start needs the disks' volumes; undefine while running leaves a
+// transient domain that destroy removes.
+func TestDomainStartStop(t *testing.T) {
+	h, s := newHost(t)
+	dom, err := s.DomainDefineXMLFlags(domXML("d", volumeDisk("p", "root")), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DomainCreate(dom); code(err) != libvirt.ErrNoStorageVol {
+		t.Fatalf("start without the disk's volume: %v", err)
+	}
+	if err := h.PutVolume("p", libvirtfake.Volume{Name: "root"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DomainCreate(dom); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DomainCreate(dom); code(err) != libvirt.ErrOperationInvalid {
+		t.Fatalf("start of a running domain: %v", err)
+	}
+	if st, reason, err := s.DomainGetState(dom, 0); err != nil || libvirt.DomainState(st) != libvirt.DomainRunning || reason != int32(libvirt.DomainRunningBooted) {
+		t.Fatalf("state %d %d %v", st, reason, err)
+	}
+	if got, err := s.DomainLookupByName("d"); err != nil || got.ID <= 0 {
+		t.Fatalf("lookup of a running domain: %+v, %v", got, err)
+	}
+	if err := s.DomainUndefineFlags(dom, 0); err != nil {
+		t.Fatal(err)
+	}
+	if d, ok := h.Domain("d"); !ok || d.Persistent {
+		t.Fatalf("undefined while running: %+v, %v", d, ok)
+	}
+	if err := s.DomainDestroy(dom); err != nil {
+		t.Fatal(err)
+	}
+	if names := h.DomainNames(); len(names) != 0 {
+		t.Fatalf("a transient domain stayed after destroy: %v", names)
+	}
+	if _, err := s.DomainGetXMLDesc(dom, 0); code(err) != libvirt.ErrNoDomain {
+		t.Fatalf("XML of a gone domain: %v", err)
+	}
+	if err := s.DomainDestroy(dom); code(err) != libvirt.ErrNoDomain {
+		t.Fatalf("destroy of a gone domain: %v", err)
+	}
+}
+
+// Listings filter on the domain's activity; the state stats say it.
+func TestDomainListings(t *testing.T) {
+	h, s := newHost(t)
+	for _, n := range []string{"b", "a"} {
+		if _, err := h.DefineDomain(domXML(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.StartDomain("b"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		flags libvirt.ConnectListAllDomainsFlags
+		want  string
+	}{
+		{0, "[a b]"},
+		{libvirt.ConnectListDomainsActive, "[b]"},
+		{libvirt.ConnectListDomainsInactive, "[a]"},
+		{libvirt.ConnectListDomainsActive | libvirt.ConnectListDomainsInactive, "[a b]"},
+	} {
+		doms, n, err := s.ConnectListAllDomains(1, tc.flags)
+		var names []string
+		for _, d := range doms {
+			names = append(names, d.Name)
+		}
+		if err != nil || int(n) != len(names) || fmt.Sprint(names) != tc.want {
+			t.Errorf("flags %v: %v (%d), %v; want %s", tc.flags, names, n, err, tc.want)
+		}
+	}
+	stats, err := s.ConnectGetAllDomainStats(nil, uint32(libvirt.DomainStatsState), 0)
+	if err != nil || len(stats) != 2 || stats[0].Params[0].Value.I != int32(libvirt.DomainShutoff) || stats[1].Params[0].Value.I != int32(libvirt.DomainRunning) {
+		t.Fatalf("stats %+v, %v", stats, err)
+	}
+}
+
+// A running domain's addresses come from the source asked.
+func TestInterfaceAddresses(t *testing.T) {
+	h, s := newHost(t)
+	d, err := h.DefineDomain(domXML("d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.DomainInterfaceAddresses(d.Handle(), uint32(libvirt.DomainInterfaceAddressesSrcLease), 0); code(err) != libvirt.ErrOperationInvalid {
+		t.Fatalf("addresses of a stopped domain: %v", err)
+	}
+	if err := h.StartDomain("d"); err != nil {
+		t.Fatal(err)
+	}
+	d, _ = h.Domain("d")
+	addrs := func(src libvirt.DomainInterfaceAddressesSource) ([]string, error) {
+		ifs, err := s.DomainInterfaceAddresses(d.Handle(), uint32(src), 0)
+		var out []string
+		for _, i := range ifs {
+			for _, a := range i.Addrs {
+				out = append(out, i.Hwaddr[0]+"="+a.Addr)
+			}
+		}
+		return out, err
+	}
+	if _, err := addrs(libvirt.DomainInterfaceAddressesSrcAgent); code(err) != libvirt.ErrAgentUnresponsive {
+		t.Fatalf("agent without an answer: %v", err)
+	}
+	h.UpdateDomain("d", func(d *libvirtfake.Domain) { d.AgentAddress = "192.0.2.1" })
+	h.SetLease(d.MAC, "192.0.2.2")
+	h.SetARP(d.MAC, "2001:db8::3")
+	for src, want := range map[libvirt.DomainInterfaceAddressesSource]string{
+		libvirt.DomainInterfaceAddressesSrcAgent: "00:00:00:00:00:00=127.0.0.1 " + d.MAC + "=192.0.2.1",
+		libvirt.DomainInterfaceAddressesSrcLease: d.MAC + "=192.0.2.2",
+		libvirt.DomainInterfaceAddressesSrcArp:   d.MAC + "=2001:db8::3",
+	} {
+		if got, err := addrs(src); err != nil || fmt.Sprint(got) != "["+want+"]" {
+			t.Errorf("source %v: %v, %v; want %s", src, got, err, want)
+		}
+	}
+}
+
+// The connection's answers; the capabilities' arguments are logged.
+func TestConnection(t *testing.T) {
+	h, s := newHost(t)
+	if name, err := s.ConnectGetHostname(); err != nil || name != libvirtfake.Hostname {
+		t.Fatalf("hostname %q, %v", name, err)
+	}
+	if v, err := s.ConnectGetLibVersion(); err != nil || v != libvirtfake.LibVersion {
+		t.Fatalf("version %d, %v", v, err)
+	}
+	arch := libvirt.OptString{"x86_64"}
+	if _, err := s.ConnectGetDomainCapabilities(nil, arch, nil, nil, 0); code(err) != libvirt.ErrNoSupport {
+		t.Fatalf("capabilities without a document: %v", err)
+	}
+	h.SetDomainCapabilities("<domainCapabilities/>")
+	if doc, err := s.ConnectGetDomainCapabilities(nil, arch, nil, nil, 0); err != nil || doc != "<domainCapabilities/>" {
+		t.Fatalf("capabilities %q, %v", doc, err)
+	}
+	log := h.Log()
+	if c := log[len(log)-1]; c.Method != "ConnectGetDomainCapabilities" || c.Args != `emulator=[] arch=["x86_64"] machine=[] virttype=[] flags=0` {
+		t.Fatalf("logged %+v", c)
+	}
+}
+
+// A reply hook runs after the call took effect; its error is the call's.
+func TestReplyHook(t *testing.T) {
+	h, s := newHost(t)
+	boom := errors.New("boom")
+	p, _ := s.StoragePoolLookupByName("p")
+	h.ResetCalls()
+
+	// A reply hook fails a call that took effect.
+	h.SetReplyHook("StorageVolCreateXML", func(c libvirtfake.Call) error {
+		if !c.After || c.Name() != "v" || c.Pool != "p" {
+			t.Errorf("reply hook saw %+v", c)
+		}
+		return boom
+	})
+	if _, err := s.StorageVolCreateXML(p, volXML("v"), 0); err != boom {
+		t.Fatalf("reply lost: %v", err)
+	}
+	if _, ok := h.Volume("p", "v"); !ok {
+		t.Fatal("a call whose reply was lost had no effect")
+	}
+}
+
+// The catch-all hook sees every libvirt call, not Do, before the method's
+// own (here a chain of Named and FailNth); the log keeps them in order.
+func TestCatchAllHookAndLog(t *testing.T) {
+	h, s := newHost(t)
+	boom := errors.New("boom")
+	if err := h.PutVolume("p", libvirtfake.Volume{Name: "v"}); err != nil {
+		t.Fatal(err)
+	}
+
+	var seen []string
+	h.SetHook("", func(c libvirtfake.Call) error { seen = append(seen, c.Method+" "+c.Name()); return nil })
+	h.SetHook("StorageVolGetPath", libvirtfake.Chain(nil, libvirtfake.Named("w", libvirtfake.Fail(boom)), libvirtfake.FailNth(2, boom)))
+	if err := h.Do(context.Background(), func(s *libvirtfake.Session) error {
+		_, err := s.StorageVolGetPath(libvirt.StorageVol{Pool: "p", Name: "v"})
+		return err
+	}); err != nil {
+		t.Fatalf("first path: %v", err)
+	}
+	if _, err := s.StorageVolGetPath(libvirt.StorageVol{Pool: "p", Name: "w"}); err != boom {
+		t.Fatalf("path of w: %v", err)
+	}
+	if _, err := s.StorageVolGetPath(libvirt.StorageVol{Pool: "p", Name: "v"}); err != boom {
+		t.Fatalf("second path of v (the hook's second call after w's): %v", err)
+	}
+	if _, err := s.StorageVolGetPath(libvirt.StorageVol{Pool: "p", Name: "v"}); err != nil {
+		t.Fatalf("third path of v: %v", err)
+	}
+	if want := "[StorageVolGetPath v StorageVolGetPath w StorageVolGetPath v StorageVolGetPath v]"; fmt.Sprint(seen) != want {
+		t.Fatalf("the catch-all hook saw %v, want %s", seen, want)
+	}
+	var logged []string
+	for _, c := range h.Log() {
+		logged = append(logged, c.Method)
+	}
+	if fmt.Sprint(logged) != "[StorageVolGetPath StorageVolGetPath StorageVolGetPath StorageVolGetPath]" ||
+		h.Calls("") != 4 || h.Calls("StorageVolGetPath") != 4 || h.Calls("Do") != 1 {
+		t.Fatalf("log %v, %d calls (%d paths, %d Do)", logged, h.Calls(""), h.Calls("StorageVolGetPath"), h.Calls("Do"))
+	}
+	h.ClearHooks()
+	h.ResetCalls()
+	if _, err := s.StorageVolGetPath(libvirt.StorageVol{Pool: "p", Name: "w"}); code(err) != libvirt.ErrNoStorageVol || h.Calls("") != 1 {
+		t.Fatalf("after ClearHooks and ResetCalls: %v, %d calls", err, h.Calls(""))
+	}
+}
+
+// Pause holds the first call only; Kill ends a held call.
+func TestPause(t *testing.T) {
+	h, s := newHost(t)
+	p, _ := s.StoragePoolLookupByName("p")
+	pause := libvirtfake.NewPause()
+	h.SetHook("StoragePoolRefresh", pause.Hook)
+	done := make(chan error, 1)
+	go func() { done <- s.StoragePoolRefresh(p, 0) }()
+	<-pause.Entered()
+	if err := s.StoragePoolRefresh(p, 0); err != nil {
+		t.Fatalf("a second call while the first is held: %v", err)
+	}
+	pause.Release()
+	if err := <-done; err != nil {
+		t.Fatalf("released call: %v", err)
+	}
+	pause = libvirtfake.NewPause()
+	h.SetHook("StoragePoolRefresh", pause.Hook)
+	go func() { done <- s.StoragePoolRefresh(p, 0) }()
+	<-pause.Entered()
+	s.Kill()
+	if err := <-done; !errors.Is(err, libvirtfake.ErrKilled) {
+		t.Fatalf("held call of a killed session: %v", err)
+	}
+}
+
+// A volume's backing store must exist; an overlay takes its capacity; an
+// upload range beyond the capacity is refused.
+func TestBackingStoreAndUploadRange(t *testing.T) {
+	h, s := newHost(t)
+	p, _ := s.StoragePoolLookupByName("p")
+	overlay := func(backing string) string {
+		x, _ := (&libvirtxml.StorageVolume{Name: "o", Target: &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}},
+			BackingStore: &libvirtxml.StorageVolumeBackingStore{Path: backing, Format: &libvirtxml.StorageVolumeTargetFormat{Type: "qcow2"}}}).Marshal()
+		return x
+	}
+	if _, err := s.StorageVolCreateXML(p, overlay("/pools/p/base"), 0); code(err) != libvirt.ErrInternalError {
+		t.Fatalf("overlay of a missing base: %v", err)
+	}
+	if err := h.PutVolume("p", libvirtfake.Volume{Name: "base", Capacity: 4096, Format: "qcow2"}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := s.StorageVolCreateXML(p, overlay("/pools/p/base"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := h.Volume("p", "o"); v.Capacity != 4096 || v.Format != "qcow2" || v.BackingPath != "/pools/p/base" || v.BackingFormat != "qcow2" || v.Path != "/pools/p/o" {
+		t.Fatalf("overlay %+v", v)
+	}
+	if err := s.StorageVolUpload(o, bytes.NewReader(make([]byte, 10)), 4090, 10, 0); code(err) != libvirt.ErrInvalidArg {
+		t.Fatalf("upload beyond the capacity: %v", err)
+	}
+	if err := s.StorageVolUpload(o, bytes.NewReader(make([]byte, 10)), 4086, 10, 0); err != nil {
+		t.Fatalf("upload up to the capacity: %v", err)
+	}
+	if _, capacity, alloc, err := s.StorageVolGetInfo(o); err != nil || capacity != 4096 || alloc != 4096 {
+		t.Fatalf("info %d %d %v", capacity, alloc, err)
 	}
 }

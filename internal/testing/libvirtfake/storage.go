@@ -16,7 +16,7 @@ type pool struct {
 	uuid     libvirt.UUID
 	target   string
 	capacity uint64
-	active   bool
+	state    libvirt.StoragePoolState
 	vols     map[string]*volume
 }
 
@@ -27,6 +27,8 @@ type volume struct {
 	capacity uint64
 	data     []byte
 }
+
+func (p *pool) active() bool { return p.state == libvirt.StoragePoolRunning }
 
 func (p *pool) allocation() uint64 {
 	var n uint64
@@ -49,21 +51,23 @@ func (h *Host) AddPool(name string, capacity uint64) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, ok := h.pools[name]; ok {
-		return lverr(libvirt.ErrOperationFailed, "operation failed: pool '%s' already exists", name)
+		return Errorf(libvirt.ErrOperationFailed, "operation failed: pool '%s' already exists", name)
 	}
-	h.pools[name] = &pool{name: name, uuid: h.uuidLocked(), target: "/pools/" + name, capacity: capacity, active: true, vols: map[string]*volume{}}
+	h.pools[name] = &pool{name: name, uuid: h.uuidLocked(), target: "/pools/" + name, capacity: capacity, state: libvirt.StoragePoolRunning, vols: map[string]*volume{}}
 	return nil
 }
 
-// SetPoolActive starts or stops a pool (its volumes are kept).
-func (h *Host) SetPoolActive(name string, active bool) error {
+// SetPoolState puts a pool in state (its volumes are kept): only a
+// StoragePoolRunning pool is active; any other state, including one
+// libvirt does not define, is reported as it is.
+func (h *Host) SetPoolState(name string, state libvirt.StoragePoolState) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	p, ok := h.pools[name]
 	if !ok {
 		return errNoPool(name)
 	}
-	p.active = active
+	p.state = state
 	return nil
 }
 
@@ -86,6 +90,22 @@ func (h *Host) SetPoolCapacity(name string, capacity uint64) error {
 	return nil
 }
 
+// Volume is a volume as the Host holds it (Host.Volume, Host.PutVolume).
+type Volume struct {
+	Name string
+	// Path is the file's path, "<pool target>/<name>" (PutVolume: that
+	// when empty).
+	Path string
+	// Format is the target format (reading: "raw" when none was given).
+	Format string
+	// Capacity is the size in bytes (PutVolume: 0 means len(Data)).
+	Capacity uint64
+	// BackingPath and BackingFormat describe the backing store, if any.
+	BackingPath, BackingFormat string
+	// Data is the content.
+	Data []byte
+}
+
 // VolumeNames returns the sorted names of the volumes of a pool (nil for
 // a pool that does not exist), active or not.
 func (h *Host) VolumeNames(pool string) []string {
@@ -95,43 +115,66 @@ func (h *Host) VolumeNames(pool string) []string {
 	if !ok {
 		return nil
 	}
-	names := make([]string, 0, len(p.vols))
-	for n := range p.vols {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
+	return sortedKeys(p.vols)
 }
 
-// VolumeData returns a copy of a volume's bytes.
-func (h *Host) VolumeData(pool, name string) ([]byte, bool) {
+// Volume returns a copy of a volume of a pool, active or not.
+func (h *Host) Volume(pool, name string) (Volume, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	p, ok := h.pools[pool]
 	if !ok {
-		return nil, false
+		return Volume{}, false
 	}
 	v, ok := p.vols[name]
 	if !ok {
-		return nil, false
+		return Volume{}, false
 	}
-	return slices.Clone(v.data), true
+	out := Volume{Name: name, Path: v.path, Format: "raw", Capacity: v.capacity, Data: slices.Clone(v.data)}
+	if t := v.def.Target; t != nil && t.Format != nil && t.Format.Type != "" {
+		out.Format = t.Format.Type
+	}
+	if b := v.def.BackingStore; b != nil {
+		out.BackingPath = b.Path
+		if b.Format != nil {
+			out.BackingFormat = b.Format.Type
+		}
+	}
+	return out, true
 }
 
-// PutVolume creates (or replaces) a volume holding data, bypassing hooks
-// and checks: test setup.
-func (h *Host) PutVolume(pool, name string, data []byte) error {
+// PutVolume creates (or replaces) a volume of a pool, active or not,
+// without hooks or checks: test setup.
+func (h *Host) PutVolume(pool string, v Volume) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	p, ok := h.pools[pool]
 	if !ok {
 		return errNoPool(pool)
 	}
-	p.vols[name] = &volume{def: libvirtxml.StorageVolume{Name: name}, path: path.Join(p.target, name), capacity: uint64(len(data)), data: slices.Clone(data)}
+	def := libvirtxml.StorageVolume{Name: v.Name}
+	if v.Format != "" {
+		def.Target = &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: v.Format}}
+	}
+	if v.BackingPath != "" {
+		def.BackingStore = &libvirtxml.StorageVolumeBackingStore{Path: v.BackingPath}
+		if v.BackingFormat != "" {
+			def.BackingStore.Format = &libvirtxml.StorageVolumeTargetFormat{Type: v.BackingFormat}
+		}
+	}
+	if v.Path == "" {
+		v.Path = path.Join(p.target, v.Name)
+	}
+	if v.Capacity == 0 {
+		v.Capacity = uint64(len(v.Data))
+	}
+	p.vols[v.Name] = &volume{def: def, path: v.Path, capacity: v.Capacity, data: slices.Clone(v.Data)}
 	return nil
 }
 
-// SetVolumeData replaces a volume's bytes (to corrupt what was stored).
+// SetVolumeData replaces the bytes of an existing volume of an active
+// pool, keeping the volume (a stream writing to it goes on writing to it):
+// to shorten or corrupt what was stored.
 func (h *Host) SetVolumeData(pool, name string, data []byte) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -143,16 +186,25 @@ func (h *Host) SetVolumeData(pool, name string, data []byte) error {
 	return nil
 }
 
+// RemoveVolume forgets a volume of a pool, active or not, without hooks.
+func (h *Host) RemoveVolume(pool, name string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p, ok := h.pools[pool]; ok {
+		delete(p.vols, name)
+	}
+}
+
 func errNoPool(name string) error {
-	return lverr(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching name '%s'", name)
+	return Errorf(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching name '%s'", name)
 }
 
 func errNoVol(name string) error {
-	return lverr(libvirt.ErrNoStorageVol, "Storage volume not found: no storage vol with matching name '%s'", name)
+	return Errorf(libvirt.ErrNoStorageVol, "Storage volume not found: no storage vol with matching name '%s'", name)
 }
 
 func errInactive(name string) error {
-	return lverr(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool '%s' is not active", name)
+	return Errorf(libvirt.ErrOperationInvalid, "Requested operation is not valid: storage pool '%s' is not active", name)
 }
 
 func (h *Host) poolLocked(name string) (*pool, error) {
@@ -169,7 +221,7 @@ func (h *Host) poolLocked(name string) (*pool, error) {
 func (h *Host) poolByHandleLocked(hd libvirt.StoragePool) (*pool, error) {
 	p, ok := h.pools[hd.Name]
 	if !ok || p.uuid != hd.UUID {
-		return nil, lverr(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching uuid '%s' (%s)", uuidString(hd.UUID), hd.Name)
+		return nil, Errorf(libvirt.ErrNoStoragePool, "Storage pool not found: no storage pool with matching uuid '%s' (%s)", uuidString(hd.UUID), hd.Name)
 	}
 	return p, nil
 }
@@ -179,7 +231,7 @@ func (h *Host) activePoolByHandleLocked(hd libvirt.StoragePool) (*pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !p.active {
+	if !p.active() {
 		return nil, errInactive(hd.Name)
 	}
 	return p, nil
@@ -190,7 +242,7 @@ func (h *Host) activePoolLocked(name string) (*pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !p.active {
+	if !p.active() {
 		return nil, errInactive(name)
 	}
 	return p, nil
@@ -208,6 +260,18 @@ func (h *Host) volLocked(v libvirt.StorageVol) (*volume, error) {
 	return vol, nil
 }
 
+// volByPathLocked finds the volume whose file is path, in any pool.
+func (h *Host) volByPathLocked(path string) *volume {
+	for _, p := range h.pools {
+		for _, v := range p.vols {
+			if v.path == path {
+				return v
+			}
+		}
+	}
+	return nil
+}
+
 func (p *pool) handle() libvirt.StoragePool { return libvirt.StoragePool{Name: p.name, UUID: p.uuid} }
 
 func (p *pool) volHandle(v *volume) libvirt.StorageVol {
@@ -217,241 +281,273 @@ func (p *pool) volHandle(v *volume) libvirt.StorageVol {
 // ConnectListAllStoragePools lists the pools, sorted by name; flags
 // ConnectListStoragePoolsActive/Inactive filter (none: all).
 func (s *Session) ConnectListAllStoragePools(NeedResults int32, Flags libvirt.ConnectListAllStoragePoolsFlags) (rPools []libvirt.StoragePool, rRet uint32, err error) {
-	if err := s.h.enter(Call{Method: "ConnectListAllStoragePools", Session: s}); err != nil {
-		return nil, 0, err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	wantActive := Flags&libvirt.ConnectListStoragePoolsActive != 0
-	wantInactive := Flags&libvirt.ConnectListStoragePoolsInactive != 0
-	for _, name := range sortedKeys(s.h.pools) {
-		p := s.h.pools[name]
-		if (wantActive || wantInactive) && !(wantActive && p.active || wantInactive && !p.active) {
-			continue
+	err = s.run(Call{Method: "ConnectListAllStoragePools"}, func() error {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		wantActive := Flags&libvirt.ConnectListStoragePoolsActive != 0
+		wantInactive := Flags&libvirt.ConnectListStoragePoolsInactive != 0
+		for _, name := range sortedKeys(s.h.pools) {
+			p := s.h.pools[name]
+			if (wantActive || wantInactive) && !(wantActive && p.active() || wantInactive && !p.active()) {
+				continue
+			}
+			rPools = append(rPools, p.handle())
 		}
-		rPools = append(rPools, p.handle())
-	}
-	return rPools, uint32(len(rPools)), nil
+		rRet = uint32(len(rPools))
+		return nil
+	})
+	return rPools, rRet, err
 }
 
 // StoragePoolLookupByName finds a pool, active or not.
 func (s *Session) StoragePoolLookupByName(Name string) (rPool libvirt.StoragePool, err error) {
-	if err := s.h.enter(Call{Method: "StoragePoolLookupByName", Session: s, Pool: Name}); err != nil {
-		return libvirt.StoragePool{}, err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	p, err := s.h.poolLocked(Name)
-	if err != nil {
-		return libvirt.StoragePool{}, err
-	}
-	return p.handle(), nil
+	err = s.run(Call{Method: "StoragePoolLookupByName", Pool: Name}, func() error {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		p, err := s.h.poolLocked(Name)
+		if err != nil {
+			return err
+		}
+		rPool = p.handle()
+		return nil
+	})
+	return rPool, err
 }
 
-// StoragePoolIsActive is 1 for a running pool, 0 for a stopped one.
+// StoragePoolIsActive is 1 for a running pool, 0 for any other.
 func (s *Session) StoragePoolIsActive(Pool libvirt.StoragePool) (rActive int32, err error) {
-	if err := s.h.enter(Call{Method: "StoragePoolIsActive", Session: s, Pool: Pool.Name}); err != nil {
-		return 0, err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	p, err := s.h.poolByHandleLocked(Pool)
-	if err != nil {
-		return 0, err
-	}
-	if p.active {
-		return 1, nil
-	}
-	return 0, nil
+	err = s.run(Call{Method: "StoragePoolIsActive", Pool: Pool.Name}, func() error {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		p, err := s.h.poolByHandleLocked(Pool)
+		if err != nil {
+			return err
+		}
+		if p.active() {
+			rActive = 1
+		}
+		return nil
+	})
+	return rActive, err
 }
 
 // StoragePoolGetXMLDesc is the pool's XML (type dir, target path, sizes).
 func (s *Session) StoragePoolGetXMLDesc(Pool libvirt.StoragePool, Flags libvirt.StorageXMLFlags) (rXML string, err error) {
-	if err := s.h.enter(Call{Method: "StoragePoolGetXMLDesc", Session: s, Pool: Pool.Name}); err != nil {
-		return "", err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	p, err := s.h.poolByHandleLocked(Pool)
-	if err != nil {
-		return "", err
-	}
-	x := libvirtxml.StoragePool{
-		Type: "dir", Name: p.name, UUID: uuidString(p.uuid),
-		Capacity:   &libvirtxml.StoragePoolSize{Unit: "bytes", Value: p.capacity},
-		Allocation: &libvirtxml.StoragePoolSize{Unit: "bytes", Value: p.allocation()},
-		Available:  &libvirtxml.StoragePoolSize{Unit: "bytes", Value: p.available()},
-		Target:     &libvirtxml.StoragePoolTarget{Path: p.target},
-	}
-	return x.Marshal()
+	err = s.run(Call{Method: "StoragePoolGetXMLDesc", Pool: Pool.Name}, func() error {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		p, err := s.h.poolByHandleLocked(Pool)
+		if err != nil {
+			return err
+		}
+		x := libvirtxml.StoragePool{
+			Type: "dir", Name: p.name, UUID: uuidString(p.uuid),
+			Capacity:   &libvirtxml.StoragePoolSize{Unit: "bytes", Value: p.capacity},
+			Allocation: &libvirtxml.StoragePoolSize{Unit: "bytes", Value: p.allocation()},
+			Available:  &libvirtxml.StoragePoolSize{Unit: "bytes", Value: p.available()},
+			Target:     &libvirtxml.StoragePoolTarget{Path: p.target},
+		}
+		rXML, err = x.Marshal()
+		return err
+	})
+	return rXML, err
 }
 
-// StoragePoolGetInfo returns the state and sizes (all zero for a stopped
-// pool, as libvirtd reports them).
+// StoragePoolGetInfo returns the state and sizes (the sizes are zero for a
+// pool that is not running, as libvirtd reports them).
 func (s *Session) StoragePoolGetInfo(Pool libvirt.StoragePool) (rState uint8, rCapacity uint64, rAllocation uint64, rAvailable uint64, err error) {
-	if err := s.h.enter(Call{Method: "StoragePoolGetInfo", Session: s, Pool: Pool.Name}); err != nil {
-		return 0, 0, 0, 0, err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	p, err := s.h.poolByHandleLocked(Pool)
-	if err != nil {
-		return 0, 0, 0, 0, err
-	}
-	if !p.active {
-		return uint8(libvirt.StoragePoolInactive), 0, 0, 0, nil
-	}
-	return uint8(libvirt.StoragePoolRunning), p.capacity, p.allocation(), p.available(), nil
+	err = s.run(Call{Method: "StoragePoolGetInfo", Pool: Pool.Name}, func() error {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		p, err := s.h.poolByHandleLocked(Pool)
+		if err != nil {
+			return err
+		}
+		rState = uint8(p.state)
+		if p.active() {
+			rCapacity, rAllocation, rAvailable = p.capacity, p.allocation(), p.available()
+		}
+		return nil
+	})
+	return rState, rCapacity, rAllocation, rAvailable, err
 }
 
 // StoragePoolRefresh does nothing on a running pool.
 func (s *Session) StoragePoolRefresh(Pool libvirt.StoragePool, Flags uint32) (err error) {
-	if err := s.h.enter(Call{Method: "StoragePoolRefresh", Session: s, Pool: Pool.Name}); err != nil {
+	return s.run(Call{Method: "StoragePoolRefresh", Pool: Pool.Name}, func() error {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		_, err := s.h.activePoolByHandleLocked(Pool)
 		return err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	_, err = s.h.activePoolByHandleLocked(Pool)
-	return err
+	})
 }
 
 // StoragePoolListAllVolumes lists a running pool's volumes, sorted by name.
 func (s *Session) StoragePoolListAllVolumes(Pool libvirt.StoragePool, NeedResults int32, Flags uint32) (rVols []libvirt.StorageVol, rRet uint32, err error) {
-	if err := s.h.enter(Call{Method: "StoragePoolListAllVolumes", Session: s, Pool: Pool.Name}); err != nil {
-		return nil, 0, err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	p, err := s.h.activePoolByHandleLocked(Pool)
-	if err != nil {
-		return nil, 0, err
-	}
-	for _, n := range sortedKeys(p.vols) {
-		rVols = append(rVols, p.volHandle(p.vols[n]))
-	}
-	return rVols, uint32(len(rVols)), nil
+	err = s.run(Call{Method: "StoragePoolListAllVolumes", Pool: Pool.Name}, func() error {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		p, err := s.h.activePoolByHandleLocked(Pool)
+		if err != nil {
+			return err
+		}
+		for _, n := range sortedKeys(p.vols) {
+			rVols = append(rVols, p.volHandle(p.vols[n]))
+		}
+		rRet = uint32(len(rVols))
+		return nil
+	})
+	return rVols, rRet, err
 }
 
 // StorageVolLookupByName finds a volume of a running pool.
 func (s *Session) StorageVolLookupByName(Pool libvirt.StoragePool, Name string) (rVol libvirt.StorageVol, err error) {
-	if err := s.h.enter(Call{Method: "StorageVolLookupByName", Session: s, Pool: Pool.Name, Volume: Name}); err != nil {
-		return libvirt.StorageVol{}, err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	p, err := s.h.activePoolByHandleLocked(Pool)
-	if err != nil {
-		return libvirt.StorageVol{}, err
-	}
-	v, ok := p.vols[Name]
-	if !ok {
-		return libvirt.StorageVol{}, errNoVol(Name)
-	}
-	return p.volHandle(v), nil
+	err = s.run(Call{Method: "StorageVolLookupByName", Pool: Pool.Name, Volume: Name}, func() error {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		p, err := s.h.activePoolByHandleLocked(Pool)
+		if err != nil {
+			return err
+		}
+		v, ok := p.vols[Name]
+		if !ok {
+			return errNoVol(Name)
+		}
+		rVol = p.volHandle(v)
+		return nil
+	})
+	return rVol, err
 }
 
 // StorageVolCreateXML creates an empty file volume from its XML (name
 // required; capacity in any libvirt unit; target format and backing store
 // kept for StorageVolGetXMLDesc). The name is taken atomically: an
-// existing name fails with ErrStorageVolExist.
+// existing name fails with ErrStorageVolExist. A backing store must be the
+// file of a volume (of any pool), as qemu-img opens it; an overlay without
+// a capacity gets its backing store's.
 func (s *Session) StorageVolCreateXML(Pool libvirt.StoragePool, XML string, Flags libvirt.StorageVolCreateFlags) (rVol libvirt.StorageVol, err error) {
 	var def libvirtxml.StorageVolume
 	perr := def.Unmarshal(XML)
-	if err := s.h.enter(Call{Method: "StorageVolCreateXML", Session: s, Pool: Pool.Name, Volume: def.Name}); err != nil {
-		return libvirt.StorageVol{}, err
-	}
-	if perr != nil {
-		return libvirt.StorageVol{}, lverr(libvirt.ErrXMLError, "XML error: %v", perr)
-	}
-	if def.Name == "" {
-		return libvirt.StorageVol{}, lverr(libvirt.ErrXMLError, "XML error: missing volume name element")
-	}
-	capacity, err := size(def.Capacity)
-	if err != nil {
-		return libvirt.StorageVol{}, err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	p, err := s.h.activePoolByHandleLocked(Pool)
-	if err != nil {
-		return libvirt.StorageVol{}, err
-	}
-	if _, ok := p.vols[def.Name]; ok {
-		return libvirt.StorageVol{}, lverr(libvirt.ErrStorageVolExist, "storage volume '%s' exists already", def.Name)
-	}
-	v := &volume{def: def, path: path.Join(p.target, def.Name), capacity: capacity}
-	p.vols[def.Name] = v
-	return p.volHandle(v), nil
+	err = s.run(Call{Method: "StorageVolCreateXML", Pool: Pool.Name, Volume: def.Name}, func() error {
+		if perr != nil {
+			return Errorf(libvirt.ErrXMLError, "XML error: %v", perr)
+		}
+		if def.Name == "" {
+			return Errorf(libvirt.ErrXMLError, "XML error: missing volume name element")
+		}
+		capacity, err := size(def.Capacity)
+		if err != nil {
+			return err
+		}
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		p, err := s.h.activePoolByHandleLocked(Pool)
+		if err != nil {
+			return err
+		}
+		if _, ok := p.vols[def.Name]; ok {
+			return Errorf(libvirt.ErrStorageVolExist, "storage volume '%s' exists already", def.Name)
+		}
+		if bs := def.BackingStore; bs != nil {
+			b := s.h.volByPathLocked(bs.Path)
+			if b == nil {
+				return Errorf(libvirt.ErrInternalError, "internal error: Child process (qemu-img create) unexpected exit status 1: Could not open backing file '%s': No such file or directory", bs.Path)
+			}
+			if capacity == 0 {
+				capacity = b.capacity
+			}
+		}
+		v := &volume{def: def, path: path.Join(p.target, def.Name), capacity: capacity}
+		p.vols[def.Name] = v
+		rVol = p.volHandle(v)
+		return nil
+	})
+	return rVol, err
 }
 
 // StorageVolDelete deletes a volume.
 func (s *Session) StorageVolDelete(Vol libvirt.StorageVol, Flags libvirt.StorageVolDeleteFlags) (err error) {
-	if err := s.h.enter(Call{Method: "StorageVolDelete", Session: s, Pool: Vol.Pool, Volume: Vol.Name}); err != nil {
-		return err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	if _, err := s.h.volLocked(Vol); err != nil {
-		return err
-	}
-	delete(s.h.pools[Vol.Pool].vols, Vol.Name)
-	return nil
+	return s.run(Call{Method: "StorageVolDelete", Pool: Vol.Pool, Volume: Vol.Name}, func() error {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		if _, err := s.h.volLocked(Vol); err != nil {
+			return err
+		}
+		delete(s.h.pools[Vol.Pool].vols, Vol.Name)
+		return nil
+	})
 }
 
 // StorageVolGetPath is the volume's file path, "<pool target>/<name>".
 func (s *Session) StorageVolGetPath(Vol libvirt.StorageVol) (rName string, err error) {
-	if err := s.h.enter(Call{Method: "StorageVolGetPath", Session: s, Pool: Vol.Pool, Volume: Vol.Name}); err != nil {
-		return "", err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	v, err := s.h.volLocked(Vol)
-	if err != nil {
-		return "", err
-	}
-	return v.path, nil
+	err = s.run(Call{Method: "StorageVolGetPath", Pool: Vol.Pool, Volume: Vol.Name}, func() error {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		v, err := s.h.volLocked(Vol)
+		if err != nil {
+			return err
+		}
+		rName = v.path
+		return nil
+	})
+	return rName, err
 }
 
 // StorageVolGetXMLDesc is the volume's XML: as created, with key, target
-// path and sizes filled in.
+// path, format ("raw" when none was given) and sizes filled in.
 func (s *Session) StorageVolGetXMLDesc(Vol libvirt.StorageVol, Flags uint32) (rXML string, err error) {
-	if err := s.h.enter(Call{Method: "StorageVolGetXMLDesc", Session: s, Pool: Vol.Pool, Volume: Vol.Name}); err != nil {
-		return "", err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	v, err := s.h.volLocked(Vol)
-	if err != nil {
-		return "", err
-	}
-	x := v.def
-	x.Type = "file"
-	x.Key = v.path
-	x.Capacity = &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: max(v.capacity, uint64(len(v.data)))}
-	x.Allocation = &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: uint64(len(v.data))}
-	x.Physical = &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: uint64(len(v.data))}
-	t := libvirtxml.StorageVolumeTarget{}
-	if x.Target != nil {
-		t = *x.Target
-	}
-	t.Path = v.path
-	if t.Format == nil {
-		t.Format = &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}
-	}
-	x.Target = &t
-	return x.Marshal()
+	err = s.run(Call{Method: "StorageVolGetXMLDesc", Pool: Vol.Pool, Volume: Vol.Name}, func() error {
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		v, err := s.h.volLocked(Vol)
+		if err != nil {
+			return err
+		}
+		x := v.def
+		x.Type = "file"
+		x.Key = v.path
+		x.Capacity = &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: max(v.capacity, uint64(len(v.data)))}
+		x.Allocation = &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: uint64(len(v.data))}
+		x.Physical = &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: uint64(len(v.data))}
+		t := libvirtxml.StorageVolumeTarget{}
+		if x.Target != nil {
+			t = *x.Target
+		}
+		t.Path = v.path
+		if t.Format == nil {
+			t.Format = &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}
+		}
+		x.Target = &t
+		rXML, err = x.Marshal()
+		return err
+	})
+	return rXML, err
 }
 
-// StorageVolGetInfoFlags returns the file type, the capacity and the
-// allocation (with StorageVolGetPhysical: the physical size; both are the
-// length of the data here).
+// StorageVolGetInfo returns the file type, the capacity and the
+// allocation (the length of the data).
+func (s *Session) StorageVolGetInfo(Vol libvirt.StorageVol) (rType int8, rCapacity uint64, rAllocation uint64, err error) {
+	err = s.run(Call{Method: "StorageVolGetInfo", Pool: Vol.Pool, Volume: Vol.Name}, func() error {
+		rType, rCapacity, rAllocation, err = s.h.volInfo(Vol)
+		return err
+	})
+	return rType, rCapacity, rAllocation, err
+}
+
+// StorageVolGetInfoFlags is StorageVolGetInfo (with StorageVolGetPhysical
+// the physical size, which is the length of the data too).
 func (s *Session) StorageVolGetInfoFlags(Vol libvirt.StorageVol, Flags uint32) (rType int8, rCapacity uint64, rAllocation uint64, err error) {
-	if err := s.h.enter(Call{Method: "StorageVolGetInfoFlags", Session: s, Pool: Vol.Pool, Volume: Vol.Name}); err != nil {
-		return 0, 0, 0, err
-	}
-	s.h.mu.Lock()
-	defer s.h.mu.Unlock()
-	v, err := s.h.volLocked(Vol)
+	err = s.run(Call{Method: "StorageVolGetInfoFlags", Pool: Vol.Pool, Volume: Vol.Name}, func() error {
+		rType, rCapacity, rAllocation, err = s.h.volInfo(Vol)
+		return err
+	})
+	return rType, rCapacity, rAllocation, err
+}
+
+func (h *Host) volInfo(Vol libvirt.StorageVol) (int8, uint64, uint64, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	v, err := h.volLocked(Vol)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -460,41 +556,47 @@ func (s *Session) StorageVolGetInfoFlags(Vol libvirt.StorageVol, Flags uint32) (
 }
 
 // StorageVolUpload writes outStream into the volume from Offset (Length
-// 0: to the end of the stream), one chunk at a time: each chunk is read
-// from outStream, then stored, so a reader that asks for the volume's size
-// sees every byte of the chunks before. Before each chunk the stream hook
-// runs. Writing beyond the pool's free space fails as a full disk does. A
-// volume deleted meanwhile takes the bytes silently, as an unlinked file
-// does. Kill ends the call between chunks (a Read of outStream that
-// blocks is waited for, as go-libvirt does).
+// 0: to the end of the stream; a Length beyond the volume's capacity is
+// refused), one chunk at a time: each chunk is read from outStream, then
+// stored, so a reader that asks for the volume's size sees every byte of
+// the chunks before. Before each chunk the stream hook runs. Writing
+// beyond the pool's free space fails as a full disk does. A volume
+// deleted meanwhile takes the bytes silently, as an unlinked file does.
+// Kill ends the call between chunks (a Read of outStream that blocks is
+// waited for, as go-libvirt does).
 func (s *Session) StorageVolUpload(Vol libvirt.StorageVol, outStream io.Reader, Offset uint64, Length uint64, Flags libvirt.StorageVolUploadFlags) (err error) {
-	c := Call{Method: "StorageVolUpload", Session: s, Pool: Vol.Pool, Volume: Vol.Name}
-	if err := s.h.enter(c); err != nil {
-		return err
-	}
+	return s.run(Call{Method: "StorageVolUpload", Pool: Vol.Pool, Volume: Vol.Name}, func() error {
+		return s.upload(Call{Method: "StorageVolUpload", Session: s, Pool: Vol.Pool, Volume: Vol.Name}, outStream, Offset, Length)
+	})
+}
+
+func (s *Session) upload(c Call, src io.Reader, offset, length uint64) error {
 	s.h.mu.Lock()
-	v, err := s.h.volLocked(Vol)
-	p := s.h.pools[Vol.Pool]
+	v, err := s.h.volLocked(libvirt.StorageVol{Pool: c.Pool, Name: c.Volume})
+	if err == nil && length > 0 && offset+length > max(v.capacity, uint64(len(v.data))) {
+		err = Errorf(libvirt.ErrInvalidArg, "invalid argument: range to upload exceeds volume size")
+	}
+	p := s.h.pools[c.Pool]
 	chunk := s.h.chunk
 	s.h.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	buf := make([]byte, chunk)
-	off := Offset
+	off := offset
 	for {
 		if err := s.h.streamHook(c); err != nil {
 			return err
 		}
 		want := buf
-		if Length > 0 {
-			left := Length - uint64(c.Done)
+		if length > 0 {
+			left := length - uint64(c.Done)
 			if left == 0 {
 				return nil
 			}
 			want = buf[:min(uint64(len(buf)), left)]
 		}
-		n, rerr := outStream.Read(want)
+		n, rerr := src.Read(want)
 		if s.isDead() {
 			return ErrKilled
 		}
@@ -520,7 +622,7 @@ func (h *Host) write(p *pool, v *volume, off uint64, b []byte) error {
 	defer h.mu.Unlock()
 	end := off + uint64(len(b))
 	if grow := end - min(end, uint64(len(v.data))); grow > 0 && h.pools[p.name] == p && p.vols[v.def.Name] == v && grow > p.available() {
-		return lverr(libvirt.ErrSystemError, "cannot write data to file '%s': No space left on device", v.path)
+		return Errorf(libvirt.ErrSystemError, "cannot write data to file '%s': No space left on device", v.path)
 	}
 	if end > uint64(len(v.data)) {
 		v.data = append(v.data, make([]byte, end-uint64(len(v.data)))...)
@@ -534,26 +636,28 @@ func (h *Host) write(p *pool, v *volume, off uint64, b []byte) error {
 // before each. A write error ends the call with it. Kill ends the call
 // between chunks.
 func (s *Session) StorageVolDownload(Vol libvirt.StorageVol, inStream io.Writer, Offset uint64, Length uint64, Flags libvirt.StorageVolDownloadFlags) (err error) {
-	c := Call{Method: "StorageVolDownload", Session: s, Pool: Vol.Pool, Volume: Vol.Name}
-	if err := s.h.enter(c); err != nil {
-		return err
-	}
+	return s.run(Call{Method: "StorageVolDownload", Pool: Vol.Pool, Volume: Vol.Name}, func() error {
+		return s.download(Call{Method: "StorageVolDownload", Session: s, Pool: Vol.Pool, Volume: Vol.Name}, inStream, Offset, Length)
+	})
+}
+
+func (s *Session) download(c Call, dst io.Writer, offset, length uint64) error {
 	s.h.mu.Lock()
-	v, err := s.h.volLocked(Vol)
+	v, err := s.h.volLocked(libvirt.StorageVol{Pool: c.Pool, Name: c.Volume})
 	chunk := s.h.chunk
 	s.h.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	off := Offset
+	off := offset
 	for {
 		if err := s.h.streamHook(c); err != nil {
 			return err
 		}
 		s.h.mu.Lock()
 		end := uint64(len(v.data))
-		if Length > 0 {
-			end = min(end, Offset+Length)
+		if length > 0 {
+			end = min(end, offset+length)
 		}
 		var b []byte
 		if off < end {
@@ -563,7 +667,7 @@ func (s *Session) StorageVolDownload(Vol libvirt.StorageVol, inStream io.Writer,
 		if len(b) == 0 {
 			return nil
 		}
-		if _, err := inStream.Write(b); err != nil {
+		if _, err := dst.Write(b); err != nil {
 			return err
 		}
 		off += uint64(len(b))
@@ -584,16 +688,7 @@ func size(s *libvirtxml.StorageVolumeSize) (uint64, error) {
 		"t": 1 << 40, "tib": 1 << 40, "tb": 1e12,
 	}[strings.ToLower(s.Unit)]
 	if mult == 0 {
-		return 0, lverr(libvirt.ErrInvalidArg, "invalid argument: unknown suffix '%s'", s.Unit)
+		return 0, Errorf(libvirt.ErrInvalidArg, "invalid argument: unknown suffix '%s'", s.Unit)
 	}
 	return s.Value * mult, nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
