@@ -100,6 +100,7 @@ func (p *provider) Create(ctx context.Context, spec egressproxy.Spec) (_ egressp
 	if c.seed, err = buildSeed(seedData{InstanceID: spec.UID, Hostname: spec.Name, UserData: spec.UserData, Created: c.meta.Created}); err != nil {
 		return egressproxy.Instance{}, err
 	}
+	p.seedsBuilt.Add(1)
 	if !c.adopted {
 		// Decided before the base image is fetched, so that an explicit
 		// "kvm" the host does not offer costs no download.

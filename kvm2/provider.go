@@ -42,6 +42,8 @@ type provider struct {
 
 	accel accelCache // whether the host offers KVM
 
+	seedsBuilt atomic.Int64 // seeds Create built: none for an instance that exists
+
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error

@@ -31,28 +31,28 @@ func unusableTempDir(t *testing.T) {
 // unusable), builds one only when it makes or completes the instance (a
 // Create of an existing instance builds none and touches no volume), and a
 // completed instance gets the same seed bytes as its first attempt.
-// Not parallel: it sets TMPDIR and reads the package's seed counter.
+// Not parallel: it sets TMPDIR.
 func TestFakeCreateSeedNoTempDir(t *testing.T) {
 	unusableTempDir(t)
 	e := newFakeEnv(t)
 	ctx := context.Background()
 	spec := fakeSpec("a")
 
-	built := seedsBuilt.Load()
+	built := e.p.seedsBuilt.Load()
 	if _, err := e.p.Create(ctx, spec); err != nil {
 		t.Fatalf("Create with TMPDIR unusable: %v", err)
 	}
 	e.hasInstance("a", libvirt.DomainRunning)
-	if n := seedsBuilt.Load() - built; n != 1 {
+	if n := e.p.seedsBuilt.Load() - built; n != 1 {
 		t.Errorf("fresh Create built %d seeds, want 1", n)
 	}
 
 	e.host.ResetCalls()
-	built = seedsBuilt.Load()
+	built = e.p.seedsBuilt.Load()
 	if _, err := e.p.Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
-	if n := seedsBuilt.Load() - built; n != 0 {
+	if n := e.p.seedsBuilt.Load() - built; n != 0 {
 		t.Errorf("Create of an existing instance built %d seeds, want none", n)
 	}
 	for _, op := range []string{"StorageVolCreateXML", "StorageVolUpload", "StorageVolDelete"} {
@@ -69,11 +69,11 @@ func TestFakeCreateSeedNoTempDir(t *testing.T) {
 	wantCode(t, "start interrupted", err, errs.Transient)
 	first, _ := e.host.Volume(e.cfg.Pool, seedVolume(e.dom("b")))
 	e.host.ClearHooks()
-	built = seedsBuilt.Load()
+	built = e.p.seedsBuilt.Load()
 	if _, err := e.p.Create(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	if n := seedsBuilt.Load() - built; n != 1 {
+	if n := e.p.seedsBuilt.Load() - built; n != 1 {
 		t.Errorf("completing Create built %d seeds, want 1", n)
 	}
 	again, _ := e.host.Volume(e.cfg.Pool, seedVolume(e.dom("b")))

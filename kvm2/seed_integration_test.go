@@ -41,11 +41,11 @@ func TestIntegrationCreateNoTempDir(t *testing.T) {
 	}
 	t.Logf("seed: %d bytes", len(want))
 
-	built := seedsBuilt.Load()
+	built := p.seedsBuilt.Load()
 	if again, err := p.Create(ctx, spec); err != nil || !again.CreatedAt.Equal(inst.CreatedAt) {
 		t.Errorf("Create of the existing instance: %+v, %v", again, err)
 	}
-	if n := seedsBuilt.Load() - built; n != 0 {
+	if n := p.seedsBuilt.Load() - built; n != 0 {
 		t.Errorf("Create of the existing instance built %d seeds, want none", n)
 	}
 	if err := p.Delete(ctx, spec.Ref()); err != nil {
