@@ -423,7 +423,11 @@ func TestNameOnSeveralEntries(t *testing.T) {
 	if _, stderr := w.want(exitUsage, "delete", "proxy-a"); !strings.Contains(stderr, "lab1/proxy-a, lab2/proxy-a") {
 		t.Errorf("stderr %q", stderr)
 	}
-	w.want(exitOK, "--entry", "lab2", "delete", "proxy-a")
+	// ENTRY/NAME, as -o name prints it, picks the entry.
+	if out, _ := w.want(exitOK, "ls", "-o", "name"); out != "lab1/proxy-a\nlab2/proxy-a\n" {
+		t.Errorf("ls -o name: %q", out)
+	}
+	w.want(exitOK, "delete", "lab2/proxy-a")
 	out, _ := w.want(exitOK, "-o", "json", "ls")
 	if ls := decode[lsJSON](t, out); len(ls.Instances) != 1 || ls.Instances[0].UID != "uid-1" {
 		t.Errorf("ls: %+v", ls)
