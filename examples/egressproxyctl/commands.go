@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/internal/errs"
@@ -42,22 +44,29 @@ func unhealthyErr(h egressproxy.Health) error {
 	return errs.Errorf(code, "unhealthy: %s: %s", h.Reason, h.Message)
 }
 
-func cmdCheck(ctx context.Context, c *cli, args []string) error {
-	fs := c.newFlags("check", "check")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
+func newCheckCommand(c *cli) *cobra.Command {
+	return &cobra.Command{
+		Use:   "check",
+		Short: "Health of each entry, with the reason when unhealthy",
+		Long: `Check connects to each entry's hypervisor and reports whether it is usable:
+reachable, and otherwise why not (Unauthorized, HostKeyUnknown,
+PoolNotActive, Unreachable, ...). The reason's explanation goes to stderr.
+It exits 3 for an entry that is unreachable and 4 for one a human must fix
+(credentials, host key, permissions, pool).`,
+		Example: `  egressproxyctl check
+  egressproxyctl check --entry lab1 -o json`,
+		Args: args(),
+		RunE: func(cmd *cobra.Command, _ []string) error { return c.check(cmd.Context()) },
 	}
-	if len(pos) > 0 {
-		return usagef("check: no arguments expected, got %q", pos)
-	}
+}
+
+func (c *cli) check(ctx context.Context) error {
 	if err := c.open(ctx); err != nil {
 		return err
 	}
 	defer c.closeAll()
 	rows := make([]checkRow, len(c.entries))
-	problems := c.forEach(ctx, func(ctx context.Context, e *entry) error {
-		i := indexOf(c.entries, e)
+	problems := c.forEach(ctx, func(ctx context.Context, i int, e *entry) error {
 		rows[i].Entry = e.name()
 		h, err := e.client.Check(ctx)
 		if err != nil {
@@ -70,26 +79,21 @@ func cmdCheck(ctx context.Context, c *cli, args []string) error {
 		}
 		return nil
 	})
-	if c.g.json() {
-		if err := c.printJSON(map[string]any{"entries": rows}); err != nil {
-			return err
+	l := listing{doc: map[string]any{"entries": rows}, header: []string{"ENTRY", "REACHABLE", "REASON", "DETAILS"}}
+	for _, r := range rows {
+		// What went wrong is said once, on stderr: the table names it.
+		reach, details := "yes", formatDetails(r.Details)
+		switch {
+		case r.Error != "":
+			reach, details = "unknown", ""
+		case !r.Reachable:
+			reach, details = "no", ""
 		}
-	} else {
-		var table [][]string
-		for _, r := range rows {
-			reach := "yes"
-			if !r.Reachable {
-				reach = "no"
-			}
-			detail := r.Message
-			if r.Error != "" {
-				reach, detail = "error", r.Error
-			} else if r.Reachable {
-				detail = formatDetails(r.Details)
-			}
-			table = append(table, []string{r.Entry, reach, r.Reason, detail})
-		}
-		c.printTable([]string{"ENTRY", "REACHABLE", "REASON", "DETAILS"}, table)
+		l.rows = append(l.rows, []string{r.Entry, reach, r.Reason, details})
+		l.names = append(l.names, r.Entry)
+	}
+	if err := c.print(l); err != nil {
+		return err
 	}
 	return worst(problems)
 }
@@ -105,15 +109,6 @@ func formatDetails(d map[string]string) string {
 		parts = append(parts, k+"="+d[k])
 	}
 	return strings.Join(parts, " ")
-}
-
-func indexOf(es []*entry, e *entry) int {
-	for i, x := range es {
-		if x == e {
-			return i
-		}
-	}
-	panic("entry not found")
 }
 
 // --- ls ---------------------------------------------------------------------
@@ -136,22 +131,20 @@ func rowOf(e *entry, inst egressproxy.Instance) instanceRow {
 }
 
 func (c *cli) printInstances(rows []instanceRow) error {
-	if c.g.json() {
-		if rows == nil {
-			rows = []instanceRow{}
-		}
-		return c.printJSON(map[string]any{"instances": rows})
+	if rows == nil {
+		rows = []instanceRow{}
 	}
-	var table [][]string
+	l := listing{doc: map[string]any{"instances": rows}, header: []string{"ENTRY", "NAME", "STATE", "ADDRESS", "UID", "AGE"}}
+	now := c.clock()
 	for _, r := range rows {
 		addr := r.Address
 		if r.Error != "" {
-			addr = "? (" + r.Error + ")"
+			addr = "?" // unknown: the read failed (said on stderr)
 		}
-		table = append(table, []string{r.Entry, r.Name, r.State, addr, r.UID, age(r.CreatedAt)})
+		l.rows = append(l.rows, []string{r.Entry, r.Name, r.State, addr, r.UID, age(now, r.CreatedAt)})
+		l.names = append(l.names, r.Entry+"/"+r.Name)
 	}
-	c.printTable([]string{"ENTRY", "NAME", "STATE", "ADDRESS", "UID", "AGE"}, table)
-	return nil
+	return c.print(l)
 }
 
 // listEntry lists an entry's instances and reads each back (List may leave
@@ -184,23 +177,30 @@ func listEntry(ctx context.Context, e *entry) ([]instanceRow, error) {
 	return rows, worst(problems)
 }
 
-func cmdLs(ctx context.Context, c *cli, args []string) error {
-	fs := c.newFlags("ls", "ls")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
+func newLsCommand(c *cli) *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "Proxies of each entry: state, address, UID, age",
+		Long: `Ls lists the proxies of each selected entry that belong to the entry's owner,
+each read back for its state and address.`,
+		Example: `  egressproxyctl ls
+  egressproxyctl ls -o name
+  egressproxyctl ls --entry lab1 -o yaml`,
+		Args: args(),
+		RunE: func(cmd *cobra.Command, _ []string) error { return c.ls(cmd.Context()) },
 	}
-	if len(pos) > 0 {
-		return usagef("ls: no arguments expected, got %q", pos)
-	}
+}
+
+func (c *cli) ls(ctx context.Context) error {
 	if err := c.open(ctx); err != nil {
 		return err
 	}
 	defer c.closeAll()
 	perEntry := make([][]instanceRow, len(c.entries))
-	problems := c.forEach(ctx, func(ctx context.Context, e *entry) error {
+	problems := c.forEach(ctx, func(ctx context.Context, i int, e *entry) error {
 		rows, err := listEntry(ctx, e)
-		perEntry[indexOf(c.entries, e)] = rows
+		perEntry[i] = rows
 		return err
 	})
 	var rows []instanceRow
@@ -213,6 +213,22 @@ func cmdLs(ctx context.Context, c *cli, args []string) error {
 	return worst(problems)
 }
 
+// instanceArg reads an instance argument, NAME or ENTRY/NAME (as -o name
+// prints it): the entry part selects the entry as --entry does.
+func (c *cli) instanceArg(arg string) (string, error) {
+	name := arg
+	if e, n, ok := strings.Cut(arg, "/"); ok {
+		if c.g.entry != "" && c.g.entry != e {
+			return "", cmdLinef("%s names entry %s, --entry names %s", errs.Quote(arg), e, c.g.entry)
+		}
+		c.g.entry, name = e, n
+	}
+	if err := naming.ValidateName("NAME", name); err != nil {
+		return "", cmdLinef("%v", err)
+	}
+	return name, nil
+}
+
 // find looks an instance up by name on every selected entry. Exactly one
 // entry must have it.
 func (c *cli) find(ctx context.Context, name string) (*entry, egressproxy.Instance, error) {
@@ -221,14 +237,14 @@ func (c *cli) find(ctx context.Context, name string) (*entry, egressproxy.Instan
 		inst egressproxy.Instance
 	}
 	hits := make([][]hit, len(c.entries))
-	problems := c.forEach(ctx, func(ctx context.Context, e *entry) error {
+	problems := c.forEach(ctx, func(ctx context.Context, i int, e *entry) error {
 		insts, err := e.client.List(ctx)
 		if err != nil {
 			return lookupErr(e, name, err)
 		}
 		for _, inst := range insts {
 			if inst.Name == name {
-				hits[indexOf(c.entries, e)] = append(hits[indexOf(c.entries, e)], hit{e, inst})
+				hits[i] = append(hits[i], hit{e, inst})
 			}
 		}
 		return nil
@@ -243,9 +259,9 @@ func (c *cli) find(ctx context.Context, name string) (*entry, egressproxy.Instan
 	case len(all) > 1:
 		var where []string
 		for _, h := range all {
-			where = append(where, h.e.name())
+			where = append(where, h.e.name()+"/"+name)
 		}
-		return nil, egressproxy.Instance{}, usagef("instance %q is on several entries (%s); choose one with -entry", name, strings.Join(where, ", "))
+		return nil, egressproxy.Instance{}, usagef("instance %s is on several entries; name one: %s", name, strings.Join(where, ", "))
 	}
 	if err := worst(problems); err != nil {
 		return nil, egressproxy.Instance{}, err // an entry we could not list may have it
@@ -255,40 +271,63 @@ func (c *cli) find(ctx context.Context, name string) (*entry, egressproxy.Instan
 
 // --- create -----------------------------------------------------------------
 
-func cmdCreate(ctx context.Context, c *cli, args []string) error {
-	fs := c.newFlags("create", "create -name NAME -uid UID [-image KEY] [-machine-type TYPE] [-port PORT] [-user-data-file FILE] [-wait DURATION]")
-	var spec egressproxy.Spec
-	var userDataFile string
-	var wait time.Duration
-	fs.StringVar(&spec.Name, "name", "", "instance name: lowercase DNS label (required; also accepted as the argument)")
-	fs.StringVar(&spec.UID, "uid", "", "instance identity; create is idempotent on it (required)")
-	fs.StringVar(&spec.ImageKey, "image", "", "image key of the entry's images (default: the entry's default image)")
-	fs.StringVar(&spec.MachineType, "machine-type", "", "machine type of the entry (default: the entry's default)")
-	fs.IntVar(&spec.Port, "port", 0, "proxy port in the instance (0: 3128)")
-	fs.StringVar(&userDataFile, "user-data-file", "", "cloud-init user-data file given to the instance")
-	fs.DurationVar(&wait, "wait", 0, "wait up to this long for the instance to run with an address (0: return once created)")
-	pos, err := parse(fs, args)
-	if err != nil {
+// createFlag names the flag of each Spec field, so that a bad spec is
+// reported as the person wrote it.
+var createFlag = map[string]string{"Name": "NAME", "UID": "--uid", "ImageKey": "--image", "MachineType": "--machine-type", "Port": "--port", "UserData": "--user-data-file"}
+
+type createOptions struct {
+	spec         egressproxy.Spec
+	userDataFile string
+	wait         time.Duration
+}
+
+func newCreateCommand(c *cli) *cobra.Command {
+	var o createOptions
+	cmd := &cobra.Command{
+		Use:   "create NAME --uid UID",
+		Short: "Create one proxy (idempotent on its UID)",
+		Long: `Create creates one proxy on the selected entry (--entry, when the config has
+several) and prints it. The same NAME and UID again is no error when the spec
+is the same; another spec for them is (exit code 4).
+
+When the image the proxy needs is not stored on the hypervisor yet, create
+fetches it first and says so; on a terminal a progress line shows the bytes
+uploaded. --wait waits, up to the duration given, until the proxy runs with
+an address; when the duration passes first, the exit code is 3.`,
+		Example: `  egressproxyctl create proxy-a --uid 7f9c2d --entry lab1
+  egressproxyctl create proxy-a --uid 7f9c2d --image debian-12 --port 8080 --wait 10m
+  egressproxyctl create proxy-a --uid 7f9c2d --user-data-file squid.yaml -o json`,
+		Args: args("one instance NAME"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			o.spec.Name = a[0]
+			return c.create(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.spec.UID, "uid", "", "the instance's identity; create is idempotent on it (required)")
+	f.StringVar(&o.spec.ImageKey, "image", "", "image key of the entry (default: the entry's default image)")
+	f.StringVar(&o.spec.MachineType, "machine-type", "", "machine type of the entry (default: the entry's default)")
+	f.IntVar(&o.spec.Port, "port", 0, "proxy port in the instance (default 3128)")
+	f.StringVar(&o.userDataFile, "user-data-file", "", "cloud-init user-data file given to the instance")
+	f.DurationVar(&o.wait, "wait", 0, "wait up to this long until the instance runs with an address (0: do not wait)")
+	_ = cmd.RegisterFlagCompletionFunc("image", c.completeImageKeys)
+	return cmd
+}
+
+func (c *cli) create(ctx context.Context, o createOptions) error {
+	spec := o.spec
+	if err := nonNegative("wait", o.wait); err != nil {
 		return err
 	}
-	switch {
-	case len(pos) == 1 && spec.Name == "":
-		spec.Name = pos[0]
-	case len(pos) > 0:
-		return usagef("create: unexpected arguments %q", pos)
-	}
-	if wait < 0 {
-		return usagef("create: -wait %s must not be negative", wait)
-	}
-	if userDataFile != "" {
-		b, err := os.ReadFile(userDataFile)
+	if o.userDataFile != "" {
+		b, err := os.ReadFile(o.userDataFile)
 		if err != nil {
-			return usagef("create: -user-data-file: %v", err)
+			return fileError("--user-data-file", err)
 		}
 		spec.UserData = string(b)
 	}
 	if err := spec.Validate(); err != nil {
-		return usagef("create: %v", err)
+		return specError(err)
 	}
 	if err := c.open(ctx); err != nil {
 		return err
@@ -306,15 +345,49 @@ func cmdCreate(ctx context.Context, c *cli, args []string) error {
 	}
 	set, stop := c.progress(label)
 	inst, err := e.client.Create(ctx, spec)
-	if err == nil && wait > 0 {
+	if err == nil && o.wait > 0 {
 		set(fmt.Sprintf("waiting for %s on %s to run", spec.Name, e.name()))
-		inst, err = c.waitRunning(ctx, e, inst, wait)
+		inst, err = c.waitRunning(ctx, e, spec.Ref(), o.wait)
 	}
 	stop()
 	if err != nil {
 		return entryErr(e, err)
 	}
 	return c.printInstances([]instanceRow{rowOf(e, inst)})
+}
+
+// waitRunning waits up to d for the instance to run with an address
+// (Client.WaitRunning).
+func (c *cli) waitRunning(ctx context.Context, e *entry, ref egressproxy.Ref, d time.Duration) (egressproxy.Instance, error) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	every := c.pollEvery
+	if every <= 0 {
+		every = 2 * time.Second
+	}
+	inst, err := e.client.WaitRunning(wctx, ref, &egressproxy.WaitOptions{Interval: every})
+	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
+		return inst, fmt.Errorf("--wait %s passed: %w", d, err)
+	}
+	return inst, err
+}
+
+// specError is a Spec's validation error, each field named as the command
+// line gives it (--uid, not UID).
+func specError(err error) error {
+	fes := egressproxy.FieldErrors(err)
+	if len(fes) == 0 {
+		return cmdLinef("%v", err)
+	}
+	var msgs []string
+	for _, fe := range fes {
+		named := *fe
+		if f, ok := createFlag[fe.Field]; ok {
+			named.Field = f
+		}
+		msgs = append(msgs, named.Error())
+	}
+	return cmdLinef("%s", strings.Join(msgs, "; "))
 }
 
 // coldImage reports whether the image key a spec uses has no base on the
@@ -340,62 +413,41 @@ func coldImage(ctx context.Context, e *entry, key string) (string, bool) {
 	return "", false
 }
 
-// waitRunning polls the instance until it runs with an address, for at
-// most d. Transient read errors while it boots are expected and retried.
-func (c *cli) waitRunning(ctx context.Context, e *entry, inst egressproxy.Instance, d time.Duration) (egressproxy.Instance, error) {
-	wctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	every := c.pollEvery
-	if every <= 0 {
-		every = 2 * time.Second
-	}
-	var lastErr error
-	for {
-		if inst.State == egressproxy.StateRunning && inst.IP != "" {
-			return inst, nil
-		}
-		if inst.State == egressproxy.StateStopped || inst.State == egressproxy.StateFailed {
-			return inst, errs.Errorf(egressproxy.Permanent, "instance %s is %s", inst.Name, inst.State)
-		}
-		select {
-		case <-wctx.Done():
-			if ctx.Err() != nil {
-				return inst, errs.FromContext(ctx.Err())
-			}
-			return inst, errs.Errorf(egressproxy.Transient, "instance %s not running with an address after %s (state %s; last read error: %v)", inst.Name, d, inst.State, lastErr)
-		case <-time.After(every):
-		}
-		got, err := e.client.Get(wctx, inst.Ref)
-		switch {
-		case err == nil:
-			inst, lastErr = got, nil
-		case wctx.Err() != nil:
-			// the loop reports it
-		case egressproxy.Code(err) == egressproxy.Transient:
-			lastErr = err
-		default:
-			return inst, err
-		}
-	}
-}
-
 // --- delete -----------------------------------------------------------------
 
-func cmdDelete(ctx context.Context, c *cli, args []string) error {
-	fs := c.newFlags("delete", "delete NAME [-uid UID]")
+type deletedRow struct {
+	Entry string `json:"entry"`
+	Name  string `json:"name"`
+	UID   string `json:"uid"`
+}
+
+func newDeleteCommand(c *cli) *cobra.Command {
 	var uid string
-	fs.StringVar(&uid, "uid", "", "the instance's UID (default: looked up by NAME; with -uid a missing instance is not an error)")
-	pos, err := parse(fs, args)
+	cmd := &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Delete one proxy, found by name",
+		Long: `Delete deletes one proxy and its volumes. NAME is looked up on every selected
+entry and must be on exactly one (ENTRY/NAME, as -o name prints it, or
+--entry selects the entry). With --uid nothing is looked up: the proxy of
+that name and UID is deleted on the selected entry, and a missing one is
+no error.`,
+		Example: `  egressproxyctl delete proxy-a
+  egressproxyctl delete lab1/proxy-a
+  egressproxyctl delete proxy-a --entry lab1 --uid 7f9c2d
+  egressproxyctl ls -o name | xargs -n1 egressproxyctl delete`,
+		Args: args("one instance NAME"),
+		RunE: func(cmd *cobra.Command, a []string) error { return c.delete(cmd.Context(), a[0], uid) },
+	}
+	cmd.Flags().StringVar(&uid, "uid", "", "the instance's UID (default: looked up by NAME)")
+	return cmd
+}
+
+func (c *cli) delete(ctx context.Context, arg, uid string) error {
+	name, err := c.instanceArg(arg)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return usagef("delete: want one instance NAME, got %q", pos)
-	}
-	ref := egressproxy.Ref{Name: pos[0], UID: uid}
-	if err := naming.ValidateName("NAME", ref.Name); err != nil {
-		return usagef("delete: %v", err)
-	}
+	ref := egressproxy.Ref{Name: name, UID: uid}
 	if err := c.open(ctx); err != nil {
 		return err
 	}
@@ -407,7 +459,7 @@ func cmdDelete(ctx context.Context, c *cli, args []string) error {
 			return err
 		}
 		ref.UID = inst.UID
-	} else if e, err = c.one("delete -uid"); err != nil {
+	} else if e, err = c.one("delete --uid"); err != nil {
 		return err
 	}
 	_, stop := c.progress(fmt.Sprintf("deleting %s on %s", ref.Name, e.name()))
@@ -416,11 +468,12 @@ func cmdDelete(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return entryErr(e, err)
 	}
-	if c.g.json() {
-		return c.printJSON(map[string]any{"deleted": []map[string]string{{"entry": e.name(), "name": ref.Name, "uid": ref.UID}}})
+	row := deletedRow{Entry: e.name(), Name: ref.Name, UID: ref.UID}
+	if c.g.output == outputTable {
+		fmt.Fprintf(c.stdout, "deleted %s (uid %s) on %s\n", row.Name, row.UID, row.Entry)
+		return nil
 	}
-	fmt.Fprintf(c.stdout, "deleted %s (uid %s) on %s\n", ref.Name, ref.UID, e.name())
-	return nil
+	return c.print(listing{doc: map[string]any{"deleted": []deletedRow{row}}, names: []string{row.Entry + "/" + row.Name}})
 }
 
 // --- probe ------------------------------------------------------------------
@@ -465,41 +518,73 @@ func noAddressErr(inst egressproxy.Instance) error {
 	return errs.Errorf(code, "instance %s (%s) has no address to probe", errs.Quote(inst.Name), state)
 }
 
-func cmdProbe(ctx context.Context, c *cli, args []string) error {
-	fs := c.newFlags("probe", "probe NAME -target HOST:PORT [-proxy-user U -proxy-password-file F] [-expect-body S] [-probe-timeout D]")
-	var target, user, passFile, body string
-	var timeout time.Duration
-	fs.StringVar(&target, "target", "", "CONNECT target host:port, reachable from the proxy (required)")
-	fs.StringVar(&user, "proxy-user", "", "proxy basic-auth user (default: none)")
-	fs.StringVar(&passFile, "proxy-password-file", "", "file holding the proxy password (default: $EGRESSPROXYCTL_PROXY_PASSWORD)")
-	fs.StringVar(&body, "expect-body", "", "prove the tunnel: GET / through it must answer 200 with exactly this body (target must be plain HTTP)")
-	fs.DurationVar(&timeout, "probe-timeout", 10*time.Second, "bound of the probe")
-	pos, err := parse(fs, args)
+type probeOptions struct {
+	target, user, passFile, body string
+	timeout                      time.Duration
+}
+
+func newProbeCommand(c *cli) *cobra.Command {
+	var o probeOptions
+	cmd := &cobra.Command{
+		Use:   "probe NAME --target HOST:PORT",
+		Short: "A real HTTP CONNECT through one proxy",
+		Long: `Probe sends an HTTP CONNECT for --target through the proxy NAME (or
+ENTRY/NAME) and reports whether the tunnel opened. --expect-body also proves
+the tunnel: a GET / through it must answer 200 with exactly that body (the
+target must then be plain HTTP).
+
+The proxy password is read from --proxy-password-file or
+$EGRESSPROXYCTL_PROXY_PASSWORD, never from the command line, and never
+printed. Probe exits 4 when the proxy demands other credentials (407) and 3
+for any other failure.`,
+		Example: `  egressproxyctl probe proxy-a --target example.com:443
+  egressproxyctl probe lab1/proxy-a --target 10.0.0.5:80 --expect-body ok
+  egressproxyctl probe proxy-a --target example.com:443 --proxy-user probe --proxy-password-file pw`,
+		Args: args("one instance NAME"),
+		RunE: func(cmd *cobra.Command, a []string) error { return c.probe(cmd.Context(), a[0], o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.target, "target", "", "CONNECT target HOST:PORT, reachable from the proxy (required)")
+	f.StringVar(&o.user, "proxy-user", "", "proxy basic-auth user (default: none)")
+	f.StringVar(&o.passFile, "proxy-password-file", "", "file holding the proxy password (default: $EGRESSPROXYCTL_PROXY_PASSWORD)")
+	f.StringVar(&o.body, "expect-body", "", "prove the tunnel: GET / through it must answer 200 with exactly this body")
+	f.DurationVar(&o.timeout, "probe-timeout", 10*time.Second, "bound of the probe")
+	return cmd
+}
+
+func (c *cli) probe(ctx context.Context, arg string, o probeOptions) error {
+	name, err := c.instanceArg(arg)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return usagef("probe: want one instance NAME, got %q", pos)
+	if o.target == "" {
+		return cmdLinef("probe needs --target HOST:PORT")
 	}
-	if host, port, err := net.SplitHostPort(target); err != nil || host == "" || port == "" {
-		return usagef("probe: -target %q: want host:port", target)
+	if host, port, err := net.SplitHostPort(o.target); err != nil || host == "" || port == "" {
+		return cmdLinef("--target %s: want HOST:PORT", errs.Quote(o.target))
+	}
+	if strings.Contains(o.user, ":") {
+		return cmdLinef("--proxy-user must not contain ':' (HTTP basic authentication cannot carry it)")
+	}
+	if err := nonNegative("probe-timeout", o.timeout); err != nil {
+		return err
 	}
 	password := c.getenv("EGRESSPROXYCTL_PROXY_PASSWORD")
-	if passFile != "" {
-		b, err := os.ReadFile(passFile)
+	if o.passFile != "" {
+		b, err := os.ReadFile(o.passFile)
 		if err != nil {
-			return usagef("probe: -proxy-password-file: %v", err)
+			return fileError("--proxy-password-file", err)
 		}
 		password = strings.TrimRight(string(b), "\r\n")
 	}
-	if user == "" {
+	if o.user == "" {
 		password = "" // no user: no credentials at all
 	}
 	if err := c.open(ctx); err != nil {
 		return err
 	}
 	defer c.closeAll()
-	e, found, err := c.find(ctx, pos[0])
+	e, found, err := c.find(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -510,31 +595,30 @@ func cmdProbe(ctx context.Context, c *cli, args []string) error {
 	if inst.IP == "" {
 		return entryErr(e, noAddressErr(inst))
 	}
-	if strings.Contains(user, ":") {
-		return usagef("probe: -proxy-user must not contain ':' (RFC 7617 basic auth)")
-	}
-	opts := health.ProbeOptions{Timeout: timeout, Username: user, Password: password}
-	if body != "" {
-		opts.Exchange = health.HTTPGet(target, body)
+	opts := health.ProbeOptions{Timeout: o.timeout, Username: o.user, Password: password}
+	if o.body != "" {
+		opts.Exchange = health.HTTPGet(o.target, o.body)
 	}
 	proxy := inst.Address()
-	res := health.Probe(ctx, proxy, target, &opts)
-	row := probeRow{Entry: e.name(), Name: inst.Name, Proxy: proxy, Target: target, OK: res.OK,
+	res := health.Probe(ctx, proxy, o.target, &opts)
+	row := probeRow{Entry: e.name(), Name: inst.Name, Proxy: proxy, Target: o.target, OK: res.OK,
 		StatusCode: res.StatusCode, LatencyMS: res.Total.Milliseconds(), Error: errText(res.Err)}
+	result := "ok"
 	if !res.OK {
 		row.Kind = res.Kind.String()
+		result = "failed: " + row.Kind // the error itself goes to stderr
 	}
-	if c.g.json() {
-		if err := c.printJSON(row); err != nil {
-			return err
-		}
-	} else {
-		ok := "ok"
-		if !res.OK {
-			ok = "FAILED: " + row.Kind
-		}
-		c.printTable([]string{"ENTRY", "NAME", "PROXY", "TARGET", "RESULT", "STATUS", "LATENCY", "ERROR"},
-			[][]string{{row.Entry, row.Name, row.Proxy, row.Target, ok, strconv.Itoa(row.StatusCode), res.Total.Round(time.Millisecond).String(), row.Error}})
+	status := ""
+	if row.StatusCode != 0 {
+		status = strconv.Itoa(row.StatusCode)
+	}
+	if err := c.print(listing{
+		doc:    row,
+		header: []string{"ENTRY", "NAME", "PROXY", "TARGET", "RESULT", "STATUS", "LATENCY"},
+		rows:   [][]string{{row.Entry, row.Name, row.Proxy, row.Target, result, status, res.Total.Round(time.Millisecond).String()}},
+		names:  []string{row.Entry + "/" + row.Name},
+	}); err != nil {
+		return err
 	}
 	if !res.OK {
 		return entryErr(e, probeErr(res))
@@ -572,30 +656,49 @@ func readKeepFile(path string) (map[string]bool, error) {
 	return keep, sc.Err()
 }
 
-func cmdGC(ctx context.Context, c *cli, args []string) error {
-	fs := c.newFlags("gc", "gc -owner OWNER -keep-file FILE [-dry-run] [-allow-empty]")
-	var owner, keepFile string
-	var dryRun, allowEmpty bool
-	fs.StringVar(&owner, "owner", "", "only entries whose owner is this one are collected (required)")
-	fs.StringVar(&keepFile, "keep-file", "", "file listing the UIDs to keep, one per line, '#' comments (required)")
-	fs.BoolVar(&dryRun, "dry-run", false, "print what would be deleted, delete nothing")
-	fs.BoolVar(&allowEmpty, "allow-empty", false, "accept a keep file that lists no UID (deletes every proxy of the owner)")
-	pos, err := parse(fs, args)
+type gcOptions struct {
+	owner, keepFile    string
+	dryRun, allowEmpty bool
+}
+
+func newGCCommand(c *cli) *cobra.Command {
+	var o gcOptions
+	cmd := &cobra.Command{
+		Use:   "gc --owner OWNER --keep-file FILE",
+		Short: "Delete the owner's proxies that a keep file does not list",
+		Long: `Gc deletes every proxy of the entries whose owner is OWNER and whose UID the
+keep file does not list (one UID per line, '#' starts a comment). --dry-run
+only prints what would be deleted. A keep file that lists no UID is refused
+unless --allow-empty is given (it would delete every proxy of the owner).`,
+		Example: `  egressproxyctl gc --owner tooling --keep-file wanted-uids --dry-run
+  egressproxyctl gc --owner tooling --keep-file wanted-uids -o json`,
+		Args: args(),
+		RunE: func(cmd *cobra.Command, _ []string) error { return c.gc(cmd.Context(), o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.owner, "owner", "", "collect only on entries of this owner (required)")
+	f.StringVar(&o.keepFile, "keep-file", "", "file listing the UIDs to keep, one per line (required)")
+	f.BoolVar(&o.dryRun, "dry-run", false, "print what would be deleted, delete nothing")
+	f.BoolVar(&o.allowEmpty, "allow-empty", false, "accept a keep file that lists no UID")
+	return cmd
+}
+
+func (c *cli) gc(ctx context.Context, o gcOptions) error {
+	var missing []string
+	for _, f := range []struct{ name, value string }{{"--owner", o.owner}, {"--keep-file", o.keepFile}} {
+		if f.value == "" {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return cmdLinef("gc needs %s", strings.Join(missing, " and "))
+	}
+	keep, err := readKeepFile(o.keepFile)
 	if err != nil {
-		return err
+		return fileError("--keep-file", err)
 	}
-	if len(pos) > 0 {
-		return usagef("gc: no arguments expected, got %q", pos)
-	}
-	if owner == "" || keepFile == "" {
-		return usagef("gc: -owner and -keep-file are required")
-	}
-	keep, err := readKeepFile(keepFile)
-	if err != nil {
-		return usagef("gc: -keep-file: %v", err)
-	}
-	if len(keep) == 0 && !allowEmpty {
-		return usagef("gc: %s lists no UID: that would delete every proxy of owner %s; give -allow-empty if that is meant", keepFile, owner)
+	if len(keep) == 0 && !o.allowEmpty {
+		return usagef("%s lists no UID: that would delete every proxy of owner %s; give --allow-empty if that is meant", o.keepFile, o.owner)
 	}
 	if err := c.open(ctx); err != nil {
 		return err
@@ -603,22 +706,46 @@ func cmdGC(ctx context.Context, c *cli, args []string) error {
 	defer c.closeAll()
 	var mine []*entry
 	for _, e := range c.entries {
-		if e.cfg.Owner == owner {
+		if e.cfg.Owner == o.owner {
 			mine = append(mine, e)
 		} else {
-			c.note("gc: skipping entry %s: its owner is %s, not %s", e.name(), e.cfg.Owner, owner)
+			c.note("gc: skipping entry %s: its owner is %s, not %s", e.name(), e.cfg.Owner, o.owner)
 		}
 	}
 	if len(mine) == 0 {
-		return usagef("gc: no selected entry has owner %q", owner)
+		return cmdLinef("gc: no selected entry has owner %s", errs.Quote(o.owner))
 	}
 	c.entries, mine = mine, c.entries // forEach runs over the owner's entries; closeAll still closes all
 	defer func() { c.entries = mine }()
 
+	rows, nkept, problems := c.collect(ctx, keep, o.dryRun)
+	l := listing{doc: map[string]any{"dryRun": o.dryRun, "instances": rows, "kept": nkept}, header: []string{"ENTRY", "NAME", "UID", "ACTION"}}
+	failed := 0
+	for _, r := range rows {
+		l.rows = append(l.rows, []string{r.Entry, r.Name, r.UID, r.Action}) // a failure's error goes to stderr
+		l.names = append(l.names, r.Entry+"/"+r.Name)
+		if r.Action == "failed" {
+			failed++
+		}
+	}
+	if err := c.print(l); err != nil {
+		return err
+	}
+	if o.dryRun {
+		c.note("gc: %d kept, %d would be deleted (dry run)", nkept, len(rows))
+	} else {
+		c.note("gc: %d kept, %d deleted, %d failed", nkept, len(rows)-failed, failed)
+	}
+	return problems
+}
+
+// collect deletes (or with dryRun only lists) the proxies of the selected
+// entries whose UID keep lacks, and returns what it did, how many it kept
+// and the failures.
+func (c *cli) collect(ctx context.Context, keep map[string]bool, dryRun bool) ([]gcRow, int, error) {
 	perEntry := make([][]gcRow, len(c.entries))
 	kept := make([]int, len(c.entries))
-	problems := c.forEach(ctx, func(ctx context.Context, e *entry) error {
-		i := indexOf(c.entries, e)
+	problems := c.forEach(ctx, func(ctx context.Context, i int, e *entry) error {
 		insts, err := e.client.List(ctx)
 		if err != nil {
 			return entryErr(e, err)
@@ -632,11 +759,10 @@ func cmdGC(ctx context.Context, c *cli, args []string) error {
 			}
 			r := gcRow{Entry: e.name(), Name: inst.Name, UID: inst.UID, Action: "would delete"}
 			if !dryRun {
+				r.Action = "deleted"
 				if err := e.client.Delete(ctx, inst.Ref); err != nil {
 					r.Action, r.Error = "failed", err.Error()
 					problems = append(problems, entryErr(e, err))
-				} else {
-					r.Action = "deleted"
 				}
 			}
 			perEntry[i] = append(perEntry[i], r)
@@ -652,27 +778,5 @@ func cmdGC(ctx context.Context, c *cli, args []string) error {
 		rows = append(rows, perEntry[i]...)
 		nkept += kept[i]
 	}
-	if c.g.json() {
-		if err := c.printJSON(map[string]any{"dryRun": dryRun, "instances": rows, "kept": nkept}); err != nil {
-			return err
-		}
-	} else {
-		var table [][]string
-		for _, r := range rows {
-			table = append(table, []string{r.Entry, r.Name, r.UID, r.Action, r.Error})
-		}
-		c.printTable([]string{"ENTRY", "NAME", "UID", "ACTION", "ERROR"}, table)
-		if dryRun {
-			c.note("gc: %d kept, %d would be deleted (dry run)", nkept, len(rows))
-		} else {
-			failed := 0
-			for _, r := range rows {
-				if r.Action == "failed" {
-					failed++
-				}
-			}
-			c.note("gc: %d kept, %d deleted, %d failed", nkept, len(rows)-failed, failed)
-		}
-	}
-	return worst(problems)
+	return rows, nkept, worst(problems)
 }

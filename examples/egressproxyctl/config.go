@@ -15,23 +15,6 @@ type fileConfig struct {
 	Entries []kvm2.Config
 }
 
-const configHelp = `Config file (JSON or YAML; "scripts/teststack ctl-config" prints one for the
-project's test stack). Each entry is a kvm2.Config, in camelCase:
-  entries:
-    - entry: lab1                  # provider entry name (part of VM and volume names)
-      owner: tooling               # ls, gc and delete see only this owner's proxies
-      address: 192.0.2.10:22       # the hypervisor's sshd
-      user: root
-      keyFile: /home/me/.ssh/id_ed25519
-      knownHostsFile: /home/me/.ssh/known_hosts   # or knownHosts: | and the lines below it
-      pool: default
-      images:
-        debian-12:
-          url: https://mirror.example/debian-12.qcow2
-          sha256: <64 hex digits>
-Every problem of the file is reported at once, with its line and key path.
-`
-
 // loadConfig reads and checks the config file with kvm2.ParseEntries:
 // strictly (a typo must not silently drop a setting), every entry checked
 // as kvm2.Open checks it, every problem reported at once with its key path

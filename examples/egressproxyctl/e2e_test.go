@@ -18,8 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/egressproxy/egressproxy"
-	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
@@ -99,7 +97,7 @@ type ctlCLI struct {
 
 func (c *ctlCLI) run(args ...string) (code int, stdout, stderr string) {
 	c.t.Helper()
-	cmd := exec.CommandContext(c.ctx, c.bin, append([]string{"-config", c.config}, args...)...)
+	cmd := exec.CommandContext(c.ctx, c.bin, append([]string{"--config", c.config}, args...)...)
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	start := time.Now()
@@ -127,10 +125,10 @@ func ctlJSON[T any](t *testing.T, s string) T {
 }
 
 // TestE2ECLI drives the built binary against the real stack with a config
-// printed by scripts/teststack ctl-config: check → create (the e2e guest,
-// cold image fetch, booted under TCG) → ls → probe (a real CONNECT through
-// Squid in the guest to a target on the bridge) → images ls → gc -dry-run →
-// delete → gc -dry-run.
+// printed by scripts/teststack ctl-config: check → create --wait (the e2e
+// guest, cold image fetch, booted under TCG) → ls → probe (a real CONNECT
+// through Squid in the guest to a target on the bridge) → images ls → gc
+// --dry-run → delete → gc --dry-run.
 func TestE2ECLI(t *testing.T) {
 	image, sum := os.Getenv("EGRESSPROXY_GUEST_IMAGE"), os.Getenv("EGRESSPROXY_GUEST_IMAGE_SHA256")
 	if image == "" || sum == "" {
@@ -237,7 +235,7 @@ func TestE2ECLI(t *testing.T) {
 	// address.
 	uid := "uid-ctl-" + ctlRandHex(t, 6)
 	t0 := time.Now()
-	out = cli.want(exitOK, "-o", "json", "create", "-name", "proxy-a", "-uid", uid, "-port", fmt.Sprint(ctlSquidPort), "-user-data-file", udPath, "-wait", ctlRunningBound.String())
+	out = cli.want(exitOK, "-o", "json", "create", "proxy-a", "--uid", uid, "--port", fmt.Sprint(ctlSquidPort), "--user-data-file", udPath, "--wait", ctlRunningBound.String())
 	created := ctlJSON[lsJSON](t, out)
 	if len(created.Instances) != 1 || created.Instances[0].State != "Running" || created.Instances[0].UID != uid {
 		t.Fatalf("create: %+v", created)
@@ -254,7 +252,7 @@ func TestE2ECLI(t *testing.T) {
 	if !strings.Contains(out, "proxy-a") || !strings.Contains(out, inst.Address) || !strings.Contains(out, "Running") {
 		t.Fatalf("ls table:\n%s", out)
 	}
-	ls := ctlJSON[lsJSON](t, cli.want(exitOK, "-o", "json", "ls"))
+	ls := ctlJSON[lsJSON](t, cli.want(exitOK, "ls", "-o", "json"))
 	if len(ls.Instances) != 1 || ls.Instances[0].Address != inst.Address || ls.Instances[0].Entry != entry {
 		t.Fatalf("ls json: %+v", ls)
 	}
@@ -264,7 +262,7 @@ func TestE2ECLI(t *testing.T) {
 	var pr probeRow
 	var last string
 	if !eventually.PollEvery(ctx, ctlSquidBound, 3*time.Second, func() bool {
-		code, out, errs := cli.run("-o", "json", "probe", "proxy-a", "-target", ln.Addr().String(), "-expect-body", token, "-probe-timeout", "15s")
+		code, out, errs := cli.run("-o", "json", "probe", "proxy-a", "--target", ln.Addr().String(), "--expect-body", token, "--probe-timeout", "15s")
 		if code != exitOK && code != exitTransient {
 			t.Fatalf("probe: exit %d, want 0 or 3 (not yet)\n%s", code, errs)
 		}
@@ -281,29 +279,21 @@ func TestE2ECLI(t *testing.T) {
 	}
 	t.Logf("probe: CONNECT %s via %s → %d in %d ms", pr.Target, pr.Proxy, pr.StatusCode, pr.LatencyMS)
 
-	// images ls: the guest base is present and used by proxy-a — when kvm2
-	// implements driver.ImageManager; otherwise the CLI says it is not
-	// supported (Permanent).
-	if _, ok := any((*egressproxy.Client)(nil)).(driver.ImageManager); ok {
-		im := ctlJSON[imagesJSON](t, cli.want(exitOK, "-o", "json", "images", "ls"))
-		if len(im.Images) != 1 || im.Images[0].Key != "guest" || !im.Images[0].Present || im.Images[0].Digest != sum || strings.Join(im.Images[0].InUseBy, ",") != "proxy-a" {
-			t.Fatalf("images ls: %+v", im)
-		}
-		cli.want(exitPermanent, "images", "evict", "guest") // in use
-	} else {
-		code, out, errs := cli.run("images", "ls")
-		if code != exitPermanent || !strings.Contains(out, "not supported") || !strings.Contains(errs, "not supported") {
-			t.Fatalf("images ls without ImageManager: exit %d\n%s\n%s", code, out, errs)
-		}
+	// images ls: the guest base is present and used by proxy-a, so it
+	// cannot be evicted.
+	im := ctlJSON[imagesJSON](t, cli.want(exitOK, "images", "ls", "-o", "json"))
+	if len(im.Images) != 1 || im.Images[0].Key != "guest" || !im.Images[0].Present || im.Images[0].Digest != sum || strings.Join(im.Images[0].InUseBy, ",") != "proxy-a" {
+		t.Fatalf("images ls: %+v", im)
 	}
+	cli.want(exitPermanent, "images", "evict", "guest") // in use
 
-	// gc -dry-run with a keep file that does not list proxy-a: it would be
+	// gc --dry-run with a keep file that does not list proxy-a: it would be
 	// deleted, and stays.
 	keep := filepath.Join(t.TempDir(), "keep")
 	if err := os.WriteFile(keep, []byte("# nothing of this test\nuid-someone-else\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	g := ctlJSON[gcJSON](t, cli.want(exitOK, "-o", "json", "gc", "-owner", owner, "-keep-file", keep, "-dry-run"))
+	g := ctlJSON[gcJSON](t, cli.want(exitOK, "-o", "json", "gc", "--owner", owner, "--keep-file", keep, "--dry-run"))
 	if !g.DryRun || len(g.Instances) != 1 || g.Instances[0].UID != uid || g.Instances[0].Action != "would delete" {
 		t.Fatalf("gc -dry-run: %+v", g)
 	}
@@ -318,8 +308,8 @@ func TestE2ECLI(t *testing.T) {
 	if ls := ctlJSON[lsJSON](t, cli.want(exitOK, "-o", "json", "ls")); len(ls.Instances) != 0 {
 		t.Fatalf("ls after delete: %+v", ls)
 	}
-	cli.want(exitNotFound, "probe", "proxy-a", "-target", ln.Addr().String())
-	g = ctlJSON[gcJSON](t, cli.want(exitOK, "-o", "json", "gc", "-owner", owner, "-keep-file", keep, "-dry-run"))
+	cli.want(exitNotFound, "probe", "proxy-a", "--target", ln.Addr().String())
+	g = ctlJSON[gcJSON](t, cli.want(exitOK, "-o", "json", "gc", "--owner", owner, "--keep-file", keep, "--dry-run"))
 	if len(g.Instances) != 0 {
 		t.Fatalf("gc -dry-run after delete: %+v", g)
 	}

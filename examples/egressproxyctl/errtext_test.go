@@ -55,12 +55,12 @@ func TestErrorTextsSayEachThingOnce(t *testing.T) {
 	for _, args := range [][]string{
 		{"ls"},
 		{"delete", "foo"},
-		{"probe", "foo", "-target", "127.0.0.1:9"},
-		{"create", "-name", "foo", "-uid", "u-foo"},
+		{"probe", "foo", "--target", "127.0.0.1:9"},
+		{"create", "foo", "--uid", "u-foo"},
 	} {
 		var out, errb syncBuffer
 		e := &env{stdout: &out, stderr: &errb, getenv: func(string) string { return "" }, open: openKVM2}
-		code := run(context.Background(), append([]string{"-config", cfgFile}, args...), e)
+		code := run(context.Background(), append([]string{"--config", cfgFile}, args...), e)
 		msg := errb.String()
 		if code == exitOK || msg == "" {
 			t.Errorf("%v: exit %d, stderr %q; want a failure", args, code, msg)

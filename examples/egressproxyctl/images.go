@@ -2,11 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/spf13/cobra"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/internal/naming"
@@ -15,35 +16,59 @@ import (
 type imageRow struct {
 	Entry string `json:"entry"`
 	egressproxy.ImageInfo
-	Error string `json:"error,omitempty"`
 }
 
-func cmdImages(ctx context.Context, c *cli, args []string) error {
-	fs := c.newFlags("images", "images ls | images verify KEY | images evict KEY")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
+func newImagesCommand(c *cli) *cobra.Command {
+	images := &cobra.Command{
+		Use:   "images",
+		Short: "Base images of each entry: list, verify, evict",
+		Long: `Images manages the verified base images stored on each entry's hypervisor
+(one per image key of the entry's config), from which proxies are created.`,
 	}
-	if len(pos) == 0 {
-		return usagef("images: want a subcommand: ls, verify KEY or evict KEY")
-	}
-	sub, pos := pos[0], pos[1:]
-	var key string
-	switch sub {
-	case "ls":
-		if len(pos) != 0 {
-			return usagef("images ls: no arguments expected, got %q", pos)
-		}
-	case "verify", "evict":
-		if len(pos) != 1 {
-			return usagef("images %s: want one image KEY, got %q", sub, pos)
-		}
-		key = pos[0]
+	group(images, "a subcommand: ls, verify KEY or evict KEY")
+	images.AddCommand(
+		&cobra.Command{
+			Use:     "ls",
+			Aliases: []string{"list"},
+			Short:   "Base images of each entry: key, digest, size, users",
+			Long: `Images ls lists the image keys of each selected entry: whether a base is stored
+for the key, its volume, digest and size, and the proxies using it ("(unknown)"
+when the entry cannot tell them all).`,
+			Example: `  egressproxyctl images ls
+  egressproxyctl images ls --entry lab1 -o json`,
+			Args: args(),
+			RunE: func(cmd *cobra.Command, _ []string) error { return c.images(cmd.Context(), "ls", "") },
+		},
+		&cobra.Command{
+			Use:   "verify KEY",
+			Short: "Read a stored base back and check its digest",
+			Long: `Images verify reads the stored base of image KEY back from each selected
+entry's hypervisor and checks it against its recorded digest (exit code 4
+when it differs, 5 when no base is stored).`,
+			Example:           `  egressproxyctl images verify debian-12 --entry lab1`,
+			Args:              args("one image KEY"),
+			ValidArgsFunction: c.completeImageKeys,
+			RunE:              func(cmd *cobra.Command, a []string) error { return c.images(cmd.Context(), "verify", a[0]) },
+		},
+		&cobra.Command{
+			Use:   "evict KEY",
+			Short: "Remove a stored base no proxy uses",
+			Long: `Images evict removes the stored base of image KEY from each selected entry's
+hypervisor. It is refused while a proxy uses the base (exit code 4).`,
+			Example:           `  egressproxyctl images evict debian-12 --entry lab1`,
+			Args:              args("one image KEY"),
+			ValidArgsFunction: c.completeImageKeys,
+			RunE:              func(cmd *cobra.Command, a []string) error { return c.images(cmd.Context(), "evict", a[0]) },
+		},
+	)
+	return images
+}
+
+func (c *cli) images(ctx context.Context, sub, key string) error {
+	if sub != "ls" {
 		if err := naming.ValidateKey("KEY", key); err != nil {
-			return usagef("images %s: %v", sub, err)
+			return cmdLinef("%v", err)
 		}
-	default:
-		return usagef("images: unknown subcommand %q (want ls, verify or evict)", sub)
 	}
 	if err := c.open(ctx); err != nil {
 		return err
@@ -51,80 +76,59 @@ func cmdImages(ctx context.Context, c *cli, args []string) error {
 	defer c.closeAll()
 
 	perEntry := make([][]imageRow, len(c.entries))
-	errs := c.forEach(ctx, func(ctx context.Context, e *entry) error {
-		i := indexOf(c.entries, e)
-		fail := func(err error) error {
-			perEntry[i] = []imageRow{{Entry: e.name(), ImageInfo: egressproxy.ImageInfo{Key: key}, Error: err.Error()}}
-			return err
+	problems := c.forEach(ctx, func(ctx context.Context, i int, e *entry) error {
+		infos, err := c.imageCall(ctx, e, sub, key)
+		if err != nil {
+			return entryErr(e, err)
 		}
-		switch sub {
-		case "ls":
-			infos, err := e.client.ListImages(ctx)
-			if err != nil {
-				return fail(entryErr(e, err))
-			}
-			for _, info := range infos {
-				perEntry[i] = append(perEntry[i], imageRow{Entry: e.name(), ImageInfo: info})
-			}
-		case "verify":
-			_, stop := c.progress(fmt.Sprintf("reading image %s back from %s", key, e.name()))
-			info, err := e.client.VerifyImage(ctx, key)
-			stop()
-			if err != nil {
-				return fail(entryErr(e, err))
-			}
-			perEntry[i] = []imageRow{{Entry: e.name(), ImageInfo: info}}
-		case "evict":
-			if err := e.client.EvictImage(ctx, key); err != nil {
-				return fail(entryErr(e, err))
-			}
-			perEntry[i] = []imageRow{{Entry: e.name(), ImageInfo: egressproxy.ImageInfo{Key: key}}}
+		for _, info := range infos {
+			perEntry[i] = append(perEntry[i], imageRow{Entry: e.name(), ImageInfo: info})
 		}
 		return nil
 	})
-	var rows []imageRow
+	rows := []imageRow{}
 	for _, r := range perEntry {
 		rows = append(rows, r...)
 	}
-	if c.g.json() {
-		if rows == nil {
-			rows = []imageRow{}
-		}
-		if err := c.printJSON(map[string]any{"images": rows}); err != nil {
-			return err
-		}
-		return worst(errs)
-	}
-	var table [][]string
+	status := map[string]string{"ls": "PRESENT", "verify": "RESULT", "evict": "RESULT"}[sub]
+	l := listing{doc: map[string]any{"images": rows}, header: []string{"ENTRY", "KEY", status, "NAME", "DIGEST", "SIZE", "IN USE BY"}}
 	for _, r := range rows {
-		if r.Error != "" {
-			msg := r.Error
-			if errors.Is(errs[indexOfName(c.entries, r.Entry)], egressproxy.ErrNotSupported) {
-				msg = "image management not supported by this entry's provider"
-			}
-			table = append(table, []string{r.Entry, r.Key, "error", "", "", "", msg})
-			continue
-		}
+		// A failed entry has no row: its error goes to stderr, once.
 		switch sub {
 		case "ls":
-			table = append(table, []string{r.Entry, r.Key, yesNo(r.Present), r.Name, short(r.Digest), size(r.SizeBytes), inUseBy(r.ImageInfo)})
+			l.rows = append(l.rows, []string{r.Entry, r.Key, yesNo(r.Present), r.Name, short(r.Digest), size(r.SizeBytes), inUseBy(r.ImageInfo)})
 		case "verify":
-			table = append(table, []string{r.Entry, r.Key, map[bool]string{true: "verified", false: "NOT verified"}[r.Verified], r.Name, short(r.Digest), size(r.SizeBytes), inUseBy(r.ImageInfo)})
+			l.rows = append(l.rows, []string{r.Entry, r.Key, map[bool]string{true: "verified", false: "NOT verified"}[r.Verified], r.Name, short(r.Digest), size(r.SizeBytes), inUseBy(r.ImageInfo)})
 		case "evict":
-			table = append(table, []string{r.Entry, r.Key, "evicted", "", "", "", ""})
+			l.rows = append(l.rows, []string{r.Entry, r.Key, "evicted", "", "", "", ""})
 		}
+		l.names = append(l.names, r.Entry+"/"+r.Key)
 	}
-	c.printTable([]string{"ENTRY", "KEY", map[string]string{"ls": "PRESENT", "verify": "RESULT", "evict": "RESULT"}[sub], "NAME", "DIGEST", "SIZE", "IN USE BY"}, table)
-	return worst(errs)
+	if err := c.print(l); err != nil {
+		return err
+	}
+	return worst(problems)
 }
 
-func indexOfName(es []*entry, name string) int {
-	for i, e := range es {
-		if e.name() == name {
-			return i
+// imageCall runs one image subcommand on one entry and returns the rows it
+// has to show.
+func (c *cli) imageCall(ctx context.Context, e *entry, sub, key string) ([]egressproxy.ImageInfo, error) {
+	switch sub {
+	case "ls":
+		return e.client.ListImages(ctx)
+	case "verify":
+		_, stop := c.progress(fmt.Sprintf("reading image %s back from %s", key, e.name()))
+		info, err := e.client.VerifyImage(ctx, key)
+		stop()
+		if err != nil {
+			return nil, err
 		}
+		return []egressproxy.ImageInfo{info}, nil
 	}
-	return 0
+	if err := e.client.EvictImage(ctx, key); err != nil {
+		return nil, err
+	}
+	return []egressproxy.ImageInfo{{Key: key}}, nil
 }
 
 // inUseBy is the IN USE BY column: the users found, and "(unknown)" when

@@ -3,11 +3,11 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,30 +21,16 @@ import (
 	"github.com/egressproxy/egressproxy/kvm2"
 )
 
-// Exit codes, by error class (doc.go and -h list them).
+// Exit codes, by error class (the root command's help lists them).
 const (
 	exitOK        = 0
 	exitFailure   = 1 // an error without a class (a bug somewhere)
 	exitUsage     = 2
-	exitTransient = 3 // retry later (includes -timeout passing)
+	exitTransient = 3 // retry later (includes --timeout passing)
 	exitPermanent = 4 // a human must act
 	exitNotFound  = 5
 	exitCanceled  = 130 // interrupted (Ctrl-C, SIGTERM): 128 + SIGINT
 )
-
-const exitCodesHelp = `Exit codes:
-  0    success
-  1    failure without an error class
-  2    usage: bad flags, arguments or config file
-  3    Transient: retry later (backend unreachable or busy, -timeout passed,
-       proxy not answering, instance still provisioning)
-  4    Permanent: a human must act (bad spec, refused credentials, image
-       digest mismatch, image in use, not supported by the provider)
-  5    NotFound: no such instance or image
-  130  canceled: interrupted by Ctrl-C or SIGTERM
-When several entries fail, the most severe class wins (canceled, usage,
-Permanent, failure, Transient, NotFound).
-`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -65,18 +51,23 @@ type env struct {
 	stdout, stderr io.Writer
 	// tty: stderr is a terminal, so progress lines are shown.
 	tty bool
-	// open opens the providers of the selected config entries.
+	// open opens the clients of the selected config entries.
 	open opener
 	// getenv reads the environment (EGRESSPROXYCTL_CONFIG,
 	// EGRESSPROXYCTL_PROXY_PASSWORD).
 	getenv func(string) string
-	// pollEvery is create -wait's poll interval. Zero: 2s.
+	// pollEvery is the pause between two reads of create --wait. Zero: 2s.
 	pollEvery time.Duration
+	// now is the clock of the AGE column. Nil: time.Now.
+	now func() time.Time
+	// buildInfo reads the program's build information (version). Nil:
+	// debug.ReadBuildInfo.
+	buildInfo func() (*debug.BuildInfo, bool)
 }
 
-// opener opens one provider per config entry, in order. On error it closes
-// what it opened.
-// opts carries the logger and the image-fetch progress callback.
+// opener opens one client per config entry, in order. On error it closes
+// what it opened. opts carries the logger and the image-fetch progress
+// callback.
 type opener func(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]*egressproxy.Client, error)
 
 func openKVM2(ctx context.Context, cfgs []kvm2.Config, opts kvm2.Options) ([]*egressproxy.Client, error) {
@@ -104,110 +95,62 @@ type entry struct {
 func (e *entry) name() string { return e.cfg.Entry }
 
 // usageError is bad input on the command line or in the config file.
-type usageError struct{ msg string }
+// help: the command line is at fault, so the message is followed by a
+// pointer to the command's --help.
+type usageError struct {
+	msg  string
+	help bool
+}
 
 func (e *usageError) Error() string { return e.msg }
 
+// usagef is bad input in the config file or a file a flag names.
 func usagef(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
 }
 
-// globals are the flags before the command.
-type globals struct {
-	config  string
-	output  string
-	entry   string
-	verbose int
-	timeout time.Duration
+// cmdLinef is a command line the program cannot take: wrong arguments,
+// flags or flag values.
+func cmdLinef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...), help: true}
 }
 
-func (g *globals) json() bool { return g.output == "json" }
-
-const usageText = `egressproxyctl — manage egress proxies on the hypervisors of a config file.
-
-Usage:
-  egressproxyctl [global flags] COMMAND [flags] [args]
-
-Commands:
-  check                          health of each entry, with the reason when unhealthy
-  ls                             proxies of each entry: state, address, UID, age
-  create -name N -uid U [flags]  create one proxy (idempotent on its UID)
-  delete NAME [-uid U]           delete one proxy (by name, or by name and UID)
-  images ls                      base images of each entry: key, digest, size, users
-  images verify KEY              read a stored base back and check its digest
-  images evict KEY               remove a stored base no proxy uses
-  probe NAME -target HOST:PORT   a real HTTP CONNECT through the proxy NAME
-  gc -owner O -keep-file F       delete the owner's proxies whose UID F does not list
-                                 (-dry-run: only print them)
-
-Run "egressproxyctl COMMAND -h" for the flags of a command.
-
-Global flags:
-`
-
 // run is the whole program: it parses args, runs one command and returns
-// the exit code. It writes only to e.stdout and e.stderr.
+// the exit code. It writes only to e.stdout and e.stderr: the command's
+// output on stdout, one error message on stderr.
 func run(ctx context.Context, args []string, e *env) int {
-	err := runCommand(ctx, args, e)
+	c := &cli{env: e}
+	root := newRootCommand(c)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	c.stopTimeout()
 	code := exitCode(err)
 	if ctx.Err() != nil && err != nil {
 		code = exitCanceled // whatever the command made of it, we were interrupted
 	}
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	case err == nil:
 		return exitOK
 	case code == exitCanceled:
 		fmt.Fprintln(e.stderr, "egressproxyctl: canceled")
 	default:
-		fmt.Fprintln(e.stderr, "egressproxyctl:", err)
+		fmt.Fprintln(e.stderr, "egressproxyctl: "+err.Error())
+		var ue *usageError
+		if errors.As(err, &ue) && ue.help && cmd != nil {
+			fmt.Fprintf(e.stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		}
 	}
 	return code
 }
 
-func runCommand(ctx context.Context, args []string, e *env) error {
-	var g globals
-	fs := flag.NewFlagSet("egressproxyctl", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	fs.StringVar(&g.config, "config", "", "config file (JSON or YAML); default $EGRESSPROXYCTL_CONFIG")
-	fs.StringVar(&g.output, "o", "table", "output: table (for people) or json (for scripts)")
-	fs.StringVar(&g.entry, "entry", "", "act on this config entry only (default: every entry; required for create when there are several)")
-	fs.IntVar(&g.verbose, "v", 0, "log verbosity on stderr: 0 none, 1 the library's info lines, 2 and up its V(1).. lines")
-	fs.DurationVar(&g.timeout, "timeout", 0, "bound of the whole command, e.g. 5m (0: none; Ctrl-C always cancels)")
-	fs.Usage = func() {
-		fmt.Fprint(e.stderr, usageText)
-		fs.PrintDefaults()
-		fmt.Fprint(e.stderr, "\n"+configHelp+"\n"+exitCodesHelp)
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &usageError{msg: err.Error()}
-	}
-	if g.output != "table" && g.output != "json" {
-		return usagef("-o %q: want table or json", g.output)
-	}
-	if g.verbose < 0 {
-		return usagef("-v %d: want 0 or more", g.verbose)
-	}
-	if g.timeout < 0 {
-		return usagef("-timeout %s: must not be negative", g.timeout)
-	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return usagef("no command given")
-	}
-	cmd, rest := fs.Arg(0), fs.Args()[1:]
-	c, ok := commands[cmd]
-	if !ok {
-		return usagef("unknown command %q (run egressproxyctl -h)", cmd)
-	}
-	if g.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, g.timeout)
-		defer cancel()
-	}
-	return c(ctx, &cli{env: e, g: g}, rest)
+// globals are the flags every command takes.
+type globals struct {
+	config    string
+	output    outputFormat
+	noHeaders bool
+	entry     string
+	verbose   int
+	timeout   time.Duration
 }
 
 // cli is one invocation: the environment, the global flags and the entries
@@ -216,9 +159,24 @@ type cli struct {
 	*env
 	g       globals
 	entries []*entry
+	// cancelTimeout ends the context of --timeout.
+	cancelTimeout context.CancelFunc
 
 	fetchMu sync.Mutex
 	fetch   string // the latest image-fetch progress, for the progress line
+}
+
+func (c *cli) stopTimeout() {
+	if c.cancelTimeout != nil {
+		c.cancelTimeout()
+	}
+}
+
+func (c *cli) clock() time.Time {
+	if c.now != nil {
+		return c.now()
+	}
+	return time.Now()
 }
 
 // onImageProgress records a cold image fetch's progress (kvm2's
@@ -244,61 +202,20 @@ func (c *cli) fetchProgress() string {
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
-type command func(ctx context.Context, c *cli, args []string) error
-
-var commands map[string]command
-
-func init() {
-	commands = map[string]command{
-		"check":  cmdCheck,
-		"ls":     cmdLs,
-		"create": cmdCreate,
-		"delete": cmdDelete,
-		"images": cmdImages,
-		"probe":  cmdProbe,
-		"gc":     cmdGC,
+// configPath is --config, or $EGRESSPROXYCTL_CONFIG.
+func (c *cli) configPath() string {
+	if c.g.config != "" {
+		return c.g.config
 	}
-}
-
-// newFlags returns the flag set of a command.
-func (c *cli) newFlags(name, synopsis string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(c.stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(c.stderr, "Usage: egressproxyctl [global flags] %s\n", synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-// parse parses a command's flags, which may come before, between or after
-// its positional arguments, and returns the positional arguments.
-func parse(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, &usageError{msg: fs.Name() + ": " + err.Error()}
-		}
-		if fs.NArg() == 0 {
-			return pos, nil
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
+	return c.getenv("EGRESSPROXYCTL_CONFIG")
 }
 
 // open loads the config and opens its selected entries. Close with
 // closeAll.
 func (c *cli) open(ctx context.Context) error {
-	path := c.g.config
+	path := c.configPath()
 	if path == "" {
-		path = c.getenv("EGRESSPROXYCTL_CONFIG")
-	}
-	if path == "" {
-		return usagef("no config file: give -config FILE or set EGRESSPROXYCTL_CONFIG")
+		return usagef("no config file: give --config FILE or set EGRESSPROXYCTL_CONFIG")
 	}
 	cfg, err := loadConfig(path)
 	if err != nil {
@@ -313,7 +230,7 @@ func (c *cli) open(ctx context.Context) error {
 			}
 		}
 		if len(cfgs) == 0 {
-			return usagef("-entry %q: no such entry in %s (entries: %s)", c.g.entry, path, strings.Join(entryNames(cfg.Entries), ", "))
+			return cmdLinef("--entry %s: %s has no such entry (its entries: %s)", c.g.entry, path, strings.Join(entryNames(cfg.Entries), ", "))
 		}
 	}
 	ps, err := c.env.open(ctx, cfgs, kvm2.Options{Logger: c.logger(), ImageProgress: c.onImageProgress, ImageProgressInterval: time.Second})
@@ -353,9 +270,9 @@ func (c *cli) closeAll() {
 
 // one returns the single selected entry, for commands that change one
 // hypervisor.
-func (c *cli) one(cmd string) (*entry, error) {
+func (c *cli) one(what string) (*entry, error) {
 	if len(c.entries) != 1 {
-		return nil, usagef("%s: the config has %d entries; choose one with -entry (%s)", cmd, len(c.entries), strings.Join(c.names(), ", "))
+		return nil, cmdLinef("%s acts on one entry and the config has %d; choose one with --entry (%s)", what, len(c.entries), strings.Join(c.names(), ", "))
 	}
 	return c.entries[0], nil
 }
@@ -368,7 +285,8 @@ func (c *cli) names() []string {
 	return out
 }
 
-// logger is the library's logger: stderr when -v is set, else discard.
+// logger is the library's logger: stderr when --verbose is set, else
+// discard.
 func (c *cli) logger() logr.Logger {
 	if c.g.verbose <= 0 {
 		return logr.Discard()
@@ -388,14 +306,14 @@ func (c *cli) logger() logr.Logger {
 
 // forEach runs fn for every selected entry concurrently and returns the
 // errors in entry order (nil where fn succeeded).
-func (c *cli) forEach(ctx context.Context, fn func(ctx context.Context, e *entry) error) []error {
+func (c *cli) forEach(ctx context.Context, fn func(ctx context.Context, i int, e *entry) error) []error {
 	errs := make([]error, len(c.entries))
 	var wg sync.WaitGroup
 	for i, e := range c.entries {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = fn(ctx, e)
+			errs[i] = fn(ctx, i, e)
 		}()
 	}
 	wg.Wait()
@@ -406,7 +324,7 @@ func (c *cli) forEach(ctx context.Context, fn func(ctx context.Context, e *entry
 func exitCode(err error) int {
 	var ue *usageError
 	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	case err == nil:
 		return exitOK
 	case errors.As(err, &ue):
 		return exitUsage

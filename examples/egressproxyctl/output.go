@@ -7,20 +7,52 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
-// printJSON writes v as one indented JSON document on stdout.
-func (c *cli) printJSON(v any) error {
-	enc := json.NewEncoder(c.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+// listing is what a command prints, in every output format: the document
+// (-o json and yaml: the same keys), the table for people (-o table) and
+// the names (-o name: one per line, ENTRY/NAME for an instance, which
+// delete and probe take back).
+type listing struct {
+	doc    any
+	header []string
+	rows   [][]string
+	names  []string
 }
 
-// printTable writes a table for people on stdout: a header and rows,
-// columns aligned, "-" for empty cells.
+// print writes l on stdout in the format -o asked for.
+func (c *cli) print(l listing) error {
+	switch c.g.output {
+	case outputJSON:
+		enc := json.NewEncoder(c.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(l.doc)
+	case outputYAML:
+		b, err := yaml.Marshal(l.doc)
+		if err != nil {
+			return err
+		}
+		_, err = c.stdout.Write(b)
+		return err
+	case outputName:
+		for _, n := range l.names {
+			fmt.Fprintln(c.stdout, n)
+		}
+		return nil
+	}
+	c.printTable(l.header, l.rows)
+	return nil
+}
+
+// printTable writes a table for people on stdout: a header (unless
+// --no-headers) and rows, columns aligned, "-" for empty cells.
 func (c *cli) printTable(header []string, rows [][]string) {
 	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	if !c.g.noHeaders {
+		fmt.Fprintln(tw, strings.Join(header, "\t"))
+	}
 	for _, r := range rows {
 		cells := make([]string, len(r))
 		for i, s := range r {
@@ -40,7 +72,7 @@ func oneLine(s string) string {
 }
 
 // note writes a line for people on stderr (never on stdout, which carries
-// the table or the JSON document).
+// the command's output).
 func (c *cli) note(format string, args ...any) {
 	fmt.Fprintf(c.stderr, format+"\n", args...)
 }
@@ -95,12 +127,12 @@ func (c *cli) progress(label string) (set func(string), stop func()) {
 	return set, stop
 }
 
-// age formats how long ago t was, for tables.
-func age(t time.Time) string {
+// age formats how long before now t was, for tables.
+func age(now, t time.Time) string {
 	if t.IsZero() {
 		return ""
 	}
-	d := time.Since(t)
+	d := now.Sub(t)
 	switch {
 	case d < 0:
 		return "0s"

@@ -99,7 +99,7 @@ func TestBinaryInterrupt(t *testing.T) {
 		}
 	}
 
-	cmd := exec.Command(bin, "-config", cfgFile, "check")
+	cmd := exec.Command(bin, "--config", cfgFile, "check")
 	var stdout, stderr syncBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {

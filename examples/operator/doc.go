@@ -7,7 +7,11 @@
 //
 // This package holds its tests against a real control plane: the test in
 // controlplane_test.go starts kube-apiserver and etcd with
-// controller-runtime's envtest and round-trips a ConfigMap through them.
+// controller-runtime's envtest and round-trips a ConfigMap through them;
+// deploy_test.go applies config/default (the Deployment and what it needs)
+// to them; with -tags integration, the end-to-end test runs the operator
+// as the Deployment would, and the image test builds the container image
+// twice.
 // The binaries come from scripts/kubestack:
 //
 //	scripts/kubestack build                  # once per machine (minutes)

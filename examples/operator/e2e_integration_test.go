@@ -32,6 +32,7 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
+	"github.com/egressproxy/egressproxy/examples/operator/internal/kustomized"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/basecache"
@@ -258,14 +259,29 @@ func TestOperatorEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Each replica is the command with the test's short intervals, as
-	// operatorUser; its log (V(1) included) is shown when the test fails.
-	args := []string{
-		"--kubeconfig=" + kubeconfig, "--entries=" + entriesFile,
-		"--leader-election-namespace=" + operatorNS, "--connect-target=" + healthTarget,
-		"--health-interval=1s", "--gc-interval=2s", "--poll-interval=2s",
-		"--backoff-base=200ms", "--backoff-max=5s", "--metrics-bind-address=0",
-		"--zap-log-level=debug", "--zap-encoder=console",
+	// Each replica runs what config/default's Deployment runs: the
+	// image's binary (ociimage.BuildBinary), with the Deployment's flags;
+	// those that name the pod's surroundings get this test's values (the
+	// entries file, the namespace, the probe target, loopback addresses of
+	// its own for the metrics and health endpoints), and the test adds
+	// what a pod has no use for: a kubeconfig of operatorUser, short
+	// intervals and debug logs (shown when the test fails).
+	_, container, err := kustomized.Operator(deployObjects(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	argsFor := func(metrics, probes string) []string {
+		args, err := kustomized.ProcessArgs(container, map[string]string{
+			"entries": entriesFile, "leader-election-namespace": operatorNS, "connect-target": healthTarget,
+			"metrics-bind-address": metrics, "health-probe-bind-address": probes,
+		}, "--kubeconfig="+kubeconfig,
+			"--health-interval=1s", "--gc-interval=2s", "--poll-interval=2s",
+			"--backoff-base=200ms", "--backoff-max=5s",
+			"--zap-log-level=debug", "--zap-encoder=console")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return args
 	}
 	var procs []*operatorProcess
 	t.Cleanup(func() {
@@ -276,11 +292,17 @@ func TestOperatorEndToEnd(t *testing.T) {
 		}
 	})
 	start := func(name string) *operatorProcess {
-		p := startOperatorProcess(t, bin, name, runDir, args)
+		metrics, probes := freeLoopbackAddr(t), freeLoopbackAddr(t)
+		p := startOperatorProcess(t, bin, name, runDir, argsFor(metrics, probes))
+		p.metrics, p.probes = metrics, probes
 		procs = append(procs, p)
 		return p
 	}
 	op1 := start("operator-1")
+	// The Deployment's probes and metrics port: the health endpoints
+	// answer, readiness once the caches have synced, and the leader's
+	// metrics include its reconciles.
+	op1.waitEndpoints(t)
 
 	newEP := func(name, entry string) *v1alpha1.EgressProxy {
 		return &v1alpha1.EgressProxy{
@@ -366,7 +388,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 	}
 	t.Logf("both VMs defined and started, status converged, after %v", time.Since(t0).Round(time.Second))
 	if delta != nil {
-		healthyGuest(t, ctx, c, delta, g, converged)
+		healthyGuest(t, ctx, c, side[guestEntry], delta, g, converged)
 		t.Logf("delta's guest booted and its status says Running and Healthy after %v", time.Since(t0).Round(time.Second))
 	}
 	before, err := vm(eps[0])
@@ -456,6 +478,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 	// The new replica: it gets the Lease only once the killed holder's
 	// has run out.
 	op2 := start("operator-2")
+	op2.waitEndpoints(t)
 	var holder2 string
 	waitFor(t, 2*time.Minute, "operator-2 to acquire the Lease", func() string {
 		h, _, tr, err := leaseHolder(ctx, c)
@@ -528,7 +551,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 	eps = append(eps, gamma)
 	if delta != nil {
 		// The new replica probes the booted guest again.
-		healthyGuest(t, ctx, c, delta, g, converged)
+		healthyGuest(t, ctx, c, side[guestEntry], delta, g, converged)
 		eps = append(eps, delta)
 	}
 	if inst, _ := vm(alpha); inst.SpecDigest == before.SpecDigest {
@@ -683,9 +706,30 @@ func bootingGuest(t *testing.T) *guestImage {
 // proxy credentials. A probe of the test's own without credentials is
 // refused with 407, so the credentials the user-data configures are the
 // ones Squid requires.
-func healthyGuest(t *testing.T, ctx context.Context, c client.Client, ep *v1alpha1.EgressProxy, g *guestImage, converged func(*v1alpha1.EgressProxy, int) string) {
+func healthyGuest(t *testing.T, ctx context.Context, c client.Client, side *egressproxy.Client, ep *v1alpha1.EgressProxy, g *guestImage, converged func(*v1alpha1.EgressProxy, int) string) {
 	t.Helper()
 	var got v1alpha1.EgressProxy
+	// First the VM itself, behind the operator's back: the operator
+	// creates it (after fetching the guest image), and it runs with an
+	// address (a VM that never boots fails here, not as a status that
+	// never converges).
+	if err := c.Get(ctx, client.ObjectKeyFromObject(ep), &got); err != nil {
+		t.Fatal(err)
+	}
+	ref := egressproxy.Ref{Name: controller.InstanceName(client.ObjectKeyFromObject(ep)), UID: string(got.UID)}
+	eventually.NoError(t, 8*time.Minute, func() error {
+		if _, err := side.Get(ctx, ref); egressproxy.Code(err) == egressproxy.NotFound {
+			return err
+		}
+		return nil
+	}, "delta's VM created")
+	wctx, cancel := context.WithTimeout(ctx, 8*time.Minute)
+	inst, err := side.WaitRunning(wctx, ref, &egressproxy.WaitOptions{Interval: 2 * time.Second})
+	cancel()
+	if err != nil {
+		t.Fatalf("delta's guest: %v", err)
+	}
+	t.Logf("delta's guest runs at %s", inst.Address())
 	waitFor(t, 8*time.Minute, "delta's guest Running and Healthy", func() string {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(ep), &got); err != nil {
 			return err.Error()

@@ -9,6 +9,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,11 +27,15 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
+	"github.com/egressproxy/egressproxy/examples/operator/internal/kustomized"
+	"github.com/egressproxy/egressproxy/examples/operator/internal/ociimage"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 )
 
 // operatorUser is the apiserver user the operator's processes run as: it
@@ -39,18 +45,42 @@ import (
 const operatorUser = "egressproxy-operator"
 
 // buildOperator builds cmd/egressproxy-operator into a temporary directory
-// (from the build cache the test's own build filled; no download: the
-// module's dependencies are the test's).
+// as the image has it (ociimage.BuildBinary: static, reproducible), from
+// the build cache the test's own build filled (no download: the module's
+// dependencies are the test's; make operator-test builds everything with
+// the image's CGO_ENABLED and -trimpath, so nothing is compiled twice).
 func buildOperator(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "egressproxy-operator")
 	t0 := time.Now()
-	out, err := exec.Command("go", "build", "-o", bin, "./cmd/egressproxy-operator").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build ./cmd/egressproxy-operator: %v\n%s", err, out)
+	if err := ociimage.BuildBinary(context.Background(), ".", bin); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("built the operator command in %v", time.Since(t0).Round(100*time.Millisecond))
 	return bin
+}
+
+// deployObjects are config/default's objects, as kubectl kustomize renders
+// them.
+func deployObjects(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := kustomized.Render(filepath.Join("config", "default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+// freeLoopbackAddr is a loopback address with a port nothing listens on
+// now, for a process to listen on.
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // operatorKubeconfig applies the operator's ClusterRole (config/rbac),
@@ -93,11 +123,14 @@ func operatorKubeconfig(t *testing.T, ctx context.Context, env *envtest.Environm
 // operatorProcess is one replica of the operator: the command, run as an
 // OS process of its own.
 type operatorProcess struct {
-	name   string
-	cmd    *exec.Cmd
-	log    string        // its stdout and stderr
-	exited chan struct{} // closed when Wait returned
-	err    error         // Wait's result, once exited is closed
+	name string
+	// metrics and probes are where it serves /metrics and /healthz,
+	// /readyz.
+	metrics, probes string
+	cmd             *exec.Cmd
+	log             string        // its stdout and stderr
+	exited          chan struct{} // closed when Wait returned
+	err             error         // Wait's result, once exited is closed
 }
 
 // startOperatorProcess starts bin with args; its output goes to a file in
@@ -178,6 +211,38 @@ func (p *operatorProcess) terminate(d time.Duration) error {
 		<-p.exited
 		return fmt.Errorf("did not stop within %v of SIGTERM; killed", d)
 	}
+}
+
+// waitEndpoints waits until p answers its liveness and readiness probes
+// (200 on /healthz and /readyz, as the Deployment's probes ask) and serves
+// controller-runtime's metrics registry (which counts the process's
+// apiserver requests: made by then, since readiness waits for the caches).
+func (p *operatorProcess) waitEndpoints(t *testing.T) {
+	t.Helper()
+	get := func(url string) (string, error) {
+		resp, err := http.Get(url)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s: %s: %s", url, resp.Status, b)
+		}
+		return string(b), err
+	}
+	eventually.NoError(t, 2*time.Minute, func() error {
+		for _, path := range []string{"/healthz", "/readyz"} {
+			if _, err := get("http://" + p.probes + path); err != nil {
+				return err
+			}
+		}
+		body, err := get("http://" + p.metrics + "/metrics")
+		if err == nil && !strings.Contains(body, "rest_client_requests_total") {
+			err = errors.New("/metrics does not count the process's apiserver requests (rest_client_requests_total)")
+		}
+		return err
+	}, "%s's health endpoints and metrics", p.name)
 }
 
 // grep returns the lines of p's log that contain sub (case-insensitive).

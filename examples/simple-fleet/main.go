@@ -92,11 +92,12 @@ func main() {
 	os.Exit(code)
 }
 
-// Test hooks: tweak the memprovider of the default flow.
-var (
-	memOptionsHook  func(*memprovider.Options)
-	memProviderHook func(*egressproxy.Client, *memprovider.Control)
-)
+// memHooks tweak the memprovider of the default flow (tests inject faults
+// through them). The zero value changes nothing.
+type memHooks struct {
+	options  func(*memprovider.Options)
+	provider func(*egressproxy.Client, *memprovider.Control)
+}
 
 // memProvisionDelay makes provisioning visible in the default flow.
 const memProvisionDelay = 300 * time.Millisecond
@@ -137,7 +138,12 @@ func fail(format string, args ...any) error {
 
 // run is the whole program; it writes only to stdout and stderr.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	err := runFleet(ctx, args, stdout, stderr)
+	return runWith(ctx, args, stdout, stderr, memHooks{})
+}
+
+// runWith is run with the memprovider of the default flow tweaked by mem.
+func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, mem memHooks) int {
+	err := runFleet(ctx, args, stdout, stderr, mem)
 	if err == nil {
 		return 0
 	}
@@ -156,7 +162,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // runFleet runs the fleet through its steps: configure, check the
 // providers, create, wait for Running, probe, report, then (deferred, also
 // after a failure) delete the fleet and close the providers.
-func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer, mem memHooks) (err error) {
 	fl, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
@@ -169,7 +175,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	defer tgt.close()
 
-	r := &fleetRun{stdout: &lockedWriter{w: stdout}, stderr: &lockedWriter{w: stderr}, keep: fl.keep, until: fl.until, ownTarget: tgt.addr}
+	r := &fleetRun{stdout: &lockedWriter{w: stdout}, stderr: &lockedWriter{w: stderr}, keep: fl.keep, until: fl.until, ownTarget: tgt.addr, mem: mem}
 	if err := r.configure(ctx, fl); err != nil {
 		return err
 	}
@@ -265,6 +271,7 @@ type fleetRun struct {
 	runningTimeout time.Duration
 	pollEvery      time.Duration
 	backends       []*backend
+	mem            memHooks // the default flow's memprovider tweaks
 
 	start time.Time // when the fleet's work started (progress times count from it)
 	runID string    // makes this run's UIDs unique
@@ -303,14 +310,14 @@ func (r *fleetRun) configure(ctx context.Context, fl flags) error {
 	r.inMemory = fl.config == ""
 	if r.inMemory {
 		o := &memprovider.Options{ServeProxies: true, ProvisionDelay: memProvisionDelay}
-		if memOptionsHook != nil {
-			memOptionsHook(o)
+		if r.mem.options != nil {
+			r.mem.options(o)
 		}
 		c := memprovider.New(o)
-		if memProviderHook != nil {
+		if r.mem.provider != nil {
 			var ctl *memprovider.Control
 			c.As(&ctl)
-			memProviderHook(c, ctl)
+			r.mem.provider(c, ctl)
 		}
 		r.backends = []*backend{{name: "memory", client: c}}
 		if r.timeout == 0 {
@@ -424,16 +431,7 @@ func (r *fleetRun) createFleet(ctx context.Context) error {
 		return true, nil
 	})
 	// The first failure that is not the cancellation it caused.
-	var first error
-	for _, err := range problems {
-		if err == nil {
-			continue
-		}
-		if c := egressproxy.Code(err); first == nil || (c != egressproxy.Canceled && egressproxy.Code(first) == egressproxy.Canceled) {
-			first = err
-		}
-	}
-	if first != nil {
+	if first := firstFailure(problems); first != nil {
 		return fail("%v (class %s)", first, egressproxy.Code(first))
 	}
 	return nil
@@ -468,63 +466,60 @@ func (r *fleetRun) perEntry(f func(*backend, *member) (bool, error)) []error {
 	return problems
 }
 
-// waitRunning polls until every member is Running, printing progress when
-// it changes. It fails when a member fails or stops, or runningTimeout or
-// ctx ends first.
+// waitRunning waits until every member runs with an address
+// (Client.WaitRunning, every member at once), printing each one as it comes
+// up. It fails when a member fails or stops, or runningTimeout or ctx ends
+// first; the first failure ends the other waits.
 func (r *fleetRun) waitRunning(ctx context.Context) error {
-	wctx, wcancel := context.WithTimeout(ctx, r.runningTimeout)
-	defer wcancel()
-	last := ""
-	for {
-		running, line, err := r.pollFleet(ctx, wctx)
-		if err != nil {
-			return err
-		}
-		if line != last {
-			fmt.Fprintf(r.stdout, "%s %s\n", r.since(), line)
-			last = line
-		}
-		if running == len(r.fleet) {
-			return nil
-		}
-		select {
-		case <-wctx.Done():
-			if ctx.Err() != nil {
-				return fail("waiting for the fleet: %v", ctx.Err())
+	wctx, cancel := context.WithTimeout(ctx, r.runningTimeout)
+	defer cancel()
+	problems := make([]error, len(r.fleet))
+	var mu sync.Mutex
+	running := 0
+	var wg sync.WaitGroup
+	for i, m := range r.fleet {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			inst, err := m.b.client.WaitRunning(wctx, m.spec.Ref(), &egressproxy.WaitOptions{Interval: r.pollEvery})
+			if err != nil {
+				problems[i] = err
+				cancel()
+				return
 			}
-			return fail("the fleet did not reach Running within %v (%s)", r.runningTimeout, line)
-		case <-time.After(r.pollEvery):
-		}
+			mu.Lock()
+			defer mu.Unlock()
+			m.inst = inst
+			running++
+			r.printf("%s Running at %s on %s (%d/%d running)", m.spec.Name, inst.Address(), m.b.name, running, len(r.fleet))
+		}()
 	}
+	wg.Wait()
+	first := firstFailure(problems)
+	switch {
+	case first == nil:
+		return nil
+	case ctx.Err() != nil:
+		return fail("waiting for the fleet: %v", ctx.Err())
+	case egressproxy.Code(first) == egressproxy.DeadlineExceeded:
+		return fail("the fleet did not reach Running within %v: %v", r.runningTimeout, first)
+	}
+	return fail("%v (class %s)", first, egressproxy.Code(first))
 }
 
-// pollFleet reads back every member not yet Running (with wctx, the wait's
-// context; ctx is the run's) and returns how many run and a progress line.
-func (r *fleetRun) pollFleet(ctx, wctx context.Context) (running int, line string, err error) {
-	var parts []string
-	for _, m := range r.fleet {
-		if m.inst.State != egressproxy.StateRunning {
-			inst, err := m.b.client.Get(wctx, m.spec.Ref())
-			switch {
-			case err == nil:
-				m.inst = inst
-			case egressproxy.Code(err) == egressproxy.Transient:
-				// A read may fail now and then; the next poll decides.
-			case wctx.Err() != nil && ctx.Err() == nil:
-				return 0, "", fail("the fleet did not reach Running within %v: %v", r.runningTimeout, err)
-			default:
-				return 0, "", fail("%v (class %s)", err, egressproxy.Code(err))
-			}
+// firstFailure is the first of errs that is not the cancellation another
+// one caused (nil when all are nil).
+func firstFailure(errs []error) error {
+	var first error
+	for _, err := range errs {
+		if err == nil {
+			continue
 		}
-		switch m.inst.State {
-		case egressproxy.StateRunning:
-			running++
-		case egressproxy.StateFailed, egressproxy.StateStopped:
-			return 0, "", fail("%s is %s while starting", m.spec.Name, m.inst.State)
+		if c := egressproxy.Code(err); first == nil || (c != egressproxy.Canceled && egressproxy.Code(first) == egressproxy.Canceled) {
+			first = err
 		}
-		parts = append(parts, m.spec.Name+" "+string(m.inst.State))
 	}
-	return running, fmt.Sprintf("%d/%d running: %s", running, len(r.fleet), strings.Join(parts, ", ")), nil
+	return first
 }
 
 // probeFleet probes each proxy with a real CONNECT to the target, and an

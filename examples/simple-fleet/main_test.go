@@ -174,7 +174,7 @@ func TestRunFailures(t *testing.T) {
 					}
 				}
 			}})
-		}, code: 1, stderr: []string{"fleet-2 is Failed while starting"}},
+		}, code: 1, stderr: []string{"wait fleet-2: instance is Failed", "class Permanent"}},
 		{name: "provider unhealthy", memFaults: func(c *egressproxy.Client, p *memprovider.Control) {
 			p.InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient, Reason: egressproxy.ReasonUnreachable})
 		}, code: 1, stderr: []string{"provider memory is not usable: Unreachable"}},
@@ -187,10 +187,9 @@ func TestRunFailures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			memOptionsHook, memProviderHook = tt.memOptions, tt.memFaults
-			defer func() { memOptionsHook, memProviderHook = nil, nil }()
+			t.Parallel()
 			var out, errb syncBuffer
-			code := run(context.Background(), tt.args, &out, &errb)
+			code := runWith(context.Background(), tt.args, &out, &errb, memHooks{options: tt.memOptions, provider: tt.memFaults})
 			if code != tt.code {
 				t.Fatalf("exit %d, want %d; stderr:\n%s\nstdout:\n%s", code, tt.code, errb.String(), out.String())
 			}

@@ -5,59 +5,105 @@
 //	    --leader-election-namespace egressproxy-system \
 //	    --connect-target example.com:443
 //
-// See the README for the entries file, the RBAC it needs and how errors
-// become requeues.
+// See the README for the entries file, the RBAC it needs, how errors
+// become requeues, and the Deployment (config/default) that runs it.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
+	// The Mozilla root certificates, used when the system has none (the
+	// operator's image holds nothing but this binary): image URLs are
+	// fetched over HTTPS.
+	_ "golang.org/x/crypto/x509roots/fallback"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
 )
 
 func main() {
-	if err := run(); err != nil {
+	o, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err == nil {
+		err = run(o)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "egressproxy-operator:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
-	entries := flag.String("entries", "", "the entries file (see the README); required")
-	leaderNS := flag.String("leader-election-namespace", "egressproxy-system", "namespace of the leader election Lease")
-	target := flag.String("connect-target", "example.com:443", "host:port the health probes CONNECT to through each proxy")
-	healthEvery := flag.Duration("health-interval", controller.DefaultHealthInterval, "interval of health rounds")
-	gcEvery := flag.Duration("gc-interval", controller.DefaultGCInterval, "interval of orphan collection")
-	poll := flag.Duration("poll-interval", controller.DefaultPollInterval, "how often a VM without an address is read back (every 4 intervals once it has one)")
-	backoffBase := flag.Duration("backoff-base", controller.DefaultBackoffBase, "first requeue delay after a Transient error (doubling per object)")
-	backoffMax := flag.Duration("backoff-max", controller.DefaultBackoffMax, "longest requeue delay after Transient errors")
-	permanentRetry := flag.Duration("permanent-retry", controller.DefaultPermanentRetry, "retry interval of an object whose last error was Permanent")
-	workers := flag.Int("max-concurrent-reconciles", controller.DefaultMaxConcurrentReconciles, "how many objects are reconciled at once")
-	metricsAddr := flag.String("metrics-bind-address", "0", `address of the metrics endpoint (e.g. ":8080"); "0" serves none`)
-	zo := zap.Options{}
-	zo.BindFlags(flag.CommandLine)
-	flag.Parse()
-	if *entries == "" {
-		return fmt.Errorf("--entries is required")
+// options are the command line's settings.
+type options struct {
+	entries, leaderNS, target  string
+	metricsAddr, probeAddr     string
+	healthEvery, gcEvery, poll time.Duration
+	backoffBase, backoffMax    time.Duration
+	permanentRetry             time.Duration
+	workers                    int
+	zap                        zap.Options
+}
+
+// parseFlags reads the command line (config/default's Deployment passes
+// the same flags the end-to-end test does; TestDeploymentFlags parses the
+// Deployment's with this function).
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	var o options
+	fs := flag.NewFlagSet("egressproxy-operator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.entries, "entries", "", "the entries file (see the README); required")
+	fs.StringVar(&o.leaderNS, "leader-election-namespace", "egressproxy-system", "namespace of the leader election Lease")
+	fs.StringVar(&o.target, "connect-target", "example.com:443", "host:port the health probes CONNECT to through each proxy")
+	fs.DurationVar(&o.healthEvery, "health-interval", controller.DefaultHealthInterval, "interval of health rounds")
+	fs.DurationVar(&o.gcEvery, "gc-interval", controller.DefaultGCInterval, "interval of orphan collection")
+	fs.DurationVar(&o.poll, "poll-interval", controller.DefaultPollInterval, "how often a VM without an address is read back (every 4 intervals once it has one)")
+	fs.DurationVar(&o.backoffBase, "backoff-base", controller.DefaultBackoffBase, "first requeue delay after a Transient error (doubling per object)")
+	fs.DurationVar(&o.backoffMax, "backoff-max", controller.DefaultBackoffMax, "longest requeue delay after Transient errors")
+	fs.DurationVar(&o.permanentRetry, "permanent-retry", controller.DefaultPermanentRetry, "retry interval of an object whose last error was Permanent")
+	fs.IntVar(&o.workers, "max-concurrent-reconciles", controller.DefaultMaxConcurrentReconciles, "how many objects are reconciled at once")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "0", `address of the metrics endpoint (e.g. ":8080"); "0" serves none`)
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", "0", `address of the liveness and readiness endpoints /healthz and /readyz (e.g. ":8081"); "0" serves none`)
+	o.zap.BindFlags(fs)
+	config.RegisterFlags(fs) // --kubeconfig, which ctrl.GetConfig reads
+	if err := fs.Parse(args); err != nil {
+		return nil, err
 	}
-	log := zap.New(zap.UseFlagOptions(&zo))
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q (flags only)", fs.Args())
+	}
+	if o.entries == "" {
+		return nil, errors.New("--entries is required")
+	}
+	return &o, nil
+}
+
+func run(o *options) error {
+	log := zap.New(zap.UseFlagOptions(&o.zap))
 	ctrl.SetLogger(log)
 
-	data, err := os.ReadFile(*entries)
+	data, err := os.ReadFile(o.entries)
 	if err != nil {
 		return err
 	}
@@ -94,24 +140,48 @@ func run() error {
 	}
 	defer controller.CloseEntries(clients)
 
-	opts := controller.ManagerOptions(*leaderNS)
-	opts.Scheme = scheme
-	opts.Metrics = metricsserver.Options{BindAddress: *metricsAddr}
-	mgr, err := ctrl.NewManager(restCfg, opts)
+	mgr, err := newManager(o, restCfg, scheme, log, clients)
 	if err != nil {
 		return err
+	}
+	return mgr.Start(ctx)
+}
+
+// newManager is the manager with the operator's controllers and the
+// health endpoints: /healthz answers while the process serves, /readyz
+// once the manager's caches have synced (every replica, leader or not, is
+// ready: a standby is ready to take over).
+func newManager(o *options, restCfg *rest.Config, scheme *runtime.Scheme, log logr.Logger, clients map[string]*egressproxy.Client) (ctrl.Manager, error) {
+	mopts := controller.ManagerOptions(o.leaderNS)
+	mopts.Scheme = scheme
+	mopts.Metrics = metricsserver.Options{BindAddress: o.metricsAddr}
+	mopts.HealthProbeBindAddress = o.probeAddr
+	mgr, err := ctrl.NewManager(restCfg, mopts)
+	if err != nil {
+		return nil, err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return nil, err
+	}
+	if err := mgr.AddReadyzCheck("informers", func(req *http.Request) error {
+		if !mgr.GetCache().WaitForCacheSync(req.Context()) {
+			return errors.New("informer caches not synced")
+		}
+		return nil
+	}); err != nil {
+		return nil, err
 	}
 	if _, _, err := controller.Setup(mgr, controller.Config{
 		Entries: clients,
 		Reconciler: controller.Options{
-			BackoffBase: *backoffBase, BackoffMax: *backoffMax, PollInterval: *poll,
-			PermanentRetry: *permanentRetry, MaxConcurrentReconciles: *workers,
+			BackoffBase: o.backoffBase, BackoffMax: o.backoffMax, PollInterval: o.poll,
+			PermanentRetry: o.permanentRetry, MaxConcurrentReconciles: o.workers,
 		},
-		Health: controller.HealthOptions{Interval: *healthEvery, ConnectTarget: *target},
-		GC:     controller.GCOptions{Interval: *gcEvery},
+		Health: controller.HealthOptions{Interval: o.healthEvery, ConnectTarget: o.target},
+		GC:     controller.GCOptions{Interval: o.gcEvery},
 		Logger: log,
 	}); err != nil {
-		return err
+		return nil, err
 	}
-	return mgr.Start(ctx)
+	return mgr, nil
 }
