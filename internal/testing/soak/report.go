@@ -140,8 +140,8 @@ func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 func (r Report) Write(w io.Writer) error {
 	var b strings.Builder
 	m := r.Meta
-	fmt.Fprintf(&b, "# Chaos soak (issue 22)\n\n")
-	fmt.Fprintf(&b, "Written by `make soak` (internal/soak, TestSoak) — do not edit by hand.\n\n")
+	fmt.Fprintf(&b, "# Chaos soak\n\n")
+	fmt.Fprintf(&b, "Written by `make soak` (internal/testing/soak, TestSoak) — do not edit by hand.\n\n")
 	fmt.Fprintf(&b, "- run: %v asked, %v wall time in all, %d lab hosts, started %s\n", m.Duration, m.Elapsed.Round(time.Second), m.Hosts, m.StartedAt.UTC().Format(time.RFC3339))
 	fmt.Fprintf(&b, "- seed: %d — replay: `%s`\n", m.Seed, m.Command)
 	fmt.Fprintf(&b, "- calls: %d; operations: %d; faults: %d; violations: **%d**\n", r.TotalCalls, sum(r.Ops), sum(r.Faults), len(r.Violations))
