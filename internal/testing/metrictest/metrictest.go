@@ -51,7 +51,7 @@ type Series struct {
 	Name  string
 	Unit  string
 	Kind  Kind
-	// Attrs maps each attribute key to its value (Value.Emit).
+	// Attrs maps each attribute key to its value (Value.String).
 	Attrs map[string]string
 	// Value is a sum's or a gauge's value.
 	Value float64
@@ -148,7 +148,7 @@ func flatten(tb testing.TB, base Series, data metricdata.Aggregation) []Series {
 func attrsOf(set attribute.Set) map[string]string {
 	m := map[string]string{}
 	for _, kv := range set.ToSlice() {
-		m[string(kv.Key)] = kv.Value.Emit()
+		m[string(kv.Key)] = kv.Value.String()
 	}
 	return m
 }
