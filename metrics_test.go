@@ -158,7 +158,7 @@ func TestMetricsEntryFacts(t *testing.T) {
 	}
 	all := func(instances float64) map[string]float64 {
 		return map[string]float64{
-			obs.MetricEntryReachable + " 1":              1,
+			obs.MetricEntryReachable + " {entry}":        1,
 			obs.MetricEntryMemoryAvailable + " By":       3 << 30,
 			obs.MetricEntryCPUCount + " {cpu}":           4,
 			obs.MetricEntryPoolAvailable + " By":         7 << 30,
@@ -181,7 +181,7 @@ func TestMetricsEntryFacts(t *testing.T) {
 	check("one running, one stopped", all(1))
 
 	ctl.InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient, Reason: egressproxy.ReasonUnreachable, Times: 1})
-	check("unreachable", map[string]float64{obs.MetricEntryReachable + " 1": 0})
+	check("unreachable", map[string]float64{obs.MetricEntryReachable + " {entry}": 0})
 	check("reachable again", all(1))
 
 	// A Check that fails as a call (its context ended) leaves the facts.

@@ -58,7 +58,7 @@ func (t *Tracker) registerStateGauge(mp metric.MeterProvider) {
 		return
 	}
 	m := obs.Meter(mp, tracerName)
-	g := obs.Int64Gauge(m, obs.MetricHealthProxyState, obs.UnitOne,
+	g := obs.Int64Gauge(m, obs.MetricHealthProxyState, "{proxy}",
 		"State of each proxy the tracker tracks: 1 for its state, 0 for the others.")
 	reg, err := m.RegisterCallback(stateCallback(weak.Make(t), g), g)
 	if err != nil {

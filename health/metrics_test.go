@@ -92,8 +92,8 @@ func states(t *testing.T, rd *metrictest.Reader) map[string]float64 {
 	t.Helper()
 	out := map[string]float64{}
 	for _, s := range metrictest.Named(rd.Collect(t), obs.MetricHealthProxyState) {
-		if s.Kind != metrictest.Gauge || s.Unit != "1" || s.Scope != tracerName || len(s.Attrs) != 2 {
-			t.Errorf("%s: kind %s unit %q scope %q: want a gauge in 1 of %s labelled with the proxy and the state", s.Key(), s.Kind, s.Unit, s.Scope, tracerName)
+		if s.Kind != metrictest.Gauge || s.Unit != "{proxy}" || s.Scope != tracerName || len(s.Attrs) != 2 {
+			t.Errorf("%s: kind %s unit %q scope %q: want a gauge in {proxy} of %s labelled with the proxy and the state", s.Key(), s.Kind, s.Unit, s.Scope, tracerName)
 		}
 		out[s.Attrs[string(obs.KeyProxyID)]+" "+s.Attrs[string(obs.KeyHealthState)]] = s.Value
 	}

@@ -37,7 +37,7 @@ func (p *Pool) initMeters(mp metric.MeterProvider, attrs []attribute.KeyValue) {
 	p.meters.redials, _ = m.Int64Counter(obs.MetricSSHRedials, metric.WithUnit("{dial}"),
 		metric.WithDescription("Dials of the pool's shared SSH connection after its first: after it died or a dial failed."))
 	p.meters.redialOpts = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(kv...))}
-	p.meters.stateGauge = obs.Int64Gauge(m, obs.MetricSSHConnectionState, obs.UnitOne,
+	p.meters.stateGauge = obs.Int64Gauge(m, obs.MetricSSHConnectionState, "{connection}",
 		"State of the pool's shared SSH connection: 1 for its state, 0 for the others.")
 	for i, st := range [...]string{stateIdle, stateConnected, stateDisconnected} {
 		set := attribute.NewSet(append(kv[:len(kv):len(kv)], obs.KeySSHState.String(st))...)

@@ -23,8 +23,8 @@ func poolSeries(t *testing.T, rd *metrictest.Reader) map[string]float64 {
 		switch {
 		case s.Scope != meterName:
 			t.Errorf("%s: scope %q, want %q", s.Key(), s.Scope, meterName)
-		case s.Name == obs.MetricSSHConnectionState && (s.Kind != metrictest.Gauge || s.Unit != "1"):
-			t.Errorf("%s: kind %s unit %q, want a gauge in 1", s.Key(), s.Kind, s.Unit)
+		case s.Name == obs.MetricSSHConnectionState && (s.Kind != metrictest.Gauge || s.Unit != "{connection}"):
+			t.Errorf("%s: kind %s unit %q, want a gauge in {connection}", s.Key(), s.Kind, s.Unit)
 		case s.Name == obs.MetricSSHRedials && (s.Kind != metrictest.Counter || s.Unit != "{dial}"):
 			t.Errorf("%s: kind %s unit %q, want a counter in {dial}", s.Key(), s.Kind, s.Unit)
 		}

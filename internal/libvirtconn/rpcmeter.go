@@ -17,8 +17,9 @@ import (
 	"github.com/egressproxy/egressproxy/internal/obs"
 )
 
-// meterName is the instrumentation scope of the libvirt RPC metrics.
-const meterName = "github.com/egressproxy/egressproxy/internal/libvirtconn"
+// meterName is the instrumentation scope of the libvirt RPC metrics: kvm2,
+// the package whose entries make the calls.
+const meterName = "github.com/egressproxy/egressproxy/kvm2"
 
 // rpcMeter records the duration of every remote procedure call of a
 // Session's connections (the shared one and the dedicated ones), from the

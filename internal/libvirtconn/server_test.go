@@ -256,7 +256,7 @@ func xdrError(msg string) []byte { return xdrErrorCode(libvirt.ErrInternalError,
 func xdrErrorCode(code libvirt.ErrorNumber, msg string) []byte {
 	b := binary.BigEndian.AppendUint32(nil, uint32(code))
 	b = binary.BigEndian.AppendUint32(b, 0) // domain
-	b = binary.BigEndian.AppendUint32(b, 0)    // padding
+	b = binary.BigEndian.AppendUint32(b, 0) // padding
 	b = append(b, xdrString(msg)...)
 	return binary.BigEndian.AppendUint32(b, 2) // level: error
 }

@@ -13,7 +13,7 @@ const (
 	// MetricClientOperationDuration: histogram, s, one measurement per
 	// Client operation.
 	MetricClientOperationDuration = "egressproxy.client.operation.duration"
-	// MetricEntryReachable: gauge, 1, the last Check's Reachable.
+	// MetricEntryReachable: gauge, {entry}, the last Check's Reachable.
 	MetricEntryReachable = "egressproxy.entry.reachable"
 	// MetricEntryPoolAvailable: gauge, By, the last Check's pool space.
 	MetricEntryPoolAvailable = "egressproxy.entry.pool.available"
@@ -27,8 +27,8 @@ const (
 	// MetricLibvirtRPCDuration: histogram, s, one measurement per libvirt
 	// remote procedure call answered or lost.
 	MetricLibvirtRPCDuration = "egressproxy.libvirt.rpc.duration"
-	// MetricSSHConnectionState: gauge, 1, the state of a pool's shared
-	// SSH connection.
+	// MetricSSHConnectionState: gauge, {connection}, the state of a
+	// pool's shared SSH connection.
 	MetricSSHConnectionState = "egressproxy.ssh.connection.state"
 	// MetricSSHRedials: counter, {dial}, dials of a pool's shared SSH
 	// connection after its first.
@@ -36,8 +36,8 @@ const (
 	// MetricHealthProbeDuration: histogram, s, one measurement per probe
 	// of ProbeAll or Tracker.Round.
 	MetricHealthProbeDuration = "egressproxy.health.probe.duration"
-	// MetricHealthProxyState: gauge, 1, the state of each proxy a Tracker
-	// tracks.
+	// MetricHealthProxyState: gauge, {proxy}, the state of each proxy a
+	// Tracker tracks.
 	MetricHealthProxyState = "egressproxy.health.proxy.state"
 )
 
@@ -77,11 +77,13 @@ const (
 	KeyHealthState = attribute.Key("egressproxy.health.state")
 )
 
-// The units, in UCUM as the semantic conventions write them.
+// The units, in UCUM as the semantic conventions write them. A gauge of
+// states counts what is in each state ("{proxy}", "{connection}"), as the
+// semantic conventions' connection counts do, rather than using "1", which
+// Prometheus exporters turn into a "_ratio" suffix.
 const (
 	UnitSeconds = "s"
 	UnitBytes   = "By"
-	UnitOne     = "1"
 )
 
 // Meter returns the meter of scope name from mp; a nil mp gives a no-op
