@@ -46,10 +46,6 @@ func (m *probeMeter) record(ctx context.Context, r *Result) {
 	m.hist.Record(ctx, r.Total.Seconds(), m.opts[k]...)
 }
 
-// trackerStates are the states the per-proxy gauge reports, each proxy
-// with 1 for its state and 0 for the others.
-var trackerStates = [...]State{StateHealthy, StateUnhealthy, StateUnknown}
-
 // registerStateGauge makes mp's gauge of every tracked proxy's state read
 // t. The callback holds t weakly: a Tracker nobody holds any more is
 // collected, and its callback unregistered then, so its series end with it.
@@ -59,7 +55,7 @@ func (t *Tracker) registerStateGauge(mp metric.MeterProvider) {
 	}
 	m := obs.Meter(mp, tracerName)
 	g := obs.Int64Gauge(m, obs.MetricHealthProxyState, "{proxy}",
-		"State of each proxy the tracker tracks: 1 for its state, 0 for the others.")
+		"Proxies the tracker tracks, one series per proxy labelled with its state.")
 	reg, err := m.RegisterCallback(stateCallback(weak.Make(t), g), g)
 	if err != nil {
 		return
@@ -78,9 +74,10 @@ func stateCallback(wt weak.Pointer[Tracker], g metric.Int64ObservableGauge) metr
 	}
 }
 
-// observeStates reports the proxies tracked now, and only those: a proxy
-// the tracker forgot (grace expired, Remove) is absent from the next
-// collection.
+// observeStates reports the proxies tracked now, and only those, each once
+// with 1 and its state: a proxy the tracker forgot (grace expired, Remove)
+// is absent from the next collection, and a proxy whose state changed has
+// its series under the new state only.
 func (t *Tracker) observeStates(o metric.Observer, g metric.Int64ObservableGauge) {
 	type member struct {
 		id    string
@@ -93,13 +90,6 @@ func (t *Tracker) observeStates(o metric.Observer, g metric.Int64ObservableGauge
 	}
 	t.mu.Unlock()
 	for _, mb := range members {
-		id := obs.KeyProxyID.String(obs.Bound(mb.id))
-		for _, st := range trackerStates {
-			var v int64
-			if mb.state == st {
-				v = 1
-			}
-			o.ObserveInt64(g, v, metric.WithAttributes(id, obs.KeyHealthState.String(st.String())))
-		}
+		o.ObserveInt64(g, 1, metric.WithAttributes(obs.KeyProxyID.String(obs.Bound(mb.id)), obs.KeyHealthState.String(mb.state.String())))
 	}
 }

@@ -100,25 +100,20 @@ func states(t *testing.T, rd *metrictest.Reader) map[string]float64 {
 	return out
 }
 
-// proxyStates is the gauge's series of proxies in the given states: 1 for
-// its state, 0 for the two others.
+// proxyStates is the gauge's series of proxies in the given states: one
+// per proxy, 1 under its state.
 func proxyStates(m map[string]State) map[string]float64 {
 	out := map[string]float64{}
 	for id, st := range m {
-		for _, s := range trackerStates {
-			v := 0.0
-			if s == st {
-				v = 1
-			}
-			out[id+" "+s.String()] = v
-		}
+		out[id+" "+st.String()] = 1
 	}
 	return out
 }
 
 // The per-proxy gauge reports exactly the proxies the tracker tracks, each
-// with its state; a proxy removed, or forgotten after its grace, has no
-// series in the next collection.
+// once under its state; a proxy whose state changed has no series under the
+// old one, and a proxy removed, or forgotten after its grace, none at all
+// in the next collection.
 func TestMetricsProxyStateGauge(t *testing.T) {
 	t.Parallel()
 	good := startFake(t, reply("HTTP/1.1 200 OK\r\n\r\n")).addr
@@ -181,8 +176,8 @@ func TestMetricsProxyIDBounded(t *testing.T) {
 	long := string(make([]byte, 4096))
 	tr.update([]observation{{id: long}})
 	all := metrictest.Named(rd.Collect(t), obs.MetricHealthProxyState)
-	if len(all) != len(trackerStates) {
-		t.Fatalf("%d series, want %d", len(all), len(trackerStates))
+	if len(all) != 1 {
+		t.Fatalf("%d series, want 1", len(all))
 	}
 	for _, s := range all {
 		if id := s.Attrs[string(obs.KeyProxyID)]; len(id) > obs.MaxAttrLen {
@@ -203,7 +198,7 @@ func TestMetricsCollectedTrackerStopsReporting(t *testing.T) {
 			t.Fatal(err)
 		}
 		tr.update([]observation{{id: "a"}})
-		if got := states(t, rd); len(got) != len(trackerStates) {
+		if got := states(t, rd); len(got) != 1 {
 			t.Fatalf("series of a live tracker: %v", got)
 		}
 	}()

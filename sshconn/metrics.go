@@ -38,7 +38,7 @@ func (p *Pool) initMeters(mp metric.MeterProvider, attrs []attribute.KeyValue) {
 		metric.WithDescription("Dials of the pool's shared SSH connection after its first: after it died or a dial failed."))
 	p.meters.redialOpts = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(kv...))}
 	p.meters.stateGauge = obs.Int64Gauge(m, obs.MetricSSHConnectionState, "{connection}",
-		"State of the pool's shared SSH connection: 1 for its state, 0 for the others.")
+		"The pool's shared SSH connection, labelled with its state.")
 	for i, st := range [...]string{stateIdle, stateConnected, stateDisconnected} {
 		set := attribute.NewSet(append(kv[:len(kv):len(kv)], obs.KeySSHState.String(st))...)
 		p.meters.stateLabels[i] = metric.WithAttributeSet(set)
@@ -56,8 +56,7 @@ func (p *Pool) redialed() {
 	}
 }
 
-// observeState reports the shared connection's state: 1 for the state it
-// is in, 0 for the others.
+// observeState reports the shared connection once, under its state.
 func (p *Pool) observeState(_ context.Context, o metric.Observer) error {
 	p.mu.Lock()
 	st := 0 // idle
@@ -73,13 +72,7 @@ func (p *Pool) observeState(_ context.Context, o metric.Observer) error {
 		st = 1
 	}
 	p.mu.Unlock()
-	for i, opt := range p.meters.stateLabels {
-		var v int64
-		if i == st {
-			v = 1
-		}
-		o.ObserveInt64(p.meters.stateGauge, v, opt)
-	}
+	o.ObserveInt64(p.meters.stateGauge, 1, p.meters.stateLabels[st])
 	return nil
 }
 

@@ -33,16 +33,11 @@ func poolSeries(t *testing.T, rd *metrictest.Reader) map[string]float64 {
 	return out
 }
 
-// stateIs is the state gauge's series with the pool in state: 1 there, 0
-// for the others; plus the redials counter when redials is not negative.
+// stateIs is the state gauge's series with the pool in state: one, 1
+// under that state; plus the redials counter when redials is not negative.
 func stateIs(state string, redials int) map[string]float64 {
-	out := map[string]float64{}
-	for _, st := range []string{stateIdle, stateConnected, stateDisconnected} {
-		v := 0.0
-		if st == state {
-			v = 1
-		}
-		out[metrictest.Key(obs.MetricSSHConnectionState, map[string]string{"egressproxy.entry": "e1", "egressproxy.ssh.state": st})] = v
+	out := map[string]float64{
+		metrictest.Key(obs.MetricSSHConnectionState, map[string]string{"egressproxy.entry": "e1", "egressproxy.ssh.state": state}): 1,
 	}
 	if redials >= 0 {
 		out[metrictest.Key(obs.MetricSSHRedials, map[string]string{"egressproxy.entry": "e1"})] = float64(redials)
