@@ -3,6 +3,7 @@ package health
 import (
 	"context"
 	"runtime"
+	"sync"
 	"weak"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -74,6 +75,22 @@ func stateCallback(wt weak.Pointer[Tracker], g metric.Int64ObservableGauge) metr
 	}
 }
 
+// stateSeries keeps the attribute set of each tracked proxy's series
+// between collections, so that a collection builds sets only for proxies
+// that are new or changed state; a proxy missing from a collection is
+// dropped from it.
+type stateSeries struct {
+	mu   sync.Mutex // collections of several readers may run at once
+	gen  uint64     // the current collection
+	sets map[string]stateSet
+}
+
+type stateSet struct {
+	state State
+	opt   metric.ObserveOption
+	gen   uint64 // the last collection that reported it
+}
+
 // observeStates reports the proxies tracked now, and only those, each once
 // with 1 and its state: a proxy the tracker forgot (grace expired, Remove)
 // is absent from the next collection, and a proxy whose state changed has
@@ -89,7 +106,27 @@ func (t *Tracker) observeStates(o metric.Observer, g metric.Int64ObservableGauge
 		members = append(members, member{id, e.State})
 	}
 	t.mu.Unlock()
+
+	c := &t.series
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sets == nil {
+		c.sets = map[string]stateSet{}
+	}
+	c.gen++
 	for _, mb := range members {
-		o.ObserveInt64(g, 1, metric.WithAttributes(obs.KeyProxyID.String(obs.Bound(mb.id)), obs.KeyHealthState.String(mb.state.String())))
+		ss, ok := c.sets[mb.id]
+		if !ok || ss.state != mb.state {
+			set := attribute.NewSet(obs.KeyProxyID.String(obs.Bound(mb.id)), obs.KeyHealthState.String(mb.state.String()))
+			ss = stateSet{state: mb.state, opt: metric.WithAttributeSet(set)}
+		}
+		ss.gen = c.gen
+		c.sets[mb.id] = ss
+		o.ObserveInt64(g, 1, ss.opt)
+	}
+	for id, ss := range c.sets {
+		if ss.gen != c.gen {
+			delete(c.sets, id)
+		}
 	}
 }

@@ -162,6 +162,13 @@ func TestMetricsProxyStateGauge(t *testing.T) {
 	if d := cmp.Diff(want, states(t, rd)); d != "" {
 		t.Errorf("after the grace of booting and denied (-want +got):\n%s", d)
 	}
+	// The attribute sets kept between collections are the members' only.
+	tr.series.mu.Lock()
+	n := len(tr.series.sets)
+	tr.series.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d attribute sets kept for 1 tracked proxy", n)
+	}
 }
 
 // A long ID is bounded in the gauge's attribute, like every string

@@ -146,6 +146,7 @@ type Tracker struct {
 	tp         trace.TracerProvider
 	tracer     trace.Tracer
 	probes     *probeMeter // nil: no MeterProvider
+	series     stateSeries // the state gauge's attribute sets
 
 	mu      sync.Mutex
 	entries map[string]*Status
