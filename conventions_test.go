@@ -3,6 +3,7 @@ package egressproxy_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-logr/logr/funcr"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
@@ -109,5 +111,32 @@ func TestLogLinesStaySmall(t *testing.T) {
 				t.Errorf("line without %s: %.300s", k, l)
 			}
 		}
+	}
+}
+
+// TestMeterProviderBesideTracerProvider: every options struct that takes a
+// TracerProvider takes a MeterProvider right after it, of the metric API's
+// type (docs/conventions.md, Constructors and configuration).
+func TestMeterProviderBesideTracerProvider(t *testing.T) {
+	mpType := reflect.TypeFor[metric.MeterProvider]()
+	for _, typ := range []reflect.Type{
+		reflect.TypeFor[egressproxy.Options](),
+		reflect.TypeFor[kvm2.Options](),
+		reflect.TypeFor[memprovider.Options](),
+		reflect.TypeFor[health.TrackerOptions](),
+		reflect.TypeFor[health.ProbeAllOptions](),
+	} {
+		tp, ok := typ.FieldByName("TracerProvider")
+		if !ok {
+			t.Errorf("%s has no TracerProvider", typ)
+			continue
+		}
+		i := tp.Index[0] + 1
+		if i >= typ.NumField() || typ.Field(i).Name != "MeterProvider" || typ.Field(i).Type != mpType {
+			t.Errorf("%s: the field after TracerProvider is not MeterProvider %s", typ, mpType)
+		}
+	}
+	if f, ok := reflect.TypeFor[sshconn.Options]().FieldByName("MeterProvider"); !ok || f.Type != mpType {
+		t.Errorf("sshconn.Options has no MeterProvider %s", mpType)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -19,7 +20,8 @@ import (
 	"github.com/egressproxy/egressproxy/internal/obs"
 )
 
-// tracerName is the instrumentation name of the client's spans.
+// tracerName is the instrumentation scope of the client's spans and
+// metrics.
 const tracerName = "github.com/egressproxy/egressproxy"
 
 // Options configure a Client. A nil *Options is valid.
@@ -31,6 +33,16 @@ type Options struct {
 	Logger logr.Logger
 	// TracerProvider creates one span per operation. Nil: no-op.
 	TracerProvider trace.TracerProvider
+	// MeterProvider records the duration of every operation and the
+	// entry's facts from the last Check (docs/observability.md lists the
+	// instruments). Nil: no-op.
+	MeterProvider metric.MeterProvider
+	// MetricAttributes are added to every measurement the client records:
+	// a backend names its entry here (kvm2 adds egressproxy.entry). They
+	// must not change while the client lives and should be few: each
+	// distinct set is a series of its own. Empty string values are left
+	// out and the others bounded like span attributes. Zero: none.
+	MetricAttributes []attribute.KeyValue
 }
 
 // Client is the portable way to drive any backend. It validates
@@ -42,6 +54,7 @@ type Client struct {
 	p      backend
 	log    logr.Logger
 	tracer trace.Tracer
+	meters clientMeters
 
 	mu       sync.RWMutex
 	closed   bool
@@ -89,7 +102,9 @@ func newClient(p backend, opts *Options) *Client {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	return &Client{p: p, log: log.WithName("egressproxy"), tracer: tp.Tracer(tracerName)}
+	c := &Client{p: p, log: log.WithName("egressproxy"), tracer: tp.Tracer(tracerName)}
+	c.meters.init(opts.MeterProvider, opts.MetricAttributes)
+	return c
 }
 
 // OpError is the error every Client method returns: the operation, the
@@ -213,6 +228,7 @@ func (c *Client) runTarget(ctx context.Context, op string, tg target, fn func(ct
 	}
 	err = wrapTarget(op, tg, err)
 	elapsed := time.Since(start)
+	c.meters.operation(ctx, op, elapsed, err)
 	// The line names the instance, or for an image operation its image key
 	// (key "image"; none for list-images).
 	var who []any
@@ -323,6 +339,9 @@ func (c *Client) Check(ctx context.Context) (Health, error) {
 		h, err = c.p.Check(ctx)
 		return err
 	})
+	if err == nil {
+		c.meters.checked(h)
+	}
 	return h, err
 }
 
@@ -424,8 +443,9 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
-	_, span := obs.Start(context.Background(), c.tracer, spanNames["close"], obs.Attrs{})
+	ctx, span := obs.Start(context.Background(), c.tracer, spanNames["close"], obs.Attrs{})
 	defer func() { obs.End(span, c.closeErr) }()
+	start := time.Now()
 	// Close the provider first: it is what unblocks calls still in
 	// flight; then wait for them to return.
 	if err := c.p.Close(); err != nil {
@@ -433,5 +453,7 @@ func (c *Client) Close() error {
 		c.log.Error(c.closeErr, "close failed")
 	}
 	c.inflight.Wait()
+	c.meters.operation(ctx, "close", time.Since(start), c.closeErr)
+	c.meters.close()
 	return c.closeErr
 }

@@ -101,8 +101,29 @@ type Health struct {
 	// Details are backend facts, e.g. for kvm2: "hostname",
 	// "libvirtVersion", "poolState", "poolFreeGiB".
 	Details map[string]string
+	// Capacity is what the entry has room for, as this check found it;
+	// nil when the check could not learn it (always when not Reachable).
+	Capacity *Capacity
 	// CheckedAt is when the check finished.
 	CheckedAt time.Time
+}
+
+// Capacity is what an entry's host has room for, as one Check found it:
+// the facts a fleet places instances by. Each backend documents where its
+// figures come from.
+type Capacity struct {
+	// MemoryAvailableBytes is the memory the host can give new guests
+	// without swapping: its free memory plus buffers and page cache.
+	MemoryAvailableBytes int64
+	// CPUs is the number of logical CPUs of the host, which the guests'
+	// vCPUs share.
+	CPUs int
+	// Instances is the number of the owner's instances on the entry that
+	// run (Running or Provisioning), as List would count them.
+	Instances int
+	// PoolAvailableBytes is the free space of the storage the entry puts
+	// instances' disks on.
+	PoolAvailableBytes int64
 }
 
 // Spec describes an instance to create.

@@ -14,8 +14,10 @@
 // proxy whose address is unknown keeps its state for Grace before it is
 // forgotten (OnForget is then called once).
 //
-// Logs go to the logr.Logger and spans ("health.ProbeAll",
-// "health.Round") to the trace.TracerProvider given in the options. The
+// Logs go to the logr.Logger, spans ("health.ProbeAll", "health.Round") to
+// the trace.TracerProvider and metrics (each probe's duration by kind, each
+// tracked proxy's state) to the metric.MeterProvider given in the options;
+// a proxy's state series end when the Tracker forgets it. The
 // package starts no background goroutine: every goroutine it starts ends
 // before the call that started it returns. Scheduling rounds, choosing the
 // CONNECT target, discovering proxies and acting on an unhealthy one are

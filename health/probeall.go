@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -63,6 +64,10 @@ type ProbeAllOptions struct {
 	// TracerProvider provides the tracer for the span of the round
 	// ("health.ProbeAll"). Zero: no-op (Tracker.Round: the tracker's).
 	TracerProvider trace.TracerProvider
+	// MeterProvider records each probe's duration by its kind
+	// (egressproxy.health.probe.duration). Zero: nothing is recorded
+	// (Tracker.Round: the tracker's).
+	MeterProvider metric.MeterProvider
 }
 
 // ProbeAll probes every proxy with bounded concurrency and returns one
@@ -84,12 +89,12 @@ func ProbeAll(ctx context.Context, proxies []Proxy, opts *ProbeAllOptions) []Res
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	return probeAll(ctx, proxies, &o, log, tp)
+	return probeAll(ctx, proxies, &o, log, tp, newProbeMeter(o.MeterProvider))
 }
 
-// probeAll is ProbeAll with its logger (already named) and tracer provider
-// resolved.
-func probeAll(ctx context.Context, proxies []Proxy, o *ProbeAllOptions, log logr.Logger, tp trace.TracerProvider) []Result {
+// probeAll is ProbeAll with its logger (already named), tracer provider
+// and probe instruments (nil: none) resolved.
+func probeAll(ctx context.Context, proxies []Proxy, o *ProbeAllOptions, log logr.Logger, tp trace.TracerProvider, pm *probeMeter) []Result {
 	workers := o.Workers
 	if workers == 0 {
 		workers = defaultWorkers
@@ -116,6 +121,7 @@ func probeAll(ctx context.Context, proxies []Proxy, o *ProbeAllOptions, log logr
 					return
 				}
 				r := probeOne(ctx, &proxies[i], o)
+				pm.record(ctx, &r)
 				if !r.OK {
 					failed.Add(1)
 					if l := log.V(2); l.Enabled() {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -123,6 +124,14 @@ type TrackerOptions struct {
 	// TracerProvider provides the tracer for the span of each Round
 	// ("health.Round"). Zero: no-op.
 	TracerProvider trace.TracerProvider
+	// MeterProvider records the state of every tracked proxy, a gauge
+	// with one series per proxy and state that end when the tracker
+	// forgets the proxy (egressproxy.health.proxy.state), and each probe
+	// of a Round whose options name no MeterProvider
+	// (egressproxy.health.probe.duration). The gauge is reported while
+	// the Tracker is in use: one that is no longer referenced stops
+	// reporting once it is garbage collected. Zero: nothing is recorded.
+	MeterProvider metric.MeterProvider
 }
 
 // Tracker keeps per-proxy health across probe rounds with rise/fall
@@ -136,6 +145,8 @@ type Tracker struct {
 	log        logr.Logger
 	tp         trace.TracerProvider
 	tracer     trace.Tracer
+	probes     *probeMeter // nil: no MeterProvider
+	series     stateSeries // the state gauge's attribute sets
 
 	mu      sync.Mutex
 	entries map[string]*Status
@@ -193,6 +204,8 @@ func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 	}
 	t.tp = tp
 	t.tracer = tp.Tracer(tracerName)
+	t.probes = newProbeMeter(o.MeterProvider)
+	t.registerStateGauge(o.MeterProvider)
 	return t, nil
 }
 
@@ -291,8 +304,8 @@ func (t *Tracker) forget(forgotten []Status, why string) {
 // not probed: they keep their state and are forgotten once Grace has passed
 // since they were last seen with an address. A KindCanceled result (ctx
 // ended) counts as seen but not as a probe. One span ("health.Round")
-// covers the round; opts without a Logger or TracerProvider use the
-// tracker's.
+// covers the round; opts without a Logger, TracerProvider or MeterProvider
+// use the tracker's.
 //
 // Every probed proxy needs a CONNECT target, its own Target or
 // opts.Target. When one has neither (nil opts included), Round probes
@@ -326,7 +339,11 @@ func (t *Tracker) Round(ctx context.Context, proxies []Proxy, opts *ProbeAllOpti
 			probed = append(probed, p)
 		}
 	}
-	results := probeAll(ctx, probed, &o, log, tp)
+	pm := t.probes
+	if o.MeterProvider != nil {
+		pm = newProbeMeter(o.MeterProvider)
+	}
+	results := probeAll(ctx, probed, &o, log, tp, pm)
 	round := make([]observation, 0, len(proxies))
 	j := 0
 	for _, p := range proxies {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/crypto/ssh"
@@ -193,6 +194,11 @@ type Options struct {
 	Logger logr.Logger
 	// TracerProvider creates a span per backend call. Nil: no-op.
 	TracerProvider trace.TracerProvider
+	// MeterProvider records the entry's metrics, each labelled with its
+	// egressproxy.entry: the client's operation durations and the facts
+	// of its last Check, every libvirt remote procedure call, the SSH
+	// connection's state and redials. Nil: no-op.
+	MeterProvider metric.MeterProvider
 	// HTTPClient downloads base images. Nil: imagecache's default (no
 	// overall timeout; the transfer budget bounds a download).
 	HTTPClient *http.Client

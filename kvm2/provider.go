@@ -63,10 +63,22 @@ func Open(ctx context.Context, cfg Config, opts *Options) (*egressproxy.Client, 
 	if err != nil {
 		return nil, err
 	}
+	return driver.NewClient(p, clientOptions(p.cfg, opts)), nil
+}
+
+// clientOptions are the options of the entry's client: opts' logger,
+// tracer and meter providers, its metrics labelled with the entry.
+func clientOptions(cfg Config, opts *Options) *egressproxy.Options {
 	if opts == nil {
 		opts = &Options{}
 	}
-	return driver.NewClient(p, &egressproxy.Options{Logger: opts.Logger, TracerProvider: opts.TracerProvider}), nil
+	return &egressproxy.Options{Logger: opts.Logger, TracerProvider: opts.TracerProvider,
+		MeterProvider: opts.MeterProvider, MetricAttributes: entryAttrs(cfg)}
+}
+
+// entryAttrs are the attributes of every metric of the entry.
+func entryAttrs(cfg Config) []attribute.KeyValue {
+	return []attribute.KeyValue{obs.KeyEntry.String(cfg.Entry)}
 }
 
 // open is Open without the client: the driver itself.
@@ -104,7 +116,7 @@ func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 		DialTimeout:       cfg.DialTimeout,
 		KeepaliveInterval: cfg.KeepaliveInterval,
 		KeepaliveCount:    cfg.KeepaliveCount,
-	}, &sshconn.Options{Logger: log, Signer: opts.Signer})
+	}, &sshconn.Options{Logger: log, Signer: opts.Signer, MeterProvider: opts.MeterProvider, MetricAttributes: entryAttrs(cfg)})
 	if err != nil {
 		return nil, errs.WithCode(errs.Permanent, fmt.Errorf("kvm2: invalid config: %w", err))
 	}
@@ -113,7 +125,7 @@ func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 		Socket:      cfg.LibvirtSocket,
 		URI:         cfg.LibvirtURI,
 		CallTimeout: cfg.CallTimeout,
-	}, &libvirtconn.Options{Logger: log})
+	}, &libvirtconn.Options{Logger: log, MeterProvider: opts.MeterProvider, MetricAttributes: entryAttrs(cfg)})
 	fanout := basecache.ProcessFanout()
 	if opts.PrivateImageCache {
 		fanout = nil
@@ -221,7 +233,12 @@ func formatGiB(b uint64) string {
 // Create defines: "kvm" or "qemu") and acceleration ("kvm" or "none") — and
 // poolRefresh when libvirt refused to refresh the pool because a volume is
 // being built in it (another call's Create; poolFreeGiB is then as of the
-// last refresh, and the entry is still Reachable) — or
+// last refresh, and the entry is still Reachable) — and the Capacity: the
+// host's CPUs (libvirt's node info), its available memory (libvirt's node
+// memory stats: free, buffers and page cache), the owner's instances whose
+// domains run (as List counts Running and Provisioning) and the pool's free
+// space; when libvirtd refuses the node calls the entry is still Reachable,
+// without a Capacity, with a capacity detail saying why — or
 // not Reachable with a Reason (CredentialsUnavailable, Unauthorized,
 // HostKeyUnknown, HostKeyMismatch, Forbidden, PoolNotFound, PoolNotActive,
 // Unreachable, Unknown) and a Message. Details learnt before the failure are
@@ -243,9 +260,10 @@ func (p *provider) Check(ctx context.Context) (_ egressproxy.Health, opErr error
 		return egressproxy.Health{}, err
 	}
 	var (
-		mu      sync.Mutex
-		details = map[string]string{}
-		kvm     bool // whether the host offers KVM, when DomainType is not "qemu"
+		mu       sync.Mutex
+		details  = map[string]string{}
+		kvm      bool                  // whether the host offers KVM, when DomainType is not "qemu"
+		capacity *egressproxy.Capacity // nil when libvirtd refused to tell it
 	)
 	set := func(k, v string) {
 		mu.Lock()
@@ -292,6 +310,16 @@ func (p *provider) Check(ctx context.Context) (_ egressproxy.Health, opErr error
 				return err
 			}
 		}
+		c, err := p.readCapacity(ctx, l)
+		switch {
+		case err == nil:
+			c.PoolAvailableBytes = int64(avail)
+			capacity = &c
+		case capacityRefused(err):
+			set(detailCapacity, "unavailable: "+errs.ClipMessage(err.Error()))
+		default:
+			return err
+		}
 		return nil
 	}, attribute.String("pool", p.cfg.Pool))
 	if err == nil {
@@ -309,6 +337,7 @@ func (p *provider) Check(ctx context.Context) (_ egressproxy.Health, opErr error
 	mu.Unlock()
 	if err == nil {
 		h.Reachable = true
+		h.Capacity = capacity
 		p.log.V(1).Info("check: reachable", "hostname", details["hostname"], "libvirtVersion", details["libvirtVersion"],
 			"poolState", details["poolState"], "poolFreeGiB", details["poolFreeGiB"], "domainType", details[detailDomainType])
 		return h, nil

@@ -37,6 +37,9 @@ type lvAPI interface {
 	DomainUndefineFlags(dom libvirt.Domain, flags libvirt.DomainUndefineFlagsValues) error
 	DomainInterfaceAddresses(dom libvirt.Domain, source uint32, flags uint32) ([]libvirt.DomainInterface, error)
 
+	NodeGetInfo() (rModel [32]int8, rMemory uint64, rCpus int32, rMhz int32, rNodes int32, rSockets int32, rCores int32, rThreads int32, err error)
+	NodeGetMemoryStats(Nparams int32, CellNum int32, Flags uint32) (rParams []libvirt.NodeGetMemoryStats, rNparams int32, err error)
+
 	StoragePoolLookupByName(name string) (libvirt.StoragePool, error)
 	StoragePoolRefresh(pool libvirt.StoragePool, flags uint32) error
 	StoragePoolGetInfo(pool libvirt.StoragePool) (uint8, uint64, uint64, uint64, error)

@@ -15,6 +15,7 @@ import (
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -46,6 +47,15 @@ type Options struct {
 	Logger logr.Logger
 	// TracerProvider creates the client's span per operation. Nil: no-op.
 	TracerProvider trace.TracerProvider
+	// MeterProvider records the client's metrics: the duration of every
+	// operation and the facts of the last Check. Nil: no-op.
+	MeterProvider metric.MeterProvider
+	// Capacity is the simulated host Check reports in Health.Capacity:
+	// MemoryAvailableBytes, CPUs and PoolAvailableBytes as given, each
+	// zero field its default (16 GiB, 8 and 100 GiB); Instances is not
+	// read: Check counts the instances that run (Running or
+	// Provisioning).
+	Capacity egressproxy.Capacity
 	// Images are the image keys the provider offers (see the package doc,
 	// "Images"); the first is the default of a Spec without ImageKey, and
 	// a Create of another key is Permanent. Each must be a valid key
@@ -130,7 +140,7 @@ type item struct {
 //	ctl.InjectFault(memprovider.OpGet, memprovider.Fault{Code: egressproxy.Transient, Times: 1})
 func New(opts *Options) *egressproxy.Client {
 	p := newProvider(opts)
-	return driver.NewClient(p, &egressproxy.Options{Logger: p.opts.Logger, TracerProvider: p.opts.TracerProvider})
+	return driver.NewClient(p, &egressproxy.Options{Logger: p.opts.Logger, TracerProvider: p.opts.TracerProvider, MeterProvider: p.opts.MeterProvider})
 }
 
 // Control steers one memprovider entry from a test: faults injected into
@@ -165,6 +175,15 @@ func newProvider(opts *Options) *provider {
 	}
 	if o.AllowTarget == nil {
 		o.AllowTarget = loopbackOnly
+	}
+	if o.Capacity.MemoryAvailableBytes == 0 {
+		o.Capacity.MemoryAvailableBytes = defaultMemoryAvailable
+	}
+	if o.Capacity.CPUs == 0 {
+		o.Capacity.CPUs = defaultCPUs
+	}
+	if o.Capacity.PoolAvailableBytes == 0 {
+		o.Capacity.PoolAvailableBytes = defaultPoolAvailable
 	}
 	return &provider{
 		opts:     o,
@@ -388,14 +407,7 @@ func (p *provider) allocHostLocked() int {
 // copy.
 func (p *provider) readLocked(it *item) (egressproxy.Instance, error) {
 	inst := it.inst
-	switch {
-	case it.forced != "":
-		inst.State = it.forced
-	case p.now().Before(it.ready):
-		inst.State = egressproxy.StateProvisioning
-	default:
-		inst.State = egressproxy.StateRunning
-	}
+	inst.State = p.stateLocked(it)
 	if inst.State != egressproxy.StateRunning {
 		p.stopProxyLocked(it)
 		return inst, nil
@@ -417,6 +429,18 @@ func (p *provider) readLocked(it *item) (egressproxy.Instance, error) {
 	inst.Port = it.proxy.port
 	inst.AddressSource = "listener"
 	return inst, nil
+}
+
+// stateLocked is it's state now: forced, or following the clock.
+func (p *provider) stateLocked(it *item) egressproxy.State {
+	switch {
+	case it.forced != "":
+		return it.forced
+	case p.now().Before(it.ready):
+		return egressproxy.StateProvisioning
+	default:
+		return egressproxy.StateRunning
+	}
 }
 
 func (p *provider) stopProxyLocked(it *item) {
@@ -492,9 +516,17 @@ func (p *provider) List(ctx context.Context) ([]egressproxy.Instance, error) {
 	return out, nil
 }
 
+// The simulated host of a zero Options.Capacity field.
+const (
+	defaultMemoryAvailable = 16 << 30
+	defaultCPUs            = 8
+	defaultPoolAvailable   = 100 << 30
+)
+
 // Check reports the provider reachable, with details: "backend"
-// ("memory"), "instances", "serveProxies". An OpCheck fault makes it report
-// unreachable instead.
+// ("memory"), "instances", "serveProxies", and the Capacity of
+// Options.Capacity with the instances that run. An OpCheck fault makes it
+// report unreachable instead (no Capacity).
 func (p *provider) Check(ctx context.Context) (egressproxy.Health, error) {
 	f, err := p.enter(ctx, OpCheck)
 	if err != nil {
@@ -514,7 +546,16 @@ func (p *provider) Check(ctx context.Context) (egressproxy.Health, error) {
 		},
 		CheckedAt: p.now().UTC(),
 	}
+	capacity := p.opts.Capacity
+	capacity.Instances = 0
+	for _, it := range p.items {
+		if st := p.stateLocked(it); st == egressproxy.StateRunning || st == egressproxy.StateProvisioning {
+			capacity.Instances++
+		}
+	}
+	h.Capacity = &capacity
 	if f != nil {
+		h.Capacity = nil
 		h.Reachable = false
 		h.Reason = f.Reason
 		if h.Reason == egressproxy.ReasonNone {

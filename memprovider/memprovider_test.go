@@ -212,10 +212,14 @@ func TestCheck(t *testing.T) {
 	if err != nil || !h.Reachable || h.Details["instances"] != "1" || h.Details["serveProxies"] != "true" {
 		t.Fatalf("Check = %+v, %v", h, err)
 	}
+	// The default simulated host, with the one instance that runs.
+	if want := (egressproxy.Capacity{MemoryAvailableBytes: 16 << 30, CPUs: 8, Instances: 1, PoolAvailableBytes: 100 << 30}); h.Capacity == nil || *h.Capacity != want {
+		t.Errorf("Capacity = %+v, want %+v", h.Capacity, want)
+	}
 	p.InjectFault(memprovider.OpCheck, memprovider.Fault{Code: errs.Transient, Reason: egressproxy.ReasonUnauthorized, Err: errors.New("denied"), Times: 1})
 	h, err = p.Check(ctx)
-	if err != nil || h.Reachable || h.Reason != egressproxy.ReasonUnauthorized || h.Message != "denied" {
-		t.Fatalf("Check with a fault = %+v, %v; want unreachable, Unauthorized, no error", h, err)
+	if err != nil || h.Reachable || h.Reason != egressproxy.ReasonUnauthorized || h.Message != "denied" || h.Capacity != nil {
+		t.Fatalf("Check with a fault = %+v, %v; want unreachable, Unauthorized, no Capacity, no error", h, err)
 	}
 	if h, _ = p.Check(ctx); !h.Reachable {
 		t.Fatal("fault applied more than once")

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/egressproxy/egressproxy/internal/duration"
@@ -99,6 +101,15 @@ type Options struct {
 	// sources. It must be safe for concurrent use. Zero: the key comes from
 	// Config's KeyFile, Key or AgentSocket.
 	Signer ssh.Signer
+	// MeterProvider records the state of the shared connection
+	// (egressproxy.ssh.connection.state, reported until Close) and its
+	// redials (egressproxy.ssh.redials). Nil: no-op.
+	MeterProvider metric.MeterProvider
+	// MetricAttributes are added to every measurement of the pool: what
+	// tells pools apart, e.g. kvm2's egressproxy.entry. They should be
+	// few and constant; empty string values are left out. Zero: none (the
+	// series of every pool of a MeterProvider are then one).
+	MetricAttributes []attribute.KeyValue
 }
 
 const (

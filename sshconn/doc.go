@@ -19,6 +19,9 @@
 // unreadable, auth refused, host unknown, host key mismatch, unreachable,
 // forbidden, closed, invalid config); match it with errors.As.
 //
+// With Options.MeterProvider a Pool reports its shared connection's state
+// (idle, connected, disconnected) until Close and counts its redials.
+//
 // Close never blocks on an unresponsive (even SIGSTOPped) peer and ends
 // the dials and channel opens in flight: a connection is first declared
 // dead, then its TCP connection is closed, and only then anything that may

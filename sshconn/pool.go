@@ -36,6 +36,9 @@ type Pool struct {
 	retryAt   time.Time             // no new dial before this (backoff)
 	links     map[*ssh.Client]*link // every link not yet reaped: the shared one and the dedicated ones
 	keys      keyCache              // the signer of the latest key content
+	dialed    bool                  // the shared link was dialed once: later dials are redials
+
+	meters poolMeters
 
 	wg sync.WaitGroup // every goroutine the pool starts
 
@@ -62,7 +65,7 @@ func New(cfg Config, opts *Options) (*Pool, error) {
 		log = logr.Discard()
 	}
 	closeCtx, cancelAll := context.WithCancel(context.Background())
-	return &Pool{
+	p := &Pool{
 		cfg:       cfg,
 		signer:    opts.Signer,
 		log:       log.WithName("sshconn").WithValues("address", cfg.Address),
@@ -70,7 +73,9 @@ func New(cfg Config, opts *Options) (*Pool, error) {
 		closeCtx:  closeCtx,
 		cancelAll: cancelAll,
 		links:     map[*ssh.Client]*link{},
-	}, nil
+	}
+	p.initMeters(opts.MeterProvider, opts.MetricAttributes)
+	return p, nil
 }
 
 // goOwned starts f in a goroutine the pool waits for on Close. It returns
@@ -174,7 +179,12 @@ func (p *Pool) shared(ctx context.Context) (*link, error) {
 		}
 		ch := make(chan struct{})
 		p.dialing = ch
+		redial := p.dialed
+		p.dialed = true
 		p.mu.Unlock()
+		if redial {
+			p.redialed()
+		}
 		return p.dialShared(ctx, ch)
 	}
 }
@@ -411,6 +421,7 @@ func (p *Pool) Close() error {
 		}
 	}
 	p.mu.Unlock()
+	p.stopMeters() // not under p.mu: a collection in flight may be waiting for it
 
 	for _, l := range links {
 		l.kill(errPoolClosed) // dead first, then the TCP conn

@@ -23,6 +23,7 @@ var conformanceTests = []struct {
 	fn   func(*env)
 }{
 	{"Check/ReachableWithoutCreating", testCheckReachable},
+	{"Check/CapacityCountsRunningInstances", testCheckCapacity},
 	{"Create/ReturnsInstance", testCreateReturnsInstance},
 	{"Create/IdempotentOnUID", testCreateIdempotent},
 	{"Create/ConcurrentSameSpec", testCreateConcurrent},
@@ -236,6 +237,59 @@ func testCheckReachable(e *env) {
 		}
 	}
 	e.wantList(before) // Check creates nothing
+}
+
+// running counts the instances of l that run (Running or Provisioning):
+// what Health.Capacity.Instances counts.
+func running(l []egressproxy.Instance) int {
+	n := 0
+	for _, inst := range l {
+		if inst.State == egressproxy.StateRunning || inst.State == egressproxy.StateProvisioning {
+			n++
+		}
+	}
+	return n
+}
+
+// checkCapacity runs Check and compares its Capacity, when the provider
+// reports one, with the instances List returns; it reports whether there
+// was one.
+func (e *env) checkCapacity(what string) bool {
+	e.t.Helper()
+	h, err := e.c.Check(e.ctx)
+	if err != nil {
+		e.fatalf("%s: Check: %v", what, err)
+	}
+	c := h.Capacity
+	if c == nil {
+		return false
+	}
+	if !h.Reachable {
+		e.t.Errorf("%s: Check reports a Capacity and not Reachable", what)
+	}
+	if c.MemoryAvailableBytes < 0 || c.CPUs < 1 || c.PoolAvailableBytes < 0 {
+		e.t.Errorf("%s: Capacity %+v: want memory and pool space not negative and at least one CPU", what, *c)
+	}
+	if want := running(e.list()); c.Instances != want {
+		e.t.Errorf("%s: Capacity.Instances = %d, want %d (List's Running and Provisioning instances)", what, c.Instances, want)
+	}
+	return true
+}
+
+// testCheckCapacity: a Capacity, when Check reports one, counts the
+// instances that run, and follows a Create and a Delete.
+func testCheckCapacity(e *env) {
+	if !e.checkCapacity("before Create") {
+		e.t.Log("Check reports no Capacity")
+		return
+	}
+	s := e.spec("a")
+	e.create(s)
+	e.checkCapacity("after Create")
+	if err := e.c.Delete(e.ctx, s.Ref()); err != nil {
+		e.fatalf("Delete: %v", err)
+	}
+	e.checkCapacity("after Delete")
 }
 
 // ---- Create ----

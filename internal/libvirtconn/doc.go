@@ -22,6 +22,10 @@
 //     channel, beside go-libvirt, without go-libvirt's buffer per packet and
 //     per upload call, so a transfer's memory does not grow with its bytes.
 //
+// With Options.MeterProvider the stream guard, which sees every packet,
+// times each remote procedure call from its header leaving to its reply
+// (or the connection's loss), by procedure and class.
+//
 // Its errors are *sshconn.Error values, so that one classifier reads the
 // SSH link's failures and the session's alike: a connection lost or a
 // deadline run out is KindUnreachable, Close makes later calls KindClosed,

@@ -100,12 +100,14 @@ type ownState struct {
 	bufBusy bool
 
 	// write side: go-libvirt's frames in progress
-	wmu   sync.Mutex
-	wcond *sync.Cond
-	wrest int     // bytes of go-libvirt's current frame still to be written
-	wlen  [4]byte // a length word being written
-	wlenN int
-	werr  error
+	wmu    sync.Mutex
+	wcond  *sync.Cond
+	frames frameTracker
+	werr   error
+
+	// rpc times every call made on the channel, go-libvirt's and the own
+	// ones; nil: no metrics.
+	rpc *rpcCalls
 }
 
 // packetBuf returns the connection's upload packet buffer (allocated on
@@ -192,36 +194,53 @@ func (o *ownState) lostError() error {
 	return o.lostErr()
 }
 
-// trackWrite follows go-libvirt's outgoing frames through the bytes p it
-// wrote (under wmu).
-func (o *ownState) trackWrite(p []byte) {
+// frameTracker follows go-libvirt's outgoing frames through the bytes it
+// writes: where a frame's header ends and how much of its body is left.
+type frameTracker struct {
+	rest int             // bytes of the current frame still to come, after its header
+	hdr  [headerLen]byte // a frame's length word and header being written
+	n    int             // bytes of hdr written so far
+}
+
+// feed advances t over p, calling header (when not nil) with the 24-byte
+// header of every frame whose header p completes.
+func (t *frameTracker) feed(p []byte, header func(h []byte)) {
 	for len(p) > 0 {
-		if o.wrest > 0 {
-			k := min(len(p), o.wrest)
-			o.wrest -= k
+		if t.rest > 0 {
+			k := min(len(p), t.rest)
+			t.rest -= k
 			p = p[k:]
 			continue
 		}
-		k := copy(o.wlen[o.wlenN:], p)
-		o.wlenN += k
+		k := copy(t.hdr[t.n:], p)
+		t.n += k
 		p = p[k:]
-		if o.wlenN == len(o.wlen) {
-			o.wrest = max(int(binary.BigEndian.Uint32(o.wlen[:]))-len(o.wlen), 0)
-			o.wlenN = 0
+		if t.n == len(t.hdr) {
+			t.rest = max(int(binary.BigEndian.Uint32(t.hdr[:4]))-len(t.hdr), 0)
+			t.n = 0
+			if header != nil {
+				header(t.hdr[4:])
+			}
 		}
 	}
 }
 
-func (o *ownState) midFrame() bool { return o.wrest > 0 || o.wlenN > 0 }
+func (o *ownState) midFrame() bool { return o.frames.rest > 0 || o.frames.n > 0 }
 
 // Write is go-libvirt's write to the channel: passed on, its frames
-// tracked so that own packets go out between them.
+// tracked so that own packets go out between them. A call whose header p
+// completes is noted before any of p leaves: its reply can come back
+// before Write returns.
 func (g *streamGuard) Write(p []byte) (int, error) {
 	o := &g.own
 	o.wmu.Lock()
 	defer o.wmu.Unlock()
+	if o.rpc != nil {
+		ahead := o.frames
+		ahead.feed(p, o.rpc.sent)
+	}
 	n, err := g.Conn.Write(p)
-	o.trackWrite(p[:n])
+	o.frames.feed(p[:n], nil)
 	if err != nil && o.werr == nil {
 		o.werr = err
 	}
@@ -242,6 +261,7 @@ func (g *streamGuard) writeOwn(pkt []byte) error {
 	if o.werr != nil {
 		return fmt.Errorf("write to libvirt: %w (%w)", o.werr, libvirt.ErrInterrupted)
 	}
+	o.rpc.sent(pkt[4:headerLen]) // before it leaves: the reply may beat the return of Write
 	if _, err := g.Conn.Write(pkt); err != nil {
 		o.werr = err
 		o.wcond.Broadcast()
@@ -272,6 +292,9 @@ func (g *streamGuard) ownPacket(serial int32, bodyLen int) error {
 	status := binary.BigEndian.Uint32(h[20:24])
 	c := g.own.call(serial)
 	if c == nil || c.ended {
+		if typ == typeReply {
+			g.own.rpc.replied(h, nil) // nobody reads it: its error is not decoded
+		}
 		g.droppedPackets.Add(1)
 		return g.discard(bodyLen)
 	}
@@ -284,6 +307,9 @@ func (g *streamGuard) ownPacket(serial int32, bodyLen int) error {
 	body := make([]byte, bodyLen)
 	if _, err := io.ReadFull(g.r, body); err != nil {
 		return unexpected(err)
+	}
+	if typ == typeReply {
+		g.own.rpc.replied(h, body)
 	}
 	ev := ownEvent{typ: typ, status: status, body: body}
 	if ev.final() {

@@ -79,7 +79,8 @@ func errKind(err error) sshconn.Kind {
 }
 
 // fakeLibvirtd speaks just enough of the libvirt RPC protocol on a unix
-// socket: AuthList, ConnectOpen, ConnectClose, ConnectGetHostname.
+// socket: AuthList, ConnectOpen, ConnectClose, ConnectGetHostname,
+// DomainLookupByName (always "no domain"), the volume streams.
 type fakeLibvirtd struct {
 	Path     string
 	ln       net.Listener
@@ -141,6 +142,7 @@ const (
 	procConnectOpen        = 1
 	procConnectClose       = 2
 	procConnectGetHostname = 59
+	procDomainLookupByName = 23 // answered "no domain" (VIR_ERR_NO_DOMAIN)
 	procAuthList           = 66
 )
 
@@ -246,11 +248,15 @@ func (p fakePacket) frame(call [28]byte) []byte {
 	return append(out, p.payload...)
 }
 
-// xdrError is libvirt's remote_error as go-libvirt decodes it.
-func xdrError(msg string) []byte {
-	b := binary.BigEndian.AppendUint32(nil, 1) // code: VIR_ERR_INTERNAL_ERROR
-	b = binary.BigEndian.AppendUint32(b, 0)    // domain
-	b = binary.BigEndian.AppendUint32(b, 0)    // padding
+// xdrError is libvirt's remote_error as go-libvirt decodes it, with code
+// VIR_ERR_INTERNAL_ERROR.
+func xdrError(msg string) []byte { return xdrErrorCode(libvirt.ErrInternalError, msg) }
+
+// xdrErrorCode is libvirt's remote_error with code.
+func xdrErrorCode(code libvirt.ErrorNumber, msg string) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(code))
+	b = binary.BigEndian.AppendUint32(b, 0) // domain
+	b = binary.BigEndian.AppendUint32(b, 0) // padding
 	b = append(b, xdrString(msg)...)
 	return binary.BigEndian.AppendUint32(b, 2) // level: error
 }
@@ -382,6 +388,8 @@ func (f *fakeLibvirtd) answer(c net.Conn, hdr [28]byte, proc uint32) error {
 		}
 		f.opens.Add(1)
 	case procConnectClose:
+	case procDomainLookupByName:
+		return send(c, hdr, fakePacket{typ: 1, status: 1, payload: xdrErrorCode(libvirt.ErrNoDomain, "Domain not found")})
 	case procConnectGetHostname:
 		if f.hang.Load() {
 			select {

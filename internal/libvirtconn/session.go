@@ -14,6 +14,8 @@ import (
 	"github.com/egressproxy/egressproxy/internal/budget"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -46,6 +48,12 @@ type Options struct {
 	// Logger receives debug and info lines (named "libvirt", with the
 	// address and the URI). Zero: discard.
 	Logger logr.Logger
+	// MeterProvider records every remote procedure call of the session's
+	// connections (egressproxy.libvirt.rpc.duration). Nil: no-op.
+	MeterProvider metric.MeterProvider
+	// MetricAttributes are added to every measurement (kvm2's
+	// egressproxy.entry). Zero: none.
+	MetricAttributes []attribute.KeyValue
 
 	// bareChannel hands go-libvirt the bare channel, without the stream
 	// guard (the upstream reproducer test only).
@@ -81,6 +89,7 @@ type Session struct {
 	cfg         Config
 	log         logr.Logger
 	bareChannel bool
+	rpc         *rpcMeter // nil: no MeterProvider
 
 	mu         sync.Mutex
 	closed     bool
@@ -188,6 +197,7 @@ func New(pool *sshconn.Pool, cfg Config, opts *Options) *Session {
 		cfg:         cfg,
 		log:         log.WithValues("uri", cfg.URI),
 		bareChannel: opts.bareChannel,
+		rpc:         newRPCMeter(opts.MeterProvider, opts.MetricAttributes),
 		closing:     make(chan struct{}),
 		closeCtx:    closeCtx,
 		cancelAll:   cancelAll,
@@ -514,6 +524,9 @@ func (s *Session) newConn(ch net.Conn, client *ssh.Client) *rpcConn {
 		return c
 	}
 	c.guard = newStreamGuard(ch)
+	if s.rpc != nil {
+		c.guard.own.rpc = &rpcCalls{m: s.rpc}
+	}
 	c.lv = libvirt.NewWithDialer(&onceDialer{conn: c.guard})
 	return c
 }

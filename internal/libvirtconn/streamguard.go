@@ -103,6 +103,7 @@ func (g *streamGuard) Read(p []byte) (int, error) {
 	for len(g.pending) == 0 && g.through == 0 {
 		if err := g.next(); err != nil {
 			g.own.lose(err) // no answer reaches an own call any more
+			g.own.rpc.lose()
 			return 0, err
 		}
 	}
@@ -189,6 +190,9 @@ func (g *streamGuard) sort(pkt []byte) {
 	serial := int32(binary.BigEndian.Uint32(h[16:20]))
 	status := binary.BigEndian.Uint32(h[20:24])
 
+	if typ == socket.Reply {
+		g.own.rpc.replied(h, pkt[headerLen:])
+	}
 	if _, ok := g.ended[serial]; ok && (typ == socket.Stream || typ == socket.Reply) {
 		g.droppedPackets.Add(1)
 		return

@@ -1,7 +1,8 @@
-// Package obs holds the span convention every package of this module
-// follows: stable span names, the egressproxy.* attributes, and how a span
-// ends on failure. docs/observability.md lists every span name and
-// attribute; this package is the one place that writes them.
+// Package obs holds the span and metric convention every package of this
+// module follows: stable span and instrument names, the egressproxy.*
+// attributes, and how a span ends on failure. docs/observability.md lists
+// every span name, instrument and attribute; this package is the one place
+// that writes them.
 //
 // The convention, after the OpenTelemetry semantic conventions:
 //
@@ -21,4 +22,12 @@
 //     stays Unset.
 //   - Error text reaches a span only as the package's own errors, which
 //     carry no secret (imagecache redacts URLs before they get here).
+//   - Instruments are named "egressproxy.<area>.<what>" in units of UCUM
+//     (s, By, 1, {thing}); the names are the Metric constants. Every
+//     attribute value comes from a fixed set (an operation, a class, a
+//     state, a kind, a configured entry), so label sets stay bounded: no
+//     instance name on any instrument, and a proxy's ID only on the
+//     per-proxy health gauge, whose series end when the proxy is
+//     forgotten. Durations are seconds in one set of buckets
+//     (DurationBuckets). A nil MeterProvider is a no-op.
 package obs

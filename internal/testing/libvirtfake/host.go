@@ -36,6 +36,7 @@ type Host struct {
 	leases   map[string]string // MAC → IP: the network's DHCP leases
 	arp      map[string]string // MAC → IP: the host's ARP table
 	domcaps  string
+	node     Node
 	hooks    map[string]Hook
 	replies  map[string]Hook
 	streams  map[string]Hook
@@ -63,6 +64,7 @@ func New() *Host {
 		counts:   map[string]int{},
 		sessions: map[*Session]struct{}{},
 		chunk:    DefaultChunk,
+		node:     DefaultNode(),
 	}
 	h.shared = h.newSessionLocked(false)
 	return h
