@@ -3,11 +3,14 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/metric"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/egressproxy/egressproxy"
@@ -26,13 +29,17 @@ type HealthOptions struct {
 	// ConnectTarget is the host:port every probe CONNECTs to through the
 	// proxy. Required.
 	ConnectTarget string
-	// Tracker decides health from the probes (nil: health.NewTracker(nil)).
+	// Tracker decides health from the probes (nil: a new tracker with
+	// the Logger and MeterProvider below).
 	Tracker *health.Tracker
 	// Probe are the per-probe options (timeout, tunnel proof); the
 	// credentials are set per proxy.
 	Probe health.ProbeOptions
 	// Logger (zero: discard).
 	Logger logr.Logger
+	// MeterProvider records the new tracker's per-proxy state gauge and
+	// its probes (nil: no-op; unused when Tracker is set).
+	MeterProvider metric.MeterProvider
 }
 
 // Member is a proxy the reconciler registered for probing.
@@ -44,7 +51,9 @@ type Member struct {
 }
 
 // HealthRunnable is a manager Runnable: every Interval it Checks every
-// provider entry and probes every registered proxy, feeding a
+// provider entry (all at once, so that an entry whose host hangs holds up
+// no other's), writes each result into the entry's EgressProxyHost when
+// Setup gave it a client, probes every registered proxy, feeding a
 // health.Tracker, and asks for a reconcile of the objects whose health
 // changed (the reconciler copies the decision into status). It runs on the
 // leader only, like the reconciler that registers the proxies.
@@ -54,6 +63,7 @@ type HealthRunnable struct {
 	tracker *health.Tracker
 	log     logr.Logger
 	notify  func(types.NamespacedName) // set by Reconciler.SetupWithManager
+	hosts   *hostWriter                // set by Setup; nil: no EgressProxyHost objects
 
 	mu         sync.Mutex
 	members    map[string]Member // by ID
@@ -73,7 +83,7 @@ func NewHealthRunnable(entries map[string]*egressproxy.Client, opts HealthOption
 	t := opts.Tracker
 	if t == nil {
 		var err error
-		if t, err = health.NewTracker(&health.TrackerOptions{Logger: log}); err != nil {
+		if t, err = health.NewTracker(&health.TrackerOptions{Logger: log, MeterProvider: opts.MeterProvider}); err != nil {
 			return nil, err
 		}
 	}
@@ -162,20 +172,18 @@ func (h *HealthRunnable) Start(ctx context.Context) error {
 
 // Round checks every entry and probes every registered proxy once.
 func (h *HealthRunnable) Round(ctx context.Context) {
-	for entry, c := range h.entries {
-		hl, err := c.Check(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			hl = egressproxy.Health{Reason: egressproxy.ReasonUnknown, Message: err.Error()}
+	checked := h.checkEntries(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	if h.hosts != nil {
+		if err := h.hosts.prune(ctx); err != nil {
+			h.log.Info("hosts of removed entries not deleted; trying again next round", "err", err)
 		}
-		h.mu.Lock()
-		prev, had := h.entryState[entry]
-		h.entryState[entry] = hl
-		h.mu.Unlock()
-		if had && (prev.Reachable != hl.Reachable || prev.Reason != hl.Reason) {
-			h.log.Info("provider entry health changed", "entry", entry, "reachable", hl.Reachable, "reason", string(hl.Reason))
+		for _, entry := range slices.Sorted(maps.Keys(checked)) {
+			if err := h.hosts.write(ctx, entry, checked[entry]); err != nil {
+				h.log.Info("host status not written", "entry", entry, "err", err)
+			}
 		}
 	}
 
@@ -216,4 +224,40 @@ func (h *HealthRunnable) Round(ctx context.Context) {
 			h.notify(k)
 		}
 	}
+}
+
+// checkEntries Checks every entry at once and records the results; an
+// entry whose Check could not run (ctx ended) is left out.
+func (h *HealthRunnable) checkEntries(ctx context.Context) map[string]egressproxy.Health {
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		checked = map[string]egressproxy.Health{}
+	)
+	for entry, c := range h.entries {
+		wg.Go(func() {
+			hl, err := c.Check(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				hl = egressproxy.Health{Reason: egressproxy.ReasonUnknown, Message: err.Error(), CheckedAt: time.Now().UTC()}
+			}
+			mu.Lock()
+			checked[entry] = hl
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for _, entry := range slices.Sorted(maps.Keys(checked)) {
+		hl := checked[entry]
+		h.mu.Lock()
+		prev, had := h.entryState[entry]
+		h.entryState[entry] = hl
+		h.mu.Unlock()
+		if had && (prev.Reachable != hl.Reachable || prev.Reason != hl.Reason) {
+			h.log.Info("provider entry health changed", "entry", entry, "reachable", hl.Reachable, "reason", string(hl.Reason))
+		}
+	}
+	return checked
 }
