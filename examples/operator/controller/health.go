@@ -203,6 +203,20 @@ func (h *HealthRunnable) Round(ctx context.Context) {
 		h.log.Error(err, "health round not recorded")
 		return
 	}
+	// A proxy unregistered while the round probed it was tracked again
+	// when the round recorded its result: forget it again, so that its
+	// state, and its series of the state gauge, end with its object.
+	var gone []string
+	h.mu.Lock()
+	for id := range keys {
+		if _, ok := h.members[id]; !ok {
+			gone = append(gone, id)
+		}
+	}
+	h.mu.Unlock()
+	for _, id := range gone {
+		h.tracker.Remove(id)
+	}
 	if ctx.Err() != nil {
 		return
 	}

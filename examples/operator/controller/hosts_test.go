@@ -8,13 +8,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
-	"github.com/egressproxy/egressproxy/internal/testing/metrictest"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
 
@@ -100,37 +98,5 @@ func TestHostsFromCheck(t *testing.T) {
 	hr.Round(ctx)
 	if c := ready(host("mem2")); c == nil || c.Status != metav1.ConditionTrue || host("mem2").Status.Capacity == nil {
 		t.Errorf("mem2 reachable again: Ready %+v", c)
-	}
-}
-
-// TestHealthMetrics: the runnable's tracker records to HealthOptions'
-// MeterProvider: a registered proxy has a state series from its first
-// round, and none once it is unregistered.
-func TestHealthMetrics(t *testing.T) {
-	ctx := context.Background()
-	m := metrictest.New(t)
-	entries := map[string]*egressproxy.Client{"mem": memprovider.New(nil)}
-	t.Cleanup(func() { _ = CloseEntries(entries) })
-	hr, err := NewHealthRunnable(entries, HealthOptions{ConnectTarget: listenTarget(t), MeterProvider: m.MeterProvider()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	states := func() map[string]string {
-		out := map[string]string{}
-		for _, s := range m.Collect(t) {
-			if s.Name == "egressproxy.health.proxy.state" && s.Value == 1 {
-				out[s.Attrs["egressproxy.proxy.id"]] = s.Attrs["egressproxy.health.state"]
-			}
-		}
-		return out
-	}
-	hr.Register(Member{ID: "px-1", Addr: "127.0.0.1:1"})
-	hr.Round(ctx)
-	if got := states(); got["px-1"] == "" {
-		t.Errorf("state series after a round: %v, want one for px-1", got)
-	}
-	hr.Unregister(types.NamespacedName{}, "px-1")
-	if got := states(); len(got) != 0 {
-		t.Errorf("state series after Unregister: %v, want none", got)
 	}
 }
