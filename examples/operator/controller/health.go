@@ -51,9 +51,10 @@ type Member struct {
 }
 
 // HealthRunnable is a manager Runnable: every Interval it Checks every
-// provider entry (all at once, so that an entry whose host hangs holds up
-// no other's), writes each result into the entry's EgressProxyHost when
-// Setup gave it a client, probes every registered proxy, feeding a
+// provider entry (all at once, each result written into the entry's
+// EgressProxyHost, when Setup gave it a client, as soon as it is there: an
+// entry whose host hangs delays no other's result, only the next round),
+// then probes every registered proxy, feeding a
 // health.Tracker, and asks for a reconcile of the objects whose health
 // changed (the reconciler copies the decision into status). It runs on the
 // leader only, like the reconciler that registers the proxies.
@@ -172,19 +173,14 @@ func (h *HealthRunnable) Start(ctx context.Context) error {
 
 // Round checks every entry and probes every registered proxy once.
 func (h *HealthRunnable) Round(ctx context.Context) {
-	checked := h.checkEntries(ctx)
-	if ctx.Err() != nil {
-		return
-	}
 	if h.hosts != nil {
-		if err := h.hosts.prune(ctx); err != nil {
+		if err := h.hosts.prune(ctx); err != nil && ctx.Err() == nil {
 			h.log.Info("hosts of removed entries not deleted; trying again next round", "err", err)
 		}
-		for _, entry := range slices.Sorted(maps.Keys(checked)) {
-			if err := h.hosts.write(ctx, entry, checked[entry]); err != nil {
-				h.log.Info("host status not written", "entry", entry, "err", err)
-			}
-		}
+	}
+	h.checkEntries(ctx)
+	if ctx.Err() != nil {
+		return
 	}
 
 	// One Tracker round over every proxy, each with its own credentials
@@ -240,9 +236,10 @@ func (h *HealthRunnable) Round(ctx context.Context) {
 	}
 }
 
-// checkEntries Checks every entry at once and records the results; an
-// entry whose Check could not run (ctx ended) is left out.
-func (h *HealthRunnable) checkEntries(ctx context.Context) map[string]egressproxy.Health {
+// checkEntries Checks every entry at once, writes each result into the
+// entry's EgressProxyHost as soon as it is there, and records the results;
+// an entry whose Check could not run (ctx ended) is left out.
+func (h *HealthRunnable) checkEntries(ctx context.Context) {
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
@@ -256,6 +253,11 @@ func (h *HealthRunnable) checkEntries(ctx context.Context) map[string]egressprox
 					return
 				}
 				hl = egressproxy.Health{Reason: egressproxy.ReasonUnknown, Message: err.Error(), CheckedAt: time.Now().UTC()}
+			}
+			if h.hosts != nil {
+				if err := h.hosts.write(ctx, entry, hl); err != nil && ctx.Err() == nil {
+					h.log.Info("host status not written", "entry", entry, "err", err)
+				}
 			}
 			mu.Lock()
 			checked[entry] = hl
@@ -273,5 +275,4 @@ func (h *HealthRunnable) checkEntries(ctx context.Context) map[string]egressprox
 			h.log.Info("provider entry health changed", "entry", entry, "reachable", hl.Reachable, "reason", string(hl.Reason))
 		}
 	}
-	return checked
 }

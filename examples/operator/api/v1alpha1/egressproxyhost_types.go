@@ -69,6 +69,7 @@ type HostCapacity struct {
 // +kubebuilder:printcolumn:name="Hostname",type=string,JSONPath=`.status.details.hostname`,priority=1
 // +kubebuilder:printcolumn:name="Libvirt",type=string,JSONPath=`.status.details.libvirtVersion`,priority=1
 // +kubebuilder:printcolumn:name="Checked",type=date,JSONPath=`.status.lastCheckTime`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type EgressProxyHost struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

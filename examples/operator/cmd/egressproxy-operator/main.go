@@ -71,16 +71,20 @@ func main() {
 // newLogger is the operator's logger, as the --zap-* flags make it, and
 // sets it as controller-runtime's and klog's.
 //
-// client-go logs through klog (leader election, among others), which
-// controller-runtime does not route: its lines would come out in klog's
-// own text format ("I1204 21:07:02.580097 1 leaderelection.go:258] …")
+// client-go and apimachinery log through klog wherever they find no
+// logger in their context (controller-runtime puts one in the contexts of
+// leader election and of its caches, not everywhere:
+// utilruntime.HandleError, for one, logs through klog's global logger),
+// and controller-runtime does not route klog: those lines would come out
+// in klog's own text format ("E1204 21:07:02.580097 1 runtime.go:142] …")
 // in the middle of a JSON stream. klog.SetLogger hands them to the
-// operator's logger instead. The plain form, not SetLoggerWithOptions
-// with ContextualLogger(true), keeps klog's verbosity gate: klog checks
-// its own -v (0: the operator does not offer klog's flags) before a line
-// reaches the logger, so client-go's V(1)..V(10) lines (request traces,
-// reflector and cache details) stay out, also when --zap-log-level=debug
-// lets through the library's and the reconciler's V(1) lines.
+// operator's logger instead. The plain form, not SetLoggerWithOptions with
+// ContextualLogger(true), keeps klog's verbosity gate: klog checks its own
+// -v (0: the operator does not offer klog's flags) before a line reaches
+// the logger, so client-go's V(1) and higher lines (request traces,
+// lease renewals, watch details) stay out whatever --zap-log-level lets
+// through of the library's and the reconciler's (debug: V(1); a number N:
+// up to V(N)).
 func newLogger(o *options) logr.Logger {
 	log := zap.New(zap.UseFlagOptions(&o.zap))
 	ctrl.SetLogger(log)
@@ -96,7 +100,11 @@ func newLogger(o *options) logr.Logger {
 // translation (egressproxy.client.operation.duration in seconds becomes
 // egressproxy_client_operation_duration_seconds).
 func newMeterProvider(reg prometheus.Registerer) (*sdkmetric.MeterProvider, error) {
-	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes))
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes),
+		// Every instrument's name is the library's own, so the scope
+		// (the package that records it) tells a reader nothing the
+		// name does not: no otel_scope_* labels on every series.
+		otelprom.WithoutScopeInfo())
 	if err != nil {
 		return nil, err
 	}
