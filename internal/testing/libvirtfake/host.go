@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -45,6 +46,7 @@ type Host struct {
 	shared   *Session
 	chunk    int
 	seq      uint64 // UUIDs and MAC addresses
+	id       uint64 // random: the UUIDs of two Hosts never collide
 	ids      int32  // IDs of running domains
 	closed   bool
 	wg       sync.WaitGroup // Do's goroutines
@@ -63,6 +65,7 @@ func New() *Host {
 		counts:   map[string]int{},
 		sessions: map[*Session]struct{}{},
 		chunk:    DefaultChunk,
+		id:       rand.Uint64(),
 	}
 	h.shared = h.newSessionLocked(false)
 	return h
@@ -197,10 +200,14 @@ func (h *Host) Close() error {
 	return nil
 }
 
+// uuidLocked is a new UUID: the Host's random id, then a sequence number,
+// so that pools and domains of different Hosts (libvirtds) differ, as
+// libvirt's random UUIDs do.
 func (h *Host) uuidLocked() libvirt.UUID {
 	h.seq++
 	var u libvirt.UUID
 	for i := range 8 {
+		u[7-i] = byte(h.id >> (8 * i))
 		u[15-i] = byte(h.seq >> (8 * i))
 	}
 	u[6] = 0x40 | u[6]&0x0f // version 4 shape
