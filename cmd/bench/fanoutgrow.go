@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/egressproxy/egressproxy/imagecache"
@@ -196,6 +197,9 @@ func runGrow(ctx context.Context, o options, l lab, mirror, url, dir string, img
 			return nil, err
 		}
 	}
+	if err := warmValidation(ctx, hosts); err != nil {
+		return nil, err
+	}
 	holder := fanoutTarget{Env: hosts[0].env, Entry: fmt.Sprintf("fohold%04x", rand.IntN(1<<16))}
 	defer cleanupFanout(ctx, []fanoutTarget{holder})
 	// The holder's base, published from the mirror (untimed).
@@ -231,6 +235,35 @@ func runGrow(ctx context.Context, o options, l lab, mirror, url, dir string, img
 	}
 	res.manyVsOne = benchutil.Ratios(res.many, res.one)
 	return res, nil
+}
+
+// warmValidation defines (with validation) and undefines one small domain
+// on each host, untimed. A libvirtd that has not validated a domain yet
+// parses its RNG schema on the first define, and concurrent first defines
+// race in libxml2 ("Unable to parse RNG …: Error type 'unsignedInt' is
+// not exported by type library", seen with 5 Creates at once on a fresh
+// lab host); the library's Creates are then measured on a warm libvirtd,
+// as on a host in service.
+func warmValidation(ctx context.Context, hosts []labHost) error {
+	const x = `<domain type='qemu'><name>bench-warm-validation</name><memory unit='MiB'>32</memory><os><type>hvm</type></os></domain>`
+	for _, h := range hosts {
+		lv, _, closeLink, err := benchutil.Link(h.env, "")
+		if err != nil {
+			return err
+		}
+		err = lv.Do(ctx, func(l *libvirt.Libvirt) error {
+			d, err := l.DomainDefineXMLFlags(x, libvirt.DomainDefineValidate)
+			if err != nil {
+				return err
+			}
+			return l.DomainUndefine(d)
+		})
+		closeLink()
+		if err != nil {
+			return fmt.Errorf("host %d: a domain defined and undefined before the Creates: %w", h.n, err)
+		}
+	}
+	return nil
 }
 
 // summary returns the growing fleet's Summary rows.

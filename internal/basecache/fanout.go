@@ -532,11 +532,11 @@ func (d *download) respond(resp *http.Response) {
 }
 
 // openMirrorAt GETs the image from the mirror from off on under ctx,
-// after another source fed [0, off): a Range request (If-Range with the mirror's
-// validator when it answered one before) answered 206 from off, or a 200
-// whose first off bytes are skipped; either of the image's total size when
-// it is known. The image has a configured digest (a peer was a source),
-// which decides whether the two sources served the same bytes.
+// after another source fed [0, off): a Range request (If-Range with the
+// mirror's validator when it answered one before) answered 206 from off,
+// or a 200 whose first off bytes are skipped; either of the image's total
+// size when it is known. The image has a configured digest (a peer was a
+// source), which decides whether the two sources served the same bytes.
 func (d *download) openMirrorAt(ctx context.Context, off, total int64) (io.ReadCloser, error) {
 	r := d.req.Clone(ctx)
 	d.mu.Lock()
