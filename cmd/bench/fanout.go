@@ -303,21 +303,9 @@ func runFanout(ctx context.Context, env teststack.Env, o options) (*fanoutResult
 	if err != nil {
 		return nil, err
 	}
-	if _, err := l.run(ctx, "mirror", "up", "--rate", o.fanoutMirrorRate, "--dir", dir); err != nil {
-		return nil, err
-	}
-	out, err := l.run(ctx, "env")
+	mirror, err := l.mirrorUp(ctx, o.fanoutMirrorRate, dir)
 	if err != nil {
 		return nil, err
-	}
-	mirror := ""
-	for _, line := range strings.Split(out, "\n") {
-		if v, ok := strings.CutPrefix(line, "export EGRESSPROXY_LAB_MIRROR_URL="); ok {
-			mirror = strings.Trim(v, `'"`)
-		}
-	}
-	if mirror == "" {
-		return nil, errors.New("scripts/lab env names no mirror after `mirror up`")
 	}
 	url := mirror + "/" + filepath.Base(img.Path)
 	res := &fanoutResult{hosts: o.fanoutHosts, mib: o.fanoutMiB, rate: o.fanoutRate, mirrorRate: o.fanoutMirrorRate, image: img, load: loadavg()}
@@ -421,6 +409,24 @@ func runFanout(ctx context.Context, env teststack.Env, o options) (*fanoutResult
 		}
 	}
 	return res, nil
+}
+
+// mirrorUp starts (or reshapes) the lab's mirror at rate, serving dir, and
+// returns its URL.
+func (l lab) mirrorUp(ctx context.Context, rate, dir string) (string, error) {
+	if _, err := l.run(ctx, "mirror", "up", "--rate", rate, "--dir", dir); err != nil {
+		return "", err
+	}
+	out, err := l.run(ctx, "env")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, "export EGRESSPROXY_LAB_MIRROR_URL="); ok {
+			return strings.Trim(v, `'"`), nil
+		}
+	}
+	return "", errors.New("scripts/lab env names no mirror after `mirror up`")
 }
 
 // cleanupFanout removes every volume of the targets' entries from their

@@ -189,7 +189,7 @@ func runGrow(ctx context.Context, o options, l lab, mirror, url, dir string, img
 	if err != nil {
 		return nil, err
 	}
-	if _, err := l.run(ctx, "mirror", "up", "--rate", o.fanoutGrowMirrorRate, "--dir", dir); err != nil {
+	if _, err := l.mirrorUp(ctx, o.fanoutGrowMirrorRate, dir); err != nil {
 		return nil, err
 	}
 	for _, h := range hosts {

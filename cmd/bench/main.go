@@ -89,20 +89,8 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
-	if *fanChild {
-		if err := fanoutChild(ctx, env, o); err != nil {
-			fatal(err)
-		}
-		return
-	}
-	if *growCh {
-		if err := growChild(ctx, o); err != nil {
-			fatal(err)
-		}
-		return
-	}
-	if *child {
-		if err := fetchChild(ctx, env, o); err != nil {
+	if run := childOf(*fanChild, *growCh, *child); run != nil {
+		if err := run(ctx, env, o); err != nil {
 			fatal(err)
 		}
 		return
@@ -151,6 +139,20 @@ func main() {
 		fatal(err)
 	}
 	logf("wrote %s", o.out)
+}
+
+// childOf is the internal child the flags ask for (-fanout-child,
+// -grow-child, -fetch-child), nil for none.
+func childOf(fanout, grow, fetch bool) func(context.Context, teststack.Env, options) error {
+	switch {
+	case fanout:
+		return fanoutChild
+	case grow:
+		return func(ctx context.Context, _ teststack.Env, o options) error { return growChild(ctx, o) }
+	case fetch:
+		return fetchChild
+	}
+	return nil
 }
 
 type options struct {
