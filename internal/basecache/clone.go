@@ -56,8 +56,10 @@ func (c *Cache) cloneLocal(ctx context.Context, img imagecache.Image, name strin
 		return Base{}, err
 	}
 	el := time.Since(start)
-	log.Info("published base", "source", imagecache.SourcePeer, "switched", false, "inHost", true, "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
-		"copy", st.uploaded, "verify", el-st.uploaded)
+	// from: the copy was made inside the host, from that volume; verify:
+	// the read-back after it.
+	log.Info("published base", "source", imagecache.SourcePeer, "from", pb.volume, "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
+		"verify", el-st.uploaded)
 	path, err := pathOf()
 	if err != nil {
 		return Base{}, c.classify(ctx, fmt.Errorf("look up base %s: %w", name, err))

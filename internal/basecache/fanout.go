@@ -968,13 +968,6 @@ func (b *fanBody) peer() string {
 	return own
 }
 
-// switched reports whether the download changed sources in what this
-// fetch read of it.
-func (b *fanBody) switched() bool {
-	kinds, _ := b.sources()
-	return len(kinds) > 1
-}
-
 // peerFault notes, for the Fanout, every peer opened for this fetch as
 // failed (see Fanout.noteFailed).
 func (b *fanBody) peerFault() {

@@ -40,7 +40,6 @@ type ingest struct {
 type origin interface {
 	source() string  // Base.Source
 	peer() string    // the entry of the peer that fed them, "" for none
-	switched() bool  // the shared download changed sources meanwhile
 	triedPeer() bool // a peer was opened for them
 	peerFault()      // the fetch they fed failed: the peers opened are not candidates for a while
 }
@@ -50,7 +49,6 @@ type mirrorOrigin struct{}
 
 func (mirrorOrigin) source() string  { return imagecache.SourceMirror }
 func (mirrorOrigin) peer() string    { return "" }
-func (mirrorOrigin) switched() bool  { return false }
 func (mirrorOrigin) triedPeer() bool { return false }
 func (mirrorOrigin) peerFault()      {}
 
@@ -256,15 +254,15 @@ func (s *stage) close(ctx context.Context, err error) {
 }
 
 // notePublished logs the published base: where its bytes came from
-// (source; the peer that fed them; whether the shared download switched
-// sources), how long it took and how fast.
+// (source, which names every source in order when the shared download
+// switched; the peer that fed them), how long it took and how fast.
 func (c *Cache) notePublished(in *ingest, s *stage, n int64, digest, src string) {
 	el := time.Since(s.start)
 	log := in.log
 	if p := in.from.peer(); p != "" {
 		log = log.WithValues("peer", p)
 	}
-	log.Info("published base", "source", src, "switched", in.from.switched(), "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
+	log.Info("published base", "source", src, "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
 		"upload", s.uploaded, "uploadBytesPerSecond", int64(float64(n)/s.uploaded.Seconds()),
 		// The read-back overlaps the upload: verify is what it added
 		// after the upload.
