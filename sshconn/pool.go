@@ -429,28 +429,11 @@ func (p *Pool) Close() error {
 	for _, l := range links {
 		_ = l.client.Close() // cannot block now: its net.Conn is closed
 	}
-	if !waitBounded(&p.wg, closeWait) {
+	if !budget.Wait(&p.wg, closeWait) {
 		return &Error{Kind: KindUnknown, Address: p.cfg.Address, Op: "close",
 			Err: fmt.Errorf("goroutines still running after %v", closeWait)}
 	}
 	return nil
-}
-
-// waitBounded waits for wg at most d; it reports whether wg finished.
-func waitBounded(wg *sync.WaitGroup, d time.Duration) bool {
-	done := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(done)
-	}()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-		return true
-	case <-t.C:
-		return false
-	}
 }
 
 // backingOff is the error of a dial refused during the backoff that

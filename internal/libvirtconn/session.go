@@ -614,11 +614,11 @@ func (s *Session) Close() error {
 			}()
 		})
 	}
-	if !waitBounded(&s.wg, closeWait) {
+	if !budget.Wait(&s.wg, closeWait) {
 		if c != nil {
 			s.pool.Kill(c.client, errors.New("libvirt close: channel close did not finish"))
 		}
-		if !waitBounded(&s.wg, 200*time.Millisecond) {
+		if !budget.Wait(&s.wg, 200*time.Millisecond) {
 			return s.fail(sshconn.KindUnknown, "libvirt close", fmt.Errorf("goroutines still running after %v", closeWait))
 		}
 	}
@@ -702,7 +702,7 @@ func (d *Dedicated) Close() error {
 		if g := d.guard; g != nil {
 			// An upload's sender ends when its source's Read returns
 			// (its writes fail now that the link is gone).
-			if !waitBounded(&g.own.senders, ownSenderWait) {
+			if !budget.Wait(&g.own.senders, ownSenderWait) {
 				d.s.log.Info("an upload's source is still being read after its connection closed", "elapsed", ownSenderWait)
 			}
 			if held, dropped := g.heldPackets.Load(), g.droppedPackets.Load(); held+dropped > 0 {
@@ -735,20 +735,3 @@ func isClosed(ch <-chan struct{}) bool {
 
 // closeWait bounds how long Close waits for the goroutines it owns.
 const closeWait = time.Second
-
-// waitBounded waits for wg at most d; it reports whether wg finished.
-func waitBounded(wg *sync.WaitGroup, d time.Duration) bool {
-	done := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(done)
-	}()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-		return true
-	case <-t.C:
-		return false
-	}
-}
