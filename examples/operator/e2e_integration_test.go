@@ -472,6 +472,24 @@ func TestOperatorEndToEnd(t *testing.T) {
 	if v, _ := after.sum("egressproxy_libvirt_rpc_duration_seconds_count", map[string]string{"egressproxy_entry": entryNames[0], "rpc_method": "StorageVolUpload"}); v <= uploads0 {
 		t.Errorf("StorageVolUpload calls of %s: %v before alpha's cold Create, %v after", entryNames[0], uploads0, v)
 	}
+	// The image cache's series: alpha's and beta's cold Creates are the
+	// process's first fetches of the tiny image, so no peer holds it and
+	// its bytes come from the mirror (one download the two entries share:
+	// which entry counts them is the cache's business, their sum is not);
+	// alpha's entry then has a base.
+	var mirror0, mirror float64
+	for _, e := range entryNames {
+		bytesOf := map[string]string{"egressproxy_entry": e, "egressproxy_image_source": "mirror"}
+		v0, _ := before0.sum("egressproxy_image_transfer_size_bytes_total", bytesOf)
+		v, _ := after.sum("egressproxy_image_transfer_size_bytes_total", bytesOf)
+		mirror0, mirror = mirror0+v0, mirror+v
+	}
+	if mirror <= mirror0 {
+		t.Errorf("egressproxy_image_transfer_size_bytes_total{egressproxy_image_source=mirror} of %v: %v before the cold Creates, %v after; want more\n%s", entryNames, mirror0, mirror, after.lines("egressproxy_image_"))
+	}
+	if v, n := after.sum("egressproxy_image_base_count", entryA); n == 0 || v < 1 {
+		t.Errorf("egressproxy_image_base_count{egressproxy_entry=%s} after alpha's cold Create: %d series, %v; want at least 1", entryNames[0], n, v)
+	}
 	t.Logf("operator-1's /metrics after the first Creates (the library's series of %s):\n%s", entryNames[0],
 		after.lines("egressproxy_entry_")+"\n"+after.lines(`egressproxy_client_operation_duration_seconds_count{egressproxy_entry="`+entryNames[0]+`",egressproxy_operation="create"`))
 	waitFor(t, 30*time.Second, "alpha's VM counted on its host", func() string {
@@ -762,8 +780,10 @@ func TestOperatorEndToEnd(t *testing.T) {
 	})
 
 	// The second host's sshd frozen: the host of the entry kept for it
-	// turns not Ready, reason Unreachable, within one health round (whose
-	// Check of that entry ends within the entry's call budget), and its
+	// turns not Ready, reason Unreachable, within one of its Check rounds
+	// (the interval, then a Check that ends within the entry's call
+	// budget; probes of proxies whose objects were just deleted, which
+	// time out, do not hold the entry's Checks up), and its
 	// reachable series says 0; the first host's entries stay Ready.
 	// Thawed, it is Ready again.
 	thaw := freezeSSHD(t, hosts[1].stackDir)

@@ -3,9 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
-	"maps"
 	"net"
-	"slices"
 	"sync"
 	"time"
 
@@ -50,14 +48,13 @@ type Member struct {
 	Credentials Credentials
 }
 
-// HealthRunnable is a manager Runnable: every Interval it Checks every
-// provider entry (all at once, each result written into the entry's
-// EgressProxyHost, when Setup gave it a client, as soon as it is there: an
-// entry whose host hangs delays no other's result, only the next round),
-// then probes every registered proxy, feeding a
-// health.Tracker, and asks for a reconcile of the objects whose health
-// changed (the reconciler copies the decision into status). It runs on the
-// leader only, like the reconciler that registers the proxies.
+// HealthRunnable is a manager Runnable: every Interval it Checks each
+// provider entry (each in a loop of its own) and writes the result into
+// the entry's EgressProxyHost (when Setup gave it a client), and probes
+// every registered proxy, feeding a health.Tracker, and asks for a
+// reconcile of the objects whose health changed (the reconciler copies the
+// decision into status). It runs on the leader only, like the reconciler
+// that registers the proxies.
 type HealthRunnable struct {
 	entries map[string]*egressproxy.Client
 	opts    HealthOptions
@@ -157,32 +154,91 @@ func (h *HealthRunnable) EntryHealth(entry string) (egressproxy.Health, bool) {
 	return hl, ok
 }
 
-// Start runs rounds until ctx ends.
+// Start runs, until ctx ends, one loop per entry that Checks it every
+// Interval, and the loop of probe rounds every Interval: an entry whose
+// host hangs delays its own Checks only, never another entry's or the
+// probes.
 func (h *HealthRunnable) Start(ctx context.Context) error {
-	tick := time.NewTicker(h.opts.Interval)
+	var wg sync.WaitGroup
+	for entry, c := range h.entries {
+		wg.Go(func() { every(ctx, h.opts.Interval, func() { h.checkEntry(ctx, entry, c) }) })
+	}
+	every(ctx, h.opts.Interval, func() {
+		h.pruneHosts(ctx)
+		h.probeRound(ctx)
+	})
+	wg.Wait()
+	return nil
+}
+
+// every runs f, then again every d, until ctx ends.
+func every(ctx context.Context, d time.Duration, f func()) {
+	tick := time.NewTicker(d)
 	defer tick.Stop()
 	for {
-		h.Round(ctx)
+		f()
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-tick.C:
 		}
 	}
 }
 
-// Round checks every entry and probes every registered proxy once.
+// Round checks every entry (at once) and then probes every registered
+// proxy, once.
 func (h *HealthRunnable) Round(ctx context.Context) {
-	if h.hosts != nil {
-		if err := h.hosts.prune(ctx); err != nil && ctx.Err() == nil {
-			h.log.Info("hosts of removed entries not deleted; trying again next round", "err", err)
-		}
+	h.pruneHosts(ctx)
+	var wg sync.WaitGroup
+	for entry, c := range h.entries {
+		wg.Go(func() { h.checkEntry(ctx, entry, c) })
 	}
-	h.checkEntries(ctx)
+	wg.Wait()
 	if ctx.Err() != nil {
 		return
 	}
+	h.probeRound(ctx)
+}
 
+// pruneHosts deletes the hosts of entries no longer configured, until
+// that has succeeded once.
+func (h *HealthRunnable) pruneHosts(ctx context.Context) {
+	if h.hosts == nil {
+		return
+	}
+	if err := h.hosts.prune(ctx); err != nil && ctx.Err() == nil {
+		h.log.Info("hosts of removed entries not deleted; trying again next round", "err", err)
+	}
+}
+
+// checkEntry Checks entry, writes the result into its EgressProxyHost and
+// records it for the reconciler. A Check that could not run because ctx
+// ended records nothing.
+func (h *HealthRunnable) checkEntry(ctx context.Context, entry string, c *egressproxy.Client) {
+	hl, err := c.Check(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		hl = egressproxy.Health{Reason: egressproxy.ReasonUnknown, Message: err.Error(), CheckedAt: time.Now().UTC()}
+	}
+	if h.hosts != nil {
+		if err := h.hosts.write(ctx, entry, hl); err != nil && ctx.Err() == nil {
+			h.log.Info("host status not written", "entry", entry, "err", err)
+		}
+	}
+	h.mu.Lock()
+	prev, had := h.entryState[entry]
+	h.entryState[entry] = hl
+	h.mu.Unlock()
+	if had && (prev.Reachable != hl.Reachable || prev.Reason != hl.Reason) {
+		h.log.Info("provider entry health changed", "entry", entry, "reachable", hl.Reachable, "reason", string(hl.Reason))
+	}
+}
+
+// probeRound probes every registered proxy once and asks for a reconcile
+// of the objects whose health changed.
+func (h *HealthRunnable) probeRound(ctx context.Context) {
 	// One Tracker round over every proxy, each with its own credentials
 	// (none for a proxy without); one without an address keeps its state.
 	h.mu.Lock()
@@ -232,47 +288,6 @@ func (h *HealthRunnable) Round(ctx context.Context) {
 	if h.notify != nil {
 		for _, k := range changed {
 			h.notify(k)
-		}
-	}
-}
-
-// checkEntries Checks every entry at once, writes each result into the
-// entry's EgressProxyHost as soon as it is there, and records the results;
-// an entry whose Check could not run (ctx ended) is left out.
-func (h *HealthRunnable) checkEntries(ctx context.Context) {
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		checked = map[string]egressproxy.Health{}
-	)
-	for entry, c := range h.entries {
-		wg.Go(func() {
-			hl, err := c.Check(ctx)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				hl = egressproxy.Health{Reason: egressproxy.ReasonUnknown, Message: err.Error(), CheckedAt: time.Now().UTC()}
-			}
-			if h.hosts != nil {
-				if err := h.hosts.write(ctx, entry, hl); err != nil && ctx.Err() == nil {
-					h.log.Info("host status not written", "entry", entry, "err", err)
-				}
-			}
-			mu.Lock()
-			checked[entry] = hl
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	for _, entry := range slices.Sorted(maps.Keys(checked)) {
-		hl := checked[entry]
-		h.mu.Lock()
-		prev, had := h.entryState[entry]
-		h.entryState[entry] = hl
-		h.mu.Unlock()
-		if had && (prev.Reachable != hl.Reachable || prev.Reason != hl.Reason) {
-			h.log.Info("provider entry health changed", "entry", entry, "reachable", hl.Reachable, "reason", string(hl.Reason))
 		}
 	}
 }

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/health"
+	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/internal/testing/metrictest"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
@@ -88,5 +90,67 @@ func TestUnregisterDuringRound(t *testing.T) {
 		if s.Name == "egressproxy.health.proxy.state" {
 			t.Errorf("state series after the round: %s", s.Key())
 		}
+	}
+}
+
+// TestStartChecksApart: Start Checks each entry on its own loop, apart
+// from the probes: while one entry's Check hangs and a probe hangs, the
+// other entry is Checked again and again.
+func TestStartChecksApart(t *testing.T) {
+	slow, fast := memprovider.New(nil), memprovider.New(nil)
+	entries := map[string]*egressproxy.Client{"slow": slow, "fast": fast}
+	t.Cleanup(func() { _ = CloseEntries(entries) })
+	var ctl *memprovider.Control
+	if !slow.As(&ctl) {
+		t.Fatal("no memprovider Control")
+	}
+	slowInFlight := make(chan struct{})
+	var once sync.Once
+	ctl.InjectFault(memprovider.OpCheck, memprovider.Fault{Delay: time.Hour, Waiting: func() { once.Do(func() { close(slowInFlight) }) }})
+	hr, err := NewHealthRunnable(entries, HealthOptions{Interval: 10 * time.Millisecond, ConnectTarget: "127.0.0.1:9",
+		Probe: health.ProbeOptions{Timeout: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The proxy accepts the probe's connection and answers nothing.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	probeInFlight := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			probeInFlight <- c
+		}
+	}()
+	hr.Register(Member{ID: "px-1", Addr: ln.Addr().String()})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- hr.Start(ctx) }()
+	<-slowInFlight
+	select {
+	case conn := <-probeInFlight:
+		defer conn.Close()
+	case <-time.After(10 * time.Second):
+		t.Fatal("no probe while slow's Check hangs")
+	}
+	var first time.Time
+	eventually.True(t, 10*time.Second, func() bool {
+		hl, ok := hr.EntryHealth("fast")
+		first = hl.CheckedAt
+		return ok
+	}, "fast's first Check while slow's Check and the probe hang")
+	eventually.True(t, 10*time.Second, func() bool {
+		hl, _ := hr.EntryHealth("fast")
+		return hl.CheckedAt.After(first)
+	}, "fast Checked again while slow's Check and the probe hang")
+	if _, ok := hr.EntryHealth("slow"); ok {
+		t.Error("slow has a Check result while its Check hangs")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Start: %v", err)
 	}
 }
