@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"regexp"
 	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/driver"
+	"github.com/egressproxy/egressproxy/guest"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/eventually"
@@ -514,12 +517,24 @@ func TestProbe(t *testing.T) {
 	target := strings.TrimPrefix(srv.URL, "http://")
 
 	w := newWorld(t, "lab1", "lab2")
-	w.opts.ProxyUser, w.opts.ProxyPassword = "probe", "pr0be-secret"
 	pwFile := filepath.Join(t.TempDir(), "pw")
 	if err := os.WriteFile(pwFile, []byte("pr0be-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	w.want(exitOK, "--entry", "lab2", "create", "proxy-a", "--uid", "uid-a")
+	// The proxy's guest description asks for the probe's credentials
+	// (memprovider serves what the user-data describes).
+	_, port, _ := net.SplitHostPort(target)
+	portN, _ := strconv.Atoi(port)
+	ud, err := guest.UserData(guest.Config{Users: []guest.User{{Name: "probe", Password: "pr0be-secret"}},
+		AllowedDestinations: []guest.Destination{{Ports: []int{portN}}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	udFile := filepath.Join(t.TempDir(), "user-data")
+	if err := os.WriteFile(udFile, []byte(ud), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.want(exitOK, "--entry", "lab2", "create", "proxy-a", "--uid", "uid-a", "--user-data-file", udFile)
 
 	out, _ := w.want(exitOK, "probe", "proxy-a", "--target", target, "--proxy-user", "probe", "--proxy-password-file", pwFile, "--expect-body", body)
 	if !regexp.MustCompile(`(?m)^lab2\s+proxy-a\s+127\.0\.0\.1:\d+\s+` + regexp.QuoteMeta(target) + `\s+ok\s+200\s`).MatchString(out) {

@@ -227,7 +227,7 @@ func TestDeleteFinalizer(t *testing.T) {
 // TestHealthFromTracker: a served proxy with the Secret's credentials
 // becomes Healthy through the health runnable's rounds.
 func TestHealthFromTracker(t *testing.T) {
-	f := newFixture(t, &memprovider.Options{ServeProxies: true, ProxyUser: "u1", ProxyPassword: "p1"})
+	f := newFixture(t, &memprovider.Options{ServeProxies: true})
 	target := listenTarget(t)
 	f.hr.opts.ConnectTarget = target
 	_, ep := f.reconcile(t)
