@@ -36,6 +36,8 @@ type Guard struct {
 	Target *Target
 	// Echo is the "what is my address" server; its port is allowed.
 	Echo *Echo
+	// AlsoAllow are more destinations (host:port) whose ports are allowed.
+	AlsoAllow []string
 }
 
 // NewGuard returns a Guard with a fresh user, password and certificate.
@@ -48,12 +50,16 @@ func NewGuard(t testing.TB, clients []string, target *Target, echo *Echo) *Guard
 // the client ranges, TLS, and as destinations the ports of Target and
 // Echo on any host and DomainPort on AllowedDomain only.
 func (g *Guard) Config(port int) guest.Config {
+	ports := []int{portOf(g.Target.Addr), portOf(g.Echo.Addr)}
+	for _, a := range g.AlsoAllow {
+		ports = append(ports, portOf(a))
+	}
 	return guest.Config{
 		Port:           port,
 		Users:          []guest.User{{Name: g.User, Password: g.Password}},
 		AllowedClients: g.Clients,
 		AllowedDestinations: []guest.Destination{
-			{Ports: []int{portOf(g.Target.Addr), portOf(g.Echo.Addr)}},
+			{Ports: ports},
 			{Ports: []int{DomainPort}, Domains: []string{AllowedDomain}},
 		},
 		TLS: &guest.TLS{Certificate: g.TLS.CertPEM, Key: g.TLS.KeyPEM},
