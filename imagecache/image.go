@@ -43,21 +43,23 @@ const (
 
 // Where a base came from: the "source" key of kvm2's "created" log line
 // and of the image cache's "published base" line, and the span attribute
-// imagecache.source.
+// imagecache.source. A fetch whose shared download switched sources on
+// the way names them in order, joined by "+" ("peer+mirror").
 const (
 	// SourcePool: the base was already published in the pool (a hit).
 	SourcePool = "pool"
 	// SourceMirror: the fetch downloaded the image itself.
 	SourceMirror = "mirror"
-	// SourceShared: the fetch shared the download of another entry's
-	// fetch of the same image.
+	// SourceShared: the fetch shared the mirror's download of another
+	// entry's fetch of the same image.
 	SourceShared = "shared"
 	// SourceDetached: the fetch shared a download, fell behind it and
 	// finished on a download of its own (a Range request from where it
 	// was, or a full GET skipping what it had).
 	SourceDetached = "detached"
-	// SourcePeer: the fetch copied the base another entry's host had
-	// published, instead of downloading the image.
+	// SourcePeer: the fetch copied the base another entry had published
+	// (from another host, alone or shared with other entries' fetches, or
+	// inside its own host), instead of downloading the image.
 	SourcePeer = "peer"
 )
 

@@ -244,6 +244,12 @@ func formatGiB(b uint64) string {
 // Unreachable, Unknown) and a Message. Details learnt before the failure are
 // kept.
 //
+// Counting the running instances lists the host's domains, which libvirtd
+// answers only once no domain of the host is being started: a Check while a
+// Create (of any process) boots a domain on the same host takes about as
+// long as that start (docs/observability.md). Entries on other hosts are
+// not affected.
+//
 // Unless DomainType is "qemu", Check reads the host's domain capabilities
 // and refreshes what Create uses. With the zero DomainType on
 // a host that offers no KVM, the entry is Reachable but degraded: domainType

@@ -64,6 +64,7 @@ type fanoutResult struct {
 	today                 *fanoutRun
 	todayWallVsOne        float64
 	load                  string
+	grow                  *growResult // nil when not measured
 }
 
 // fanoutTarget is one cache of a -fanout-child: host env, entry.
@@ -302,27 +303,19 @@ func runFanout(ctx context.Context, env teststack.Env, o options) (*fanoutResult
 	if err != nil {
 		return nil, err
 	}
-	if _, err := l.run(ctx, "mirror", "up", "--rate", o.fanoutMirrorRate, "--dir", dir); err != nil {
-		return nil, err
-	}
-	out, err := l.run(ctx, "env")
+	mirror, err := l.mirrorUp(ctx, o.fanoutMirrorRate, dir)
 	if err != nil {
 		return nil, err
-	}
-	mirror := ""
-	for _, line := range strings.Split(out, "\n") {
-		if v, ok := strings.CutPrefix(line, "export EGRESSPROXY_LAB_MIRROR_URL="); ok {
-			mirror = strings.Trim(v, `'"`)
-		}
-	}
-	if mirror == "" {
-		return nil, errors.New("scripts/lab env names no mirror after `mirror up`")
 	}
 	url := mirror + "/" + filepath.Base(img.Path)
 	res := &fanoutResult{hosts: o.fanoutHosts, mib: o.fanoutMiB, rate: o.fanoutRate, mirrorRate: o.fanoutMirrorRate, image: img, load: loadavg()}
 	many := hosts[:o.fanoutHosts]
 	late := hosts[o.fanoutHosts]
-	for round := range o.fanoutRuns {
+	rounds := o.fanoutRuns
+	if o.fanoutGrowOnly {
+		rounds = 0
+	}
+	for round := range rounds {
 		tag := fmt.Sprintf("%d%04x", round, rand.IntN(1<<16))
 		one := []fanoutTarget{{Env: many[0].env, Entry: "fo1o" + tag}}
 		var all []fanoutTarget
@@ -410,7 +403,30 @@ func runFanout(ctx context.Context, env teststack.Env, o options) (*fanoutResult
 	if res.today != nil && len(res.one) > 0 {
 		res.todayWallVsOne = res.today.out.WallS / res.one[0]
 	}
+	if o.fanoutGrowRate != "" {
+		if res.grow, err = runGrow(ctx, o, l, mirror, url, dir, img); err != nil {
+			return nil, fmt.Errorf("growing fleet: %w", err)
+		}
+	}
 	return res, nil
+}
+
+// mirrorUp starts (or reshapes) the lab's mirror at rate, serving dir, and
+// returns its URL.
+func (l lab) mirrorUp(ctx context.Context, rate, dir string) (string, error) {
+	if _, err := l.run(ctx, "mirror", "up", "--rate", rate, "--dir", dir); err != nil {
+		return "", err
+	}
+	out, err := l.run(ctx, "env")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, "export EGRESSPROXY_LAB_MIRROR_URL="); ok {
+			return strings.Trim(v, `'"`), nil
+		}
+	}
+	return "", errors.New("scripts/lab env names no mirror after `mirror up`")
 }
 
 // cleanupFanout removes every volume of the targets' entries from their
@@ -450,6 +466,9 @@ func deleteEntries(ctx context.Context, env teststack.Env, ts []fanoutTarget) {
 
 // summary returns the phase's Summary rows: figure, value, target, reading.
 func (f *fanoutResult) summary() [][4]string {
+	if len(f.one) == 0 { // -fanout-grow-only
+		return nil
+	}
 	size := float64(f.image.Size)
 	bytesX := make([]float64, len(f.manyBytes))
 	for i, b := range f.manyBytes {
@@ -474,10 +493,23 @@ func (f *fanoutResult) summary() [][4]string {
 	}
 }
 
+// summaryRows are the phase's Summary rows, the growing fleet's included.
+func (f *fanoutResult) summaryRows() [][4]string {
+	rows := f.summary()
+	if f.grow != nil {
+		rows = append(rows, f.grow.summary(float64(f.image.Size))...)
+	}
+	return rows
+}
+
 func (r *report) renderFanout(p func(string, ...any), f *fanoutResult) {
 	size := float64(f.image.Size)
 	p("## 8. Image fan-out across hosts: one download for the fleet")
 	p("")
+	if len(f.one) == 0 && f.grow != nil { // -fanout-grow-only
+		f.grow.render(p, size)
+		return
+	}
 	p("The lab (docs/lab.md) with its **mirror** (`scripts/lab mirror up`: `labmirror` serving the image in a network namespace of its own behind a **%s** link) and **%d + 1 hosts** behind **%s** links; one cold qcow2 of %.0f MB (%d MiB of random data, sha256 %s…). Each process below is a `bench -fanout-child` under `/usr/bin/time -v` with one `basecache.Cache` per host on its own SSH connection, all sharing one `basecache.Fanout` (as kvm2's providers share `basecache.ProcessFanout()` by default). Bytes served are the mirror's own count of body bytes (`/.stats`); the mirror link's byte counter is the cross-check. %d rounds, the first two steps' order alternated; load average at the start: %s.", f.mirrorRate, f.hosts, f.rate, size/1e6, f.mib, f.image.SHA256[:12], len(f.one), f.load)
 	p("")
 	p("- **1 host**: one host's cold fetch from the mirror, alone.")
@@ -516,4 +548,7 @@ func (r *report) renderFanout(p func(string, ...any), f *fanoutResult) {
 	p("")
 	p("Per-round wall ratios (%d hosts / 1 host): %s.", f.hosts, list(f.manyVsOne, "%.2f"))
 	p("")
+	if f.grow != nil {
+		f.grow.render(p, size)
+	}
 }

@@ -348,7 +348,7 @@ func measureCreates(ctx context.Context, o options, hosts []labHost, url string,
 				hs = hosts
 			}
 			c0 := sampleCPU()
-			d, first, last, err := createsOnce(ctx, hs, url, img, i)
+			d, first, last, err := createsOnce(ctx, hs, url, img, i, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -372,11 +372,12 @@ func measureCreates(ctx context.Context, o options, hosts []labHost, url string,
 	return res, nil
 }
 
-// createsOnce opens a fresh entry on each host (cold base), starts
-// createsPer Creates per host at once and returns the time until the last
-// returned, and for each host the seconds until its first and its last
-// returned; then deletes the instances and the entry's base (untimed).
-func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil.Image, round int) (time.Duration, []float64, []float64, error) {
+// createsOnce opens a fresh entry on each host (cold base; kvm2 options
+// opts, nil for none), starts createsPer Creates per host at once and
+// returns the time until the last returned, and for each host the seconds
+// until its first and its last returned; then deletes the instances and
+// the entry's base (untimed).
+func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil.Image, round int, opts *kvm2.Options) (time.Duration, []float64, []float64, error) {
 	type entry struct {
 		p     *egressproxy.Client
 		name  string
@@ -398,7 +399,7 @@ func createsOnce(ctx context.Context, hosts []labHost, url string, img benchutil
 			Images:       map[string]imagecache.Image{"big": {URL: url, SHA256: img.SHA256}},
 			MachineTypes: map[string]kvm2.MachineType{"tiny": {VCPUs: 1, MemoryMiB: 64}},
 			DomainType:   "qemu",
-		}, nil)
+		}, opts)
 		if err != nil {
 			return 0, nil, nil, fmt.Errorf("open entry on host %d: %w", h.n, err)
 		}

@@ -66,6 +66,11 @@ func main() {
 	flag.StringVar(&o.fanoutRate, "fanout-rate", "1gbit", "fanout phase: the hosts' link rate")
 	flag.StringVar(&o.fanoutMirrorRate, "fanout-mirror-rate", "100mbit", "fanout phase: the mirror's link rate")
 	flag.IntVar(&o.fanoutRuns, "fanout-runs", 3, "fanout phase: interleaved rounds")
+	flag.StringVar(&o.fanoutGrowRate, "fanout-grow-rate", "100mbit", "fanout phase, growing fleet: the hosts' link rate ('' to skip it)")
+	flag.StringVar(&o.fanoutGrowMirrorRate, "fanout-grow-mirror-rate", "1gbit", "fanout phase, growing fleet: the mirror's link rate (faster than the hosts')")
+	flag.BoolVar(&o.fanoutGrowOnly, "fanout-grow-only", false, "fanout phase, diagnostic: measure only the growing fleet, none of the fan-out rows before it")
+	growCh := flag.Bool("grow-child", false, "internal: cold-create proxies on a fresh kvm2 entry of every -targets lab host at once beside the -holder cache, and print the outcome as JSON")
+	flag.StringVar(&o.holder, "holder", "", "internal (-grow-child): JSON {Env, Entry} of the cache holding the image")
 	fanChild := flag.Bool("fanout-child", false, "internal: Ensure the image on every -targets cache at once (sharing a Fanout unless -no-fanout) and print the outcome as JSON")
 	flag.BoolVar(&o.noFanout, "no-fanout", false, "internal (-fanout-child): no Fanout, every cache downloads on its own")
 	flag.BoolVar(&o.merge, "merge", false, "keep the sections of -out for phases this run does not measure")
@@ -84,14 +89,8 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
-	if *fanChild {
-		if err := fanoutChild(ctx, env, o); err != nil {
-			fatal(err)
-		}
-		return
-	}
-	if *child {
-		if err := fetchChild(ctx, env, o); err != nil {
+	if run := childOf(*fanChild, *growCh, *child); run != nil {
+		if err := run(ctx, env, o); err != nil {
 			fatal(err)
 		}
 		return
@@ -142,6 +141,20 @@ func main() {
 	logf("wrote %s", o.out)
 }
 
+// childOf is the internal child the flags ask for (-fanout-child,
+// -grow-child, -fetch-child), nil for none.
+func childOf(fanout, grow, fetch bool) func(context.Context, teststack.Env, options) error {
+	switch {
+	case fanout:
+		return fanoutChild
+	case grow:
+		return func(ctx context.Context, _ teststack.Env, o options) error { return growChild(ctx, o) }
+	case fetch:
+		return fetchChild
+	}
+	return nil
+}
+
 type options struct {
 	out, scale, phases, analysis, command string
 	runs, imageMiB, gets, probes          int
@@ -152,8 +165,11 @@ type options struct {
 	labRates, createsRate                 string
 	labHosts, labRuns, rttMS, rttList     int
 	keepLab, merge, createsOnly           bool
+	fanoutGrowOnly                        bool
 	fanoutHosts, fanoutMiB, fanoutRuns    int
 	fanoutRate, fanoutMirrorRate          string
+	fanoutGrowRate, fanoutGrowMirrorRate  string
+	holder                                string
 	noFanout                              bool
 }
 

@@ -103,7 +103,7 @@ func (r *report) render() string {
 	p("```")
 	p("")
 	p("(= `scripts/teststack up`, `eval \"$(scripts/teststack env)\"`, `go build -o $STACK_DIR/bench/bench ./cmd/bench`, then")
-	p("`$STACK_DIR/bench/bench -out docs/benchmarks.md -runs %d -image-mib %d -scale %s -gets %d -probes %d -phases %s -lab-rates %s -lab-hosts %d -lab-runs %d -creates-rate %s -rtt-ms %d -rtt-list %d -fanout-hosts %d -fanout-mib %d -fanout-rate %s -fanout-mirror-rate %s -fanout-runs %d`.)", r.opts.runs, r.opts.imageMiB, r.opts.scale, r.opts.gets, r.opts.probes, r.opts.phases, r.opts.labRates, r.opts.labHosts, r.opts.labRuns, r.opts.createsRate, r.opts.rttMS, r.opts.rttList, r.opts.fanoutHosts, r.opts.fanoutMiB, r.opts.fanoutRate, r.opts.fanoutMirrorRate, r.opts.fanoutRuns)
+	p("`$STACK_DIR/bench/bench -out docs/benchmarks.md -runs %d -image-mib %d -scale %s -gets %d -probes %d -phases %s -lab-rates %s -lab-hosts %d -lab-runs %d -creates-rate %s -rtt-ms %d -rtt-list %d -fanout-hosts %d -fanout-mib %d -fanout-rate %s -fanout-mirror-rate %s -fanout-runs %d -fanout-grow-rate %s -fanout-grow-mirror-rate %s`.)", r.opts.runs, r.opts.imageMiB, r.opts.scale, r.opts.gets, r.opts.probes, r.opts.phases, r.opts.labRates, r.opts.labHosts, r.opts.labRuns, r.opts.createsRate, r.opts.rttMS, r.opts.rttList, r.opts.fanoutHosts, r.opts.fanoutMiB, r.opts.fanoutRate, r.opts.fanoutMirrorRate, r.opts.fanoutRuns, r.opts.fanoutGrowRate, r.opts.fanoutGrowMirrorRate)
 	p("Run %s – %s UTC.", r.started.Format("2006-01-02 15:04"), r.finished.Format("15:04"))
 	p("")
 	p("## Machine")
@@ -429,7 +429,7 @@ func (r *report) renderSummary(p func(string, ...any)) {
 			row{fmt.Sprintf("cold Create at %d ms RTT, round trips on the critical path", ms), fmt.Sprintf("%.0f (%.0f RPCs, %.1f RTT beyond loopback)", cold, med(x.cold.remote.rpcs), x.cold.beyond(x.rtt)), fmt.Sprintf("≤ %d + transfer", targetColdRTT), verdict(cold <= targetColdRTT)})
 	}
 	if f := r.fanout; f != nil {
-		for _, x := range f.summary() {
+		for _, x := range f.summaryRows() {
 			rows = append(rows, row{x[0], x[1], x[2], x[3]})
 		}
 	}

@@ -2,17 +2,9 @@ package main
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/pem"
-	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-
-	"golang.org/x/crypto/ssh"
 )
 
 // A command that fails on a real kvm2 entry says the entry, the address and
@@ -27,31 +19,7 @@ func TestErrorTextsSayEachThingOnce(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	_, port, _ := net.SplitHostPort(addr)
-
-	dir := t.TempDir()
-	_, key, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, err := ssh.MarshalPrivateKey(key, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.NewSignerFromKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyFile, khFile, cfgFile := filepath.Join(dir, "id"), filepath.Join(dir, "known_hosts"), filepath.Join(dir, "ctl.yaml")
-	for path, body := range map[string]string{
-		keyFile: string(pem.EncodeToMemory(block)),
-		khFile:  fmt.Sprintf("[127.0.0.1]:%s %s", port, ssh.MarshalAuthorizedKey(signer.PublicKey())),
-		cfgFile: fmt.Sprintf("entries:\n  - entry: lab1\n    owner: tests\n    address: %s\n    user: root\n    keyFile: %s\n    knownHostsFile: %s\n    pool: default\n    domainType: qemu\n    images:\n      base:\n        url: http://127.0.0.1:9/base.qcow2\n", addr, keyFile, khFile),
-	} {
-		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cfgFile := writeKVM2Config(t, addr, "lab1", "    images:\n      base:\n        url: http://127.0.0.1:9/base.qcow2\n")
 	for _, args := range [][]string{
 		{"ls"},
 		{"delete", "foo"},

@@ -1,21 +1,14 @@
 package main
 
 import (
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/pem"
 	"errors"
-	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/crypto/ssh"
 )
 
 // buildBinary builds the command into a temporary directory.
@@ -73,31 +66,7 @@ func TestBinaryInterrupt(t *testing.T) {
 		}
 	}()
 
-	dir := t.TempDir()
-	_, key, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, err := ssh.MarshalPrivateKey(key, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.NewSignerFromKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyFile, khFile, cfgFile := filepath.Join(dir, "id"), filepath.Join(dir, "known_hosts"), filepath.Join(dir, "ctl.yaml")
-	addr := ln.Addr().String()
-	_, port, _ := net.SplitHostPort(addr)
-	for path, body := range map[string]string{
-		keyFile: string(pem.EncodeToMemory(block)),
-		khFile:  fmt.Sprintf("[127.0.0.1]:%s %s", port, ssh.MarshalAuthorizedKey(signer.PublicKey())),
-		cfgFile: fmt.Sprintf("entries:\n  - entry: silent\n    owner: tests\n    address: %s\n    user: root\n    keyFile: %s\n    knownHostsFile: %s\n    pool: default\n    domainType: qemu\n", addr, keyFile, khFile),
-	} {
-		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cfgFile := writeKVM2Config(t, ln.Addr().String(), "silent", "")
 
 	cmd := exec.Command(bin, "--config", cfgFile, "check")
 	var stdout, stderr syncBuffer

@@ -99,10 +99,14 @@ type Base struct {
 	Format string // "qcow2" or "raw"
 	// Source is where Ensure got the base from, one of imagecache's
 	// source names: pool (already published), mirror (downloaded by this
-	// fetch), shared (a download shared through Config.Fanout), detached
-	// (shared, then finished on its own download), peer (copied from a
-	// base another cache of the Fanout had published). Empty from List
-	// and Verify.
+	// fetch), shared (a download of the mirror shared through
+	// Config.Fanout), detached (shared, then finished on its own
+	// download), peer (copied from a base another cache of the Fanout had
+	// published: over the network, alone or shared, or inside its own
+	// host). When the shared download switched sources while this fetch
+	// read it, the sources' names in order joined by "+": "peer+mirror"
+	// is a copy from a peer that the mirror finished. Empty from List and
+	// Verify.
 	Source string
 }
 
@@ -173,6 +177,10 @@ type Cache struct {
 	poolMu  sync.Mutex
 	pool    libvirt.StoragePool
 	poolSet bool
+	// hostPools are the UUIDs of every pool of the cache's libvirtd, as
+	// listed when it last looked for peers (sameHost).
+	hostMu    sync.Mutex
+	hostPools map[libvirt.UUID]bool
 
 	// transport is the default HTTP client's transport (no
 	// Config.HTTPClient, no Fanout): Close closes its idle connections.
@@ -390,8 +398,10 @@ func (c *Cache) ensure(ctx context.Context, img imagecache.Image, name string) (
 		}
 		// actAcquire: take a claim and decide again. The base will most
 		// likely be fetched: its upload's connection is dialled and the
-		// pool's free space read meanwhile (see startAhead).
+		// pool's free space read meanwhile (see startAhead), and the
+		// Fanout knows this host is going cold for the image.
 		a := c.startAhead(ctx)
+		cold := c.goingCold(img)
 		b, retry, err := c.underClaim(ctx, name, func(ctx context.Context, d decision) (Base, error) {
 			switch d.Action {
 			case actHit:
@@ -406,6 +416,7 @@ func (c *Cache) ensure(ctx context.Context, img imagecache.Image, name string) (
 			a.stale = len(d.Remove) > 0 // space freed: the free space read ahead is too low
 			return c.fetch(ctx, img, name, a)
 		})
+		cold()
 		a.end()
 		if retry {
 			continue

@@ -11,8 +11,9 @@ import (
 // Libvirt is what the cache calls on a libvirt session: a subset of
 // go-libvirt's *libvirt.Libvirt, with the same signatures, so a
 // *libvirt.Libvirt is one. The storage pool and volume calls, the two
-// stream calls (StorageVolUpload, StorageVolDownload; the cache makes them
-// only on a Dedicated session) and the two domain calls that find the
+// stream calls (StorageVolUpload, StorageVolDownload) and the copy of a
+// volume inside the host (StorageVolCreateXMLFrom), which the cache makes
+// only on a Dedicated session, and the two domain calls that find the
 // domains backed by a base. Errors are go-libvirt's: a libvirt.Error whose
 // Code is a libvirt.ErrorNumber for an answer of libvirtd, anything else for
 // a failure to reach it.
@@ -29,6 +30,7 @@ type Libvirt interface {
 
 	StorageVolLookupByName(Pool libvirt.StoragePool, Name string) (rVol libvirt.StorageVol, err error)
 	StorageVolCreateXML(Pool libvirt.StoragePool, XML string, Flags libvirt.StorageVolCreateFlags) (rVol libvirt.StorageVol, err error)
+	StorageVolCreateXMLFrom(Pool libvirt.StoragePool, XML string, Clonevol libvirt.StorageVol, Flags libvirt.StorageVolCreateFlags) (rVol libvirt.StorageVol, err error)
 	StorageVolDelete(Vol libvirt.StorageVol, Flags libvirt.StorageVolDeleteFlags) (err error)
 	StorageVolGetPath(Vol libvirt.StorageVol) (rName string, err error)
 	StorageVolGetXMLDesc(Vol libvirt.StorageVol, Flags uint32) (rXML string, err error)

@@ -43,12 +43,16 @@
 // # Fan-out
 //
 // Caches given the same Fanout (ProcessFanout for the whole process)
-// share the HTTP download of an image among their concurrent cold fetches,
-// through a bounded window each host reads at its own pace, and a cache
-// going cold later copies a base another one has published (for an image
-// with a configured SHA256) instead of downloading it; any failure of such
-// a copy falls back to the mirror in the same fetch. Only bytes are
-// shared: every host uploads, reads back, checks and marks its own base.
+// share one download of an image among their concurrent cold fetches,
+// through a bounded window each host reads at its own pace. For an image
+// with a configured SHA256 the download's source may be another cache's
+// published base (a peer) as well as the mirror: it starts from the
+// source with the best recent rate, measures it, and switches to another
+// one, from the byte it reached, when it holds the readers back. A host
+// never copies a base of its own host over the network (a raw image's is
+// copied inside the host). Any failure of bytes a peer fed falls back to
+// the mirror in the same fetch. Only bytes are shared: every host
+// uploads, reads back, checks and marks its own base.
 //
 // Spans (imagecache.Ensure, Fetch, Upload, Verify, Evict, List) and their
 // attributes are listed in docs/observability.md.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/redact"
+	"github.com/go-logr/logr"
 )
 
 // FanoutOptions tune a Fanout. Zero fields take the defaults.
@@ -40,6 +41,11 @@ type FanoutOptions struct {
 	// window ahead of it) for this long is detached from the shared
 	// download and continues on its own. Zero: 2s.
 	DetachAfter time.Duration
+	// SwitchAfter is how long a shared download reads a source (the
+	// mirror, a peer) before it weighs switching to another, and how
+	// often it weighs again: it switches when the readers waited for the
+	// source most of that time (see Fanout). Zero: 3s.
+	SwitchAfter time.Duration
 	// MirrorOnly: a cold fetch never copies the base from another cache
 	// of the Fanout (see Fanout); it joins a shared download or downloads
 	// from the mirror. Zero: it copies, for an image with a configured
@@ -70,24 +76,43 @@ type FanoutOptions struct {
 // A download reads at most a few chunks ahead of the fetch furthest into
 // it, so a fetch alone holds about a megabyte, not the window.
 //
-// Late joiners: a cache that goes cold for an image with a configured
-// SHA256 when no download of it can be joined asks the other caches of
-// the Fanout (with the same HTTP client) whether their pools hold a base
-// published with a marker of that digest (one listing each, at once,
-// bounded by 2 s). If one does, it copies that base — StorageVolDownload
-// on a dedicated connection to the peer's host, streamed into its own
-// upload — instead of downloading the image: Base.Source
-// imagecache.SourcePeer. What
-// it publishes is still the digest of what it read back from its own
-// volume, which must equal the configured one. Any failure of the copy
-// (the peer's link or host, its base gone, bytes that do not hash to the
-// digest, no progress for 15 s or Config.StreamStall if shorter) falls
-// back to the mirror within the same fetch, so a peer's fault never fails
-// a fetch nor makes it Permanent; that peer is not asked again for a
-// minute. A peer whose last copy ran slower than the last download of the
-// image from the mirror is not asked either. Among peers that answer
-// within 200 ms of the first, the one with the fewest copies in flight is
-// used. FanoutOptions.MirrorOnly turns this off.
+// Peers: for an image with a configured SHA256, a cache that goes cold when
+// no download of it can be joined asks the other caches of the Fanout
+// (with the same HTTP client) whether their pools hold a base published
+// with a marker of that digest (one listing each, at once, bounded by
+// 2 s). A peer is a source like the mirror: the download it starts reads
+// one of them — the mirror's GET, or StorageVolDownload of a peer's base
+// on a dedicated connection to the peer's host — and every cache going
+// cold for the image meanwhile joins that one download, through the same
+// window and detach rules: one stream from one source, never a copy per
+// cache through one peer's link. Its Base.Source is imagecache.SourcePeer
+// when a peer fed it. What each host publishes is still the digest of what
+// it read back from its own volume, which must equal the configured one.
+//
+// A host never copies from itself over the network: a base of the digest
+// in a pool of the cold cache's own libvirtd is copied inside the host
+// (StorageVolCreateXMLFrom) for a raw image, then read back and checked
+// as any transfer is; a qcow2 base is not, because libvirt copies a volume
+// it sees as qcow2 through qemu-img convert, whose bytes differ from the
+// image's. Nor is a peer on the host of any cache going cold for the image
+// a candidate: that host's link carries its own cache's transfer, and its
+// cache would need a second source. A cache of such a host that joins a
+// download reading its host makes the download switch to another source.
+//
+// Choosing: a download starts from the candidate whose link was not
+// measured yet (peers first, then the mirror) or has the best recent rate,
+// measures it for SwitchAfter, and switches to another candidate not known
+// to be slower (resuming at the byte it reached, by Range or at that
+// offset, keeping what was written) when its readers waited for the
+// source at least two thirds of that time; after the next SwitchAfter it
+// goes back if the new source is clearly slower. A source whose stream
+// fails is switched away from at once; a peer whose stream failed is not
+// a candidate for a minute. Rates are remembered per link — the mirror's
+// host, a peer's host — for ten minutes. Bytes that do not hash to the
+// digest at the end, or any other failure of a fetch a peer fed, fall back
+// to the mirror alone within the same fetch, so a peer's fault never
+// fails a fetch nor makes it Permanent. FanoutOptions.MirrorOnly turns
+// peers off.
 //
 // A Fanout is safe for concurrent use and needs no Close: a download's
 // goroutine ends with the download, and the last fetch to leave waits for
@@ -104,12 +129,13 @@ type Fanout struct {
 	// memory is bounded by the window, not the image or the fetches).
 	chunks atomic.Int64
 
-	// pmu guards the caches of this Fanout (peers of each other) and
-	// what it learnt of them and of the mirror (peer.go).
-	pmu        sync.Mutex
-	caches     []*Cache
-	peerStats  map[*Cache]*peerStats
-	mirrorRate map[fanKey]float64 // bytes/s of the last download published
+	// pmu guards the caches of this Fanout (peers of each other), what it
+	// learnt of the links it read (source.go) and the caches fetching
+	// each key now. Lock order: mu, then a download's mu, then pmu.
+	pmu    sync.Mutex
+	caches []*Cache
+	links  map[string]*linkStats
+	cold   map[fanKey]map[*Cache]int
 }
 
 type fanKey struct {
@@ -149,6 +175,9 @@ func NewFanout(opts FanoutOptions) *Fanout {
 	}
 	if opts.DetachAfter <= 0 {
 		opts.DetachAfter = 2 * time.Second
+	}
+	if opts.SwitchAfter <= 0 {
+		opts.SwitchAfter = 3 * time.Second
 	}
 	return &Fanout{opts: opts, dls: map[fanKey]*download{}, coming: map[fanKey]*atomic.Int64{}}
 }
@@ -204,7 +233,8 @@ func (f *Fanout) readAhead() int64 { return min(f.opts.Window, 4*int64(f.opts.Ch
 // whose Ensure starts a little later.
 func (f *Fanout) joinKeep() int64 { return min(f.opts.Window, 8*int64(f.opts.Chunk)) }
 
-// download is one shared HTTP download.
+// download is one shared download of an image, from one source at a time
+// (source.go).
 type download struct {
 	f      *Fanout
 	key    fanKey
@@ -215,6 +245,9 @@ type download struct {
 	cancel context.CancelFunc
 	done   chan struct{} // the pump has returned
 	ready  chan struct{} // resp or err is set
+	req    *http.Request // the mirror's request, under ctx
+	log    logr.Logger   // the starting cache's: source switches
+	cands  []*source     // the sources it may read, in the order chosen
 
 	mu   sync.Mutex
 	resp *http.Response // the headers; the body is the pump's
@@ -232,6 +265,18 @@ type download struct {
 	fullSince time.Time
 	// holdOver: byte 0 has left the window; nobody joins any more.
 	holdOver bool
+
+	total     int64         // the image's size as the first source announced (-1: unknown)
+	validator string        // the mirror's, once it answered: for a Range later
+	cur       *source       // the source being read
+	body      io.ReadCloser // cur's body while the pump reads it (closed to switch)
+	switchTo  *source       // a switch asked for: the pump reopens there at head
+	why       string        // the reason of switchTo, for the log
+	prev      *source       // the source cur was tried against (decideLocked)
+	switches  int
+	avoid     []*Cache  // caches reading it: no peer on their hosts
+	segs      []segment // which source fed which bytes
+	g         gauge     // cur's measurement
 }
 
 // member is one fetch reading a download.
@@ -240,23 +285,34 @@ type member struct {
 	detached bool
 }
 
-// get is HTTPClient.Do(req) through the Fanout: it joins a download of the
-// same key when one can be joined, or starts one. source tells, once the
-// body was read, where it came from.
-func (f *Fanout) get(key fanKey, req *http.Request) (*http.Response, func() string, error) {
+// get is HTTPClient.Do(req) through the Fanout for c's fetch of key: it
+// joins a download of key when one can be joined, or starts one whose
+// sources are peers (published bases on other hosts) and the mirror (see
+// candidates); with mirrorOnly it joins only a download that reads the
+// mirror alone, and starts one that does. The returned body says, once
+// read, where its bytes came from.
+func (f *Fanout) get(c *Cache, key fanKey, req *http.Request, peers []*peerBase, mirrorOnly bool) (*http.Response, *fanBody, error) {
 	f.mu.Lock()
 	d := f.dls[key]
 	src := imagecache.SourceShared
 	var m *member
-	if d != nil {
-		m = d.join()
+	var stale io.Closer
+	if d != nil && (!mirrorOnly || len(d.cands) == 1) {
+		m, stale = d.join(c)
 	}
 	if m == nil {
 		src = imagecache.SourceMirror
-		d, m = f.startDownload(key, req)
+		cands := []*source{mirrorSource(key.url)}
+		if !mirrorOnly {
+			cands = f.candidates(key, peers)
+		}
+		d, m = f.startDownload(c, key, req, cands)
 		f.dls[key] = d
 	}
 	f.mu.Unlock()
+	if stale != nil {
+		_ = stale.Close() // the source on c's host: the pump switches
+	}
 	if arrived, ok := req.Context().Value(arrivalKey{}).(func()); ok {
 		arrived()
 	}
@@ -286,25 +342,29 @@ func (f *Fanout) get(key fanKey, req *http.Request) (*http.Response, func() stri
 	body.total = r.ContentLength
 	body.ranges = strings.EqualFold(strings.TrimSpace(r.Header.Get("Accept-Ranges")), "bytes")
 	body.validator = validatorOf(r)
-	if body.validator == "" {
+	if body.validator == "" && r.Request != nil {
+		// The mirror's own answer without a validator: a full GET after
+		// detaching must start with the same bytes. (An answer made up
+		// for a peer's base has no Request: its image has a configured
+		// digest, which decides.)
 		body.prefix = sha256.New()
 	}
-	return resp, body.source, nil
+	return resp, body, nil
 }
 
-// startDownload starts a download of key with its first member, the
-// caller's: the member is in before the pump starts, so that a body the
-// pump reads to its end (or trims) before the caller gets to read is still
-// the caller's.
-func (f *Fanout) startDownload(key fanKey, req *http.Request) (*download, *member) {
+// startDownload starts a download of key reading cands (the first usable
+// one first) with its first member, c's: the member is in before the
+// pump starts, so that a body the pump reads to its end (or trims) before
+// the caller gets to read is still the caller's.
+func (f *Fanout) startDownload(c *Cache, key fanKey, req *http.Request, cands []*source) (*download, *member) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(req.Context()))
 	m := &member{}
 	d := &download{
 		f: f, key: key, client: key.client, start: time.Now(), ctx: ctx, cancel: cancel, coming: f.comingLocked(key),
-		done: make(chan struct{}), ready: make(chan struct{}),
-		members: map[*member]bool{m: true}, changed: make(chan struct{}),
+		done: make(chan struct{}), ready: make(chan struct{}), req: req.Clone(ctx), log: c.log, cands: cands,
+		members: map[*member]bool{m: true}, changed: make(chan struct{}), total: -1, avoid: []*Cache{c},
 	}
-	go d.pump(req.Clone(ctx))
+	go d.pump()
 	return d, m
 }
 
@@ -317,18 +377,35 @@ func validatorOf(r *http.Response) string {
 	return r.Header.Get("Last-Modified")
 }
 
-// join adds a member reading from byte 0, or returns nil when byte 0 is
-// gone or the download ended.
-func (d *download) join() *member {
+// join adds c's member reading from byte 0, or returns nil when byte 0 is
+// gone or the download ended. A download reading a peer on c's host
+// switches to another source (c never copies from its own host over the
+// network): the returned closer, to close once the Fanout's lock is let
+// go, ends the peer's stream; when there is no other source, c does not
+// join.
+func (d *download) join(c *Cache) (*member, io.Closer) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.gone || d.base > 0 {
-		return nil
+		return nil, nil
+	}
+	d.avoid = append(d.avoid, c)
+	var stale io.Closer
+	if s := d.cur; s != nil && s.peer != nil && c.sameHost(s.peer.pool.UUID) && d.switchTo == nil {
+		next := d.nextUsableLocked()
+		if next == nil {
+			d.avoid = d.avoid[:len(d.avoid)-1]
+			return nil, nil
+		}
+		d.switchTo, d.why = next, fmt.Sprintf("a cache of %s's host (%s) joined", s, c.cfg.Entry)
+		if d.body != nil {
+			stale = d.body
+		}
 	}
 	m := &member{}
 	d.members[m] = true
 	d.broadcastLocked()
-	return m
+	return m, stale
 }
 
 func (d *download) broadcastLocked() {
@@ -353,43 +430,314 @@ func (d *download) leave(m *member) {
 	}
 }
 
-// pump does the GET and fills the window until the body ends or every
-// member left.
-func (d *download) pump(req *http.Request) {
+// pump reads the download's sources into the window until the image
+// ended or every member left: the first usable candidate, then, when a
+// source fails or a switch is asked for (decideLocked, join), the next
+// one from the head on.
+func (d *download) pump() {
 	defer close(d.done)
 	defer d.drop()
-	resp, err := d.client.Do(req)
-	d.mu.Lock()
-	if err != nil {
-		d.err, d.end, d.gone = err, err, true
-		close(d.ready)
-		d.broadcastLocked()
-		d.mu.Unlock()
-		return
+	if len(d.cands) > 1 {
+		defer d.watch()()
 	}
-	d.resp = resp
-	close(d.ready)
+	for {
+		src := d.nextSource()
+		if src == nil {
+			d.fail(errors.New("no source of the image is left"))
+			return
+		}
+		body, err := d.open(src)
+		if err == nil {
+			err = d.fill(src, body)
+			_ = body.Close()
+			if err == nil {
+				return
+			}
+		}
+		if !d.again(src, err) {
+			d.fail(err)
+			return
+		}
+	}
+}
+
+// nextSource is the source to read next: the first usable candidate at
+// the start, else the one a switch asked for (another usable one when it
+// is not usable any more). It logs a switch.
+func (d *download) nextSource() *source {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	src := d.switchTo
+	if d.cur == nil {
+		src = d.cands[0]
+	}
+	if src != nil && !d.usableLocked(src) {
+		src = d.nextUsableLocked()
+	}
+	if src == nil {
+		return nil
+	}
+	if d.cur != nil {
+		d.switches++
+		d.log.Info("switching source", "from", d.cur.String(), "to", src.String(), "bytes", d.head, "reason", d.why)
+	}
+	d.cur, d.switchTo, d.why = src, nil, ""
+	src.opened++
+	d.g = gauge{waiting: d.g.waiting}
+	return src
+}
+
+// open starts reading src at the download's head. The first source's
+// answer is the download's response: the mirror's to the GET, or for a
+// peer one made up of its base's size (200, Content-Length). A later one
+// continues where the download is: a Range request to the mirror
+// (openMirrorAt), a peer's stream from that offset.
+func (d *download) open(src *source) (io.ReadCloser, error) {
+	d.mu.Lock()
+	first, off, total := d.resp == nil, d.head, d.total
 	d.mu.Unlock()
-	defer resp.Body.Close()
+	if src.peer != nil {
+		if total >= 0 && src.peer.size != total {
+			return nil, fmt.Errorf("%s's base holds %d bytes, the image %d", src, src.peer.size, total)
+		}
+		body := src.peer.c.stream(d.ctx, d.f, src, off)
+		if first {
+			d.respond(&http.Response{
+				Status: "200 OK", StatusCode: http.StatusOK, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Header: http.Header{}, ContentLength: src.peer.size,
+			})
+		}
+		return body, nil
+	}
+	if first {
+		resp, err := d.client.Do(d.req)
+		if err != nil {
+			return nil, err
+		}
+		d.respond(resp)
+		return resp.Body, nil
+	}
+	return d.openMirrorAt(d.ctx, off, total)
+}
+
+// respond makes resp the download's response.
+func (d *download) respond(resp *http.Response) {
+	d.mu.Lock()
+	d.resp, d.total = resp, resp.ContentLength
+	if resp.Request != nil {
+		d.validator = validatorOf(resp)
+	}
+	d.mu.Unlock()
+	close(d.ready)
+}
+
+// openMirrorAt GETs the image from the mirror from off on under ctx,
+// after another source fed [0, off): a Range request (If-Range with the
+// mirror's validator when it answered one before) answered 206 from off,
+// or a 200 whose first off bytes are skipped; either of the image's total
+// size when it is known. The image has a configured digest (a peer was a
+// source), which decides whether the two sources served the same bytes.
+func (d *download) openMirrorAt(ctx context.Context, off, total int64) (io.ReadCloser, error) {
+	r := d.req.Clone(ctx)
+	d.mu.Lock()
+	validator := d.validator
+	d.mu.Unlock()
+	if off > 0 {
+		r.Header.Set("Range", fmt.Sprintf("bytes=%d-", off))
+		if validator != "" {
+			r.Header.Set("If-Range", validator)
+		}
+	}
+	resp, err := d.client.Do(r)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Request != nil && validator == "" {
+		d.mu.Lock()
+		d.validator = validatorOf(resp)
+		d.mu.Unlock()
+	}
+	switch {
+	case off > 0 && resp.StatusCode == http.StatusPartialContent:
+		cr := resp.Header.Get("Content-Range")
+		want := fmt.Sprintf("bytes %d-", off)
+		if !strings.HasPrefix(cr, want) || (total >= 0 && !strings.HasSuffix(cr, fmt.Sprintf("/%d", total))) {
+			_ = resp.Body.Close()
+			return nil, fmt.Errorf("the mirror answered the range from %d with Content-Range %q", off, serverText(cr, d.key.url))
+		}
+		return resp.Body, nil
+	case resp.StatusCode == http.StatusOK:
+		if total >= 0 && resp.ContentLength >= 0 && resp.ContentLength != total {
+			_ = resp.Body.Close()
+			return nil, fmt.Errorf("the mirror serves %d bytes, the image has %d", resp.ContentLength, total)
+		}
+		if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
+			_ = resp.Body.Close()
+			return nil, fmt.Errorf("skipping the %d bytes already read: %w", off, err)
+		}
+		return resp.Body, nil
+	}
+	_ = resp.Body.Close()
+	return nil, fmt.Errorf("GET from byte %d: %s", off, serverText(resp.Status, d.key.url))
+}
+
+// fill reads body (src's) into the window until it ends (nil: the image
+// is complete), fails, a switch is asked for (errSwitch) or every member
+// left (the download's context error).
+func (d *download) fill(src *source, body io.ReadCloser) error {
+	d.mu.Lock()
+	d.body = body
+	d.mu.Unlock()
 	for {
 		buf, err := d.room()
 		if err != nil {
-			d.finish(err)
-			return
+			return err
 		}
-		n, rerr := resp.Body.Read(buf)
 		d.mu.Lock()
-		last := len(d.bufs) - 1
-		d.bufs[last] = d.bufs[last][:len(d.bufs[last])+n]
-		d.head += int64(n)
+		if d.switchTo != nil {
+			d.body = nil
+			d.mu.Unlock()
+			return errSwitch
+		}
+		d.g.reading = true
+		d.g.account(time.Now())
+		d.mu.Unlock()
+		n, rerr := body.Read(buf)
+		now := time.Now()
+		d.mu.Lock()
+		d.g.reading = false
+		d.g.account(now)
+		if n > 0 {
+			d.wroteLocked(src, n, now)
+		}
+		if errors.Is(rerr, io.EOF) {
+			d.noteEndLocked(now)
+			d.end, d.gone, d.body = io.EOF, true, nil
+			d.broadcastLocked()
+			d.mu.Unlock()
+			return nil
+		}
 		if rerr != nil {
-			d.end, d.gone = rerr, true
+			d.body = nil
+			if d.switchTo != nil {
+				rerr = errSwitch
+			}
+			d.mu.Unlock()
+			return rerr
 		}
 		d.broadcastLocked()
 		d.mu.Unlock()
-		if rerr != nil {
-			return
+	}
+}
+
+// errSwitch ends fill when a switch was asked for.
+var errSwitch = errors.New("switching source")
+
+// wroteLocked adds the n bytes src gave to the window, the segments and
+// the measurement.
+func (d *download) wroteLocked(src *source, n int, now time.Time) {
+	last := len(d.bufs) - 1
+	d.bufs[last] = d.bufs[last][:len(d.bufs[last])+n]
+	if k := len(d.segs); k == 0 || d.segs[k-1].src != src {
+		d.segs = append(d.segs, segment{from: d.head, src: src})
+	}
+	d.head += int64(n)
+	if d.g.since.IsZero() {
+		d.g.since, d.g.mark, d.g.starved = now, now, 0
+	}
+	d.g.bytes += int64(n)
+}
+
+// noteEndLocked records the rate of the source that read the end, when it
+// was read long enough since it was last measured to mean something.
+func (d *download) noteEndLocked(now time.Time) {
+	g := &d.g
+	if d.cur == nil || g.since.IsZero() {
+		return
+	}
+	g.account(now)
+	el := now.Sub(g.since)
+	if el <= 0 || (d.cur.rate > 0 && el < d.f.opts.SwitchAfter/2) {
+		return
+	}
+	d.f.noteRate(d.cur.link, float64(g.bytes)/el.Seconds(), 3*g.starved >= 2*el)
+}
+
+// again decides, after src's body ended with err, whether the download
+// goes on from another source: the one a switch asked for, or, when src
+// failed (noted for its link when it is a peer's), the next usable
+// candidate.
+func (d *download) again(src *source, err error) bool {
+	if d.ctx.Err() != nil {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.switchTo != nil {
+		return true
+	}
+	src.failed = true
+	if src.peer != nil {
+		d.f.noteFailed(src.link)
+	}
+	next := d.nextUsableLocked()
+	if next == nil {
+		return false
+	}
+	d.switchTo, d.why = next, fmt.Sprintf("%s failed: %s", src, redact.Text(err.Error(), d.key.url))
+	return true
+}
+
+// fail ends the download with err: before its response, every fetch gets
+// err from its GET; after it, err is the body's error.
+func (d *download) fail(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.resp == nil && d.err == nil {
+		d.err = err
+		close(d.ready)
+	}
+	if d.end == nil {
+		d.end = err
+	}
+	d.gone = true
+	d.broadcastLocked()
+}
+
+// watch weighs switching sources every SwitchAfter/4 (look) until the
+// returned func stops it, and waits for it.
+func (d *download) watch() (stop func()) {
+	quit, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(max(d.f.opts.SwitchAfter/4, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-d.ctx.Done():
+				return
+			case now := <-t.C:
+				d.look(now)
+			}
 		}
+	}()
+	return func() { close(quit); <-ended }
+}
+
+// look asks for a switch when decideLocked finds one: the current body is
+// closed, which ends the pump's Read.
+func (d *download) look(now time.Time) {
+	d.mu.Lock()
+	next, why := d.decideLocked(now)
+	var body io.Closer
+	if next != nil {
+		d.switchTo, d.why, body = next, why, d.body
+	}
+	d.mu.Unlock()
+	if body != nil {
+		_ = body.Close()
 	}
 }
 
@@ -400,16 +748,6 @@ func (d *download) drop() {
 		delete(d.f.dls, d.key)
 	}
 	d.f.mu.Unlock()
-}
-
-func (d *download) finish(err error) {
-	d.mu.Lock()
-	if d.end == nil {
-		d.end = err
-	}
-	d.gone = true
-	d.broadcastLocked()
-	d.mu.Unlock()
 }
 
 // room waits until the window has room and returns the space to read the
@@ -579,20 +917,95 @@ type fanBody struct {
 	// with the same bytes (else the image changed on the mirror).
 	prefix hash.Hash
 
-	mu     sync.Mutex
-	own    io.ReadCloser // after detaching
-	closed bool
+	mu      sync.Mutex
+	own     io.ReadCloser // after detaching
+	ownPeer string        // the peer own reads, "" for the mirror
+	closed  bool
 }
 
 var errBodyClosed = errors.New("http: read on closed response body")
 
+// source is Base.Source for this fetch, once its bytes were read: detached
+// when it finished on a download of its own; else the kind of the one
+// source that fed the download up to where it read (mirror or shared for
+// the mirror, as it started the download or joined it; peer for a peer's
+// base), or, when the download switched, the kinds in order joined by
+// "+" ("peer+mirror").
 func (b *fanBody) source() string {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.own != nil {
+	own := b.own
+	b.mu.Unlock()
+	if own != nil {
 		return imagecache.SourceDetached
 	}
+	kinds, _ := b.sources()
+	switch {
+	case len(kinds) > 1:
+		return switchedName(kinds)
+	case len(kinds) == 1 && kinds[0] == imagecache.SourcePeer:
+		return imagecache.SourcePeer
+	}
 	return b.src
+}
+
+// sources are the kinds of the sources that fed what this fetch read from
+// the download, and the first peer among them.
+func (b *fanBody) sources() ([]string, string) {
+	d := b.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.sourcesLocked(b.m.off)
+}
+
+// peer is the entry of the peer that fed this fetch ("" for none).
+func (b *fanBody) peer() string {
+	b.mu.Lock()
+	own := b.ownPeer
+	b.mu.Unlock()
+	if _, p := b.sources(); p != "" {
+		return p
+	}
+	return own
+}
+
+// peerFault notes, for the Fanout, every peer opened for this fetch as
+// failed (see Fanout.noteFailed).
+func (b *fanBody) peerFault() {
+	b.mu.Lock()
+	own := b.ownPeer
+	b.mu.Unlock()
+	d := b.d
+	d.mu.Lock()
+	var links []string
+	for _, s := range d.cands {
+		if s.peer != nil && (s.opened > 0 || s.peer.c.cfg.Entry == own) {
+			links = append(links, s.link)
+		}
+	}
+	d.mu.Unlock()
+	for _, l := range links {
+		d.f.noteFailed(l)
+	}
+}
+
+// triedPeer reports whether a peer was opened for this fetch (the
+// download's source, or its own stream after detaching).
+func (b *fanBody) triedPeer() bool {
+	b.mu.Lock()
+	own := b.ownPeer
+	b.mu.Unlock()
+	if own != "" {
+		return true
+	}
+	d := b.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, s := range d.cands {
+		if s.peer != nil && s.opened > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *fanBody) Read(p []byte) (int, error) {
@@ -631,18 +1044,27 @@ func (b *fanBody) Read(p []byte) (int, error) {
 			}
 			return 0, err
 		}
+		// At the head: waiting for the source (gauge).
 		ch := d.changed
+		d.g.waiting++
+		d.g.account(time.Now())
 		d.mu.Unlock()
 		select {
 		case <-ch:
 		case <-b.ctx.Done():
+		}
+		d.mu.Lock()
+		d.g.waiting--
+		d.g.account(time.Now())
+		d.mu.Unlock()
+		if err := b.ctx.Err(); err != nil {
 			b.mu.Lock()
 			closed := b.closed
 			b.mu.Unlock()
 			if closed {
 				return 0, errBodyClosed
 			}
-			return 0, b.ctx.Err()
+			return 0, err
 		}
 	}
 }
@@ -667,10 +1089,27 @@ func (b *fanBody) resume(p []byte, off int64) (int, error) {
 	return own.Read(p)
 }
 
-// open GETs the image from off: a Range request with If-Range when the
-// shared response announced byte ranges and a validator, else a full GET
-// whose first off bytes are skipped.
+// open continues this fetch from off on a stream of its own, from the
+// source the download reads now. From a peer: its base from off. From the
+// mirror: a Range request with If-Range when the shared response
+// announced byte ranges and a validator, else a full GET whose first off
+// bytes are skipped — or, when the download's response was made up for a
+// peer's base (the image has a configured digest, which decides), as the
+// download itself continues on the mirror (openMirrorAt).
 func (b *fanBody) open(off int64) (io.ReadCloser, error) {
+	d := b.d
+	d.mu.Lock()
+	src := d.cur
+	d.mu.Unlock()
+	if src != nil && src.peer != nil {
+		b.mu.Lock()
+		b.ownPeer = src.peer.c.cfg.Entry
+		b.mu.Unlock()
+		return src.peer.c.stream(b.ctx, d.f, src, off), nil
+	}
+	if b.validator == "" && b.prefix == nil {
+		return d.openMirrorAt(b.ctx, off, b.total)
+	}
 	r := b.req.Clone(b.ctx)
 	ranged := off > 0 && b.ranges && b.validator != ""
 	if ranged {

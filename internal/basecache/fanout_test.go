@@ -505,6 +505,7 @@ func TestFanoutMemoryBounded(t *testing.T) {
 	f := NewFanout(FanoutOptions{})
 	client := &http.Client{}
 	key := fanKey{url: srv.url, client: client}
+	c, _ := newFakeCache(t, nil) // the fetches' cache: only its logger is used
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
@@ -518,7 +519,7 @@ func TestFanoutMemoryBounded(t *testing.T) {
 				problems[i] = err
 				return
 			}
-			resp, _, err := f.get(key, req)
+			resp, _, err := f.get(c, key, req, nil, false)
 			if err != nil {
 				problems[i] = err
 				return

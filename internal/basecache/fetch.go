@@ -43,31 +43,46 @@ func (c *Cache) fetch(ctx context.Context, img imagecache.Image, name string, a 
 		err = redact.Err(err, img.URL)
 		endSpan(span, err)
 	}()
-	if pb := c.findPeer(ctx, img); pb != nil {
-		// A late joiner: another cache of the Fanout has published the
-		// image. Any failure of the copy falls back to the mirror.
-		span.SetAttributes(attribute.String("imagecache.peer", pb.c.cfg.Entry))
-		b, err := c.fetchOnce(ctx, img, name, a, pb)
+	peers, local := c.findPeers(ctx, img)
+	if local != nil && formatOf(img) == imagecache.FormatRaw {
+		// A published base of the digest on this very host: copied
+		// inside it, never over the network.
+		span.SetAttributes(attribute.String("imagecache.peer", local.c.cfg.Entry))
+		b, err := c.cloneLocal(ctx, img, name, local)
+		if err == nil {
+			span.SetAttributes(attribute.String("imagecache.source", b.Source))
+		}
 		if err == nil || ctx.Err() != nil {
 			return b, err
 		}
-		c.log.Info("copying the base from a peer failed; fetching from the mirror", "volume", name, "peer", pb.c.cfg.Entry, "err", redact.Text(err.Error(), img.URL))
-		a = nil // the copy took what was started ahead
+		c.log.Info("copying the base inside the host failed; fetching it over the network", "volume", name, "peer", local.c.cfg.Entry, "err", redact.Text(err.Error(), img.URL))
 	}
-	b, err := c.fetchOnce(ctx, img, name, a, nil)
-	if errors.Is(err, errStalled) && ctx.Err() == nil {
+	b, from, err := c.fetchOnce(ctx, img, name, a, sourcing{peers: peers})
+	switch {
+	case err == nil || ctx.Err() != nil:
+	case from != nil && from.triedPeer():
+		// Whatever went wrong with bytes a peer fed (the peer's bytes
+		// not hashing to the digest, a stream cut while no other source
+		// was left, …): the peers that fed it are not candidates for a
+		// while, and the mirror alone, once more.
+		from.peerFault()
+		c.log.Info("a fetch a peer fed failed; fetching from the mirror alone", "volume", name, "err", redact.Text(err.Error(), img.URL))
+		b, _, err = c.fetchOnce(ctx, img, name, nil, sourcing{mirrorOnly: true})
+	case errors.Is(err, errStalled):
 		// The stream hung (its connection is discarded and the staged
 		// volume deleted by now): once more, on fresh connections.
 		c.log.Info("a libvirt stream made no progress; fetching once more on a fresh connection", "volume", name, "err", err.Error())
-		b, err = c.fetchOnce(ctx, img, name, nil, nil)
+		b, _, err = c.fetchOnce(ctx, img, name, nil, sourcing{mirrorOnly: true})
 	}
 	return b, err
 }
 
-// fetchOnce is one attempt of fetch: the GET (or, with pb, a copy of a
-// peer's base) and its checks (open, admit), a staged volume (newStage),
-// the upload with the read-back beside it (stage.write) and the commit
-// that checks what the host stored and creates the marker (stage.commit).
+// fetchOnce is one attempt of fetch: the GET (with a Fanout, through a
+// shared download that may read the peers of how) and its checks (open,
+// admit), a staged volume (newStage), the upload with the read-back
+// beside it (stage.write) and the commit that checks what the host stored
+// and creates the marker (stage.commit). from says where its bytes came
+// from (nil when the GET failed).
 //
 // The calls that do not depend on each other overlap: the upload's
 // connection is dialled and the free space read ahead (see startAhead,
@@ -76,53 +91,58 @@ func (c *Cache) fetch(ctx context.Context, img imagecache.Image, name string, a 
 // asked for while the last range is read back, the read-back's connection
 // closes while the marker is created, and the base's path is read
 // together with the marker's creation.
-func (c *Cache) fetchOnce(ctx context.Context, img imagecache.Image, name string, a *ahead, pb *peerBase) (_ Base, err error) {
-	in, err := c.open(ctx, img, name, pb)
+func (c *Cache) fetchOnce(ctx context.Context, img imagecache.Image, name string, a *ahead, how sourcing) (_ Base, from origin, err error) {
+	in, err := c.open(ctx, img, name, how)
 	if err != nil {
-		return Base{}, err
+		return Base{}, nil, err
 	}
-	defer func() { c.closeIngest(ctx, in, err) }()
+	defer c.closeIngest(in)
 	avail, err := c.admit(ctx, in, a)
 	if err != nil {
-		return Base{}, err
+		return Base{}, in.from, err
 	}
 	st, err := c.newStage(ctx, name, in.log)
 	if err != nil {
-		return Base{}, err
+		return Base{}, in.from, err
 	}
 	defer func() { st.close(ctx, err) }()
 	in.log.Info("fetching image", "bytes", in.total)
 	n, digest, err := st.write(ctx, in, avail, a.dialed())
 	if err != nil {
-		return Base{}, err
+		return Base{}, in.from, err
 	}
 	pathOf, err := st.commit(ctx, n, digest)
 	if err != nil {
-		return Base{}, err
+		return Base{}, in.from, err
 	}
-	src := in.source()
-	trace.SpanFromContext(ctx).SetAttributes(attribute.String("imagecache.source", src))
+	src := in.from.source()
+	span := trace.SpanFromContext(ctx)
+	span.SetAttributes(attribute.String("imagecache.source", src))
+	if p := in.from.peer(); p != "" {
+		span.SetAttributes(attribute.String("imagecache.peer", p))
+	}
 	c.notePublished(in, st, n, digest, src)
 	path, err := pathOf()
 	if err != nil {
-		return Base{}, c.classify(ctx, fmt.Errorf("look up base %s: %w", name, err))
+		return Base{}, in.from, c.classify(ctx, fmt.Errorf("look up base %s: %w", name, err))
 	}
-	return Base{Volume: name, Path: path, Digest: digest, Format: formatOf(img), Source: src}, nil
+	return Base{Volume: name, Path: path, Digest: digest, Format: formatOf(img), Source: src}, in.from, nil
 }
 
 // get is the GET of the image: HTTPClient.Do(req) without a Fanout, else
-// through it (sharing the body with other caches' fetches of the same
-// image). source says, once the body was read, where it came from
-// (imagecache.SourceMirror, SourceShared, SourceDetached).
-func (c *Cache) get(req *http.Request, img imagecache.Image, pb *peerBase) (*http.Response, func() string, error) {
-	if pb != nil {
-		return c.peerGet(req, pb)
-	}
+// through it (a shared download of the mirror or of one of how's peers,
+// with other caches' fetches of the same image). The origin says, once
+// the body was read, where it came from.
+func (c *Cache) get(req *http.Request, img imagecache.Image, how sourcing) (*http.Response, origin, error) {
 	if c.cfg.Fanout == nil {
 		resp, err := c.cfg.HTTPClient.Do(req)
-		return resp, func() string { return imagecache.SourceMirror }, err
+		return resp, mirrorOrigin{}, err
 	}
-	return c.cfg.Fanout.get(c.fanKey(img), req)
+	resp, body, err := c.cfg.Fanout.get(c, c.fanKey(img), req, how.peers, how.mirrorOnly)
+	if err != nil {
+		return nil, nil, err
+	}
+	return resp, body, nil
 }
 
 // permanentGET reports why a failed GET cannot succeed when retried: the

@@ -78,7 +78,7 @@ func TestHTTPDeadlineIsFlightDeadlineMinusGrace(t *testing.T) {
 			rec.mu.Lock()
 			rec.deadlines = nil
 			rec.mu.Unlock()
-			_, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage), nil, nil)
+			_, _, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage), nil, sourcing{})
 			if !errors.Is(err, errRecorded) {
 				t.Fatalf("fetchOnce = %v, want the transport's error", err)
 			}
@@ -98,7 +98,7 @@ func TestHTTPDeadlineIsFlightDeadlineMinusGrace(t *testing.T) {
 		rec.mu.Lock()
 		rec.deadlines = nil
 		rec.mu.Unlock()
-		_, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage), nil, nil)
+		_, _, err := c.fetchOnce(ctx, okImage, c.BaseName(okImage), nil, sourcing{})
 		if errs.Code(err) != errs.Transient || !strings.Contains(err.Error(), "HTTPGrace") {
 			t.Fatalf("fetchOnce = %v, want Transient naming HTTPGrace", err)
 		}

@@ -2,10 +2,10 @@ package basecache
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,16 +16,14 @@ import (
 	"github.com/egressproxy/egressproxy/internal/redact"
 )
 
-// Late joiners (see the package doc, "Fan-out"): a cache that
-// goes cold for an image with a configured SHA256 after other caches of its
-// Fanout published it copies the base from one of them — StorageVolDownload
-// from the peer's host, streamed into this host's upload — instead of
-// downloading it from the mirror. The copy goes through the same upload,
-// read-back, size check and marker as a download: what this host publishes
-// is the digest of the bytes read back from its own volume, and it must
-// equal the configured digest. Any failure of the copy (the peer's link,
-// the peer's base gone, bytes that do not hash to the digest) falls back to
-// the mirror within the same fetch: a peer's fault never fails a fetch.
+// Peers (see the package doc, "Fan-out", and Fanout): a cache going cold
+// for an image with a configured SHA256 asks the other caches of its
+// Fanout for a published base of that digest. A base on another host is
+// a candidate source of the shared download (source.go): StorageVolDownload
+// from the peer's host, streamed into every reader's upload. A base on the
+// cache's own host is never read over the network (clone.go). Whatever
+// the source, each host uploads, reads back and checks its own volume
+// against the configured digest before it publishes.
 
 const (
 	// peerLookTimeout bounds asking the other caches' pools for a published
@@ -36,30 +34,20 @@ const (
 	peerLookTimeout = 2 * time.Second
 	peerLookers     = 8
 	// peerGrace: once one peer answered with a base, the others answering
-	// within this long are weighed too (the least busy one is copied from).
+	// within this long are candidates too.
 	peerGrace = 200 * time.Millisecond
-	// peerBackoff: a peer whose copy failed is not asked again for this
+	// peerBackoff: a peer whose stream failed is not a candidate for this
 	// long.
 	peerBackoff = time.Minute
 	// peerChunks is how many chunks (go-libvirt's stream packets, up to
-	// 256 KiB) a copy from a peer holds between the peer's download and
-	// this host's upload.
+	// 256 KiB) a stream from a peer holds between the peer's download and
+	// its reader.
 	peerChunks = 4
-	// peerStall is the no-progress bound of the peer's download stream
-	// (Config.StreamStall when that is shorter): a stalled peer costs at
-	// most this before the fetch falls back to the mirror.
+	// peerStall is the no-progress bound of a peer's download stream
+	// (the peer's Config.StreamStall when that is shorter): a stalled peer
+	// costs at most this before the download leaves it.
 	peerStall = 15 * time.Second
 )
-
-// peerStats is what a Fanout remembers of its caches as sources.
-type peerStats struct {
-	// rate is the bytes/s of the last successful copy from this cache.
-	rate float64
-	// failed is when a copy from this cache last failed.
-	failed time.Time
-	// busy counts the copies from this cache in flight.
-	busy int
-}
 
 // register adds c to f's caches (peers of each other); unregister removes
 // it (Close).
@@ -73,95 +61,22 @@ func (f *Fanout) unregister(c *Cache) {
 	f.pmu.Lock()
 	defer f.pmu.Unlock()
 	f.caches = slices.DeleteFunc(f.caches, func(x *Cache) bool { return x == c })
-	delete(f.peerStats, c)
 }
 
-// peersFor returns the caches c may copy img's base from: every other cache
-// of f with the same HTTP client (as for shared downloads: an embedder
-// that gives caches clients of their own, e.g. other credentials, keeps
-// them apart), but those whose last copy failed less than peerBackoff
-// ago, and those whose last copy was slower than the last download of img
-// from the mirror (a peer is tried first while either rate is unknown).
-func (f *Fanout) peersFor(c *Cache, key fanKey) []*Cache {
+// others returns the caches c may copy a base from: every other cache of
+// f with the same HTTP client (as for shared downloads: an embedder that
+// gives caches clients of their own, e.g. other credentials, keeps them
+// apart).
+func (f *Fanout) others(c *Cache) []*Cache {
 	f.pmu.Lock()
 	defer f.pmu.Unlock()
-	mirror := f.mirrorRate[key]
 	var out []*Cache
 	for _, p := range f.caches {
-		if p == c || p.cfg.HTTPClient != c.cfg.HTTPClient {
-			continue
+		if p != c && p.cfg.HTTPClient == c.cfg.HTTPClient {
+			out = append(out, p)
 		}
-		st := f.peerStats[p]
-		if st != nil && !st.failed.IsZero() && time.Since(st.failed) < peerBackoff {
-			continue
-		}
-		if st != nil && st.rate > 0 && mirror > 0 && st.rate < mirror {
-			continue
-		}
-		out = append(out, p)
 	}
 	return out
-}
-
-func (f *Fanout) statsLocked(p *Cache) *peerStats {
-	if f.peerStats == nil {
-		f.peerStats = map[*Cache]*peerStats{}
-	}
-	st := f.peerStats[p]
-	if st == nil {
-		st = &peerStats{}
-		f.peerStats[p] = st
-	}
-	return st
-}
-
-// busy returns how many copies from p are in flight.
-func (f *Fanout) busy(p *Cache) int {
-	f.pmu.Lock()
-	defer f.pmu.Unlock()
-	if st := f.peerStats[p]; st != nil {
-		return st.busy
-	}
-	return 0
-}
-
-// copying counts a copy from p in flight until the returned func runs.
-func (f *Fanout) copying(p *Cache) func() {
-	f.pmu.Lock()
-	f.statsLocked(p).busy++
-	f.pmu.Unlock()
-	return func() {
-		f.pmu.Lock()
-		f.statsLocked(p).busy--
-		f.pmu.Unlock()
-	}
-}
-
-// noteCopy records the outcome of a copy from p (rate in bytes/s when it
-// succeeded).
-func (f *Fanout) noteCopy(p *Cache, rate float64, ok bool) {
-	f.pmu.Lock()
-	defer f.pmu.Unlock()
-	if !slices.Contains(f.caches, p) {
-		return // closed meanwhile
-	}
-	st := f.statsLocked(p)
-	if ok {
-		st.rate, st.failed = rate, time.Time{}
-	} else {
-		st.failed = time.Now()
-	}
-}
-
-// noteMirror records the rate (bytes/s) of a download of key from the
-// mirror that a cache published.
-func (f *Fanout) noteMirror(key fanKey, rate float64) {
-	f.pmu.Lock()
-	defer f.pmu.Unlock()
-	if f.mirrorRate == nil {
-		f.mirrorRate = map[fanKey]float64{}
-	}
-	f.mirrorRate[key] = rate
 }
 
 // joinable reports whether a download of key is under way that a fetch
@@ -182,7 +97,8 @@ func (f *Fanout) joinable(key fanKey) bool {
 type peerBase struct {
 	c      *Cache // the peer's cache
 	volume string
-	size   int64 // its physical size on the peer's host
+	size   int64               // its physical size on the peer's host
+	pool   libvirt.StoragePool // the peer's pool: its host's identity
 }
 
 // fanKey is the key of img's downloads in c's Fanout.
@@ -190,23 +106,99 @@ func (c *Cache) fanKey(img imagecache.Image) fanKey {
 	return fanKey{url: img.URL, sha256: img.SHA256, client: c.cfg.HTTPClient}
 }
 
-// findPeer returns a published base of img's configured digest on another
-// cache of c's Fanout, or nil: when there is no Fanout, peers are off, no
-// digest is configured (without one the mirror is the only authority on
-// what the image is), a shared download of img can still be joined, or no
-// peer has one. Peers are asked at once (bounded); among those answering
-// within peerGrace of the first, the one with the fewest copies in flight
-// is chosen. A peer that fails to answer is only logged.
-func (c *Cache) findPeer(ctx context.Context, img imagecache.Image) *peerBase {
+// goingCold notes, for c's Fanout, that c fetches img until the returned
+// func runs (see Fanout.goingCold).
+func (c *Cache) goingCold(img imagecache.Image) func() {
+	if f := c.cfg.Fanout; f != nil {
+		return f.goingCold(c, c.fanKey(img))
+	}
+	return func() {}
+}
+
+// poolHandle is the handle of c's pool once it was looked up.
+func (c *Cache) poolHandle() (libvirt.StoragePool, bool) {
+	c.poolMu.Lock()
+	defer c.poolMu.Unlock()
+	return c.pool, c.poolSet
+}
+
+// sameHost reports whether the pool with UUID pool is on c's libvirtd:
+// c's own pool, or one its libvirtd listed the last time c looked for
+// peers (listHost). Libvirt gives every pool a UUID of its own, so two
+// libvirtds never share one.
+func (c *Cache) sameHost(pool libvirt.UUID) bool {
+	if p, ok := c.poolHandle(); ok && p.UUID == pool {
+		return true
+	}
+	c.hostMu.Lock()
+	defer c.hostMu.Unlock()
+	return c.hostPools[pool]
+}
+
+// listHost learns the UUIDs of every pool of c's libvirtd (for sameHost).
+func (c *Cache) listHost(ctx context.Context) error {
+	var pools []libvirt.StoragePool
+	err := c.do(ctx, func(l Libvirt) error {
+		var err error
+		pools, _, err = l.ConnectListAllStoragePools(1, 0)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	m := make(map[libvirt.UUID]bool, len(pools))
+	for _, p := range pools {
+		m[p.UUID] = true
+	}
+	c.hostMu.Lock()
+	c.hostPools = m
+	c.hostMu.Unlock()
+	return nil
+}
+
+func uuidString(u libvirt.UUID) string { return hex.EncodeToString(u[:]) }
+
+// findPeers returns the published bases of img's configured digest on
+// other caches of c's Fanout: those on other hosts (network), and one on
+// c's own host (local, nil for none). It returns nothing when there is no
+// Fanout, peers are off, no digest is configured (without one the mirror
+// is the only authority on what the image is) or a shared download of img
+// can still be joined. Peers are asked at once (askPeers), beside a
+// listing of c's own libvirtd's pools, which tells its host's bases.
+func (c *Cache) findPeers(ctx context.Context, img imagecache.Image) (network []*peerBase, local *peerBase) {
 	f := c.cfg.Fanout
 	if f == nil || f.opts.MirrorOnly || img.SHA256 == "" || f.joinable(c.fanKey(img)) {
-		return nil
+		return nil, nil
 	}
-	peers := f.peersFor(c, c.fanKey(img))
+	peers := f.others(c)
 	if len(peers) == 0 {
-		return nil
+		return nil, nil
 	}
 	lctx, cancel := context.WithTimeout(ctx, peerLookTimeout)
+	defer cancel()
+	listed := make(chan error, 1)
+	go func() { listed <- c.listHost(lctx) }()
+	all := c.askPeers(lctx, peers, img)
+	if err := <-listed; err != nil && lctx.Err() == nil {
+		c.log.V(1).Info("could not list the pools of its own host", "err", err.Error())
+	}
+	for _, pb := range all {
+		switch {
+		case !c.sameHost(pb.pool.UUID):
+			network = append(network, pb)
+		case local == nil:
+			local = pb
+		}
+	}
+	return network, local
+}
+
+// askPeers asks peers at once (at most peerLookers at a time, bounded by
+// lctx) for a published base of img's digest and returns those answering
+// within peerGrace of the first. A peer that fails to answer is only
+// logged.
+func (c *Cache) askPeers(lctx context.Context, peers []*Cache, img imagecache.Image) []*peerBase {
+	lctx, cancel := context.WithCancel(lctx)
 	defer cancel()
 	found := make(chan *peerBase, len(peers))
 	sem := make(chan struct{}, peerLookers)
@@ -228,21 +220,18 @@ func (c *Cache) findPeer(ctx context.Context, img imagecache.Image) *peerBase {
 		})
 	}
 	defer wg.Wait() // every asker ends (lctx is canceled first) before return
-	var best *peerBase
+	var all []*peerBase
 	var grace <-chan time.Time
 	for range peers {
 		select {
 		case pb := <-found:
-			if pb == nil {
-				continue
-			}
-			if best == nil {
-				best = pb
-				t := time.NewTimer(peerGrace)
-				defer t.Stop()
-				grace = t.C
-			} else if f.busy(pb.c) < f.busy(best.c) {
-				best = pb
+			if pb != nil {
+				all = append(all, pb)
+				if grace == nil {
+					t := time.NewTimer(peerGrace)
+					defer t.Stop()
+					grace = t.C
+				}
 			}
 			continue
 		case <-grace:
@@ -251,7 +240,7 @@ func (c *Cache) findPeer(ctx context.Context, img imagecache.Image) *peerBase {
 		break
 	}
 	cancel()
-	return best
+	return all
 }
 
 // publishedDigest finds, in c's pool, a base with exactly one well-formed
@@ -266,6 +255,10 @@ func (c *Cache) publishedDigest(ctx context.Context, digest string) (*peerBase, 
 	names, err := c.listNames(ctx)
 	if err != nil {
 		return nil, err
+	}
+	pool, ok := c.poolHandle()
+	if !ok {
+		return nil, nil
 	}
 	for _, n := range names {
 		b, d, ok := ParseMarkerName(n)
@@ -284,56 +277,54 @@ func (c *Cache) publishedDigest(ctx context.Context, digest string) (*peerBase, 
 		if err != nil {
 			return nil, err
 		}
-		return &peerBase{c: c, volume: b, size: int64(phys)}, nil
+		return &peerBase{c: c, volume: b, size: int64(phys), pool: pool}, nil
 	}
 	return nil, nil
 }
 
-// peerGet is the GET of fetchOnce for a copy from peer pb: a response
-// whose body streams pb's base from its host (a dedicated connection of
-// the peer's, owned by c). The body ends with io.EOF only when the
-// download call returned nil; any error of the peer (its link, its base
-// gone) is the body's error.
-func (c *Cache) peerGet(req *http.Request, pb *peerBase) (*http.Response, func() string, error) {
-	ctx, cancel := context.WithCancel(req.Context())
+// stream is a body of s's base (a base of c's, the peer's) from offset
+// off: a dedicated connection of c's streams it (StorageVolDownload) until
+// ctx ends, c closes, or the body is closed. The body ends with io.EOF only
+// when the download call returned nil; any error of the peer (its link,
+// its base gone) is the body's error. It counts as a stream of s's link
+// in f while it runs.
+func (c *Cache) stream(ctx context.Context, f *Fanout, s *source, off int64) *peerBody {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(c.stop, cancel)
 	b := &peerBody{
 		ctx: ctx, cancel: cancel,
 		ch: make(chan []byte, peerChunks), free: make(chan []byte, peerChunks+2), done: make(chan struct{}),
 		stall: min(c.cfg.StreamStall, peerStall),
 	}
 	b.touch()
-	c.wg.Add(1)
+	idle := f.streaming(s.link)
 	go func() {
-		defer c.wg.Done()
 		defer close(b.done)
 		defer close(b.ch)
-		b.err = c.copyFrom(ctx, pb, b)
+		defer idle()
+		defer stop()
+		b.err = c.copyFrom(ctx, s.peer, off, b)
 	}()
-	resp := &http.Response{
-		Status: "200 OK", StatusCode: http.StatusOK, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: http.Header{}, ContentLength: pb.size, Request: req, Body: b,
-	}
-	return resp, func() string { return imagecache.SourcePeer }, nil
+	return b
 }
 
-// copyFrom streams pb's base into w on a dedicated connection of the
-// peer's (closed before it returns).
-func (c *Cache) copyFrom(ctx context.Context, pb *peerBase, w *peerBody) error {
-	p := pb.c
-	dc, err := p.conn.Dedicated(ctx)
+// copyFrom streams pb's base (one of c's) from off into w on a dedicated
+// connection of c's (closed before it returns).
+func (c *Cache) copyFrom(ctx context.Context, pb *peerBase, off int64, w *peerBody) error {
+	dc, err := c.conn.Dedicated(ctx)
 	if err != nil {
-		return fmt.Errorf("copy from peer %s: dedicated connection: %w", p.cfg.Entry, err)
+		return fmt.Errorf("copy from peer %s: dedicated connection: %w", c.cfg.Entry, err)
 	}
 	defer dc.Close()
-	err = c.runStream(ctx, dc, "copy from peer "+p.cfg.Entry, w.stalled, func() error {
-		v, err := p.lookupVol(dc.Libvirt(), pb.volume)
+	err = c.runStream(ctx, dc, "copy from peer "+c.cfg.Entry, w.stalled, func() error {
+		v, err := c.lookupVol(dc.Libvirt(), pb.volume)
 		if err != nil {
 			return err
 		}
-		return dc.Libvirt().StorageVolDownload(v, w, 0, 0, 0)
+		return dc.Libvirt().StorageVolDownload(v, w, uint64(off), 0, 0)
 	})
 	if err != nil {
-		return fmt.Errorf("copy from peer %s (%s) after %d bytes: %w", p.cfg.Entry, pb.volume, w.n.Load(), err)
+		return fmt.Errorf("copy from peer %s (%s) after %d bytes: %w", c.cfg.Entry, pb.volume, off+w.n.Load(), err)
 	}
 	return nil
 }

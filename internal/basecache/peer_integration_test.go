@@ -3,6 +3,9 @@
 package basecache
 
 import (
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -11,7 +14,9 @@ import (
 
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/libvirtconn"
 	"github.com/egressproxy/egressproxy/internal/testing/lab"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
 )
 
@@ -19,7 +24,7 @@ import (
 // from the mirror, then host 2, cold, copies host 1's base over the two
 // links (StorageVolDownload from host 1, StorageVolUpload to host 2) and
 // verifies it by its own read-back; faults of the peer mid-copy make host
-// 2 fall back to the mirror.
+// 2's download go on from the mirror.
 
 // peerPair returns two caches on the first two lab hosts sharing a Fanout
 // (mod1, mod2 change their SSH and cache settings), a 64 MiB image on a
@@ -71,11 +76,12 @@ func TestIntegrationPeer(t *testing.T) {
 }
 
 // Host 1's link is pulled 16 MiB into host 2's copy of its base, and is
-// back 4 s later. Host 2 falls back to the mirror within the same Ensure
-// (host 1's dedicated connection is declared dead by its keepalives, 0.5 s
-// x 3) and publishes the image's digest; the mirror served 2 requests in
-// all; host 2 holds only its base and marker, and host 1's base is intact
-// once its link is back.
+// back 4 s later. Host 2's download switches to the mirror within the same
+// Ensure, from where it was (host 1's dedicated connection is declared
+// dead by its keepalives, 0.5 s x 3; source peer+mirror), and publishes
+// the image's digest; the mirror served 2 requests in all (host 1's, the
+// rest of host 2's); host 2 holds only its base and marker, and host 1's
+// base is intact once its link is back.
 func TestIntegrationPeerLinkCut(t *testing.T) {
 	const down = 4 * time.Second
 	var cutTime atomic.Pointer[time.Time]
@@ -118,11 +124,11 @@ func TestIntegrationPeerLinkCut(t *testing.T) {
 	}
 	<-upAgain
 	t.Logf("host 2: %v in all, %v after the cut, source %q, %v", took.Round(time.Millisecond), time.Since(*cutTime.Load()).Round(time.Millisecond), b.Source, err)
-	if err != nil || b.Source != imagecache.SourceMirror {
-		t.Fatalf("host 2 beside a peer whose link was cut: %+v, %v; want a fallback to the mirror", b, err)
+	if err != nil || b.Source != "peer+mirror" {
+		t.Fatalf("host 2 beside a peer whose link was cut: %+v, %v; want a switch to the mirror (peer+mirror)", b, err)
 	}
 	if n := srv.requests.Load(); n != 2 {
-		t.Fatalf("the mirror served %d requests, want 2 (host 1's, host 2's fallback)", n)
+		t.Fatalf("the mirror served %d requests, want 2 (host 1's, the rest of host 2's)", n)
 	}
 	wantLabPublished(t, env.Hosts[1], caches[1], image, img.sha256)
 	wantLabPublished(t, env.Hosts[0], caches[0], image, img.sha256)
@@ -131,7 +137,7 @@ func TestIntegrationPeerLinkCut(t *testing.T) {
 // Host 1's cache evicts its base 16 MiB into host 2's copy of it. Host 2
 // publishes a base that reads back as the image's digest, whichever way
 // libvirt took the eviction (a download keeps reading the file it opened,
-// so the copy may complete; a copy that fails falls back to the mirror),
+// so the copy may complete; a copy that fails goes on from the mirror),
 // with nothing else of its entry left; host 1 holds nothing of its entry
 // when the eviction succeeded, its base and marker when it did not.
 func TestIntegrationPeerEvictedMidCopy(t *testing.T) {
@@ -159,5 +165,64 @@ func TestIntegrationPeerEvictedMidCopy(t *testing.T) {
 	if evictErr != nil {
 		wantCode(t, evictErr, errs.Transient)
 		wantLabPublished(t, env.Hosts[0], caches[0], image, img.sha256)
+	}
+}
+
+// Two entries on the one stack host (its libvirtd, its pool): the second
+// going cold never reads the first's base over the network. A raw image
+// is copied inside the host by libvirt (StorageVolCreateXMLFrom) — no
+// request to the mirror, source peer — and its copy reads back as the
+// image's digest (Verify, over the second entry's connection); a qcow2
+// image, which libvirt would copy through qemu-img convert into other
+// bytes, is downloaded (source mirror).
+func TestIntegrationCopyInsideHost(t *testing.T) {
+	env := teststack.Require(t)
+	dir := t.TempDir()
+	rawFile := filepath.Join(dir, "img.raw")
+	if err := os.WriteFile(rawFile, append([]byte("RAW!"), randBytes(8<<20)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, format string
+		file         imageFile
+		want         string
+	}{
+		{"raw", imagecache.FormatRaw, hashFile(t, rawFile), imagecache.SourcePeer},
+		{"qcow2", "", makeQcow2(t, dir, 8), imagecache.SourceMirror},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newImageServer(t, serveFile(tc.file))
+			image := imagecache.Image{Key: "inhost", URL: srv.URL + "/img", SHA256: tc.file.sha256, Format: tc.format}
+			f := NewFanout(FanoutOptions{})
+			var caches [2]*Cache
+			var lvs [2]*libvirtconn.Session
+			for i := range caches {
+				lvs[i] = link(t, env)
+				entry := testEntry()
+				cleanupEntry(t, lvs[i], env.Pool, entry)
+				caches[i] = newTestCache(t, SSH(lvs[i]), entry, env.Pool, func(cfg *Config) { cfg.Fanout = f })
+			}
+			if b, err := caches[0].Ensure(ctxT(t, time.Minute), image); err != nil || b.Source != imagecache.SourceMirror {
+				t.Fatalf("first entry: %+v, %v", b, err)
+			}
+			b, err := caches[1].Ensure(ctxT(t, time.Minute), image)
+			if err != nil || b.Source != tc.want {
+				t.Fatalf("second entry: %+v, %v; want source %s", b, err, tc.want)
+			}
+			want := int64(2)
+			if tc.want == imagecache.SourcePeer {
+				want = 1
+			}
+			if n := srv.requests.Load(); n != want {
+				t.Fatalf("the mirror served %d requests, want %d", n, want)
+			}
+			name := caches[1].BaseName(image)
+			if got := slices.Sorted(slices.Values(ours(t, lvs[1], env.Pool, caches[1].cfg.Entry))); !slices.Equal(got, []string{name, MarkerName(name, tc.file.sha256)}) {
+				t.Fatalf("second entry holds %q", got)
+			}
+			if v, err := caches[1].Verify(ctxT(t, time.Minute), image); err != nil || v.Digest != tc.file.sha256 {
+				t.Fatalf("second entry: Verify = %+v, %v", v, err)
+			}
+		})
 	}
 }

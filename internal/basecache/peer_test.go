@@ -107,13 +107,15 @@ func TestPeerLateJoinerCopies(t *testing.T) {
 	}
 }
 
-// Whatever goes wrong with a copy from a peer — its stream cut, stalled,
-// the bytes it serves not hashing to the digest — the cold host falls back
-// to the mirror within the same Ensure and publishes (never a Permanent
-// error from a peer's fault); nothing is left on it but its base and
-// marker, and the peer that failed is not asked again right away. A peer
-// whose base is evicted while it is copied keeps serving the file it
-// opened: the copy is verified and published.
+// Whatever goes wrong with a copy from a peer, the cold host publishes
+// within the same Ensure (never a Permanent error from a peer's fault):
+// a stream cut or stalled makes the download switch to the mirror from
+// where it was (source peer+mirror: what was written is kept), bytes that
+// do not hash to the digest make the fetch start again from the mirror
+// alone (source mirror). Nothing is left on it but its base and marker,
+// and the peer that failed is not asked again right away. A peer whose
+// base is evicted while it is copied keeps serving the file it opened:
+// the copy is verified and published.
 func TestPeerFaultFallsBackToMirror(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -124,12 +126,12 @@ func TestPeerFaultFallsBackToMirror(t *testing.T) {
 		{"cut", func(peer *libvirtfake.Host, vol string, _ []byte) func() {
 			peer.SetStreamHook("StorageVolDownload", libvirtfake.CutAfter(100<<10, libvirtfake.ErrKilled))
 			return nil
-		}, imagecache.SourceMirror},
+		}, "peer+mirror"},
 		{"stalled", func(peer *libvirtfake.Host, vol string, _ []byte) func() {
 			release := make(chan struct{})
 			peer.SetStreamHook("StorageVolDownload", libvirtfake.StallAfter(100<<10, release))
 			return func() { close(release) }
-		}, imagecache.SourceMirror},
+		}, "peer+mirror"},
 		{"other bytes under the marker", func(peer *libvirtfake.Host, vol string, body []byte) func() {
 			bad := slices.Clone(body)
 			bad[len(bad)/2] ^= 0xff
@@ -172,16 +174,17 @@ func TestPeerFaultFallsBackToMirror(t *testing.T) {
 			if tc.source != "" && b.Source != tc.source {
 				t.Fatalf("source %q, want %q", b.Source, tc.source)
 			}
-			if b.Source == imagecache.SourceMirror && srv.gets.Load() != gets+1 {
+			fellBack := b.Source != imagecache.SourcePeer
+			if fellBack && srv.gets.Load() != gets+1 {
 				t.Fatalf("%d GETs for the fallback, want 1", srv.gets.Load()-gets)
 			}
-			if b.Source == imagecache.SourcePeer && srv.gets.Load() != gets {
+			if !fellBack && srv.gets.Load() != gets {
 				t.Fatalf("%d GETs beside a copy from the peer, want 0", srv.gets.Load()-gets)
 			}
 			if n := hs[0].OpenSessions(); n != 0 {
 				t.Fatalf("%d dedicated sessions left open on the peer", n)
 			}
-			if b.Source == imagecache.SourceMirror {
+			if fellBack {
 				// The failed peer is left alone for a while: the third
 				// host copies from host 1 (the other peer), not host 0.
 				reads := hs[0].Calls("StorageVolDownload")
@@ -265,105 +268,6 @@ func TestPeerOnlyWhenPublished(t *testing.T) {
 				t.Fatal("host 1 does not hold the image")
 			}
 		})
-	}
-}
-
-// Which peers a cache may copy from: not itself, not one with another HTTP
-// client, not one whose copy failed within peerBackoff, not one whose last
-// copy was slower than the last download of the image from the mirror.
-func TestPeersFor(t *testing.T) {
-	f := smallFanout()
-	cs, _ := fanHosts(t, 4, f, func(i int, cfg *Config) {
-		if i == 3 {
-			cfg.HTTPClient = &http.Client{}
-		}
-	})
-	key := cs[0].fanKey(imagecache.Image{URL: "http://m/i", SHA256: strings.Repeat("0", 64)})
-	names := func() []string {
-		var out []string
-		for _, p := range f.peersFor(cs[0], key) {
-			out = append(out, p.cfg.Entry)
-		}
-		return out
-	}
-	if got := names(); !slices.Equal(got, []string{"e1", "e2"}) {
-		t.Fatalf("peers %q, want e1 e2", got)
-	}
-	f.noteMirror(key, 100e6)
-	f.noteCopy(cs[1], 50e6, true) // slower than the mirror
-	f.noteCopy(cs[2], 200e6, true)
-	if got := names(); !slices.Equal(got, []string{"e2"}) {
-		t.Fatalf("peers %q, want e2 (e1 is slower than the mirror)", got)
-	}
-	f.noteCopy(cs[2], 0, false)
-	if got := names(); len(got) != 0 {
-		t.Fatalf("peers %q, want none (e2 just failed)", got)
-	}
-	f.pmu.Lock()
-	f.peerStats[cs[2]].failed = time.Now().Add(-peerBackoff - time.Second)
-	f.pmu.Unlock()
-	if got := names(); !slices.Equal(got, []string{"e2"}) {
-		t.Fatalf("peers %q, want e2 again after peerBackoff", got)
-	}
-}
-
-// Concurrent cold hosts beside several peers spread their copies over them
-// (the least busy peer first): two cold hosts, two peers, one copy each.
-func TestPeerCopiesSpread(t *testing.T) {
-	cs, hs, srv, img, body := peerHosts(t, 4, nil)
-	if b, err := cs[1].Ensure(testCtx(t, 30*time.Second), img); err != nil || b.Source != imagecache.SourcePeer {
-		t.Fatalf("host 1: %+v, %v", b, err)
-	}
-	// Forget the rates measured so far (on fakes, whether the copy from
-	// host 0 beat the mirror is luck): both peers are to be asked.
-	f := cs[0].cfg.Fanout
-	f.pmu.Lock()
-	f.mirrorRate, f.peerStats = nil, nil
-	f.pmu.Unlock()
-	release := make(chan struct{})
-	// copying[i]: a copy from peer i has started (and is held).
-	copying := []*signal{newSignal(), newSignal()}
-	for i, h := range hs[:2] {
-		h.SetStreamHook("StorageVolDownload", func(c libvirtfake.Call) error {
-			if strings.HasPrefix(c.Volume, basePrefix) && c.Done == 0 {
-				_ = copying[i].seen(c)
-				return c.Wait(release)
-			}
-			return nil
-		})
-	}
-	r0, r1 := hs[0].Calls("StorageVolDownload"), hs[1].Calls("StorageVolDownload")
-	var wg sync.WaitGroup
-	bases := make([]Base, 2)
-	errs := make([]error, 2)
-	wg.Go(func() { bases[0], errs[0] = cs[2].Ensure(testCtx(t, 30*time.Second), img) })
-	// The first copy holds one peer busy.
-	select {
-	case <-copying[0].ch:
-	case <-copying[1].ch:
-	case <-time.After(10 * time.Second):
-		t.Error("the first cold host copied from no peer")
-	}
-	wg.Go(func() { bases[1], errs[1] = cs[3].Ensure(testCtx(t, 30*time.Second), img) })
-	// The second copy starts on the other peer, the least busy one.
-	if !copying[0].within(10*time.Second) || !copying[1].within(10*time.Second) {
-		t.Error("the two cold hosts did not copy from one peer each")
-	}
-	close(release)
-	wg.Wait()
-	for i := range 2 {
-		if errs[i] != nil || bases[i].Source != imagecache.SourcePeer {
-			t.Fatalf("host %d: %+v, %v", i+2, bases[i], errs[i])
-		}
-		wantPublished(t, cs[i+2], hs[i+2], img, bases[i], body, img.SHA256)
-	}
-	// Each peer's base read once (the read-backs of the cold hosts'
-	// own volumes are on their own hosts).
-	if d0, d1 := hs[0].Calls("StorageVolDownload")-r0, hs[1].Calls("StorageVolDownload")-r1; d0 != 1 || d1 != 1 {
-		t.Fatalf("peer reads %d and %d, want one each", d0, d1)
-	}
-	if g := srv.gets.Load(); g != 1 {
-		t.Fatalf("%d GETs in all, want 1", g)
 	}
 }
 

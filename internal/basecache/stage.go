@@ -22,8 +22,9 @@ import (
 // the read-back beside it (the verifier), and commit, which checks the
 // stored size and digest and creates the marker last.
 
-// ingest is the body of one fetch's GET — from the mirror, alone or shared
-// through a Fanout, or from a peer's base — once its status was checked.
+// ingest is the body of one fetch's GET — from the mirror alone, or
+// through a Fanout's shared download of the mirror or a peer's base — once
+// its status was checked.
 type ingest struct {
 	img    imagecache.Image
 	url    string // the URL redacted: the only form ever printed
@@ -31,18 +32,40 @@ type ingest struct {
 	resp   *http.Response
 	body   io.ReadCloser // resp.Body, sniffed by admit
 	total  int64         // Content-Length, -1 when unknown
-	source func() string // where the bytes came from, once read
-	peer   *peerBase     // nil unless the bytes are a copy of a peer's base
+	from   origin        // where the bytes came from, once read
 	cancel context.CancelFunc
-	idle   func() // ends counting the copy from peer as in flight
 }
 
-// open starts the GET of img (with pb, a copy of pb's base) under the
-// HTTP deadline (httpDeadline) and checks its status. Its errors are
-// classed: Permanent for what a retry cannot change (a bad URL, an HTTP
-// 4xx, an untrusted certificate, a redirect loop).
-func (c *Cache) open(ctx context.Context, img imagecache.Image, name string, pb *peerBase) (_ *ingest, err error) {
-	in := &ingest{img: img, url: redact.URL(img.URL), peer: pb}
+// origin says where an ingest's bytes came from, once they were read.
+type origin interface {
+	source() string  // Base.Source
+	peer() string    // the entry of the peer that fed them, "" for none
+	triedPeer() bool // a peer was opened for them
+	peerFault()      // the fetch they fed failed: the peers opened are not candidates for a while
+}
+
+// mirrorOrigin is the origin of a download without a Fanout.
+type mirrorOrigin struct{}
+
+func (mirrorOrigin) source() string  { return imagecache.SourceMirror }
+func (mirrorOrigin) peer() string    { return "" }
+func (mirrorOrigin) triedPeer() bool { return false }
+func (mirrorOrigin) peerFault()      {}
+
+// sourcing is what a fetch may read: peers (other hosts' published bases)
+// beside the mirror, or the mirror alone.
+type sourcing struct {
+	peers      []*peerBase
+	mirrorOnly bool
+}
+
+// open starts the GET of img (with a Fanout, through a shared download
+// whose sources may include the peers of how) under the HTTP deadline
+// (httpDeadline) and checks its status. Its errors are classed: Permanent
+// for what a retry cannot change (a bad URL, an HTTP 4xx, an untrusted
+// certificate, a redirect loop).
+func (c *Cache) open(ctx context.Context, img imagecache.Image, name string, how sourcing) (_ *ingest, err error) {
+	in := &ingest{img: img, url: redact.URL(img.URL)}
 	in.log = c.log.WithValues("volume", name, "url", in.url)
 	httpDeadline, err := c.httpDeadline(ctx)
 	if err != nil {
@@ -55,20 +78,16 @@ func (c *Cache) open(ctx context.Context, img imagecache.Image, name string, pb 
 		return nil, errs.Errorf(errs.Permanent, "image %q: bad URL %s: %s", img.Key, in.url, redact.ParseProblem(err))
 	}
 	in.cancel = cancel
-	if pb != nil {
-		in.log = in.log.WithValues("peer", pb.c.cfg.Entry)
-		in.idle = c.cfg.Fanout.copying(pb.c)
-	}
 	defer func() {
 		if err != nil {
-			c.closeIngest(ctx, in, err)
+			c.closeIngest(in)
 		}
 	}()
-	resp, source, err := c.get(req, img, pb)
+	resp, from, err := c.get(req, img, how)
 	if err != nil {
 		return nil, c.getError(ctx, img, in.url, err)
 	}
-	in.resp, in.source, in.total = resp, source, resp.ContentLength
+	in.resp, in.from, in.total = resp, from, resp.ContentLength
 	if resp.StatusCode != http.StatusOK {
 		return nil, statusError(img, in.url, resp)
 	}
@@ -76,17 +95,10 @@ func (c *Cache) open(ctx context.Context, img imagecache.Image, name string, pb 
 	return in, nil
 }
 
-// closeIngest closes the body, records a failed copy from a peer (err,
-// unless ctx ended) and ends the HTTP deadline.
-func (c *Cache) closeIngest(ctx context.Context, in *ingest, err error) {
+// closeIngest closes the body and ends the HTTP deadline.
+func (c *Cache) closeIngest(in *ingest) {
 	if in.resp != nil {
 		_ = in.resp.Body.Close()
-	}
-	if in.peer != nil {
-		if err != nil && ctx.Err() == nil {
-			c.cfg.Fanout.noteCopy(in.peer.c, 0, false)
-		}
-		in.idle()
 	}
 	in.cancel()
 }
@@ -241,20 +253,16 @@ func (s *stage) close(ctx context.Context, err error) {
 	}
 }
 
-// notePublished records how fast the base came — a copy from a peer, a
-// download from the mirror — for the Fanout's choice between them, and
-// logs the published base.
+// notePublished logs the published base: where its bytes came from
+// (source, which names every source in order when the shared download
+// switched; the peer that fed them), how long it took and how fast.
 func (c *Cache) notePublished(in *ingest, s *stage, n int64, digest, src string) {
 	el := time.Since(s.start)
-	if f := c.cfg.Fanout; f != nil {
-		switch rate := float64(n) / el.Seconds(); src {
-		case imagecache.SourcePeer:
-			f.noteCopy(in.peer.c, rate, true)
-		case imagecache.SourceMirror:
-			f.noteMirror(c.fanKey(in.img), rate)
-		}
+	log := in.log
+	if p := in.from.peer(); p != "" {
+		log = log.WithValues("peer", p)
 	}
-	in.log.Info("published base", "source", src, "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
+	log.Info("published base", "source", src, "bytes", n, "sha256", digest, "elapsed", el, "bytesPerSecond", int64(float64(n)/el.Seconds()),
 		"upload", s.uploaded, "uploadBytesPerSecond", int64(float64(n)/s.uploaded.Seconds()),
 		// The read-back overlaps the upload: verify is what it added
 		// after the upload.

@@ -1,5 +1,6 @@
 // Package libvirtfake is the tests' in-memory libvirtd: storage pools and
-// volumes (upload and download streams on byte slices), domains with a
+// volumes (upload and download streams on byte slices, copies inside the
+// host as a dir pool makes them), domains with a
 // lifecycle (define, start, destroy, undefine, state, interface addresses
 // from the guest agent, DHCP leases and ARP), and the connection's
 // hostname, version and domain capabilities. Its sessions have the method

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -46,6 +47,7 @@ type Host struct {
 	shared   *Session
 	chunk    int
 	seq      uint64 // UUIDs and MAC addresses
+	id       uint64 // random: the UUIDs of two Hosts never collide
 	ids      int32  // IDs of running domains
 	closed   bool
 	wg       sync.WaitGroup // Do's goroutines
@@ -65,6 +67,7 @@ func New() *Host {
 		sessions: map[*Session]struct{}{},
 		chunk:    DefaultChunk,
 		node:     DefaultNode(),
+		id:       rand.Uint64(),
 	}
 	h.shared = h.newSessionLocked(false)
 	return h
@@ -199,10 +202,14 @@ func (h *Host) Close() error {
 	return nil
 }
 
+// uuidLocked is a new UUID: the Host's random id, then a sequence number,
+// so that pools and domains of different Hosts (libvirtds) differ, as
+// libvirt's random UUIDs do.
 func (h *Host) uuidLocked() libvirt.UUID {
 	h.seq++
 	var u libvirt.UUID
 	for i := range 8 {
+		u[7-i] = byte(h.id >> (8 * i))
 		u[15-i] = byte(h.seq >> (8 * i))
 	}
 	u[6] = 0x40 | u[6]&0x0f // version 4 shape

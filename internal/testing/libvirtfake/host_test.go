@@ -601,3 +601,55 @@ func TestBackingStoreAndUploadRange(t *testing.T) {
 		t.Fatalf("info %d %d %v", capacity, alloc, err)
 	}
 }
+
+// A copy inside the host (StorageVolCreateXMLFrom) is byte for byte only
+// between raw volumes, as in libvirt's dir pools: a volume whose bytes
+// start with the qcow2 magic is converted (other bytes). The name is
+// taken atomically, a copy beyond the free space creates nothing, and a
+// source in another pool of the Host is found. Pools of two Hosts never
+// share a UUID.
+func TestCreateXMLFrom(t *testing.T) {
+	h, s := newHost(t)
+	if err := h.AddPool("q", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	raw := bytes.Repeat([]byte("raw!"), 4096)
+	qcow := append([]byte("QFI\xfb"), raw[4:]...)
+	for name, data := range map[string][]byte{"raw": raw, "qcow": qcow} {
+		if err := h.PutVolume("p", libvirtfake.Volume{Name: name, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, _ := s.StoragePoolLookupByName("q")
+	for _, tc := range []struct {
+		from, to string
+		same     bool
+	}{{"raw", "raw-copy", true}, {"qcow", "qcow-copy", false}} {
+		if _, err := s.StorageVolCreateXMLFrom(q, volXML(tc.to), libvirt.StorageVol{Pool: "p", Name: tc.from}, 0); err != nil {
+			t.Fatalf("copy of %s: %v", tc.from, err)
+		}
+		src, _ := h.Volume("p", tc.from)
+		got, ok := h.Volume("q", tc.to)
+		if !ok || bytes.Equal(got.Data, src.Data) != tc.same {
+			t.Fatalf("copy of %s: %d bytes, same bytes %v; want same %v", tc.from, len(got.Data), bytes.Equal(got.Data, src.Data), tc.same)
+		}
+	}
+	if _, err := s.StorageVolCreateXMLFrom(q, volXML("raw-copy"), libvirt.StorageVol{Pool: "p", Name: "raw"}, 0); code(err) != libvirt.ErrStorageVolExist {
+		t.Fatalf("copy onto an existing name: %v", err)
+	}
+	if err := h.SetPoolCapacity("q", 4096); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.StorageVolCreateXMLFrom(q, volXML("big"), libvirt.StorageVol{Pool: "p", Name: "raw"}, 0); err == nil || !strings.Contains(err.Error(), "No space left") {
+		t.Fatalf("copy beyond the free space: %v", err)
+	}
+	if _, ok := h.Volume("q", "big"); ok {
+		t.Fatal("a copy that did not fit was created")
+	}
+	_, s2 := newHost(t)
+	p1, _ := s.StoragePoolLookupByName("p")
+	p2, _ := s2.StoragePoolLookupByName("p")
+	if p1.UUID == p2.UUID {
+		t.Fatal("two hosts' pools share a UUID")
+	}
+}

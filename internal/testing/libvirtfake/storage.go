@@ -465,6 +465,75 @@ func (s *Session) StorageVolCreateXML(Pool libvirt.StoragePool, XML string, Flag
 	return rVol, err
 }
 
+// StorageVolCreateXMLFrom creates a volume from its XML (as
+// StorageVolCreateXML) holding a copy of Clonevol, a volume of any active
+// pool of the Host, as libvirt's dir pools do: when both the clone's target
+// format and Clonevol's format are raw, the copy is byte for byte (capacity
+// the larger of the two); otherwise libvirt converts with qemu-img, and
+// the copy's bytes differ from the original's — here, the original's
+// followed by a zero cluster of 64 KiB. Clonevol's format is what libvirt
+// probes: qcow2 when its bytes start with the qcow2 magic, else its
+// definition's. A copy larger than the pool's free space fails as a full
+// disk does, and nothing is created.
+func (s *Session) StorageVolCreateXMLFrom(Pool libvirt.StoragePool, XML string, Clonevol libvirt.StorageVol, Flags libvirt.StorageVolCreateFlags) (rVol libvirt.StorageVol, err error) {
+	var def libvirtxml.StorageVolume
+	perr := def.Unmarshal(XML)
+	err = s.run(Call{Method: "StorageVolCreateXMLFrom", Pool: Pool.Name, Volume: def.Name}, func() error {
+		if perr != nil {
+			return Errorf(libvirt.ErrXMLError, "XML error: %v", perr)
+		}
+		if def.Name == "" {
+			return Errorf(libvirt.ErrXMLError, "XML error: missing volume name element")
+		}
+		capacity, err := size(def.Capacity)
+		if err != nil {
+			return err
+		}
+		s.h.mu.Lock()
+		defer s.h.mu.Unlock()
+		p, err := s.h.activePoolByHandleLocked(Pool)
+		if err != nil {
+			return err
+		}
+		if _, ok := p.vols[def.Name]; ok {
+			return Errorf(libvirt.ErrStorageVolExist, "storage volume '%s' exists already", def.Name)
+		}
+		src, err := s.h.volLocked(Clonevol)
+		if err != nil {
+			return err
+		}
+		data := slices.Clone(src.data)
+		if probedFormat(src) != "raw" || formatOf(def) != "raw" {
+			data = append(data, make([]byte, 64<<10)...) // qemu-img convert: other bytes
+		}
+		if uint64(len(data)) > p.available() {
+			return Errorf(libvirt.ErrSystemError, "cannot write data to file '%s': No space left on device", path.Join(p.target, def.Name))
+		}
+		v := &volume{def: def, path: path.Join(p.target, def.Name), capacity: max(capacity, src.capacity), data: data}
+		p.vols[def.Name] = v
+		rVol = p.volHandle(v)
+		return nil
+	})
+	return rVol, err
+}
+
+// probedFormat is the format libvirt sees in a dir pool's volume: qcow2
+// when its bytes start with the qcow2 magic, else its definition's.
+func probedFormat(v *volume) string {
+	if strings.HasPrefix(string(v.data[:min(len(v.data), 4)]), "QFI\xfb") {
+		return "qcow2"
+	}
+	return formatOf(v.def)
+}
+
+// formatOf is a volume definition's target format, "raw" when it has none.
+func formatOf(def libvirtxml.StorageVolume) string {
+	if t := def.Target; t != nil && t.Format != nil && t.Format.Type != "" {
+		return t.Format.Type
+	}
+	return "raw"
+}
+
 // StorageVolDelete deletes a volume.
 func (s *Session) StorageVolDelete(Vol libvirt.StorageVol, Flags libvirt.StorageVolDeleteFlags) (err error) {
 	return s.run(Call{Method: "StorageVolDelete", Pool: Vol.Pool, Volume: Vol.Name}, func() error {
