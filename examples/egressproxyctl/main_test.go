@@ -29,6 +29,7 @@ import (
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/eventually"
+	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
@@ -825,4 +826,64 @@ func (w *world) ctl(entry string) *memprovider.Control {
 		w.t.Fatalf("no memprovider.Control for %s", entry)
 	}
 	return c
+}
+
+// TestCreateDescribedProxy: create's flags describe the proxy (closed by
+// default, errors named by flag); the proxy serves what they say, and
+// probe --egress-url prints the address the echo server saw.
+func TestCreateDescribedProxy(t *testing.T) {
+	echo := guesttest.ServeEcho(t, "127.0.0.1")
+	target := guesttest.ServeTarget(t, "127.0.0.1")
+	_, tport, _ := net.SplitHostPort(target.Addr)
+	_, eport, _ := net.SplitHostPort(echo.Addr)
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pwFile, []byte("cr3ate-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(t, "lab1")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--allow-port", tport}, "--proxy-user: is empty and so is --allow-client"},
+		{[]string{"--allow-client", "10.0.0.1/8"}, "--allow-client[0]"},
+		{[]string{"--open", "--allow-client", "127.0.0.1"}, "--open"},
+		{[]string{"--allow-client", "127.0.0.1", "--allow-port", "70000"}, "--allow-port[0]"},
+		{[]string{"--allow-client", "127.0.0.1", "--user-data-file", pwFile}, "exclude each other"},
+	} {
+		_, stderr := w.want(exitUsage, append([]string{"create", "proxy-x", "--uid", "uid-x"}, tc.args...)...)
+		if !strings.Contains(stderr, tc.want) {
+			t.Errorf("create %q: stderr %q, want %q", tc.args, stderr, tc.want)
+		}
+	}
+	w.want(exitOK, "create", "proxy-a", "--uid", "uid-a", "--proxy-user", "probe", "--proxy-password-file", pwFile,
+		"--allow-client", "127.0.0.1", "--allow-port", tport, "--allow-port", eport)
+	// Only the allowed range: a proxy for another range refuses this
+	// client (403, Transient).
+	w.want(exitOK, "create", "proxy-b", "--uid", "uid-b", "--allow-client", "192.0.2.0/24", "--allow-port", tport)
+
+	out, stderr := w.want(exitOK, "probe", "proxy-a", "--target", target.Addr, "--proxy-user", "probe", "--proxy-password-file", pwFile, "--egress-url", echo.URL)
+	if !regexp.MustCompile(`(?m)^EGRESS$|\sEGRESS\n`).MatchString(out) || !regexp.MustCompile(`(?m)^lab1\s+proxy-a\s.*\sok\s+200\s+\S+\s+127\.0\.0\.1$`).MatchString(out) {
+		t.Errorf("probe table with --egress-url:\n%s", out)
+	}
+	if testing.Verbose() {
+		t.Logf("probe table:\n%s", out)
+	}
+	if strings.Contains(out+stderr, "cr3ate-secret") {
+		t.Error("the password is printed")
+	}
+	echo.Report("192.0.2.9")
+	out, _ = w.want(exitOK, "-o", "json", "probe", "proxy-a", "--target", target.Addr, "--proxy-user", "probe", "--proxy-password-file", pwFile, "--egress-url", echo.URL)
+	if r := decode[probeRow](t, out); !r.OK || r.EgressAddress != "192.0.2.9" || r.EgressError != "" {
+		t.Errorf("probe json with --egress-url: %+v", r)
+	}
+	// The port the description does not allow: 403.
+	out, _ = w.want(exitTransient, "probe", "proxy-a", "--target", "127.0.0.1:443", "--proxy-user", "probe", "--proxy-password-file", pwFile)
+	if !strings.Contains(out, "proxy-status") || !strings.Contains(out, "403") {
+		t.Errorf("probe to a port not allowed:\n%s", out)
+	}
+	out, _ = w.want(exitTransient, "probe", "proxy-b", "--target", target.Addr)
+	if !strings.Contains(out, "403") {
+		t.Errorf("probe from outside the allowed range:\n%s", out)
+	}
 }
