@@ -40,16 +40,6 @@ func TestGuardTableMemprovider(t *testing.T) {
 	g.Run(t, ctx, guesttest.GuardSite{Proxy: inst.Address(), Egress: "127.0.0.1", Outsider: outsider.DialContext})
 }
 
-func portOf(t *testing.T, hostport string) int {
-	t.Helper()
-	_, p, err := net.SplitHostPort(hostport)
-	n, _ := strconv.Atoi(p)
-	if err != nil || n == 0 {
-		t.Fatalf("%q is not host:port", hostport)
-	}
-	return n
-}
-
 // A provider instance's proxy is probed at inst.Address(): memprovider
 // serves one with the basic auth its guest description asks for; the right credentials get
 // through, none get 407, in Probe, ProbeAll and Tracker.Round alike.

@@ -605,16 +605,9 @@ func (c *cli) probe(ctx context.Context, arg string, o probeOptions) error {
 	if err := nonNegative("probe-timeout", o.timeout); err != nil {
 		return err
 	}
-	password := c.getenv("EGRESSPROXYCTL_PROXY_PASSWORD")
-	if o.passFile != "" {
-		b, err := os.ReadFile(o.passFile)
-		if err != nil {
-			return fileError("--proxy-password-file", err)
-		}
-		password = strings.TrimRight(string(b), "\r\n")
-	}
-	if o.user == "" {
-		password = "" // no user: no credentials at all
+	opts, err := c.probeOptions(o)
+	if err != nil {
+		return err
 	}
 	if err := c.open(ctx); err != nil {
 		return err
@@ -631,17 +624,8 @@ func (c *cli) probe(ctx context.Context, arg string, o probeOptions) error {
 	if inst.IP == "" {
 		return entryErr(e, noAddressErr(inst))
 	}
-	opts := health.ProbeOptions{Timeout: o.timeout, Username: o.user, Password: password, EgressURL: o.egressURL}
-	if o.caFile != "" {
-		if opts.ProxyTLS, err = proxyTLS(o.caFile, o.tlsName); err != nil {
-			return err
-		}
-	}
-	if o.body != "" {
-		opts.Exchange = health.HTTPGet(o.target, o.body)
-	}
 	proxy := inst.Address()
-	res := health.Probe(ctx, proxy, o.target, &opts)
+	res := health.Probe(ctx, proxy, o.target, opts)
 	row := probeRow{Entry: e.name(), Name: inst.Name, Proxy: proxy, Target: o.target, OK: res.OK,
 		StatusCode: res.StatusCode, LatencyMS: res.Total.Milliseconds(), Error: errText(res.Err)}
 	header := []string{"ENTRY", "NAME", "PROXY", "TARGET", "RESULT", "STATUS", "LATENCY"}
@@ -672,6 +656,34 @@ func (c *cli) probe(ctx context.Context, arg string, o probeOptions) error {
 		return entryErr(e, probeErr(res))
 	}
 	return nil
+}
+
+// probeOptions are the probe's options from its flags: the password from
+// --proxy-password-file or the environment (none without a user), TLS to
+// the proxy, the egress URL and the tunnel proof.
+func (c *cli) probeOptions(o probeOptions) (*health.ProbeOptions, error) {
+	password := c.getenv("EGRESSPROXYCTL_PROXY_PASSWORD")
+	if o.passFile != "" {
+		b, err := os.ReadFile(o.passFile)
+		if err != nil {
+			return nil, fileError("--proxy-password-file", err)
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+	}
+	if o.user == "" {
+		password = "" // no user: no credentials at all
+	}
+	opts := &health.ProbeOptions{Timeout: o.timeout, Username: o.user, Password: password, EgressURL: o.egressURL}
+	if o.caFile != "" {
+		var err error
+		if opts.ProxyTLS, err = proxyTLS(o.caFile, o.tlsName); err != nil {
+			return nil, err
+		}
+	}
+	if o.body != "" {
+		opts.Exchange = health.HTTPGet(o.target, o.body)
+	}
+	return opts, nil
 }
 
 // --- gc ---------------------------------------------------------------------
