@@ -142,6 +142,7 @@ var specField = strings.NewReplacer(
 	"Users[0].Password", `credentials Secret key "password"`,
 	"TLS.Certificate", `TLS Secret key "tls.crt"`,
 	"TLS.Key", `TLS Secret key "tls.key"`,
+	"Users", "spec.credentialsSecretRef",
 	"Port", "spec.port",
 	"Open", "spec.open",
 ).Replace
