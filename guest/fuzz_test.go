@@ -94,11 +94,13 @@ func FuzzUserData(f *testing.F) {
 }
 
 // mask replaces each character of s by one of the same size and kind
-// (control or not).
+// (control or not), and each byte that is no UTF-8 by one byte.
 func mask(s string) string {
 	var b strings.Builder
-	for _, r := range s {
-		switch n := utf8.RuneLen(r); {
+	for len(s) > 0 {
+		r, n := utf8.DecodeRuneInString(s)
+		s = s[n:]
+		switch {
 		case r < ' ' || r == 0x7f:
 			b.WriteByte(1)
 		case n <= 1:
