@@ -168,21 +168,29 @@ func (g *Guard) Run(t *testing.T, ctx context.Context, s GuardSite) {
 			}
 			r := health.Probe(ctx, s.Proxy, c.target, &o)
 			t.Logf("CONNECT %s via %s: ok %v, kind %v, status %d, %s (err %v)", c.target, s.Proxy, r.OK, r.Kind, r.StatusCode, r.Total.Round(time.Millisecond), r.Err)
-			if len(c.kinds) > 0 {
-				if r.OK || !slices.Contains(c.kinds, r.Kind) {
-					t.Errorf("ok %v kind %v, want one of %v", r.OK, r.Kind, c.kinds)
-				}
-			} else if !c.anyKind && (r.Kind != c.want || (c.status != 0 && r.StatusCode != c.status)) {
-				t.Errorf("kind %v status %d, want kind %v status %d", r.Kind, r.StatusCode, c.want, c.status)
-			}
-			for _, bad := range c.not {
-				if r.StatusCode == bad {
-					t.Errorf("status %d: the rules refused it", bad)
-				}
-			}
+			c.verify(t, r)
 			if c.check != nil {
 				c.check(t, r)
 			}
 		})
+	}
+}
+
+// verify checks a case's answer: its kind (one of kinds, or want and
+// status unless anyKind) and that its status is none of not.
+func (c guardCase) verify(t *testing.T, r health.Result) {
+	t.Helper()
+	switch {
+	case len(c.kinds) > 0:
+		if r.OK || !slices.Contains(c.kinds, r.Kind) {
+			t.Errorf("ok %v kind %v, want one of %v", r.OK, r.Kind, c.kinds)
+		}
+	case !c.anyKind && (r.Kind != c.want || (c.status != 0 && r.StatusCode != c.status)):
+		t.Errorf("kind %v status %d, want kind %v status %d", r.Kind, r.StatusCode, c.want, c.status)
+	}
+	for _, bad := range c.not {
+		if r.StatusCode == bad {
+			t.Errorf("status %d: the rules refused it", bad)
+		}
 	}
 }
