@@ -1226,7 +1226,7 @@ func BenchmarkStackTransfer(b *testing.B) {
 		}
 	}
 	up := func(b *testing.B) {
-		_, _, dc, err := c.upload(ctx, name, nil, nil, open(b), size, 0, newCommitted())
+		_, _, dc, err := c.upload(ctx, name, nil, nil, open(b), size, 0, newCommitted(), nil)
 		if err != nil {
 			b.Fatal(err)
 		}
