@@ -128,7 +128,8 @@ STRESS_TIMEOUT ?= 120m
 # here on FuzzParseNames in a CI run). 20000 runs take 2–16 s per target.
 FUZZ_TARGETS := .:FuzzSpecValidate ./kvm2:FuzzDomainXML ./kvm2:FuzzSeed ./internal/isoseed:FuzzBuild ./kvm2:FuzzParseDomainXML \
 	./health:FuzzReadResponseHead ./sshconn:FuzzValidate ./internal/basecache:FuzzParseNames \
-	.:FuzzClientErrorText .:FuzzErrorText ./kvm2:FuzzConfigErrorText ./kvm2:FuzzParseEntries
+	.:FuzzClientErrorText .:FuzzErrorText ./kvm2:FuzzConfigErrorText ./kvm2:FuzzParseEntries \
+	./guest:FuzzUserData ./internal/guestconf:FuzzParse
 FUZZTIME ?= 20000x
 
 # Static analysis, pinned; installed by make test before it enters the

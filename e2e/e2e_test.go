@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/guest"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/basecache"
@@ -126,7 +128,11 @@ type guestSite struct {
 	// beyondIP, when set, is an address of the test's the guest must NOT
 	// reach (the lab's isolation).
 	beyondIP string
-	raw      *guesttest.Libvirt
+	// outsider dials the guest from a source outside clients; nil: none
+	// (outsiderWhy says why).
+	outsider    func(ctx context.Context, network, address string) (net.Conn, error)
+	outsiderWhy string
+	raw         *guesttest.Libvirt
 }
 
 // chooseSite boots the guest on lab host 1 when the lab's environment is
@@ -165,6 +171,9 @@ func labSite(t *testing.T) guestSite {
 	if len(env.Hosts) > 1 {
 		s.beyondIP = env.Hosts[1].CallerAddr
 	}
+	// Host 1 itself is on the guest's network (its bridge address,
+	// outside the caller's /32): a stranger the guest's Squid must refuse.
+	s.outsider = guesttest.DialFromNetns(filepath.Join("/run/netns", h.Netns))
 	return s
 }
 
@@ -182,10 +191,11 @@ func localSite(t *testing.T) guestSite {
 			Address: env.SSHAddr, User: env.SSHUser, KeyFile: env.SSHKey, KnownHostsFile: env.KnownHosts,
 			LibvirtSocket: env.LibvirtSocket, LibvirtURI: env.LibvirtURI, Pool: env.Pool, Network: netName,
 		},
-		subnet:   netSubnet,
-		clients:  netSubnet,
-		targetIP: netGateway,
-		raw:      raw,
+		subnet:      netSubnet,
+		clients:     netSubnet,
+		targetIP:    netGateway,
+		outsiderWhy: "the local stack's NAT network gives the test one source address, inside the range (the lab's host 1 is the outsider)",
+		raw:         raw,
 	}
 }
 
@@ -201,9 +211,6 @@ func TestE2EProxyGuest(t *testing.T) {
 	site := chooseSite(t)
 	t.Logf("the guest boots on %s", site.where)
 	raw, pool := site.raw, site.conn.Pool
-	// Squid listens on squidPort and allows CONNECT from the probe's
-	// source only.
-	userData := guesttest.SquidUserData("egp-guest", squidPort, site.clients)
 
 	ctx, cancel := context.WithTimeout(context.Background(), testBound)
 	defer cancel()
@@ -226,9 +233,25 @@ func TestE2EProxyGuest(t *testing.T) {
 
 	img := guesttest.ServeFile(t, "/guest.qcow2", g.image)
 	target := guesttest.ServeTarget(t, site.targetIP)
+	echo := guesttest.ServeEcho(t, site.targetIP)
 	var beyond *guesttest.Target
 	if site.beyondIP != "" {
 		beyond = guesttest.ServeTarget(t, site.beyondIP)
+	}
+	// The guest's proxy, closed to strangers: TLS on squidPort, the
+	// guard's user, CONNECT from the probe's source only, to the target's
+	// and the echo server's ports (and the one beyond host 1, which the
+	// lab's isolation, not the rules, must stop).
+	guard := guesttest.NewGuard(t, []string{site.clients}, target, echo)
+	if beyond != nil {
+		guard.AlsoAllow = append(guard.AlsoAllow, beyond.Addr)
+	}
+	userData, err := guest.UserData(guard.Config(squidPort), &guest.UserDataOptions{Salt: entry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	probeOpts := func(exchange func(context.Context, net.Conn) error) *health.ProbeOptions {
+		return &health.ProbeOptions{Timeout: 15 * time.Second, Username: guard.User, Password: guard.Password, ProxyTLS: guard.TLS.ClientConfig(), Exchange: exchange}
 	}
 	consoleDir := t.TempDir()
 	dumped := false
@@ -334,7 +357,7 @@ func TestE2EProxyGuest(t *testing.T) {
 	// caller's end of host 1's link).
 	var res health.Result
 	if !eventually.Poll(ctx, time.Until(created.Add(squidBound)), func() bool {
-		res = health.Probe(ctx, inst.Address(), target.Addr, &health.ProbeOptions{Timeout: 15 * time.Second, Exchange: health.HTTPGet(target.Addr, target.Token)})
+		res = health.Probe(ctx, inst.Address(), target.Addr, probeOpts(health.HTTPGet(target.Addr, target.Token)))
 		return res.OK
 	}) {
 		failNoAnswer("Squid in guest %s never answered a CONNECT to %s with 2xx within %s of Create: last probe %v (status %d)", domA, target.Addr, squidBound, res.Err, res.StatusCode)
@@ -349,12 +372,18 @@ func TestE2EProxyGuest(t *testing.T) {
 	if beyond != nil {
 		// The lab's isolation: the same Squid cannot reach an address of
 		// the caller's behind another host's link.
-		r := health.Probe(ctx, inst.Address(), beyond.Addr, &health.ProbeOptions{Timeout: 15 * time.Second, Exchange: health.HTTPGet(beyond.Addr, beyond.Token)})
+		r := health.Probe(ctx, inst.Address(), beyond.Addr, probeOpts(health.HTTPGet(beyond.Addr, beyond.Token)))
 		t.Logf("CONNECT %s (beyond host 1) via %s → ok %v, %v, status %d in %s", beyond.Addr, inst.Address(), r.OK, r.Kind, r.StatusCode, r.Total.Round(time.Millisecond))
-		if r.OK || r.Kind != health.KindProxyStatus || len(beyond.Seen()) != 0 {
+		if r.OK || r.Kind != health.KindProxyStatus || r.StatusCode == http.StatusForbidden || len(beyond.Seen()) != 0 {
 			t.Fatalf("CONNECT through the guest to %s, beyond its host: ok %v, kind %v, status %d, err %v, target saw %v; want a proxy error status and no request", beyond.Addr, r.OK, r.Kind, r.StatusCode, r.Err, beyond.Seen())
 		}
 	}
+
+	// The guest's proxy is closed to strangers, and its egress address
+	// is the one the echo server sees: the table memprovider passes too.
+	t0guard := time.Now()
+	guard.Run(t, ctx, guesttest.GuardSite{Proxy: inst.Address(), Egress: inst.IP, Outsider: site.outsider, OutsiderWhy: site.outsiderWhy})
+	t.Logf("the guard table against the guest took %s", time.Since(t0guard).Round(time.Millisecond))
 
 	checkHealth("instance running")
 

@@ -152,7 +152,7 @@ func tunnel(user, pass string) func(net.Conn) {
 			close(done)
 		}()
 		io.Copy(c, up)
-		c.(*net.TCPConn).CloseWrite()
+		c.(interface{ CloseWrite() error }).CloseWrite() // TCP or TLS
 		<-done
 	}
 }

@@ -41,6 +41,10 @@ const (
 	// KindBadInput: the probe's input is invalid (empty proxy address,
 	// target that is not host:port, ...). Nothing was sent.
 	KindBadInput
+	// KindTLS: the TLS handshake with the proxy (ProbeOptions.ProxyTLS)
+	// failed: its certificate is not trusted or not for its name, it does
+	// not speak TLS, or it ended the connection during the handshake.
+	KindTLS
 
 	kindCount
 )
@@ -57,6 +61,7 @@ var kindNames = [...]string{
 	KindCanceled:     "canceled",
 	KindNetwork:      "network",
 	KindBadInput:     "bad-input",
+	KindTLS:          "tls",
 }
 
 // String returns a short, stable, lowercase name (suitable as a metric label).
@@ -79,6 +84,7 @@ var kindReasons = [...]string{
 	KindCanceled:     "Canceled",
 	KindNetwork:      "Network",
 	KindBadInput:     "BadInput",
+	KindTLS:          "TLS",
 }
 
 // Reason returns the kind's name in CamelCase ("AuthRequired"), stable and
@@ -98,7 +104,7 @@ func (k Kind) Reason() string {
 //	if errors.As(err, &pe) && pe.Kind == health.KindAuthRequired { ... }
 type ProbeError struct {
 	Kind       Kind
-	Op         string // phase that failed: "input", "dial", "write", "read", "tunnel"
+	Op         string // phase that failed: "input", "dial", "handshake", "write", "read", "tunnel"
 	Proxy      string // proxy address as given
 	Target     string // CONNECT target as given
 	StatusCode int    // the proxy's status code when one was read, else 0

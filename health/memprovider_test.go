@@ -3,19 +3,45 @@ package health_test
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/guest"
 	"github.com/egressproxy/egressproxy/health"
+	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
 
+// The table of a proxy closed to strangers, against memprovider's served
+// proxy of the guest description (the e2e test runs the same table
+// against the booting guest): only the loopback address 127.0.0.1 is an
+// allowed client, and the outsider comes from 127.0.0.2.
+func TestGuardTableMemprovider(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g := guesttest.NewGuard(t, []string{"127.0.0.1/32"}, guesttest.ServeTarget(t, "127.0.0.1"), guesttest.ServeEcho(t, "127.0.0.1"))
+	p := memprovider.New(&memprovider.Options{ServeProxies: true})
+	defer p.Close()
+	ud, err := guest.UserData(g.Config(3128), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := p.Create(ctx, egressproxy.Spec{Name: "proxy-a", UID: "uid-a", UserData: ud})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outsider := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	g.Run(t, ctx, guesttest.GuardSite{Proxy: inst.Address(), Egress: "127.0.0.1", Outsider: outsider.DialContext})
+}
+
 // A provider instance's proxy is probed at inst.Address(): memprovider
-// serves one with basic auth on loopback; the right credentials get
+// serves one with the basic auth its guest description asks for; the right credentials get
 // through, none get 407, in Probe, ProbeAll and Tracker.Round alike.
 func TestProbeInstanceCredentials(t *testing.T) {
 	const body = "target ok"
@@ -23,11 +49,18 @@ func TestProbeInstanceCredentials(t *testing.T) {
 	defer srv.Close()
 	target := strings.TrimPrefix(srv.URL, "http://")
 
-	p := memprovider.New(&memprovider.Options{ServeProxies: true, ProxyUser: "probe", ProxyPassword: "pw"})
+	p := memprovider.New(&memprovider.Options{ServeProxies: true})
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	inst, err := p.Create(ctx, egressproxy.Spec{Name: "proxy-a", UID: "uid-a"})
+	_, port, _ := net.SplitHostPort(target)
+	portN, _ := strconv.Atoi(port)
+	ud, err := guest.UserData(guest.Config{Users: []guest.User{{Name: "probe", Password: "pw"}},
+		AllowedDestinations: []guest.Destination{{Ports: []int{portN}}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := p.Create(ctx, egressproxy.Spec{Name: "proxy-a", UID: "uid-a", UserData: ud})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,11 +3,14 @@ package health
 import (
 	"strconv"
 	"strings"
+
+	"github.com/egressproxy/egressproxy/internal/redact"
 )
 
 // String returns the options' plain values, as %+v would show them but
-// without the zero ones: the password shows as REDACTED, and TLS,
-// Exchange and DialContext only as set. Every fmt verb uses it (or
+// without the zero ones: the password shows as REDACTED, credentials in
+// EgressURL too, and TLS, Exchange, DialContext, ProxyTLS and EgressTLS
+// only as set. Every fmt verb uses it (or
 // GoString), so the password never reaches a log line or an error.
 func (o ProbeOptions) String() string {
 	var b fieldText
@@ -19,6 +22,11 @@ func (o ProbeOptions) String() string {
 	b.set("TLS", o.TLS != nil)
 	b.set("Exchange", o.Exchange != nil)
 	b.set("DialContext", o.DialContext != nil)
+	b.set("ProxyTLS", o.ProxyTLS != nil)
+	if o.EgressURL != "" {
+		b.raw("EgressURL", quote(redact.URL(o.EgressURL)))
+	}
+	b.set("EgressTLS", o.EgressTLS != nil)
 	return b.done()
 }
 
@@ -53,6 +61,7 @@ func (p Proxy) String() string {
 	b.str("Target", p.Target)
 	b.str("Username", p.Username)
 	b.secret("Password", p.Password != "")
+	b.set("ProxyTLS", p.ProxyTLS != nil)
 	return b.done()
 }
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -56,6 +57,28 @@ type ProbeOptions struct {
 	// "tcp"). Zero: a net.Dialer's, without TCP keep-alives (probe
 	// connections are short).
 	DialContext func(ctx context.Context, network, address string) (net.Conn, error)
+
+	// ProxyTLS, when not nil, makes the connection to the proxy TLS (an
+	// HTTPS proxy): the handshake comes before the CONNECT request, and
+	// its failure (an untrusted certificate, one for another name, a
+	// proxy that does not speak TLS) is KindTLS. Trust the proxy's CA with
+	// RootCAs. When ProxyTLS.ServerName is empty it is set to the proxy's
+	// host (on a clone; ProxyTLS is never modified). Zero: plain TCP.
+	ProxyTLS *tls.Config
+
+	// EgressURL, when set, is an http or https URL that answers a GET
+	// with the address it was asked from, as plain text ("what is my
+	// address"). After a successful probe, Probe opens a second tunnel
+	// through the proxy (same credentials, ProxyTLS and deadline) to the
+	// URL's host and port, GETs the URL and reports the address in
+	// Result.EgressAddress: where the proxy's traffic leaves from. The
+	// fetch's failure is Result.EgressErr; it does not fail the probe.
+	// The URL must not carry credentials. Zero: no fetch.
+	EgressURL string
+	// EgressTLS is the TLS configuration of an https EgressURL; an empty
+	// ServerName is set to the URL's host (on a clone). Nil: the
+	// system's roots.
+	EgressTLS *tls.Config
 }
 
 // Result is the outcome of one probe.
@@ -85,8 +108,18 @@ type Result struct {
 	// answer (time to first byte, connect included); 0 if none arrived.
 	FirstByte time.Duration
 	// Total is the time from Start until the probe finished (tunnel proof
-	// included).
+	// included, egress fetch not).
 	Total time.Duration
+
+	// EgressAddress is the address ProbeOptions.EgressURL answered
+	// through the proxy: where its traffic leaves from. The zero Addr
+	// (not valid) when no EgressURL was given, the probe failed or the
+	// fetch failed.
+	EgressAddress netip.Addr
+	// EgressErr is the egress fetch's failure, a *ProbeError whose Target
+	// is the URL's host and port; nil when the fetch succeeded or did not
+	// run. It never makes OK false.
+	EgressErr error
 }
 
 // Latency is the probe's total duration (Total).
@@ -174,6 +207,9 @@ func Probe(ctx context.Context, proxy, target string, opts *ProbeOptions) Result
 	}
 	st.br.Reset(nil)
 	statePool.Put(st)
+	if res.OK && o.EgressURL != "" {
+		res.EgressAddress, res.EgressErr = fetchEgress(ctx, proxy, &o, deadline)
+	}
 	return res
 }
 
@@ -183,6 +219,15 @@ func probeConn(ctx context.Context, conn net.Conn, st *probeState, target string
 		if err := conn.SetDeadline(deadline); err != nil {
 			return res.fail(classify(ctx, err), "dial", err)
 		}
+	}
+	if o.ProxyTLS != nil {
+		tc := tls.Client(conn, serverName(o.ProxyTLS, res.Proxy))
+		// The deadline and the context's callback (which closes conn)
+		// bound the handshake; Handshake starts no goroutine.
+		if err := tc.Handshake(); err != nil {
+			return res.fail(classifyTLS(ctx, err), "handshake", err)
+		}
+		conn = tc
 	}
 	if err := writeConnect(conn, st, target, o); err != nil {
 		return res.fail(classify(ctx, err), "write", err)
@@ -280,13 +325,7 @@ func proveTunnel(ctx context.Context, conn net.Conn, br *bufio.Reader, target st
 		defer cancel()
 	}
 	if o.TLS != nil {
-		cfg := o.TLS
-		if cfg.ServerName == "" {
-			host, _, _ := net.SplitHostPort(target)
-			cfg = cfg.Clone()
-			cfg.ServerName = host
-		}
-		tlsConn := tls.Client(tc, cfg)
+		tlsConn := tls.Client(tc, serverName(o.TLS, target))
 		if err := tlsConn.HandshakeContext(ctx); err != nil {
 			return err
 		}
@@ -296,6 +335,31 @@ func proveTunnel(ctx context.Context, conn net.Conn, br *bufio.Reader, target st
 		return o.Exchange(ctx, tc)
 	}
 	return nil
+}
+
+// serverName returns cfg, or a clone of it naming the host of address
+// when its ServerName is empty.
+func serverName(cfg *tls.Config, address string) *tls.Config {
+	if cfg.ServerName != "" {
+		return cfg
+	}
+	host, _, _ := net.SplitHostPort(address)
+	cfg = cfg.Clone()
+	cfg.ServerName = host
+	return cfg
+}
+
+// classifyTLS maps an error of the TLS handshake with the proxy to a
+// Kind: caused by ctx or the deadline, or else KindTLS.
+func classifyTLS(ctx context.Context, err error) Kind {
+	if ctx.Err() != nil {
+		return classify(ctx, err)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return KindTimeout
+	}
+	return KindTLS
 }
 
 // bufferedConn hands the bytes buffered after the response head to the
@@ -394,6 +458,11 @@ func validateProbe(proxy, target string, o *ProbeOptions) error {
 	}
 	if o.Username == "" && o.Password != "" {
 		return &errs.FieldError{Field: "Password", Rule: "is set without a Username"}
+	}
+	if o.EgressURL != "" {
+		if _, _, err := egressTarget(o.EgressURL); err != nil {
+			return err
+		}
 	}
 	return nil
 }

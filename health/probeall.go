@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"crypto/tls"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,10 @@ type Proxy struct {
 	// reaches a log line, an error, a span or String.
 	Username string
 	Password string
+	// ProxyTLS is this proxy's TLS configuration (its own CA, its own
+	// ServerName), used instead of the round's Probe.ProxyTLS when set.
+	// Nil: the round's.
+	ProxyTLS *tls.Config
 }
 
 // ProbeAllOptions configures ProbeAll and Tracker.Round. A nil
@@ -161,9 +166,14 @@ func probeOne(ctx context.Context, p *Proxy, o *ProbeAllOptions) Result {
 		r = r.fail(classify(ctx, err), "dial", context.Cause(ctx))
 	} else {
 		po := &o.Probe
-		if p.Username != "" {
+		if p.Username != "" || p.ProxyTLS != nil {
 			own := o.Probe
-			own.Username, own.Password = p.Username, p.Password
+			if p.Username != "" {
+				own.Username, own.Password = p.Username, p.Password
+			}
+			if p.ProxyTLS != nil {
+				own.ProxyTLS = p.ProxyTLS
+			}
 			po = &own
 		}
 		r = Probe(ctx, p.Address, target, po)

@@ -3,6 +3,7 @@ package health
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,6 +81,14 @@ type Status struct {
 	// successful and failed probes (one of them is always 0).
 	Successes int
 	Failures  int
+
+	// EgressAddress is the last address the proxy's traffic was seen
+	// leaving from (Result.EgressAddress of a probe with an EgressURL);
+	// the zero Addr until one is learned. A probe that learns none
+	// (failed, or its fetch failed) keeps it.
+	EgressAddress netip.Addr
+	// EgressSince is when EgressAddress was learned (tracker clock).
+	EgressSince time.Time
 }
 
 // Healthy reports whether State is StateHealthy.
@@ -115,6 +124,14 @@ type TrackerOptions struct {
 	// the proxy is gone and outside the tracker's lock (it may call the
 	// tracker). Zero: nothing is called.
 	OnForget func(Status)
+	// OnEgressChange, when not nil, is called once for every change of a
+	// proxy's egress address a round learns (Status.EgressAddress), with
+	// the proxy's Status after the round and the address it had before:
+	// the zero Addr when this is the first one learned. It is called
+	// after the round is recorded, outside the tracker's lock (it may call
+	// the tracker). A change is an event of its own, not a health
+	// failure: it changes no state or counter. Zero: nothing is called.
+	OnEgressChange func(s Status, previous netip.Addr)
 	// Now is the tracker's clock. Zero: time.Now.
 	Now func() time.Time
 	// Logger receives state changes and forgets (Info) and per-round
@@ -141,6 +158,7 @@ type Tracker struct {
 	rise, fall int
 	grace      time.Duration
 	onForget   func(Status)
+	onEgress   func(Status, netip.Addr)
 	now        func() time.Time
 	log        logr.Logger
 	tp         trace.TracerProvider
@@ -179,6 +197,7 @@ func NewTracker(opts *TrackerOptions) (*Tracker, error) {
 		fall:     o.Fall,
 		grace:    o.Grace,
 		onForget: o.OnForget,
+		onEgress: o.OnEgressChange,
 		now:      o.Now,
 		log:      logr.Discard(),
 		entries:  make(map[string]*Status),
@@ -220,6 +239,7 @@ func (t *Tracker) update(obs []observation) {
 	now := t.now()
 	var forgotten []Status
 	var changes []change
+	var egress []egressChange
 	t.mu.Lock()
 	for i := range obs {
 		ob := &obs[i]
@@ -240,6 +260,11 @@ func (t *Tracker) update(obs []observation) {
 		if prev := e.State; t.record(e, &ob.result, now) {
 			changes = append(changes, change{from: prev, to: *e})
 		}
+		if a := ob.result.EgressAddress; a.IsValid() && a != e.EgressAddress {
+			prev := e.EgressAddress
+			e.EgressAddress, e.EgressSince = a, now
+			egress = append(egress, egressChange{previous: prev, to: *e})
+		}
 	}
 	for id, e := range t.entries {
 		if now.Sub(e.LastSeen) >= t.grace {
@@ -252,12 +277,29 @@ func (t *Tracker) update(obs []observation) {
 		t.log.Info("proxy health changed", "id", c.to.ID, "address", c.to.Address,
 			"from", c.from.String(), "to", c.to.State.String(), "lastError", c.to.LastErr)
 	}
+	for _, c := range egress {
+		if c.previous.IsValid() {
+			t.log.Info("proxy egress address changed", "id", c.to.ID, "address", c.to.Address,
+				"egressAddress", c.to.EgressAddress.String(), "previous", c.previous.String())
+		} else {
+			t.log.Info("proxy egress address learned", "id", c.to.ID, "address", c.to.Address,
+				"egressAddress", c.to.EgressAddress.String())
+		}
+		if t.onEgress != nil {
+			t.onEgress(c.to, c.previous)
+		}
+	}
 	t.forget(forgotten, "grace period expired")
 }
 
 type change struct {
 	from State
 	to   Status
+}
+
+type egressChange struct {
+	previous netip.Addr
+	to       Status
 }
 
 // record applies one probe result to e and reports whether e's state

@@ -197,7 +197,9 @@ type Options struct {
 	// MeterProvider records the entry's metrics, each labelled with its
 	// egressproxy.entry: the client's operation durations and the facts
 	// of its last Check, every libvirt remote procedure call, the SSH
-	// connection's state and redials. Nil: no-op.
+	// connection's state and redials, and its image cache's (bytes
+	// fetched by source, fetch durations, failed checks, evictions, the
+	// bases it holds). Nil: no-op.
 	MeterProvider metric.MeterProvider
 	// HTTPClient downloads base images. Nil: imagecache's default (no
 	// overall timeout; the transfer budget bounds a download).

@@ -46,6 +46,6 @@
 // The package writes nothing to stdout or stderr: logs go to
 // Options.Logger, spans (kvm2.Create, kvm2.Get, … over kvm2.libvirt.*) to
 // Options.TracerProvider, metrics (the client's operations and the entry's
-// facts from Check, every libvirt call, the SSH connection), each labelled
-// with the entry, to Options.MeterProvider.
+// facts from Check, every libvirt call, the SSH connection, the image
+// cache), each labelled with the entry, to Options.MeterProvider.
 package kvm2

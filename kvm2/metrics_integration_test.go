@@ -12,12 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/internal/obs"
 	"github.com/egressproxy/egressproxy/internal/testing/metrictest"
+	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 )
 
 // memTotal is this machine's MemTotal in bytes (the stack's libvirtd runs
@@ -148,5 +150,85 @@ func TestIntegrationMetrics(t *testing.T) {
 	}
 	if d := cmp.Diff(map[string]float64{obs.MetricSSHConnectionState + " connected": 1, obs.MetricSSHRedials + " ": 1}, state()); d != "" {
 		t.Errorf("after the redial (-want +got):\n%s", d)
+	}
+}
+
+// On the real stack, an entry opened with a MeterProvider: a cold Create
+// fetches the image from the mirror, so its bytes count under source
+// mirror and the entry holds one base of the image's size; once the proxy
+// is deleted, EvictImage counts one eviction and the entry holds no base;
+// after Close the bases' gauges are absent. Every image series carries the
+// entry and no other attribute than its source.
+func TestIntegrationImageMetrics(t *testing.T) {
+	teststack.Require(t)
+	e := newLifecycleEnv(t)
+	rd := metrictest.New(t)
+	opts := &Options{MeterProvider: rd.MeterProvider(), Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
+	ctx := ctxT(t)
+	p, err := open(ctx, e.cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := driver.NewClient(p, clientOptions(p.cfg, opts))
+	closed := false
+	defer func() {
+		if !closed {
+			_ = c.Close()
+		}
+	}()
+	image := func() map[string]string {
+		out := map[string]string{}
+		for _, s := range rd.Collect(t) {
+			if !strings.HasPrefix(s.Name, "egressproxy.image.") {
+				continue
+			}
+			if s.Attrs["egressproxy.entry"] != e.cfg.Entry {
+				t.Errorf("%s: not labelled with the entry", s.Key())
+			}
+			delete(s.Attrs, "egressproxy.entry")
+			v := strconv.FormatFloat(s.Value, 'f', -1, 64)
+			if s.Kind == metrictest.Histogram {
+				v = "count " + strconv.FormatUint(s.Count, 10)
+			}
+			out[s.Key()] = v
+		}
+		return out
+	}
+
+	spec := egressproxy.Spec{Name: "metrics-it", UID: "uid-metrics-it"}
+	if _, err := c.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	size := strconv.Itoa(len(teststack.TinyQCOW2(t)))
+	mirror := map[string]string{"egressproxy.image.source": "mirror"}
+	want := map[string]string{
+		metrictest.Key(obs.MetricImageTransferSize, mirror):  size,
+		metrictest.Key(obs.MetricImageFetchDuration, mirror): "count 1",
+		metrictest.Key(obs.MetricImageBaseCount, nil):        "1",
+		metrictest.Key(obs.MetricImageBaseUsage, nil):        size,
+	}
+	if d := cmp.Diff(want, image()); d != "" {
+		t.Fatalf("after a cold Create (-want +got):\n%s", d)
+	}
+	if err := c.Delete(ctx, spec.Ref()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EvictImage(ctx, "tiny"); err != nil {
+		t.Fatal(err)
+	}
+	want[metrictest.Key(obs.MetricImageEvictions, nil)] = "1"
+	want[metrictest.Key(obs.MetricImageBaseCount, nil)] = "0"
+	want[metrictest.Key(obs.MetricImageBaseUsage, nil)] = "0"
+	if d := cmp.Diff(want, image()); d != "" {
+		t.Fatalf("after EvictImage (-want +got):\n%s", d)
+	}
+	closed = true
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	delete(want, metrictest.Key(obs.MetricImageBaseCount, nil))
+	delete(want, metrictest.Key(obs.MetricImageBaseUsage, nil))
+	if d := cmp.Diff(want, image()); d != "" {
+		t.Fatalf("after Close (-want +got):\n%s", d)
 	}
 }

@@ -141,6 +141,7 @@ func open(ctx context.Context, cfg Config, opts *Options) (*provider, error) {
 		Fanout:           fanout,
 		Logger:           base,
 		TracerProvider:   tp,
+		MeterProvider:    opts.MeterProvider,
 	})
 	if err != nil {
 		_ = lv.Close()

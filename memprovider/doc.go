@@ -15,6 +15,19 @@
 // proxy work for real without a hypervisor. The listener is closed when the
 // instance is deleted, stops running, or the entry is closed.
 //
+// # The guest description
+//
+// A served proxy enforces the description that package guest rendered
+// into the instance's Spec.UserData, as the guest's Squid would: only
+// CONNECT, only from the allowed client ranges (403 otherwise), only with
+// a user's credentials (407 otherwise), only to the allowed destinations
+// (403 otherwise), and TLS only when the description has a certificate. It
+// reads the description back from the user-data itself, so an embedder's
+// tests exercise the user-data its guests get. Create refuses (Permanent)
+// a description it cannot read or one whose port is not the Spec's.
+// Without a description (no user-data, or user-data of another kind) a
+// served proxy tunnels CONNECT from anyone to loopback targets only.
+//
 // Nothing persists: everything is lost on Close. One New is one entry.
 //
 // # Images

@@ -2,6 +2,7 @@ package memprovider
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sort"
@@ -13,6 +14,7 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/internal/errs"
+	"github.com/egressproxy/egressproxy/internal/guestconf"
 	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/metric"
@@ -29,17 +31,17 @@ type Options struct {
 	Now func() time.Time
 	// ServeProxies makes every Running instance serve a real HTTP CONNECT
 	// proxy on 127.0.0.1:0; Instance.IP is "127.0.0.1" and Instance.Port
-	// the listener's port. False: no listener; Instance.IP is a
-	// documentation address (192.0.2.x) and Port comes from the Spec.
+	// the listener's port. The proxy enforces the guest description its
+	// Spec.UserData holds (see the package doc). False: no listener;
+	// Instance.IP is a documentation address (192.0.2.x) and Port comes
+	// from the Spec.
 	ServeProxies bool
-	// AllowTarget decides which CONNECT targets ("host:port") the served
-	// proxies tunnel to; others get 403 Forbidden. Nil: loopback targets
-	// only (127.0.0.0/8, ::1, "localhost").
-	AllowTarget func(hostport string) bool
-	// ProxyUser and ProxyPassword, when ProxyUser is not empty, make the
-	// served proxies require HTTP basic proxy authentication (407
-	// otherwise). Zero: no authentication.
-	ProxyUser, ProxyPassword string
+	// DialContext opens the served proxies' connection to a CONNECT
+	// target they allow (network "tcp"). Zero: a dialer that reaches
+	// loopback addresses and "localhost" only; the proxy answers any
+	// other target it allows 502 Bad Gateway, as a guest answers a target
+	// its network does not reach.
+	DialContext func(ctx context.Context, network, address string) (net.Conn, error)
 	// DialTimeout bounds the proxy's dial to a CONNECT target. Zero: 5s.
 	DialTimeout time.Duration
 	// Logger receives the client's line per operation and debug lines
@@ -124,6 +126,7 @@ type provider struct {
 type item struct {
 	inst   egressproxy.Instance
 	spec   egressproxy.Spec  // the spec it was created from (for ErrSpecConflict's message)
+	guest  *guestconf.Config // the guest description of its user-data; nil: none
 	image  string            // the image key it uses (its spec's, or the default)
 	forced egressproxy.State // state forced by SetState; "" = follow the clock
 	ready  time.Time         // when Provisioning turns Running
@@ -173,8 +176,14 @@ func newProvider(opts *Options) *provider {
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = 5 * time.Second
 	}
-	if o.AllowTarget == nil {
-		o.AllowTarget = loopbackOnly
+	if o.DialContext == nil {
+		d := &net.Dialer{Timeout: o.DialTimeout}
+		o.DialContext = func(ctx context.Context, network, address string) (net.Conn, error) {
+			if !loopbackOnly(address) {
+				return nil, errNotLoopback
+			}
+			return d.DialContext(ctx, network, address)
+		}
 	}
 	if o.Capacity.MemoryAvailableBytes == 0 {
 		o.Capacity.MemoryAvailableBytes = defaultMemoryAvailable
@@ -199,8 +208,12 @@ func newProvider(opts *Options) *provider {
 
 var _ driver.Provider = (*provider)(nil)
 
-// loopbackOnly allows CONNECT targets on loopback addresses only: the
-// default Options.AllowTarget.
+// errNotLoopback is the default dialer's refusal of a target beyond
+// loopback.
+var errNotLoopback = errors.New("memprovider: the default dialer reaches loopback targets only")
+
+// loopbackOnly reports whether hostport is on a loopback address or
+// "localhost" (no name is looked up).
 func loopbackOnly(hostport string) bool {
 	host, _, err := net.SplitHostPort(hostport)
 	if err != nil {
@@ -326,6 +339,10 @@ func (p *provider) Create(ctx context.Context, spec egressproxy.Spec) (egresspro
 	if err := spec.Validate(); err != nil {
 		return egressproxy.Instance{}, err
 	}
+	g, err := readGuest(spec)
+	if err != nil {
+		return egressproxy.Instance{}, err
+	}
 	key := p.images.resolve(spec.ImageKey)
 	if !p.images.configured(key) {
 		return egressproxy.Instance{}, errs.WithCode(errs.Permanent, &errs.FieldError{Field: "ImageKey", Value: key, Rule: "is not a configured image of this provider"})
@@ -359,6 +376,7 @@ func (p *provider) Create(ctx context.Context, spec egressproxy.Spec) (egresspro
 			SpecDigest: spec.Digest(),
 		},
 		spec:  spec,
+		guest: g,
 		image: key,
 		ready: now.Add(p.opts.ProvisionDelay),
 		host:  p.allocHostLocked(),
@@ -390,6 +408,25 @@ func specDiff(a, b egressproxy.Spec) string {
 	return strings.Join(out, "; ")
 }
 
+// readGuest reads the guest description of spec's user-data: nil when the
+// user-data was not rendered by package guest. Rendered user-data that
+// cannot be read, or that names another port than the spec, is Permanent
+// (a guest would not serve what the embedder expects); the error never
+// quotes the user-data.
+func readGuest(spec egressproxy.Spec) (*guestconf.Config, error) {
+	g, ok, err := guestconf.Parse(spec.UserData)
+	switch {
+	case !ok:
+		return nil, nil
+	case err != nil:
+		return nil, errs.WithCode(errs.Permanent, &errs.FieldError{Field: "UserData", Rule: "is a guest description memprovider cannot read: " + err.Error()})
+	case g.Port != spec.EffectivePort():
+		return nil, errs.WithCode(errs.Permanent, &errs.FieldError{Field: "Port", Value: strconv.Itoa(spec.EffectivePort()),
+			Rule: fmt.Sprintf("differs from the port %d the guest description in UserData listens on", g.Port)})
+	}
+	return g, nil
+}
+
 func (p *provider) allocHostLocked() int {
 	for i := 0; i < 254; i++ {
 		h := (p.nextIP+i)%254 + 1
@@ -418,7 +455,7 @@ func (p *provider) readLocked(it *item) (egressproxy.Instance, error) {
 		return inst, nil
 	}
 	if it.proxy == nil {
-		ps, err := p.startProxy(it.inst.Name)
+		ps, err := p.startProxy(it.inst.Name, it.guest)
 		if err != nil {
 			return egressproxy.Instance{}, errs.Errorf(errs.Transient,
 				"memprovider: serving the proxy: %w", err)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/driver/drivertest"
+	"github.com/egressproxy/egressproxy/guest"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/egressproxy/egressproxy/memprovider"
@@ -296,31 +298,61 @@ func connect(t *testing.T, proxy, target, auth string) (int, net.Conn, *bufio.Re
 	return resp.StatusCode, c, br
 }
 
+// userData renders c, failing t when it is invalid.
+func userData(t *testing.T, c guest.Config) string {
+	t.Helper()
+	ud, err := guest.UserData(c, &guest.UserDataOptions{Salt: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ud
+}
+
 func TestServedProxy(t *testing.T) {
 	t.Parallel()
 	target, stop := echoTarget(t)
 	defer stop()
+	_, portText, _ := net.SplitHostPort(target)
+	port, _ := strconv.Atoi(portText)
+	loopback := []string{"127.0.0.0/8"}
+	toTarget := []guest.Destination{{Ports: []int{port}}}
+	users := []guest.User{{Name: "u", Password: "p"}}
 	tests := []struct {
 		name   string
 		opts   memprovider.Options
+		guest  *guest.Config // the description in the spec's user-data; nil: none
 		target string
 		auth   string
 		want   int
 	}{
-		{"tunnel to loopback", memprovider.Options{}, target, "", http.StatusOK},
-		{"non-loopback target forbidden", memprovider.Options{}, "192.0.2.1:443", "", http.StatusForbidden},
-		{"closed target is bad gateway", memprovider.Options{}, "127.0.0.1:1", "", http.StatusBadGateway},
-		{"auth required", memprovider.Options{ProxyUser: "u", ProxyPassword: "p"}, target, "", http.StatusProxyAuthRequired},
-		{"wrong password", memprovider.Options{ProxyUser: "u", ProxyPassword: "p"}, target, "u:x", http.StatusProxyAuthRequired},
-		{"right password", memprovider.Options{ProxyUser: "u", ProxyPassword: "p"}, target, "u:p", http.StatusOK},
-		{"custom allow", memprovider.Options{AllowTarget: func(string) bool { return false }}, target, "", http.StatusForbidden},
+		// Without a description: anyone, loopback targets only.
+		{"tunnel to loopback", memprovider.Options{}, nil, target, "", http.StatusOK},
+		{"non-loopback target forbidden", memprovider.Options{}, nil, "192.0.2.1:443", "", http.StatusForbidden},
+		{"closed target is bad gateway", memprovider.Options{}, nil, "127.0.0.1:1", "", http.StatusBadGateway},
+		// With one: what it describes.
+		{"described client and port", memprovider.Options{}, &guest.Config{AllowedClients: loopback, AllowedDestinations: toTarget}, target, "", http.StatusOK},
+		{"port 443 only by default", memprovider.Options{}, &guest.Config{AllowedClients: loopback}, target, "", http.StatusForbidden},
+		{"client outside the ranges", memprovider.Options{}, &guest.Config{AllowedClients: []string{"10.0.0.0/8"}, AllowedDestinations: toTarget}, target, "", http.StatusForbidden},
+		{"auth required", memprovider.Options{}, &guest.Config{Users: users, AllowedDestinations: toTarget}, target, "", http.StatusProxyAuthRequired},
+		{"wrong password", memprovider.Options{}, &guest.Config{Users: users, AllowedDestinations: toTarget}, target, "u:x", http.StatusProxyAuthRequired},
+		{"right password", memprovider.Options{}, &guest.Config{Users: users, AllowedDestinations: toTarget}, target, "u:p", http.StatusOK},
+		{"domain not allowed", memprovider.Options{}, &guest.Config{Open: true, AllowedDestinations: []guest.Destination{{Ports: []int{port}, Domains: []string{"example.com"}}}}, target, "", http.StatusForbidden},
+		{"allowed but beyond the dialer", memprovider.Options{}, &guest.Config{Open: true}, "192.0.2.1:443", "", http.StatusBadGateway},
+		{"a dialer of the embedder's", memprovider.Options{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, target)
+		}}, &guest.Config{Open: true}, "192.0.2.1:443", "", http.StatusOK},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.opts.ServeProxies = true
 			p := newMem(&tt.opts)
 			defer p.Close()
-			inst, err := p.Create(context.Background(), spec("a"))
+			s := spec("a")
+			if tt.guest != nil {
+				s.UserData = userData(t, *tt.guest)
+			}
+			inst, err := p.Create(context.Background(), s)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -341,6 +373,41 @@ func TestServedProxy(t *testing.T) {
 				t.Fatalf("through the tunnel: %q, %v", line, err)
 			}
 		})
+	}
+}
+
+// A guest description memprovider cannot serve as the spec says is
+// refused at Create, Permanent, without quoting the user-data.
+func TestCreateRefusesUnservableDescription(t *testing.T) {
+	t.Parallel()
+	p := newMem(&memprovider.Options{ServeProxies: true})
+	defer p.Close()
+	ctx := context.Background()
+	ud := userData(t, guest.Config{Port: 8080, Users: []guest.User{{Name: "u", Password: "secret-pw"}}})
+	s := spec("a")
+	s.UserData = ud
+	_, err := p.Create(ctx, s)
+	if egressproxy.Code(err) != egressproxy.Permanent || !strings.Contains(err.Error(), "invalid Port \"3128\"") || !strings.Contains(err.Error(), "8080") {
+		t.Errorf("Create with the description's port 8080 and the spec's 3128: %v, want a Permanent Port error", err)
+	}
+	s.Port = 8080
+	if _, err := p.Create(ctx, s); err != nil {
+		t.Errorf("Create with matching ports: %v", err)
+	}
+	bad := spec("b")
+	bad.UserData = strings.Replace(ud, "http_access deny all", "http_access allow all\n      always_direct allow all", 1)
+	_, err = p.Create(ctx, bad)
+	if egressproxy.Code(err) != egressproxy.Permanent || !strings.Contains(err.Error(), "UserData") || !strings.Contains(err.Error(), "always_direct") {
+		t.Errorf("Create with a description memprovider does not know: %v, want a Permanent UserData error naming the directive", err)
+	}
+	if strings.Contains(err.Error(), "$6$") || strings.Contains(err.Error(), "secret-pw") {
+		t.Errorf("the error quotes the user-data: %v", err)
+	}
+	// User-data that is not a guest description is served as before.
+	other := spec("c")
+	other.UserData = "#cloud-config\nwrite_files: []\n"
+	if _, err := p.Create(ctx, other); err != nil {
+		t.Errorf("Create with other user-data: %v", err)
 	}
 }
 

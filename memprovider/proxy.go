@@ -3,15 +3,17 @@ package memprovider
 import (
 	"bufio"
 	"context"
-	"encoding/base64"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/egressproxy/egressproxy/internal/guestconf"
 )
 
 // proxyServer is a minimal HTTP CONNECT proxy on one loopback listener. Its
@@ -20,6 +22,7 @@ import (
 type proxyServer struct {
 	p      *provider
 	name   string
+	guest  *guestconf.Config // the description it enforces; nil: none
 	ln     net.Listener
 	port   int
 	ctx    context.Context // cancelled by shutdown: aborts dials
@@ -30,19 +33,25 @@ type proxyServer struct {
 	conns  map[net.Conn]struct{}
 }
 
-// startProxy listens on 127.0.0.1:0 and serves CONNECT. Called with p.mu
-// held (it does not take it).
-func (p *provider) startProxy(name string) (*proxyServer, error) {
+// startProxy listens on 127.0.0.1:0 and serves CONNECT as g describes
+// (TLS only when g has a certificate). Called with p.mu held (it does not
+// take it).
+func (p *provider) startProxy(name string, g *guestconf.Config) (*proxyServer, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	if g != nil && g.Certificate != nil {
+		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*g.Certificate}, MinVersion: tls.VersionTLS12})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ps := &proxyServer{
 		p:      p,
 		name:   name,
+		guest:  g,
 		ln:     ln,
-		port:   ln.Addr().(*net.TCPAddr).Port,
+		port:   port,
 		ctx:    ctx,
 		cancel: cancel,
 		conns:  map[net.Conn]struct{}{},
@@ -127,24 +136,17 @@ func (ps *proxyServer) handle(c net.Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
-	if req.Method != http.MethodConnect {
-		writeStatus(c, http.StatusMethodNotAllowed, "Allow: CONNECT\r\n")
-		return
-	}
-	if o.ProxyUser != "" && !authorized(req.Header.Get("Proxy-Authorization"), o.ProxyUser, o.ProxyPassword) {
-		writeStatus(c, http.StatusProxyAuthRequired, "Proxy-Authenticate: Basic realm=\"memprovider\"\r\n")
-		return
-	}
 	target := req.Host
 	if target == "" {
 		target = req.RequestURI
 	}
-	if !o.AllowTarget(target) {
-		writeStatus(c, http.StatusForbidden, "")
+	if code, headers := ps.decide(c, req, target); code != http.StatusOK {
+		writeStatus(c, code, headers)
 		return
 	}
-	d := net.Dialer{Timeout: o.DialTimeout}
-	up, err := d.DialContext(ps.ctx, "tcp", target)
+	dctx, cancel := context.WithTimeout(ps.ctx, o.DialTimeout)
+	up, err := o.DialContext(dctx, "tcp", target)
+	cancel()
 	if err != nil {
 		writeStatus(c, http.StatusBadGateway, "")
 		return
@@ -181,15 +183,33 @@ func closeWrite(c net.Conn) {
 	c.Close()
 }
 
-func authorized(h, user, pass string) bool {
-	const prefix = "Basic "
-	if len(h) < len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
-		return false
+// decide answers req for target: http.StatusOK to open the tunnel, or
+// the status to refuse it with and the headers that go with it. With a
+// guest description it answers as the guest's Squid would; without one,
+// it tunnels CONNECT from anyone to loopback targets only (403 for others,
+// 405 for other methods).
+func (ps *proxyServer) decide(c net.Conn, req *http.Request, target string) (int, string) {
+	g := ps.guest
+	if g == nil {
+		switch {
+		case req.Method != http.MethodConnect:
+			return http.StatusMethodNotAllowed, "Allow: CONNECT\r\n"
+		case !loopbackOnly(target):
+			return http.StatusForbidden, ""
+		}
+		return http.StatusOK, ""
 	}
-	b, err := base64.StdEncoding.DecodeString(h[len(prefix):])
-	if err != nil {
-		return false
+	r := guestconf.Request{Method: req.Method, Authorization: req.Header.Get("Proxy-Authorization")}
+	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		r.Client = ap.Addr()
 	}
-	u, pw, ok := strings.Cut(string(b), ":")
-	return ok && u == user && pw == pass
+	if host, port, err := net.SplitHostPort(target); err == nil {
+		r.Host = host
+		r.Port, _ = strconv.Atoi(port)
+	}
+	code := g.Decide(r)
+	if code == http.StatusProxyAuthRequired {
+		return code, "Proxy-Authenticate: Basic realm=\"" + guestconf.Realm + "\"\r\n"
+	}
+	return code, ""
 }

@@ -297,6 +297,7 @@ var createFlag = map[string]string{"Name": "NAME", "UID": "--uid", "ImageKey": "
 type createOptions struct {
 	spec         egressproxy.Spec
 	userDataFile string
+	guest        guestOptions
 	wait         time.Duration
 }
 
@@ -312,8 +313,19 @@ is the same; another spec for them is (exit code 4).
 When the image the proxy needs is not stored on the hypervisor yet, create
 fetches it first and says so; on a terminal a progress line shows the bytes
 uploaded. --wait waits, up to the duration given, until the proxy runs with
-an address; when the duration passes first, the exit code is 3.`,
-		Example: `  egressproxyctl create proxy-a --uid 7f9c2d --entry lab1
+an address; when the duration passes first, the exit code is 3.
+
+The proxy the guest runs is either described by flags (--proxy-user,
+--allow-client, --allow-port, --allow-domain, --tls-cert-file, --open),
+which render its user-data for images that follow the project's first-boot
+contract, or given whole by --user-data-file. Described proxies are closed
+by default: CONNECT to port 443 only unless --allow-port says more, and a
+proxy needs --proxy-user or --allow-client unless --open says it serves
+anyone who reaches its port. The password is read from
+--proxy-password-file or $EGRESSPROXYCTL_PROXY_PASSWORD, never from the
+command line, and only its hash reaches the guest.`,
+		Example: `  egressproxyctl create proxy-a --uid 7f9c2d --entry lab1 --allow-client 10.0.0.0/8
+  egressproxyctl create proxy-a --uid 7f9c2d --proxy-user team --proxy-password-file pw --allow-port 443 --allow-port 8443
   egressproxyctl create proxy-a --uid 7f9c2d --image debian-12 --port 8080 --wait 10m
   egressproxyctl create proxy-a --uid 7f9c2d --user-data-file squid.yaml -o json`,
 		Args: args("one instance NAME"),
@@ -327,7 +339,8 @@ an address; when the duration passes first, the exit code is 3.`,
 	f.StringVar(&o.spec.ImageKey, "image", "", "image key of the entry (default: the entry's default image)")
 	f.StringVar(&o.spec.MachineType, "machine-type", "", "machine type of the entry (default: the entry's default)")
 	f.IntVar(&o.spec.Port, "port", 0, "proxy port in the instance (default 3128)")
-	f.StringVar(&o.userDataFile, "user-data-file", "", "cloud-init user-data file given to the instance")
+	f.StringVar(&o.userDataFile, "user-data-file", "", "cloud-init user-data file given to the instance (instead of the proxy's description by flags)")
+	o.guest.bind(f)
 	f.DurationVar(&o.wait, "wait", 0, "wait up to this long until the instance runs with an address (0: do not wait)")
 	_ = cmd.RegisterFlagCompletionFunc("image", c.completeImageKeys)
 	return cmd
@@ -344,6 +357,16 @@ func (c *cli) create(ctx context.Context, o createOptions) error {
 			return fileError("--user-data-file", err)
 		}
 		spec.UserData = string(b)
+	}
+	if o.guest.set() {
+		if o.userDataFile != "" {
+			return cmdLinef("--user-data-file and the proxy's description by flags (--proxy-user, --allow-client, ...) exclude each other")
+		}
+		ud, err := o.guest.userData(spec.Port, c.getenv("EGRESSPROXYCTL_PROXY_PASSWORD"))
+		if err != nil {
+			return err
+		}
+		spec.UserData = ud
 	}
 	if err := spec.Validate(); err != nil {
 		return specError(err)
@@ -506,7 +529,10 @@ type probeRow struct {
 	StatusCode int    `json:"statusCode,omitempty"`
 	Kind       string `json:"kind,omitempty"`
 	LatencyMS  int64  `json:"latencyMs"`
-	Error      string `json:"error,omitempty"`
+	// EgressAddress is what --egress-url answered through the proxy.
+	EgressAddress string `json:"egressAddress,omitempty"`
+	EgressError   string `json:"egressError,omitempty"`
+	Error         string `json:"error,omitempty"`
 }
 
 // probeErr classes a failed probe: a proxy that wants other credentials
@@ -539,6 +565,7 @@ func noAddressErr(inst egressproxy.Instance) error {
 
 type probeOptions struct {
 	target, user, passFile, body string
+	egressURL, caFile, tlsName   string
 	timeout                      time.Duration
 }
 
@@ -555,10 +582,16 @@ target must then be plain HTTP).
 The proxy password is read from --proxy-password-file or
 $EGRESSPROXYCTL_PROXY_PASSWORD, never from the command line, and never
 printed. Probe exits 4 when the proxy demands other credentials (407) and 3
-for any other failure.`,
+for any other failure.
+
+--egress-url fetches a "what is my address" URL (any HTTP(S) endpoint that
+answers with the caller's address) through the proxy and prints the address
+the proxy's traffic leaves from (EGRESS). --proxy-ca-file speaks TLS to an
+HTTPS proxy, trusting the CAs in the file.`,
 		Example: `  egressproxyctl probe proxy-a --target example.com:443
   egressproxyctl probe lab1/proxy-a --target 10.0.0.5:80 --expect-body ok
-  egressproxyctl probe proxy-a --target example.com:443 --proxy-user probe --proxy-password-file pw`,
+  egressproxyctl probe proxy-a --target example.com:443 --proxy-user probe --proxy-password-file pw
+  egressproxyctl probe proxy-a --target example.com:443 --egress-url https://ifconfig.me/ip --proxy-ca-file ca.pem`,
 		Args: args("one instance NAME"),
 		RunE: func(cmd *cobra.Command, a []string) error { return c.probe(cmd.Context(), a[0], o) },
 	}
@@ -567,6 +600,9 @@ for any other failure.`,
 	f.StringVar(&o.user, "proxy-user", "", "proxy basic-auth user (default: none)")
 	f.StringVar(&o.passFile, "proxy-password-file", "", "file holding the proxy password (default: $EGRESSPROXYCTL_PROXY_PASSWORD)")
 	f.StringVar(&o.body, "expect-body", "", "prove the tunnel: GET / through it must answer 200 with exactly this body")
+	f.StringVar(&o.egressURL, "egress-url", "", `a "what is my address" URL fetched through the proxy: prints the proxy's egress address`)
+	f.StringVar(&o.caFile, "proxy-ca-file", "", "PEM CA certificates: speak TLS to the proxy (an HTTPS proxy), trusting them")
+	f.StringVar(&o.tlsName, "proxy-tls-name", "", "the name the proxy's certificate is verified for (default: its address)")
 	f.DurationVar(&o.timeout, "probe-timeout", 10*time.Second, "bound of the probe")
 	return cmd
 }
@@ -588,16 +624,9 @@ func (c *cli) probe(ctx context.Context, arg string, o probeOptions) error {
 	if err := nonNegative("probe-timeout", o.timeout); err != nil {
 		return err
 	}
-	password := c.getenv("EGRESSPROXYCTL_PROXY_PASSWORD")
-	if o.passFile != "" {
-		b, err := os.ReadFile(o.passFile)
-		if err != nil {
-			return fileError("--proxy-password-file", err)
-		}
-		password = strings.TrimRight(string(b), "\r\n")
-	}
-	if o.user == "" {
-		password = "" // no user: no credentials at all
+	opts, err := c.probeOptions(o)
+	if err != nil {
+		return err
 	}
 	if err := c.open(ctx); err != nil {
 		return err
@@ -614,14 +643,17 @@ func (c *cli) probe(ctx context.Context, arg string, o probeOptions) error {
 	if inst.IP == "" {
 		return entryErr(e, noAddressErr(inst))
 	}
-	opts := health.ProbeOptions{Timeout: o.timeout, Username: o.user, Password: password}
-	if o.body != "" {
-		opts.Exchange = health.HTTPGet(o.target, o.body)
-	}
 	proxy := inst.Address()
-	res := health.Probe(ctx, proxy, o.target, &opts)
+	res := health.Probe(ctx, proxy, o.target, opts)
 	row := probeRow{Entry: e.name(), Name: inst.Name, Proxy: proxy, Target: o.target, OK: res.OK,
 		StatusCode: res.StatusCode, LatencyMS: res.Total.Milliseconds(), Error: errText(res.Err)}
+	header := []string{"ENTRY", "NAME", "PROXY", "TARGET", "RESULT", "STATUS", "LATENCY"}
+	egress := ""
+	if o.egressURL != "" {
+		header = append(header, "EGRESS")
+		egress, row.EgressError = egressText(res)
+		row.EgressAddress = egress
+	}
 	result := "ok"
 	if !res.OK {
 		row.Kind = res.Kind.String()
@@ -633,8 +665,8 @@ func (c *cli) probe(ctx context.Context, arg string, o probeOptions) error {
 	}
 	if err := c.print(listing{
 		doc:    row,
-		header: []string{"ENTRY", "NAME", "PROXY", "TARGET", "RESULT", "STATUS", "LATENCY"},
-		rows:   [][]string{{row.Entry, row.Name, row.Proxy, row.Target, result, status, res.Total.Round(time.Millisecond).String()}},
+		header: header,
+		rows:   [][]string{append([]string{row.Entry, row.Name, row.Proxy, row.Target, result, status, res.Total.Round(time.Millisecond).String()}, egressCell(o.egressURL, egress))[:len(header)]},
 		names:  []string{row.Entry + "/" + row.Name},
 	}); err != nil {
 		return err
@@ -643,6 +675,34 @@ func (c *cli) probe(ctx context.Context, arg string, o probeOptions) error {
 		return entryErr(e, probeErr(res))
 	}
 	return nil
+}
+
+// probeOptions are the probe's options from its flags: the password from
+// --proxy-password-file or the environment (none without a user), TLS to
+// the proxy, the egress URL and the tunnel proof.
+func (c *cli) probeOptions(o probeOptions) (*health.ProbeOptions, error) {
+	password := c.getenv("EGRESSPROXYCTL_PROXY_PASSWORD")
+	if o.passFile != "" {
+		b, err := os.ReadFile(o.passFile)
+		if err != nil {
+			return nil, fileError("--proxy-password-file", err)
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+	}
+	if o.user == "" {
+		password = "" // no user: no credentials at all
+	}
+	opts := &health.ProbeOptions{Timeout: o.timeout, Username: o.user, Password: password, EgressURL: o.egressURL}
+	if o.caFile != "" {
+		var err error
+		if opts.ProxyTLS, err = proxyTLS(o.caFile, o.tlsName); err != nil {
+			return nil, err
+		}
+	}
+	if o.body != "" {
+		opts.Exchange = health.HTTPGet(o.target, o.body)
+	}
+	return opts, nil
 }
 
 // --- gc ---------------------------------------------------------------------

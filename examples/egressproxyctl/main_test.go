@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"regexp"
 	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,9 +25,11 @@ import (
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/driver"
+	"github.com/egressproxy/egressproxy/guest"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/testing/eventually"
+	"github.com/egressproxy/egressproxy/internal/testing/guesttest"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
@@ -525,12 +529,24 @@ func TestProbe(t *testing.T) {
 	target := strings.TrimPrefix(srv.URL, "http://")
 
 	w := newWorld(t, "lab1", "lab2")
-	w.opts.ProxyUser, w.opts.ProxyPassword = "probe", "pr0be-secret"
 	pwFile := filepath.Join(t.TempDir(), "pw")
 	if err := os.WriteFile(pwFile, []byte("pr0be-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	w.want(exitOK, "--entry", "lab2", "create", "proxy-a", "--uid", "uid-a")
+	// The proxy's guest description asks for the probe's credentials
+	// (memprovider serves what the user-data describes).
+	_, port, _ := net.SplitHostPort(target)
+	portN, _ := strconv.Atoi(port)
+	ud, err := guest.UserData(guest.Config{Users: []guest.User{{Name: "probe", Password: "pr0be-secret"}},
+		AllowedDestinations: []guest.Destination{{Ports: []int{portN}}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	udFile := filepath.Join(t.TempDir(), "user-data")
+	if err := os.WriteFile(udFile, []byte(ud), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.want(exitOK, "--entry", "lab2", "create", "proxy-a", "--uid", "uid-a", "--user-data-file", udFile)
 
 	out, _ := w.want(exitOK, "probe", "proxy-a", "--target", target, "--proxy-user", "probe", "--proxy-password-file", pwFile, "--expect-body", body)
 	if !regexp.MustCompile(`(?m)^lab2\s+proxy-a\s+127\.0\.0\.1:\d+\s+` + regexp.QuoteMeta(target) + `\s+ok\s+200\s`).MatchString(out) {
@@ -821,4 +837,64 @@ func (w *world) ctl(entry string) *memprovider.Control {
 		w.t.Fatalf("no memprovider.Control for %s", entry)
 	}
 	return c
+}
+
+// TestCreateDescribedProxy: create's flags describe the proxy (closed by
+// default, errors named by flag); the proxy serves what they say, and
+// probe --egress-url prints the address the echo server saw.
+func TestCreateDescribedProxy(t *testing.T) {
+	echo := guesttest.ServeEcho(t, "127.0.0.1")
+	target := guesttest.ServeTarget(t, "127.0.0.1")
+	_, tport, _ := net.SplitHostPort(target.Addr)
+	_, eport, _ := net.SplitHostPort(echo.Addr)
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pwFile, []byte("cr3ate-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(t, "lab1")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--allow-port", tport}, "--proxy-user: is empty and so is --allow-client"},
+		{[]string{"--allow-client", "10.0.0.1/8"}, "--allow-client[0]"},
+		{[]string{"--open", "--allow-client", "127.0.0.1"}, "--open"},
+		{[]string{"--allow-client", "127.0.0.1", "--allow-port", "70000"}, "--allow-port[0]"},
+		{[]string{"--allow-client", "127.0.0.1", "--user-data-file", pwFile}, "exclude each other"},
+	} {
+		_, stderr := w.want(exitUsage, append([]string{"create", "proxy-x", "--uid", "uid-x"}, tc.args...)...)
+		if !strings.Contains(stderr, tc.want) {
+			t.Errorf("create %q: stderr %q, want %q", tc.args, stderr, tc.want)
+		}
+	}
+	w.want(exitOK, "create", "proxy-a", "--uid", "uid-a", "--proxy-user", "probe", "--proxy-password-file", pwFile,
+		"--allow-client", "127.0.0.1", "--allow-port", tport, "--allow-port", eport)
+	// Only the allowed range: a proxy for another range refuses this
+	// client (403, Transient).
+	w.want(exitOK, "create", "proxy-b", "--uid", "uid-b", "--allow-client", "192.0.2.0/24", "--allow-port", tport)
+
+	out, stderr := w.want(exitOK, "probe", "proxy-a", "--target", target.Addr, "--proxy-user", "probe", "--proxy-password-file", pwFile, "--egress-url", echo.URL)
+	if !regexp.MustCompile(`(?m)^EGRESS$|\sEGRESS\n`).MatchString(out) || !regexp.MustCompile(`(?m)^lab1\s+proxy-a\s.*\sok\s+200\s+\S+\s+127\.0\.0\.1$`).MatchString(out) {
+		t.Errorf("probe table with --egress-url:\n%s", out)
+	}
+	if testing.Verbose() {
+		t.Logf("probe table:\n%s", out)
+	}
+	if strings.Contains(out+stderr, "cr3ate-secret") {
+		t.Error("the password is printed")
+	}
+	echo.Report("192.0.2.9")
+	out, _ = w.want(exitOK, "-o", "json", "probe", "proxy-a", "--target", target.Addr, "--proxy-user", "probe", "--proxy-password-file", pwFile, "--egress-url", echo.URL)
+	if r := decode[probeRow](t, out); !r.OK || r.EgressAddress != "192.0.2.9" || r.EgressError != "" {
+		t.Errorf("probe json with --egress-url: %+v", r)
+	}
+	// The port the description does not allow: 403.
+	out, _ = w.want(exitTransient, "probe", "proxy-a", "--target", "127.0.0.1:443", "--proxy-user", "probe", "--proxy-password-file", pwFile)
+	if !strings.Contains(out, "proxy-status") || !strings.Contains(out, "403") {
+		t.Errorf("probe to a port not allowed:\n%s", out)
+	}
+	out, _ = w.want(exitTransient, "probe", "proxy-b", "--target", target.Addr)
+	if !strings.Contains(out, "403") {
+		t.Errorf("probe from outside the allowed range:\n%s", out)
+	}
 }

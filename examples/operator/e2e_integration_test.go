@@ -10,16 +10,19 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -246,6 +249,10 @@ func TestOperatorEndToEnd(t *testing.T) {
 		side[guestEntry] = sideProvider(t, hosts[0], cfg)
 		target := guesttest.ServeTarget(t, g.targetIP)
 		healthTarget = target.Addr
+		g.target = target.Addr
+		// The "what is my address" server the operator's probes ask
+		// through the guest (--egress-url).
+		g.echo = guesttest.ServeEcho(t, g.targetIP)
 		t.Cleanup(func() {
 			if t.Failed() {
 				t.Log(guesttest.ConsoleLog(cfg.ConsoleLogDir, "ep-"+guestEntry+"--"+controller.InstanceName(types.NamespacedName{Namespace: "proxies", Name: "delta"})))
@@ -290,14 +297,18 @@ func TestOperatorEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	extra := []string{"--kubeconfig=" + kubeconfig,
+		"--health-interval=1s", "--gc-interval=2s", "--poll-interval=2s",
+		"--backoff-base=200ms", "--backoff-max=5s",
+		"--zap-log-level=debug"}
+	if g != nil {
+		extra = append(extra, "--egress-url="+g.echo.URL)
+	}
 	argsFor := func(metrics, probes string) []string {
 		args, err := kustomized.ProcessArgs(container, map[string]string{
 			"entries": entriesFile, "leader-election-namespace": operatorNS, "connect-target": healthTarget,
 			"metrics-bind-address": metrics, "health-probe-bind-address": probes,
-		}, "--kubeconfig="+kubeconfig,
-			"--health-interval=1s", "--gc-interval=2s", "--poll-interval=2s",
-			"--backoff-base=200ms", "--backoff-max=5s",
-			"--zap-log-level=debug")
+		}, extra...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -388,6 +399,9 @@ func TestOperatorEndToEnd(t *testing.T) {
 		// result (through the credentials its user-data configures).
 		delta = newEP("delta", guestEntry)
 		delta.Spec.Image, delta.Spec.MachineType = "guest", "small"
+		// Closed by default: the probes' target and the echo server
+		// must be allowed destinations.
+		delta.Spec.AllowedDestinations = []v1alpha1.Destination{{Ports: []int32{portOf(t, g.target), portOf(t, g.echo.Addr)}}}
 	}
 	for _, ep := range append(eps, delta) {
 		if ep == nil {
@@ -505,6 +519,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 		healthyGuest(t, ctx, c, side[guestEntry], delta, g, converged)
 		t.Logf("delta's guest booted and its status says Running and Healthy after %v", time.Since(t0).Round(time.Second))
 		healthySeries(t, op1, controller.InstanceName(client.ObjectKeyFromObject(delta)))
+		egressObserved(t, ctx, c, delta, g)
 	}
 	before, err := vm(eps[0])
 	if err != nil {
@@ -851,6 +866,8 @@ func TestOperatorEndToEnd(t *testing.T) {
 type guestImage struct {
 	image, sha256, kernel, initrd, cmdline string
 	targetIP                               string // the caller's end of lab host 1's link
+	target                                 string // the probes' CONNECT target on targetIP
+	echo                                   *guesttest.Echo
 }
 
 // bootingGuest returns the guest to boot on the first lab host, or nil
@@ -923,7 +940,7 @@ func healthyGuest(t *testing.T, ctx context.Context, c client.Client, side *egre
 		}
 		return ""
 	})
-	res := health.Probe(ctx, got.Status.Address, g.targetIP+":9", &health.ProbeOptions{Timeout: 15 * time.Second})
+	res := health.Probe(ctx, got.Status.Address, g.target, &health.ProbeOptions{Timeout: 15 * time.Second})
 	if res.OK || res.Kind != health.KindAuthRequired {
 		t.Fatalf("a probe of %s without credentials: ok %v kind %v status %d err %v; want AuthRequired (407)", got.Status.Address, res.OK, res.Kind, res.StatusCode, res.Err)
 	}
@@ -944,4 +961,88 @@ func healthySeries(t *testing.T, p *operatorProcess, id string) {
 		t.Errorf("%s counts %v successful probes", p.name, v)
 	}
 	t.Logf("%s's /metrics: %s", p.name, m.lines(`egressproxy_health_proxy_state{`))
+}
+
+func portOf(t *testing.T, hostport string) int32 {
+	t.Helper()
+	_, p, err := net.SplitHostPort(hostport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(n)
+}
+
+// egressObserved: ep's status.egressAddress is the address the echo
+// server saw its probes come from; when the echo server reports another,
+// status follows and the object gets exactly one EgressAddressChanged
+// event, also after more probes.
+func egressObserved(t *testing.T, ctx context.Context, c client.Client, ep *v1alpha1.EgressProxy, g *guestImage) {
+	t.Helper()
+	var got v1alpha1.EgressProxy
+	egress := func() string {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(ep), &got); err != nil {
+			return err.Error()
+		}
+		return got.Status.EgressAddress
+	}
+	waitFor(t, time.Minute, ep.Name+"'s egress address in status", func() string {
+		seen := g.echo.Seen()
+		if e := egress(); len(seen) == 0 || e != seen[len(seen)-1] {
+			return fmt.Sprintf("status.egressAddress %q, the echo server saw %v", e, seen)
+		}
+		return ""
+	})
+	t.Logf("%s's status.egressAddress %s is what the echo server saw", ep.Name, got.Status.EgressAddress)
+	changed := func() ([]eventsv1.Event, error) {
+		var list eventsv1.EventList
+		if err := c.List(ctx, &list, client.InNamespace(ep.Namespace)); err != nil {
+			return nil, err
+		}
+		var out []eventsv1.Event
+		for _, e := range list.Items {
+			if e.Reason == controller.ReasonEgressAddressChanged && e.Regarding.Name == ep.Name {
+				out = append(out, e)
+			}
+		}
+		return out, nil
+	}
+	if evs, err := changed(); err != nil || len(evs) != 0 {
+		t.Fatalf("EgressAddressChanged events before any change: %d (err %v), want none", len(evs), err)
+	}
+	const moved = "192.0.2.77"
+	g.echo.Report(moved)
+	waitFor(t, time.Minute, ep.Name+"'s new egress address in status", func() string {
+		if e := egress(); e != moved {
+			return fmt.Sprintf("status.egressAddress %q, want %s", e, moved)
+		}
+		return ""
+	})
+	// More probes after the change (the health interval is 1s): still
+	// one event.
+	n := len(g.echo.Seen())
+	waitFor(t, time.Minute, "three more egress probes", func() string {
+		if m := len(g.echo.Seen()); m < n+3 {
+			return fmt.Sprintf("%d more", m-n)
+		}
+		return ""
+	})
+	var evs []eventsv1.Event
+	waitFor(t, 30*time.Second, "the event", func() string {
+		var err error
+		if evs, err = changed(); err != nil {
+			return err.Error()
+		}
+		if len(evs) == 0 {
+			return "none yet"
+		}
+		return ""
+	})
+	if len(evs) != 1 || (evs[0].Series != nil && evs[0].Series.Count > 1) || !strings.Contains(evs[0].Note, moved) {
+		t.Fatalf("EgressAddressChanged events after one change: %+v; want exactly one naming %s", evs, moved)
+	}
+	t.Logf("one EgressAddressChanged event: %q", evs[0].Note)
 }

@@ -71,6 +71,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -78,6 +79,7 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/guest"
 	"github.com/egressproxy/egressproxy/health"
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
@@ -97,6 +99,7 @@ func main() {
 type memHooks struct {
 	options  func(*memprovider.Options)
 	provider func(*egressproxy.Client, *memprovider.Control)
+	guest    func(*guest.Config) // the proxies' description
 }
 
 // memProvisionDelay makes provisioning visible in the default flow.
@@ -323,6 +326,18 @@ func (r *fleetRun) configure(ctx context.Context, fl flags) error {
 		if r.timeout == 0 {
 			r.timeout = 30 * time.Second
 		}
+		// The proxies serve this program only, and its target only.
+		_, port, _ := net.SplitHostPort(r.ownTarget)
+		p, _ := strconv.Atoi(port)
+		desc := guest.Config{AllowedClients: []string{"127.0.0.1"}, AllowedDestinations: []guest.Destination{{Ports: []int{p}}}}
+		if r.mem.guest != nil {
+			r.mem.guest(&desc)
+		}
+		ud, err := guest.UserData(desc, nil)
+		if err != nil {
+			return fail("the proxies' description: %v", err)
+		}
+		r.template.UserData = ud
 		return nil
 	}
 	cfg, err := loadConfig(fl.config)

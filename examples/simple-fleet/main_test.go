@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/guest"
 	"github.com/egressproxy/egressproxy/internal/testing/eventually"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
@@ -139,6 +140,7 @@ func TestRunFailures(t *testing.T) {
 		args       []string
 		memOptions func(*memprovider.Options)
 		memFaults  func(*egressproxy.Client, *memprovider.Control)
+		memGuest   func(*guest.Config)
 		code       int
 		stderr     []string
 		stdout     []string
@@ -178,8 +180,8 @@ func TestRunFailures(t *testing.T) {
 		{name: "provider unhealthy", memFaults: func(c *egressproxy.Client, p *memprovider.Control) {
 			p.InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient, Reason: egressproxy.ReasonUnreachable})
 		}, code: 1, stderr: []string{"provider memory is not usable: Unreachable"}},
-		{name: "proxy refuses the target", memOptions: func(o *memprovider.Options) {
-			o.AllowTarget = func(string) bool { return false }
+		{name: "proxy refuses the target", memGuest: func(c *guest.Config) {
+			c.AllowedDestinations = nil // port 443 only
 		}, code: 1, stderr: []string{"3 of 3 proxies failed the probe"}, stdout: []string{"unhealthy: proxy-status", "status 403"}},
 		{name: "never running", args: []string{"-timeout", "1s"}, memOptions: func(o *memprovider.Options) {
 			o.ProvisionDelay = time.Hour
@@ -189,7 +191,7 @@ func TestRunFailures(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var out, errb syncBuffer
-			code := runWith(context.Background(), tt.args, &out, &errb, memHooks{options: tt.memOptions, provider: tt.memFaults})
+			code := runWith(context.Background(), tt.args, &out, &errb, memHooks{options: tt.memOptions, provider: tt.memFaults, guest: tt.memGuest})
 			if code != tt.code {
 				t.Fatalf("exit %d, want %d; stderr:\n%s\nstdout:\n%s", code, tt.code, errb.String(), out.String())
 			}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/egressproxy/egressproxy/internal/redact"
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -79,6 +81,12 @@ type Config struct {
 	Logger logr.Logger
 	// TracerProvider makes the fetch/upload/verify spans. Zero: no spans.
 	TracerProvider trace.TracerProvider
+	// MeterProvider records the cache's metrics, each series labelled
+	// with egressproxy.entry (Entry): the bytes of cold fetches by source,
+	// their durations, failed checks of an image's bytes, evictions, and
+	// the entry's published bases and their size (reported until Close).
+	// Nil: no metrics, and no call made for them.
+	MeterProvider metric.MeterProvider
 	// Fanout, when set, shares the HTTP download of an image among the
 	// concurrent cold fetches of every cache given the same Fanout (one
 	// per entry, i.e. per host: see Fanout and ProcessFanout), and lets a
@@ -151,6 +159,7 @@ type Cache struct {
 	cfg    Config
 	log    logr.Logger
 	tracer trace.Tracer
+	meters *cacheMeters // nil without Config.MeterProvider
 
 	mu      sync.Mutex
 	closed  bool
@@ -232,6 +241,7 @@ func New(conn Conn, cfg Config) (*Cache, error) {
 		cfg:        cfg,
 		log:        log.WithName("imagecache").WithValues("entry", cfg.Entry, "pool", cfg.Pool),
 		tracer:     tp.Tracer("github.com/egressproxy/egressproxy/imagecache"),
+		meters:     newCacheMeters(cfg.MeterProvider, cfg.Entry),
 		flights:    map[string]*flight{},
 		instance:   randHex(instanceBytes),
 		live:       map[string]bool{},
@@ -507,13 +517,23 @@ func hit(b Base, err error) (Base, error) {
 
 // published returns the Base of a hit.
 // vol, when not nil, is the volume's handle from the listing that found
-// the hit; otherwise the volume is looked up.
+// the hit; otherwise the volume is looked up. With metrics, the first hit
+// on a base the cache found rather than published also reads its stored
+// size (the base.usage gauge), in the same call.
 func (c *Cache) published(ctx context.Context, img imagecache.Image, name, digest string, vol *libvirt.StorageVol) (Base, error) {
 	var path string
+	size := int64(-1)
+	needSize := c.meters.needsSize(name)
 	getPath := func(l Libvirt, v libvirt.StorageVol) error {
 		var err error
-		path, err = l.StorageVolGetPath(v)
-		return err
+		if path, err = l.StorageVolGetPath(v); err != nil || !needSize {
+			return err
+		}
+		// Best effort: the gauge waits for the next chance.
+		if _, _, phys, err := l.StorageVolGetInfoFlags(v, uint32(libvirt.StorageVolGetPhysical)); err == nil {
+			size = int64(min(phys, math.MaxInt64))
+		}
+		return nil
 	}
 	var err error
 	if vol != nil {
@@ -524,6 +544,9 @@ func (c *Cache) published(ctx context.Context, img imagecache.Image, name, diges
 	}
 	if err != nil {
 		return Base{}, c.classify(ctx, fmt.Errorf("look up base %s: %w", name, err))
+	}
+	if size >= 0 {
+		c.meters.sized(name, size)
 	}
 	return Base{Volume: name, Path: path, Digest: digest, Format: formatOf(img)}, nil
 }
@@ -537,6 +560,7 @@ func (c *Cache) Close() error {
 	if c.cfg.Fanout != nil {
 		c.cfg.Fanout.unregister(c)
 	}
+	c.meters.close()
 	c.cancel()
 	done := make(chan struct{})
 	go func() { c.wg.Wait(); close(done) }()

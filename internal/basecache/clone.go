@@ -39,6 +39,7 @@ func (c *Cache) cloneLocal(ctx context.Context, img imagecache.Image, name strin
 		c.deleteQuiet(ctx, name) // libvirt may have finished it after the link was killed
 		return Base{}, c.classify(ctx, fmt.Errorf("copy %s from %s inside the host: %w", name, pb.volume, err))
 	}
+	c.meters.transferred(srcPeer, pb.size)
 	st := &stage{c: c, name: name, vol: vol, log: log, start: start}
 	defer func() { st.close(ctx, err) }()
 	st.physical = c.physicalAhead(ctx, vol)
@@ -48,6 +49,7 @@ func (c *Cache) cloneLocal(ctx context.Context, img imagecache.Image, name strin
 		return Base{}, err
 	}
 	if n != pb.size || digest != img.SHA256 {
+		c.meters.verifyFailed(checkStored, "")
 		return Base{}, errs.Errorf(errs.Transient, "verify %s: the copy of %s inside the host reads back as %d bytes with sha256 %s, not the %d bytes with sha256 %s of image %q", name, pb.volume, n, digest, pb.size, img.SHA256, img.Key)
 	}
 	st.back = readResult{n: n, digest: digest}

@@ -55,5 +55,7 @@
 // uploads, reads back, checks and marks its own base.
 //
 // Spans (imagecache.Ensure, Fetch, Upload, Verify, Evict, List) and their
-// attributes are listed in docs/observability.md.
+// attributes, and the metrics (Config.MeterProvider: bytes fetched by
+// source, fetch durations, failed checks, evictions, the entry's bases),
+// are listed in docs/observability.md.
 package basecache

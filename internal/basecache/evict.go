@@ -56,11 +56,14 @@ func (c *Cache) Evict(ctx context.Context, img imagecache.Image) (opErr error) {
 					}
 				}
 			}
-			if slices.Contains(names, name) {
-				c.log.Info("evicting base", "volume", name)
-				return Base{}, c.deleteVolume(ctx, name)
+			if !slices.Contains(names, name) {
+				c.meters.evicted(name, false)
+				return Base{}, nil
 			}
-			return Base{}, nil
+			c.log.Info("evicting base", "volume", name)
+			err = c.deleteVolume(ctx, name)
+			c.meters.evicted(name, err == nil)
+			return Base{}, err
 		})
 		if !retry {
 			return err
@@ -103,7 +106,9 @@ func (c *Cache) Verify(ctx context.Context, img imagecache.Image) (_ Base, opErr
 	if err != nil {
 		return Base{}, err
 	}
+	c.meters.sized(name, n)
 	if digest != d.Digest {
+		c.meters.verifyFailed(checkMarker, "")
 		return Base{}, errs.Errorf(errs.Permanent, "base %s: the host stores %d bytes with sha256 %s but its marker says %s; it is left untouched because running VMs may use it: delete the proxies using it, then "+evictHint, name, n, digest, d.Digest)
 	}
 	return c.published(ctx, img, name, digest, nil)
@@ -155,6 +160,9 @@ func (c *Cache) List(ctx context.Context) (_ []Entry, opErr error) {
 		if len(valid) == 1 {
 			e.Marker = valid[0]
 			e.Digest, _, _ = markerOf(b, valid[0])
+			if _, ok := sizes[b]; ok {
+				c.meters.sized(b, e.Size)
+			}
 		}
 		out = append(out, e)
 	}

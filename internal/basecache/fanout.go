@@ -917,10 +917,11 @@ type fanBody struct {
 	// with the same bytes (else the image changed on the mirror).
 	prefix hash.Hash
 
-	mu      sync.Mutex
-	own     io.ReadCloser // after detaching
-	ownPeer string        // the peer own reads, "" for the mirror
-	closed  bool
+	mu         sync.Mutex
+	own        io.ReadCloser // after detaching
+	ownPeer    string        // the peer own reads, "" for the mirror
+	detachedAt int64         // the offset own starts at
+	closed     bool
 }
 
 var errBodyClosed = errors.New("http: read on closed response body")
@@ -955,6 +956,48 @@ func (b *fanBody) sources() ([]string, string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.sourcesLocked(b.m.off)
+}
+
+// bytesBy splits this fetch's first n bytes by the source that fed them:
+// up to where it was detached (all of them when it was not), the
+// download's sources — a peer's bytes as peer, the mirror's as mirror when
+// this fetch started the download, else as shared — and after that, its
+// own stream's, as detached.
+func (b *fanBody) bytesBy(n int64) (by sourceBytes) {
+	b.mu.Lock()
+	shared := n
+	if b.own != nil {
+		shared = min(n, b.detachedAt)
+	}
+	b.mu.Unlock()
+	by[srcDetached] = n - shared
+	mirror := srcShared
+	if b.src == imagecache.SourceMirror {
+		mirror = srcMirror
+	}
+	d := b.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	// Every byte read from the download is in a segment; should one not
+	// be, it counts as the mirror's, so that the split adds up to n.
+	rest := shared
+	for i, sg := range d.segs {
+		if sg.from >= shared {
+			break
+		}
+		end := shared
+		if i+1 < len(d.segs) {
+			end = min(end, d.segs[i+1].from)
+		}
+		k := mirror
+		if sg.src.peer != nil {
+			k = srcPeer
+		}
+		by[k] += end - sg.from
+		rest -= end - sg.from
+	}
+	by[mirror] += rest
+	return by
 }
 
 // peer is the entry of the peer that fed this fetch ("" for none).
@@ -1083,7 +1126,7 @@ func (b *fanBody) resume(p []byte, off int64) (int, error) {
 		_ = own.Close()
 		return 0, errBodyClosed
 	}
-	b.own = own
+	b.own, b.detachedAt = own, off
 	b.mu.Unlock()
 	b.d.leave(b.m) // already detached: only wakes the others
 	return own.Read(p)

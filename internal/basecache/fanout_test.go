@@ -494,16 +494,30 @@ func TestFanoutMemoryBounded(t *testing.T) {
 		h.Write(block)
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
+	// The body waits until every reader has its response, so that all
+	// four join at byte 0 however the machine schedules them; a reader
+	// kept from reading (a busy machine) is not detached within the test.
+	release := make(chan struct{})
 	srv := serve(t, nil, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
 		for range size / len(block) {
 			if _, err := w.Write(block); err != nil {
 				return
 			}
 		}
 	})
-	f := NewFanout(FanoutOptions{})
+	f := NewFanout(FanoutOptions{DetachAfter: time.Minute})
 	client := &http.Client{}
+	var joined sync.WaitGroup
+	joined.Add(4)
+	go func() { joined.Wait(); close(release) }()
 	key := fanKey{url: srv.url, client: client}
 	c, _ := newFakeCache(t, nil) // the fetches' cache: only its logger is used
 	var before, after runtime.MemStats
@@ -520,6 +534,7 @@ func TestFanoutMemoryBounded(t *testing.T) {
 				return
 			}
 			resp, _, err := f.get(c, key, req, nil, false)
+			joined.Done()
 			if err != nil {
 				problems[i] = err
 				return

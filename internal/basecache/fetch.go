@@ -35,20 +35,22 @@ import (
 //
 // a, when not nil, is what was started ahead (see startAhead): the first
 // attempt uses it.
-func (c *Cache) fetch(ctx context.Context, img imagecache.Image, name string, a *ahead) (_ Base, err error) {
+func (c *Cache) fetch(ctx context.Context, img imagecache.Image, name string, a *ahead) (b Base, err error) {
+	start := time.Now()
 	ctx, span := c.start(ctx, "imagecache.Fetch", name, attribute.String("url.full", redact.URL(img.URL)))
 	defer func() {
 		// fetchOnce builds its errors from redacted parts; this is the
 		// net for any text that embeds the URL nonetheless.
 		err = redact.Err(err, img.URL)
 		endSpan(span, err)
+		c.meters.fetched(time.Since(start), b, err)
 	}()
 	peers, local := c.findPeers(ctx, img)
 	if local != nil && formatOf(img) == imagecache.FormatRaw {
 		// A published base of the digest on this very host: copied
 		// inside it, never over the network.
 		span.SetAttributes(attribute.String("imagecache.peer", local.c.cfg.Entry))
-		b, err := c.cloneLocal(ctx, img, name, local)
+		b, err = c.cloneLocal(ctx, img, name, local)
 		if err == nil {
 			span.SetAttributes(attribute.String("imagecache.source", b.Source))
 		}
@@ -257,12 +259,14 @@ func (c *Cache) judgeStored(ctx context.Context, name string, n int64, digest st
 		return c.classify(ctx, fmt.Errorf("verify %s: %w", name, err))
 	}
 	if phys != uint64(n) {
+		c.meters.verifyFailed(checkStored, "")
 		return errs.Errorf(errs.Transient, "verify %s: the volume holds %d bytes on the host but %d were sent (upload lost data; disk full?)", name, phys, n)
 	}
 	if back.err != nil {
 		return back.err
 	}
 	if back.n != n || back.digest != digest {
+		c.meters.verifyFailed(checkStored, "")
 		return errs.Errorf(errs.Transient, "verify %s: the host stores %d bytes with sha256 %s but %d bytes with sha256 %s were sent", name, back.n, back.digest, n, digest)
 	}
 	return nil
@@ -305,8 +309,9 @@ func (c *Cache) poolAvailable(ctx context.Context) (uint64, error) {
 // still makes no progress for Config.StreamStall, its connection is killed
 // and the error wraps errStalled (fetch then tries once more); see
 // runStream. A segment libvirt refuses as in use before its first byte
-// (a read-back being set up) is tried again.
-func (c *Cache) upload(ctx context.Context, name string, vol *libvirt.StorageVol, ahead *dialing, body io.ReadCloser, total int64, free uint64, w *committed) (n int64, digest string, dc Dedicated, err error) {
+// (a read-back being set up) is tried again. t, when not nil, counts the
+// bytes sent by source at each progress report and at the end.
+func (c *Cache) upload(ctx context.Context, name string, vol *libvirt.StorageVol, ahead *dialing, body io.ReadCloser, total int64, free uint64, w *committed, t *tally) (n int64, digest string, dc Dedicated, err error) {
 	ctx, span := c.start(ctx, "imagecache.Upload", name)
 	defer func() {
 		span.SetAttributes(attribute.Int64("imagecache.upload.bytes", n))
@@ -323,7 +328,7 @@ func (c *Cache) upload(ctx context.Context, name string, vol *libvirt.StorageVol
 	}()
 	now := time.Now()
 	src := &segments{r: body, w: w}
-	m := &meter{r: src, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free, stall: c.cfg.StreamStall}
+	m := &meter{r: src, h: sha256.New(), total: total, start: now, last: now, c: c, volume: name, free: free, stall: c.cfg.StreamStall, tally: t}
 	// The drain must stop as soon as the call returned (e.g. with libvirt's
 	// error), or upload would wait for the Read holding m.mu.
 	dctx, stopDrain := context.WithCancel(ctx)
@@ -629,6 +634,9 @@ type meter struct {
 	volume string
 	drain  func() error
 	stall  time.Duration
+	// tally counts the bytes sent by source at each report (nil: no
+	// metrics): nothing is added to each Read.
+	tally *tally
 
 	callDone atomic.Bool // the upload call has returned
 	inRead   atomic.Bool
@@ -678,6 +686,7 @@ func (m *meter) Read(p []byte) (int, error) {
 }
 
 func (m *meter) report(final bool) {
+	m.tally.add(m.n)
 	m.last = time.Now()
 	el := m.last.Sub(m.start).Seconds()
 	pr := imagecache.Progress{Volume: m.volume, Bytes: m.n, Total: m.total}

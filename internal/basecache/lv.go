@@ -139,9 +139,11 @@ func (c *Cache) listNames(ctx context.Context) ([]string, error) {
 }
 
 // listVols returns every volume of the pool (one listing call after the
-// pool's lookup).
+// pool's lookup). With metrics, what it found is the entry's inventory of
+// published bases.
 func (c *Cache) listVols(ctx context.Context) ([]libvirt.StorageVol, error) {
 	var vols []libvirt.StorageVol
+	found := c.meters.listing()
 	err := c.doPool(ctx, func(l Libvirt, p libvirt.StoragePool) error {
 		var err error
 		vols, _, err = l.StoragePoolListAllVolumes(p, 1, 0)
@@ -150,6 +152,7 @@ func (c *Cache) listVols(ctx context.Context) ([]libvirt.StorageVol, error) {
 	if err != nil {
 		return nil, c.classify(ctx, fmt.Errorf("list volumes of pool %s: %w", c.cfg.Pool, err))
 	}
+	found(vols)
 	return vols, nil
 }
 

@@ -194,8 +194,8 @@ type readResult struct {
 //
 // vol is the volume's handle as its creation answered it (see doHandle);
 // ahead, when not nil, is the upload's connection being opened ahead (see
-// dialAhead).
-func (c *Cache) transfer(ctx context.Context, vol libvirt.StorageVol, ahead *dialing, body io.ReadCloser, total int64, free uint64, check func(n int64, digest string) error) (n int64, digest string, back readResult, err error) {
+// dialAhead); t, when not nil, counts the bytes sent (see tally).
+func (c *Cache) transfer(ctx context.Context, vol libvirt.StorageVol, ahead *dialing, body io.ReadCloser, total int64, free uint64, t *tally, check func(n int64, digest string) error) (n int64, digest string, back readResult, err error) {
 	name := vol.Name
 	w := newCommitted()
 	uctx, stopUpload := context.WithCancel(ctx)
@@ -213,7 +213,7 @@ func (c *Cache) transfer(ctx context.Context, vol libvirt.StorageVol, ahead *dia
 		}
 		rc <- r
 	}()
-	n, digest, dc, err := c.upload(uctx, name, &vol, ahead, body, total, free, w)
+	n, digest, dc, err := c.upload(uctx, name, &vol, ahead, body, total, free, w, t)
 	if err == nil {
 		if err = check(n, digest); err != nil {
 			_ = dc.Close()

@@ -277,6 +277,7 @@ func (c *Cache) publishedDigest(ctx context.Context, digest string) (*peerBase, 
 		if err != nil {
 			return nil, err
 		}
+		c.meters.sized(b, int64(phys))
 		return &peerBase{c: c, volume: b, size: int64(phys), pool: pool}, nil
 	}
 	return nil, nil

@@ -29,9 +29,12 @@ import (
 	"github.com/egressproxy/egressproxy/imagecache"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/libvirtconn"
+	"github.com/egressproxy/egressproxy/internal/obs"
+	"github.com/egressproxy/egressproxy/internal/testing/metrictest"
 	"github.com/egressproxy/egressproxy/internal/testing/teststack"
 	"github.com/egressproxy/egressproxy/sshconn"
 	"github.com/go-logr/logr/testr"
+	"github.com/google/go-cmp/cmp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"libvirt.org/go/libvirtxml"
@@ -404,6 +407,68 @@ func TestStackColdFetchHitVerifyListEvict(t *testing.T) {
 	assertClean(t, lv, env.Pool, entry)
 	if _, err := c.Verify(ctxT(t, time.Minute), im); errs.Code(err) != errs.NotFound {
 		t.Fatalf("Verify after Evict: %v", err)
+	}
+}
+
+// On the real stack, with a MeterProvider: a cold fetch from the mirror
+// counts the image's bytes under source mirror and one fetch, and the
+// entry holds one base of the image's size; a hit changes nothing; Evict
+// counts one eviction and the base is gone; after Close the bases' gauges
+// are absent.
+func TestStackMetrics(t *testing.T) {
+	env, lv, entry := stackEntry(t)
+	img := makeQcow2(t, t.TempDir(), 2)
+	srv := newImageServer(t, serveFile(img))
+	rd := metrictest.New(t)
+	c := newTestCache(t, SSH(lv), entry, env.Pool, func(cfg *Config) { cfg.MeterProvider = rd.MeterProvider() })
+	im := imagecache.Image{Key: "deb.12", URL: srv.URL + "/x.qcow2", SHA256: img.sha256}
+	values := func() map[string]string {
+		out := map[string]string{}
+		for _, s := range rd.Collect(t) {
+			if s.Scope != meterName || s.Attrs["egressproxy.entry"] != entry {
+				t.Errorf("%s: scope %q; want %q and the entry", s.Key(), s.Scope, meterName)
+			}
+			delete(s.Attrs, "egressproxy.entry")
+			v := strconv.FormatFloat(s.Value, 'f', -1, 64)
+			if s.Kind == metrictest.Histogram {
+				v = "count " + strconv.FormatUint(s.Count, 10)
+			}
+			out[s.Key()] = v
+		}
+		return out
+	}
+	mirror := map[string]string{"egressproxy.image.source": "mirror"}
+	size := strconv.FormatInt(img.size, 10)
+	want := map[string]string{
+		metrictest.Key(obs.MetricImageTransferSize, mirror):  size,
+		metrictest.Key(obs.MetricImageFetchDuration, mirror): "count 1",
+		metrictest.Key(obs.MetricImageBaseCount, nil):        "1",
+		metrictest.Key(obs.MetricImageBaseUsage, nil):        size,
+	}
+	for _, when := range []string{"a cold fetch", "a hit"} {
+		if _, err := c.Ensure(ctxT(t, time.Minute), im); err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(want, values()); d != "" {
+			t.Fatalf("after %s (-want +got):\n%s", when, d)
+		}
+	}
+	if err := c.Evict(ctxT(t, time.Minute), im); err != nil {
+		t.Fatal(err)
+	}
+	want[metrictest.Key(obs.MetricImageEvictions, nil)] = "1"
+	want[metrictest.Key(obs.MetricImageBaseCount, nil)] = "0"
+	want[metrictest.Key(obs.MetricImageBaseUsage, nil)] = "0"
+	if d := cmp.Diff(want, values()); d != "" {
+		t.Fatalf("after Evict (-want +got):\n%s", d)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	delete(want, metrictest.Key(obs.MetricImageBaseCount, nil))
+	delete(want, metrictest.Key(obs.MetricImageBaseUsage, nil))
+	if d := cmp.Diff(want, values()); d != "" {
+		t.Fatalf("after Close (-want +got):\n%s", d)
 	}
 }
 
@@ -1226,7 +1291,7 @@ func BenchmarkStackTransfer(b *testing.B) {
 		}
 	}
 	up := func(b *testing.B) {
-		_, _, dc, err := c.upload(ctx, name, nil, nil, open(b), size, 0, newCommitted())
+		_, _, dc, err := c.upload(ctx, name, nil, nil, open(b), size, 0, newCommitted(), nil)
 		if err != nil {
 			b.Fatal(err)
 		}

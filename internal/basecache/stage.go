@@ -42,6 +42,8 @@ type origin interface {
 	peer() string    // the entry of the peer that fed them, "" for none
 	triedPeer() bool // a peer was opened for them
 	peerFault()      // the fetch they fed failed: the peers opened are not candidates for a while
+	// bytesBy splits the first n bytes by the source that fed them.
+	bytesBy(n int64) sourceBytes
 }
 
 // mirrorOrigin is the origin of a download without a Fanout.
@@ -51,6 +53,11 @@ func (mirrorOrigin) source() string  { return imagecache.SourceMirror }
 func (mirrorOrigin) peer() string    { return "" }
 func (mirrorOrigin) triedPeer() bool { return false }
 func (mirrorOrigin) peerFault()      {}
+
+func (mirrorOrigin) bytesBy(n int64) (by sourceBytes) {
+	by[srcMirror] = n
+	return by
+}
 
 // sourcing is what a fetch may read: peers (other hosts' published bases)
 // beside the mirror, or the mirror alone.
@@ -146,15 +153,21 @@ func (c *Cache) admit(ctx context.Context, in *ingest, a *ahead) (avail uint64, 
 	return avail, nil
 }
 
-// checkSent checks what the upload sent, n bytes with sha256 digest,
-// against the response's length and the configured digest.
-func (in *ingest) checkSent(n int64, digest string) error {
+// checkLength checks the n bytes the upload sent against the response's
+// length.
+func (in *ingest) checkLength(n int64) error {
 	if n == 0 {
 		return errs.Errorf(errs.Transient, "image %q: %s served an empty body", in.img.Key, in.url)
 	}
 	if in.total >= 0 && n != in.total {
 		return errs.Errorf(errs.Transient, "image %q: the body ended after %d of the %d bytes announced", in.img.Key, n, in.total)
 	}
+	return nil
+}
+
+// checkDigest checks the sha256 digest of what the upload sent against the
+// configured one.
+func (in *ingest) checkDigest(digest string) error {
 	if want := in.img.SHA256; want != "" && digest != want {
 		return errs.Errorf(errs.Permanent, "image %q from %s has sha256 %s but sha256 %s is configured; fix the URL or the configured digest (a new digest needs a new key if a base with the old one is in use)", in.img.Key, in.url, digest, want)
 	}
@@ -193,14 +206,18 @@ func (c *Cache) newStage(ctx context.Context, name string, log logr.Logger) (*st
 
 // write transfers in's body into the volume — the upload, with the
 // read-back of what the host stored beside it (transfer) — checks what was
-// sent (checkSent) before the last segment is read back, and closes the
-// body. avail is the pool's free space; dial, when not nil, the upload's
-// connection being opened ahead.
+// sent (checkLength, checkDigest) before the last segment is read back,
+// and closes the body. avail is the pool's free space; dial, when not nil,
+// the upload's connection being opened ahead.
 func (s *stage) write(ctx context.Context, in *ingest, avail uint64, dial *dialing) (n int64, digest string, err error) {
 	s.start = time.Now()
-	n, digest, s.back, err = s.c.transfer(ctx, s.vol, dial, in.body, in.total, avail, func(n int64, digest string) error {
+	n, digest, s.back, err = s.c.transfer(ctx, s.vol, dial, in.body, in.total, avail, s.c.meters.tally(in.from), func(n int64, digest string) error {
 		s.uploaded = time.Since(s.start)
-		if err := in.checkSent(n, digest); err != nil {
+		if err := in.checkLength(n); err != nil {
+			return err
+		}
+		if err := in.checkDigest(digest); err != nil {
+			s.c.meters.verifyFailed(checkDigest, in.from.source())
 			return err
 		}
 		// Every upload stream has been confirmed: the size on the host
@@ -233,6 +250,7 @@ func (s *stage) commit(ctx context.Context, n int64, digest string) (path func()
 		return nil, s.c.classify(ctx, fmt.Errorf("create marker of %s: %w", s.name, err))
 	}
 	s.committed = true
+	s.c.meters.published(s.name, digest, n)
 	return path, nil
 }
 

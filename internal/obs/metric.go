@@ -39,6 +39,22 @@ const (
 	// MetricHealthProxyState: gauge, {proxy}, the state of each proxy a
 	// Tracker tracks.
 	MetricHealthProxyState = "egressproxy.health.proxy.state"
+	// MetricImageTransferSize: counter, By, the bytes an entry's cold
+	// fetches moved into its pool, by the source that fed them.
+	MetricImageTransferSize = "egressproxy.image.transfer.size"
+	// MetricImageFetchDuration: histogram, s, one measurement per cold
+	// fetch of a base image.
+	MetricImageFetchDuration = "egressproxy.image.fetch.duration"
+	// MetricImageVerifyFailures: counter, {failure}, checks of an image's
+	// bytes that found other bytes than expected.
+	MetricImageVerifyFailures = "egressproxy.image.verify.failures"
+	// MetricImageEvictions: counter, {base}, bases removed by Evict.
+	MetricImageEvictions = "egressproxy.image.evictions"
+	// MetricImageBaseCount: gauge, {base}, an entry's published bases.
+	MetricImageBaseCount = "egressproxy.image.base.count"
+	// MetricImageBaseUsage: gauge, By, the stored size of an entry's
+	// published bases.
+	MetricImageBaseUsage = "egressproxy.image.base.usage"
 )
 
 // Instruments returns the name of every instrument of the module.
@@ -50,6 +66,8 @@ func Instruments() []string {
 		MetricLibvirtRPCDuration,
 		MetricSSHConnectionState, MetricSSHRedials,
 		MetricHealthProbeDuration, MetricHealthProxyState,
+		MetricImageTransferSize, MetricImageFetchDuration, MetricImageVerifyFailures,
+		MetricImageEvictions, MetricImageBaseCount, MetricImageBaseUsage,
 	}
 }
 
@@ -75,6 +93,13 @@ const (
 	// KeyHealthState is a tracked proxy's state: "healthy", "unhealthy"
 	// or "unknown".
 	KeyHealthState = attribute.Key("egressproxy.health.state")
+	// KeyImageSource is where an image cache's bytes came from: "mirror",
+	// "shared", "peer", "detached", or "switched" for a fetch fed by
+	// several sources in turn.
+	KeyImageSource = attribute.Key("egressproxy.image.source")
+	// KeyImageCheck is the check of an image's bytes that failed:
+	// "digest", "stored" or "marker".
+	KeyImageCheck = attribute.Key("egressproxy.image.check")
 )
 
 // The units, in UCUM as the semantic conventions write them. A gauge of

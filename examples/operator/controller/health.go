@@ -2,14 +2,19 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/metric"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
@@ -31,8 +36,17 @@ type HealthOptions struct {
 	// the Logger and MeterProvider below).
 	Tracker *health.Tracker
 	// Probe are the per-probe options (timeout, tunnel proof); the
-	// credentials are set per proxy.
+	// credentials and TLS are set per proxy.
 	Probe health.ProbeOptions
+	// EgressURL is a "what is my address" URL every probe fetches through
+	// its proxy (health.ProbeOptions.EgressURL): its answer is the
+	// object's status.egressAddress, and a change is an
+	// EgressAddressChanged event. Empty: none.
+	EgressURL string
+	// Events records the EgressAddressChanged events (the manager's
+	// recorder). Nil: changes are logged only. Only a tracker the
+	// runnable makes (Tracker nil) reports them.
+	Events events.EventRecorder
 	// Logger (zero: discard).
 	Logger logr.Logger
 	// MeterProvider records the new tracker's per-proxy state gauge and
@@ -43,9 +57,11 @@ type HealthOptions struct {
 // Member is a proxy the reconciler registered for probing.
 type Member struct {
 	Key         types.NamespacedName // its EgressProxy
+	UID         types.UID            // its EgressProxy's UID (events name it)
 	ID          string               // its instance name
 	Addr        string               // its address, "" when it has none
 	Credentials Credentials
+	TLS         *tls.Config // the probes' TLS to the proxy; nil: plain HTTP
 }
 
 // HealthRunnable is a manager Runnable: every Interval it Checks each
@@ -78,20 +94,50 @@ func NewHealthRunnable(entries map[string]*egressproxy.Client, opts HealthOption
 	if log.GetSink() == nil {
 		log = logr.Discard()
 	}
-	t := opts.Tracker
-	if t == nil {
-		var err error
-		if t, err = health.NewTracker(&health.TrackerOptions{Logger: log, MeterProvider: opts.MeterProvider}); err != nil {
-			return nil, err
-		}
-	}
 	if host, port, err := net.SplitHostPort(opts.ConnectTarget); err != nil || host == "" || port == "" {
 		return nil, fmt.Errorf("health: ConnectTarget %q: must be host:port", opts.ConnectTarget)
 	}
-	return &HealthRunnable{
-		entries: entries, opts: opts, tracker: t, log: log.WithName("health"),
+	h := &HealthRunnable{
+		entries: entries, opts: opts, log: log.WithName("health"),
 		members: map[string]Member{}, entryState: map[string]egressproxy.Health{}, notified: map[string]health.State{},
-	}, nil
+	}
+	h.tracker = opts.Tracker
+	if h.tracker == nil {
+		var err error
+		if h.tracker, err = health.NewTracker(&health.TrackerOptions{Logger: log, MeterProvider: opts.MeterProvider, OnEgressChange: h.egressChanged}); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}
+
+// ReasonEgressAddressChanged is the reason of the event a proxy's egress
+// address change makes.
+const ReasonEgressAddressChanged = "EgressAddressChanged"
+
+// egressChanged is the tracker's OnEgressChange: a changed egress address
+// (not the first one learned) is an event on the object and a log line;
+// either way the object is reconciled, which writes the address into its
+// status.
+func (h *HealthRunnable) egressChanged(s health.Status, previous netip.Addr) {
+	h.mu.Lock()
+	m, ok := h.members[s.ID]
+	h.mu.Unlock()
+	if !ok {
+		return
+	}
+	if previous.IsValid() {
+		h.log.Info("proxy egress address changed", "proxy", m.Key.String(), "instance", m.ID,
+			"egressAddress", s.EgressAddress.String(), "previous", previous.String())
+		if h.opts.Events != nil {
+			obj := &v1alpha1.EgressProxy{ObjectMeta: metav1.ObjectMeta{Namespace: m.Key.Namespace, Name: m.Key.Name, UID: m.UID}}
+			h.opts.Events.Eventf(obj, nil, corev1.EventTypeNormal, ReasonEgressAddressChanged, "ProbeEgress",
+				"the proxy's egress address changed from %s to %s", previous, s.EgressAddress)
+		}
+	}
+	if h.notify != nil {
+		h.notify(m.Key)
+	}
 }
 
 // NeedLeaderElection makes the runnable run on the leader only.
@@ -118,6 +164,8 @@ type ProxyStatus struct {
 	Health  v1alpha1.Health
 	Reason  string
 	Message string
+	// EgressAddress is the last egress address learned, "" when none.
+	EgressAddress string
 }
 
 // ProxyHealth returns the tracker's decision about proxy id at addr.
@@ -129,6 +177,15 @@ func (h *HealthRunnable) ProxyHealth(id, addr string) ProxyStatus {
 	if !ok {
 		return ProxyStatus{Health: v1alpha1.HealthUnknown, Reason: ReasonPending, Message: "not probed yet"}
 	}
+	ps := proxyStatus(st)
+	if st.EgressAddress.IsValid() {
+		ps.EgressAddress = st.EgressAddress.String()
+	}
+	return ps
+}
+
+// proxyStatus is the health of a tracked proxy.
+func proxyStatus(st health.Status) ProxyStatus {
 	switch st.State {
 	case health.StateHealthy:
 		return ProxyStatus{Health: v1alpha1.HealthHealthy, Reason: ReasonHealthy, Message: "the last probes succeeded"}
@@ -246,11 +303,12 @@ func (h *HealthRunnable) probeRound(ctx context.Context) {
 	keys := map[string]types.NamespacedName{}
 	for _, m := range h.members {
 		keys[m.ID] = m.Key
-		proxies = append(proxies, health.Proxy{ID: m.ID, Address: m.Addr, Username: m.Credentials.User, Password: m.Credentials.Password})
+		proxies = append(proxies, health.Proxy{ID: m.ID, Address: m.Addr, Username: m.Credentials.User, Password: m.Credentials.Password, ProxyTLS: m.TLS})
 	}
 	h.mu.Unlock()
 	po := h.opts.Probe
-	po.Username, po.Password = "", "" // per proxy only: none for a proxy without
+	po.Username, po.Password, po.ProxyTLS = "", "", nil // per proxy only: none for a proxy without
+	po.EgressURL = h.opts.EgressURL
 	if _, err := h.tracker.Round(ctx, proxies, &health.ProbeAllOptions{Target: h.opts.ConnectTarget, Probe: po}); err != nil {
 		h.log.Error(err, "health round not recorded")
 		return

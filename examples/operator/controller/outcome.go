@@ -1,12 +1,9 @@
 package controller
 
 import (
-	"crypto/sha256"
 	"errors"
-	"fmt"
 	"strings"
 
-	"github.com/GehirnInc/crypt/sha512_crypt"
 	"github.com/egressproxy/egressproxy"
 )
 
@@ -15,6 +12,7 @@ import (
 const (
 	ReasonUnknownProvider    = "UnknownProvider"
 	ReasonCredentialsInvalid = "CredentialsInvalid"
+	ReasonProxyConfigInvalid = "ProxyConfigInvalid"
 	ReasonSpecConflict       = "SpecConflict"
 	ReasonRecreating         = "Recreating"
 	ReasonReachable          = "Reachable"
@@ -78,62 +76,4 @@ func (c Credentials) validate() error {
 		return errors.New(`key "password" must not contain a line break`)
 	}
 	return nil
-}
-
-// UserData is the cloud-init user-data of a proxy VM, for a guest image
-// that follows the project's first-boot contract (docs/e2e.md: Squid starts
-// after cloud-init has written user-data's files): it writes
-// /etc/squid/squid.conf to serve CONNECT on port and, with credentials, to
-// require them (Squid's basic_ncsa_auth over /etc/squid/passwd, which holds
-// a SHA-512 crypt hash, never the password). salt makes the hash; the
-// reconciler derives it from the object's UID (SaltFor), so the user-data,
-// and with it the spec's digest, is the same at every reconcile while
-// rotating the password changes it (and so recreates the VM).
-//
-// Without credentials the proxy tunnels CONNECT for anyone who reaches its
-// port: restrict that with the guest network, or set credentials.
-func UserData(port int, c Credentials, salt string) (string, error) {
-	var b strings.Builder
-	b.WriteString("#cloud-config\nwrite_files:\n- path: /etc/squid/squid.conf\n  content: |\n")
-	conf := []string{
-		fmt.Sprintf("http_port %d", port),
-		"acl CONNECT method CONNECT",
-	}
-	if c.User != "" {
-		conf = append(conf,
-			"auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid/passwd",
-			"auth_param basic realm egressproxy",
-			"acl proxyusers proxy_auth REQUIRED",
-			"http_access allow CONNECT proxyusers")
-	} else {
-		conf = append(conf, "http_access allow CONNECT")
-	}
-	conf = append(conf, "http_access deny all", "cache deny all", "pinger_enable off",
-		"shutdown_lifetime 1 second", "coredump_dir /var/spool/squid")
-	for _, l := range conf {
-		b.WriteString("    " + l + "\n")
-	}
-	if c.User != "" {
-		hash, err := sha512_crypt.New().Generate([]byte(c.Password), []byte("$6$"+salt))
-		if err != nil {
-			return "", fmt.Errorf("hash the proxy password: %w", err)
-		}
-		b.WriteString("- path: /etc/squid/passwd\n  owner: root:proxy\n  permissions: '0640'\n  content: |\n")
-		b.WriteString("    " + c.User + ":" + hash + "\n")
-	}
-	return b.String(), nil
-}
-
-// saltAlphabet is crypt(3)'s salt alphabet.
-const saltAlphabet = "./0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-
-// SaltFor is the crypt salt of the object with uid: 16 characters of
-// crypt's alphabet taken from sha256(uid), stable for the object's life.
-func SaltFor(uid string) string {
-	sum := sha256.Sum256([]byte("egressproxy-operator-salt/" + uid))
-	out := make([]byte, 16)
-	for i := range out {
-		out[i] = saltAlphabet[sum[i]%64]
-	}
-	return string(out)
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/egressproxy/egressproxy"
-	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 )
 
@@ -90,6 +88,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=egressproxy.dev,resources=egressproxies/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 
 // SetupWithManager registers the reconciler (and its health runnable's
@@ -195,7 +194,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, orig, ep *v1alpha1.EgressP
 }
 
 func statusEqual(a, b v1alpha1.EgressProxyStatus) bool {
-	if a.Phase != b.Phase || a.Address != b.Address || a.Health != b.Health || a.Provider != b.Provider ||
+	if a.Phase != b.Phase || a.Address != b.Address || a.EgressAddress != b.EgressAddress || a.Health != b.Health || a.Provider != b.Provider ||
 		a.Instance != b.Instance || a.SpecDigest != b.SpecDigest || a.ObservedGeneration != b.ObservedGeneration ||
 		len(a.Conditions) != len(b.Conditions) {
 		return false
@@ -232,7 +231,7 @@ func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha
 		}
 		log.Info("moved off the old provider entry", "entry", old)
 		r.forgetHealth(req.NamespacedName, name)
-		ep.Status.Provider, ep.Status.SpecDigest, ep.Status.Address = "", "", ""
+		ep.Status.Provider, ep.Status.SpecDigest, ep.Status.Address, ep.Status.EgressAddress = "", "", "", ""
 	}
 
 	pc, ok := r.Entries[ep.Spec.Provider]
@@ -247,13 +246,13 @@ func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha
 	}
 	r.providerCondition(ep, ep.Spec.Provider)
 
-	spec, creds, err := r.desiredSpec(ctx, ep, name)
+	spec, proxy, err := r.desiredSpec(ctx, ep, name)
 	if err != nil {
 		ep.Status.Phase = v1alpha1.PhasePending
 		if egressproxy.Code(err) == egressproxy.Transient {
 			return r.failed(log, req, ep, err)
 		}
-		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonCredentialsInvalid, err.Error())
+		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionFalse, reasonOf(err), err.Error())
 		r.backoff.Forget(req)
 		return reconcile.Result{RequeueAfter: r.opts.PermanentRetry}, nil
 	}
@@ -290,7 +289,7 @@ func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha
 	ep.Status.Provider = ep.Spec.Provider
 	ep.Status.SpecDigest = digest
 	r.backoff.Forget(req)
-	return r.observed(req.NamespacedName, ep, inst, creds), nil
+	return r.observed(req.NamespacedName, ep, inst, proxy), nil
 }
 
 // recreate deletes the VM that runs an outdated spec; the next reconcile
@@ -299,7 +298,7 @@ func (r *Reconciler) recreate(ctx context.Context, log logr.Logger, req reconcil
 	log.Info("spec drift: deleting the VM to recreate it", "entry", ep.Spec.Provider)
 	r.forgetHealth(req.NamespacedName, ref.Name)
 	ep.Status.Phase = v1alpha1.PhasePending
-	ep.Status.Address, ep.Status.SpecDigest = "", ""
+	ep.Status.Address, ep.Status.SpecDigest, ep.Status.EgressAddress = "", "", ""
 	if err := pc.Delete(ctx, ref); err != nil {
 		return r.failed(log, req, ep, err)
 	}
@@ -376,7 +375,7 @@ func (r *Reconciler) failed(log logr.Logger, req reconcile.Request, ep *v1alpha1
 
 // observed writes what inst says into ep's status and registers the proxy
 // with the health runnable.
-func (r *Reconciler) observed(key types.NamespacedName, ep *v1alpha1.EgressProxy, inst egressproxy.Instance, creds Credentials) reconcile.Result {
+func (r *Reconciler) observed(key types.NamespacedName, ep *v1alpha1.EgressProxy, inst egressproxy.Instance, pc proxyConfig) reconcile.Result {
 	ep.Status.Address = inst.Address()
 	switch inst.State {
 	case egressproxy.StateRunning:
@@ -398,9 +397,10 @@ func (r *Reconciler) observed(key types.NamespacedName, ep *v1alpha1.EgressProxy
 		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionFalse, reason, "the VM exists but has no proxy address yet")
 	}
 	if r.Health != nil {
-		r.Health.Register(Member{Key: key, ID: inst.Name, Addr: ep.Status.Address, Credentials: creds})
+		r.Health.Register(Member{Key: key, UID: ep.UID, ID: inst.Name, Addr: ep.Status.Address, Credentials: pc.creds, TLS: pc.probeTLS})
 		h := r.Health.ProxyHealth(inst.Name, ep.Status.Address)
 		ep.Status.Health = h.Health
+		ep.Status.EgressAddress = h.EgressAddress
 		st := metav1.ConditionFalse
 		if h.Health == v1alpha1.HealthHealthy {
 			st = metav1.ConditionTrue
@@ -448,27 +448,12 @@ func (r *Reconciler) setCondition(ep *v1alpha1.EgressProxy, typ string, st metav
 	})
 }
 
-// desiredSpec is the egressproxy.Spec of ep, with the proxy credentials read
-// from its Secret.
-func (r *Reconciler) desiredSpec(ctx context.Context, ep *v1alpha1.EgressProxy, name string) (egressproxy.Spec, Credentials, error) {
-	var creds Credentials
-	if ref := ep.Spec.CredentialsSecretRef; ref != nil {
-		var s corev1.Secret
-		key := types.NamespacedName{Namespace: ep.Namespace, Name: ref.Name}
-		if err := r.APIReader.Get(ctx, key, &s); err != nil {
-			if apierrors.IsNotFound(err) {
-				return egressproxy.Spec{}, creds, driver.Errorf(egressproxy.Permanent, "proxy credentials Secret %s not found", key)
-			}
-			return egressproxy.Spec{}, creds, driver.Errorf(egressproxy.Transient, "read proxy credentials Secret %s: %w", key, err)
-		}
-		creds = Credentials{User: string(s.Data["username"]), Password: string(s.Data["password"])}
-		if err := creds.validate(); err != nil {
-			return egressproxy.Spec{}, creds, driver.Errorf(egressproxy.Permanent, "proxy credentials Secret %s: %w", key, err)
-		}
-	}
-	userData, err := UserData(spec0Port(ep), creds, SaltFor(string(ep.UID)))
+// desiredSpec is the egressproxy.Spec of ep, its user-data rendered from
+// the object's proxy description and Secrets (proxyConfig).
+func (r *Reconciler) desiredSpec(ctx context.Context, ep *v1alpha1.EgressProxy, name string) (egressproxy.Spec, proxyConfig, error) {
+	pc, err := r.proxyConfig(ctx, ep)
 	if err != nil {
-		return egressproxy.Spec{}, creds, driver.Errorf(egressproxy.Permanent, "proxy credentials Secret: %w", err)
+		return egressproxy.Spec{}, pc, err
 	}
 	spec := egressproxy.Spec{
 		Name:        name,
@@ -476,17 +461,10 @@ func (r *Reconciler) desiredSpec(ctx context.Context, ep *v1alpha1.EgressProxy, 
 		Port:        int(ep.Spec.Port),
 		ImageKey:    ep.Spec.Image,
 		MachineType: ep.Spec.MachineType,
-		UserData:    userData,
+		UserData:    pc.userData,
 	}
 	if err := spec.Validate(); err != nil {
-		return egressproxy.Spec{}, creds, err
+		return egressproxy.Spec{}, pc, err
 	}
-	return spec, creds, nil
-}
-
-func spec0Port(ep *v1alpha1.EgressProxy) int {
-	if ep.Spec.Port == 0 {
-		return egressproxy.DefaultPort
-	}
-	return int(ep.Spec.Port)
+	return spec, pc, nil
 }

@@ -227,9 +227,12 @@ func TestDeleteFinalizer(t *testing.T) {
 // TestHealthFromTracker: a served proxy with the Secret's credentials
 // becomes Healthy through the health runnable's rounds.
 func TestHealthFromTracker(t *testing.T) {
-	f := newFixture(t, &memprovider.Options{ServeProxies: true, ProxyUser: "u1", ProxyPassword: "p1"})
+	f := newFixture(t, &memprovider.Options{ServeProxies: true})
 	target := listenTarget(t)
 	f.hr.opts.ConnectTarget = target
+	f.editSpec(t, func(s *v1alpha1.EgressProxySpec) {
+		s.AllowedDestinations = []v1alpha1.Destination{{Ports: portsOf(t, target)}}
+	})
 	_, ep := f.reconcile(t)
 	if ep.Status.Address == "" || ep.Status.Health != v1alpha1.HealthUnknown {
 		t.Fatalf("after create: address %q health %q, want an address and Unknown", ep.Status.Address, ep.Status.Health)

@@ -33,6 +33,9 @@ func Setup(mgr ctrl.Manager, cfg Config) (*Reconciler, *OrphanCollector, error) 
 	if ho.Logger.GetSink() == nil {
 		ho.Logger = log
 	}
+	if ho.Events == nil {
+		ho.Events = mgr.GetEventRecorder(EventSource)
+	}
 	hr, err := NewHealthRunnable(cfg.Entries, ho)
 	if err != nil {
 		return nil, nil, err
@@ -55,6 +58,9 @@ func Setup(mgr ctrl.Manager, cfg Config) (*Reconciler, *OrphanCollector, error) 
 	}
 	return r, gc, nil
 }
+
+// EventSource is the reporting controller of the operator's events.
+const EventSource = "egressproxy-operator"
 
 // LeaderElectionID is the Lease name the operator's replicas compete for.
 const LeaderElectionID = "egressproxy-operator.egressproxy.dev"

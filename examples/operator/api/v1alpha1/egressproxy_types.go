@@ -38,11 +38,65 @@ type EgressProxySpec struct {
 
 	// CredentialsSecretRef names a Secret in the object's namespace that
 	// holds the proxy's basic-auth credentials under the keys "username"
-	// and "password". They are given to the VM in its cloud-init
-	// user-data and used by the operator's health probes. Absent: the
-	// proxy runs without authentication.
+	// and "password". The VM's cloud-init user-data holds the password's
+	// hash only; the operator's health probes send the credentials.
+	// Absent: the proxy asks for no credentials (then allowedClients or
+	// open is required).
 	// +optional
 	CredentialsSecretRef *SecretReference `json:"credentialsSecretRef,omitempty"`
+
+	// AllowedClients are the client address ranges the proxy serves, each
+	// an address ("192.0.2.7") or a CIDR prefix without host bits
+	// ("10.0.0.0/8"); other clients are refused (403). With credentials,
+	// a client must be in a range and authenticate. The operator's own
+	// probes must come from a range. Empty: any client (then
+	// credentialsSecretRef or open is required).
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=49
+	AllowedClients []string `json:"allowedClients,omitempty"`
+
+	// AllowedDestinations are where the proxy tunnels CONNECT to; any
+	// other target is refused (403). Empty: port 443 on any host. The
+	// operator's connect target and egress URL must be among them.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	AllowedDestinations []Destination `json:"allowedDestinations,omitempty"`
+
+	// TLSSecretRef names a Secret of type kubernetes.io/tls in the
+	// object's namespace: the proxy's port then speaks TLS only (an HTTPS
+	// proxy) with tls.crt (its certificate chain) and tls.key. The
+	// operator's probes trust the Secret's ca.crt, or tls.crt's own
+	// certificates when it has none, and verify the proxy as the first
+	// DNS name of its certificate (as its address when it names none).
+	// Absent: plain HTTP.
+	// +optional
+	TLSSecretRef *SecretReference `json:"tlsSecretRef,omitempty"`
+
+	// Open allows a proxy with neither credentials nor allowedClients: it
+	// then tunnels, to the allowed destinations, for anyone who reaches
+	// its port. It must be false when either is set. False (the default):
+	// such an object is refused (Ready False, reason ProxyConfigInvalid).
+	// +optional
+	Open bool `json:"open,omitempty"`
+}
+
+// Destination allows CONNECT to some ports, on some domains or any host.
+type Destination struct {
+	// Ports are the allowed target ports. Empty: 443.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:Minimum=1
+	// +kubebuilder:validation:items:Maximum=65535
+	Ports []int32 `json:"ports,omitempty"`
+	// Domains restricts the destination to targets named by one of these
+	// domains or a name under one ("example.com" allows api.example.com
+	// too); a target given as an IP address never matches. Empty: any
+	// host.
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=253
+	Domains []string `json:"domains,omitempty"`
 }
 
 // SecretReference names a Secret in the referring object's namespace.
@@ -91,7 +145,7 @@ const (
 	// an address. Reasons: Running, Provisioning, Stopped, Failed (the
 	// instance state), or the library's error class of the last failed
 	// call (Transient, Permanent, SpecConflict), or UnknownProvider,
-	// CredentialsInvalid.
+	// CredentialsInvalid, ProxyConfigInvalid.
 	ConditionReady = "Ready"
 	// ConditionProviderReachable: the provider entry answered its last
 	// Check. Reasons: Reachable, or the library's provider.HealthReason
@@ -114,6 +168,12 @@ type EgressProxyStatus struct {
 	// Address is the proxy's host:port; empty while the VM has none.
 	// +optional
 	Address string `json:"address,omitempty"`
+	// EgressAddress is the address the proxy's traffic leaves from, as
+	// the operator's egress URL answered through it; empty until one was
+	// learned (or without an egress URL). A change is an event
+	// (EgressAddressChanged) of its own.
+	// +optional
+	EgressAddress string `json:"egressAddress,omitempty"`
 	// Health is the health tracker's decision about the proxy.
 	// +optional
 	Health Health `json:"health,omitempty"`
@@ -147,6 +207,7 @@ type EgressProxyStatus struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.status.address`
 // +kubebuilder:printcolumn:name="Health",type=string,JSONPath=`.status.health`
+// +kubebuilder:printcolumn:name="Egress",type=string,JSONPath=`.status.egressAddress`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type EgressProxy struct {
 	metav1.TypeMeta   `json:",inline"`

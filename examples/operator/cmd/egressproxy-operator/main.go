@@ -114,6 +114,7 @@ func newMeterProvider(reg prometheus.Registerer) (*sdkmetric.MeterProvider, erro
 // options are the command line's settings.
 type options struct {
 	entries, leaderNS, target  string
+	egressURL                  string
 	metricsAddr, probeAddr     string
 	healthEvery, gcEvery, poll time.Duration
 	backoffBase, backoffMax    time.Duration
@@ -132,6 +133,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.entries, "entries", "", "the entries file (see the README); required")
 	fs.StringVar(&o.leaderNS, "leader-election-namespace", "egressproxy-system", "namespace of the leader election Lease")
 	fs.StringVar(&o.target, "connect-target", "example.com:443", "host:port the health probes CONNECT to through each proxy")
+	fs.StringVar(&o.egressURL, "egress-url", "", `a "what is my address" URL (any HTTP(S) endpoint that answers with the caller's address) each health probe fetches through its proxy: the answer is status.egressAddress, a change an EgressAddressChanged event; "" fetches none`)
 	fs.DurationVar(&o.healthEvery, "health-interval", controller.DefaultHealthInterval, "interval of health rounds")
 	fs.DurationVar(&o.gcEvery, "gc-interval", controller.DefaultGCInterval, "interval of orphan collection")
 	fs.DurationVar(&o.poll, "poll-interval", controller.DefaultPollInterval, "how often a VM without an address is read back (every 4 intervals once it has one)")
@@ -236,7 +238,7 @@ func newManager(o *options, restCfg *rest.Config, scheme *runtime.Scheme, log lo
 			BackoffBase: o.backoffBase, BackoffMax: o.backoffMax, PollInterval: o.poll,
 			PermanentRetry: o.permanentRetry, MaxConcurrentReconciles: o.workers,
 		},
-		Health: controller.HealthOptions{Interval: o.healthEvery, ConnectTarget: o.target, MeterProvider: mp},
+		Health: controller.HealthOptions{Interval: o.healthEvery, ConnectTarget: o.target, EgressURL: o.egressURL, MeterProvider: mp},
 		GC:     controller.GCOptions{Interval: o.gcEvery},
 		Logger: log,
 	}); err != nil {
