@@ -505,7 +505,8 @@ func TestOperatorEndToEnd(t *testing.T) {
 		t.Errorf("egressproxy_image_base_count{egressproxy_entry=%s} after alpha's cold Create: %d series, %v; want at least 1", entryNames[0], n, v)
 	}
 	t.Logf("operator-1's /metrics after the first Creates (the library's series of %s):\n%s", entryNames[0],
-		after.lines("egressproxy_entry_")+"\n"+after.lines(`egressproxy_client_operation_duration_seconds_count{egressproxy_entry="`+entryNames[0]+`",egressproxy_operation="create"`))
+		after.lines("egressproxy_entry_")+"\n"+after.lines("egressproxy_image_base_")+"\n"+after.lines("egressproxy_image_transfer_")+"\n"+
+			after.lines(`egressproxy_client_operation_duration_seconds_count{egressproxy_entry="`+entryNames[0]+`",egressproxy_operation="create"`))
 	waitFor(t, 30*time.Second, "alpha's VM counted on its host", func() string {
 		_, rows := hostTable(t, restCfg)
 		if r := rows[entryNames[0]]; r["Proxies"] != "1" || r["Ready"] != "True" || r["Reason"] != controller.ReasonReachable || r["Free"] == "<none>" {
