@@ -28,8 +28,18 @@ type checkRow struct {
 	Reason    string            `json:"reason,omitempty"`
 	Message   string            `json:"message,omitempty"`
 	Details   map[string]string `json:"details,omitempty"`
+	Capacity  *capacityRow      `json:"capacity,omitempty"`
 	CheckedAt time.Time         `json:"checkedAt,omitzero"`
 	Error     string            `json:"error,omitempty"`
+}
+
+// capacityRow is a Check's egressproxy.Capacity: absent when the Check
+// could not learn it (always when the entry is not reachable).
+type capacityRow struct {
+	PoolAvailableBytes   int64 `json:"poolAvailableBytes"`
+	MemoryAvailableBytes int64 `json:"memoryAvailableBytes"`
+	CPUs                 int   `json:"cpus"`
+	Instances            int   `json:"instances"`
 }
 
 // unhealthyErr is the error of an unhealthy entry: Transient when the
@@ -51,6 +61,8 @@ func newCheckCommand(c *cli) *cobra.Command {
 		Long: `Check connects to each entry's hypervisor and reports whether it is usable:
 reachable, and otherwise why not (Unauthorized, HostKeyUnknown,
 PoolNotActive, Unreachable, ...). The reason's explanation goes to stderr.
+A reachable entry's capacity is shown too: the storage pool's free space,
+the host's available memory and CPUs, and the proxies running there.
 It exits 3 for an entry that is unreachable and 4 for one a human must fix
 (credentials, host key, permissions, pool).`,
 		Example: `  egressproxyctl check
@@ -74,12 +86,15 @@ func (c *cli) check(ctx context.Context) error {
 			return entryErr(e, err)
 		}
 		rows[i].Reachable, rows[i].Reason, rows[i].Message, rows[i].Details, rows[i].CheckedAt = h.Reachable, string(h.Reason), h.Message, h.Details, h.CheckedAt
+		if cp := h.Capacity; cp != nil {
+			rows[i].Capacity = &capacityRow{PoolAvailableBytes: cp.PoolAvailableBytes, MemoryAvailableBytes: cp.MemoryAvailableBytes, CPUs: cp.CPUs, Instances: cp.Instances}
+		}
 		if !h.Reachable {
 			return entryErr(e, unhealthyErr(h))
 		}
 		return nil
 	})
-	l := listing{doc: map[string]any{"entries": rows}, header: []string{"ENTRY", "REACHABLE", "REASON", "DETAILS"}}
+	l := listing{doc: map[string]any{"entries": rows}, header: []string{"ENTRY", "REACHABLE", "REASON", "FREE", "MEMORY", "CPUS", "PROXIES", "DETAILS"}}
 	for _, r := range rows {
 		// What went wrong is said once, on stderr: the table names it.
 		reach, details := "yes", formatDetails(r.Details)
@@ -89,7 +104,11 @@ func (c *cli) check(ctx context.Context) error {
 		case !r.Reachable:
 			reach, details = "no", ""
 		}
-		l.rows = append(l.rows, []string{r.Entry, reach, r.Reason, details})
+		var free, mem, cpus, proxies string
+		if cp := r.Capacity; cp != nil {
+			free, mem, cpus, proxies = size(cp.PoolAvailableBytes), size(cp.MemoryAvailableBytes), strconv.Itoa(cp.CPUs), strconv.Itoa(cp.Instances)
+		}
+		l.rows = append(l.rows, []string{r.Entry, reach, r.Reason, free, mem, cpus, proxies, details})
 		l.names = append(l.names, r.Entry)
 	}
 	if err := c.print(l); err != nil {

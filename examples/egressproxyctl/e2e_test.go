@@ -229,6 +229,8 @@ func TestE2ECLI(t *testing.T) {
 	out := cli.want(exitOK, "-o", "json", "check")
 	if c := ctlJSON[checkJSON](t, out); len(c.Entries) != 1 || !c.Entries[0].Reachable || c.Entries[0].Details["poolState"] != "running" {
 		t.Fatalf("check: %+v", c)
+	} else if cp := c.Entries[0].Capacity; cp == nil || cp.PoolAvailableBytes <= 0 || cp.MemoryAvailableBytes <= 0 || cp.CPUs <= 0 {
+		t.Fatalf("check: the host's capacity %+v, want its pool's free bytes, memory and CPUs", cp)
 	}
 
 	// create: cold fetch of the guest image, boot under TCG, wait for an

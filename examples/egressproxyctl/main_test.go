@@ -445,7 +445,8 @@ type checkJSON struct {
 func TestCheckAndExitCodes(t *testing.T) {
 	w := newWorld(t, "lab1", "lab2")
 	out, _ := w.want(exitOK, "check")
-	if !regexp.MustCompile(`(?m)^lab1\s+yes\s`).MatchString(out) || !regexp.MustCompile(`(?m)^lab2\s+yes\s`).MatchString(out) {
+	// The capacity is in the table: pool free, memory, CPUs, proxies.
+	if !regexp.MustCompile(`(?m)^lab1\s+yes\s+-\s+100\.00 GiB\s+16\.00 GiB\s+8\s+0\s`).MatchString(out) || !regexp.MustCompile(`(?m)^lab2\s+yes\s`).MatchString(out) {
 		t.Errorf("check table:\n%s", out)
 	}
 
@@ -453,7 +454,7 @@ func TestCheckAndExitCodes(t *testing.T) {
 	out, stderr := w.want(exitPermanent, "check")
 	// The failure is said once: the table names the reason, stderr says
 	// what happened.
-	if !regexp.MustCompile(`(?m)^lab2\s+no\s+Unauthorized\s+-$`).MatchString(out) || !strings.Contains(stderr, "entry lab2") ||
+	if !regexp.MustCompile(`(?m)^lab2\s+no\s+Unauthorized(\s+-){5}$`).MatchString(out) || !strings.Contains(stderr, "entry lab2") ||
 		strings.Count(out+stderr, "unable to authenticate") != 1 {
 		t.Errorf("check with lab2 unauthorized:\n%s\n%s", out, stderr)
 	}
@@ -461,6 +462,16 @@ func TestCheckAndExitCodes(t *testing.T) {
 	c := decode[checkJSON](t, out)
 	if len(c.Entries) != 2 || !c.Entries[0].Reachable || c.Entries[1].Reachable || c.Entries[1].Reason != "Unauthorized" {
 		t.Errorf("check json: %+v", c)
+	}
+	// The entry facts: the reachable entry's capacity, none for the other.
+	if len(c.Entries) == 2 {
+		want := capacityRow{PoolAvailableBytes: 100 << 30, MemoryAvailableBytes: 16 << 30, CPUs: 8}
+		if cp := c.Entries[0].Capacity; cp == nil || *cp != want {
+			t.Errorf("check json: lab1's capacity %+v, want %+v", cp, want)
+		}
+		if cp := c.Entries[1].Capacity; cp != nil {
+			t.Errorf("check json: unreachable lab2's capacity %+v, want none", cp)
+		}
 	}
 	w.ctl("lab2").ClearFaults()
 	w.ctl("lab2").InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient, Reason: egressproxy.ReasonUnreachable})

@@ -107,25 +107,28 @@ func TestDeployApply(t *testing.T) {
 		}
 		kinds[o.GetKind()]++
 	}
-	for kind, n := range map[string]int{"Namespace": 1, "CustomResourceDefinition": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ConfigMap": 1, "Deployment": 1} {
+	for kind, n := range map[string]int{"Namespace": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ConfigMap": 1, "Deployment": 1} {
 		if kinds[kind] != n {
 			t.Errorf("config/default has %d %s, want %d", kinds[kind], kind, n)
 		}
 	}
 
-	// The CRD is established: EgressProxy objects can be created.
-	eventually.NoError(t, time.Minute, func() error {
-		var crd apiextensionsv1.CustomResourceDefinition
-		if err := c.Get(ctx, client.ObjectKey{Name: "egressproxies.egressproxy.dev"}, &crd); err != nil {
-			return err
-		}
-		for _, cond := range crd.Status.Conditions {
-			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-				return nil
+	// The CRDs are established: EgressProxy and EgressProxyHost objects
+	// can be created.
+	for _, name := range []string{"egressproxies.egressproxy.dev", "egressproxyhosts.egressproxy.dev"} {
+		eventually.NoError(t, time.Minute, func() error {
+			var crd apiextensionsv1.CustomResourceDefinition
+			if err := c.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
+				return err
 			}
-		}
-		return fmt.Errorf("conditions %+v", crd.Status.Conditions)
-	}, "the CRD established")
+			for _, cond := range crd.Status.Conditions {
+				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+					return nil
+				}
+			}
+			return fmt.Errorf("conditions %+v", crd.Status.Conditions)
+		}, "the CRD %s established", name)
+	}
 
 	// The Deployment is stored as written: two replicas, its pod template
 	// defaulted by the apiserver.
@@ -170,6 +173,9 @@ func TestDeployApply(t *testing.T) {
 		{Resource: "secrets", Verb: "get", Namespace: "egressproxy-system"},
 		{Resource: "events", Verb: "create", Namespace: "team-a"},
 		{Group: "coordination.k8s.io", Resource: "leases", Verb: "update", Namespace: "egressproxy-system"},
+		{Group: "egressproxy.dev", Resource: "egressproxyhosts", Verb: "create"},
+		{Group: "egressproxy.dev", Resource: "egressproxyhosts", Verb: "delete"},
+		{Group: "egressproxy.dev", Resource: "egressproxyhosts", Subresource: "status", Verb: "update"},
 	} {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: sa, ResourceAttributes: &ra}}
 		if err := c.Create(ctx, sar); err != nil {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -56,6 +57,13 @@ const (
 	// kill) by the time it holds the Lease. With the default (2m) it waited
 	// up to 2 minutes more.
 	claimTimeout = 15 * time.Second
+
+	// freezeCallTimeout is the call budget of the entry whose host's
+	// sshd the test freezes: every Check of it ends within it, Unreachable
+	// when the host did not answer (a caller can wait through several
+	// dials of the dead host that other callers started, each up to the
+	// dial timeout: only the call budget bounds that).
+	freezeCallTimeout = 8 * time.Second
 )
 
 // e2eHost is one hypervisor the test's entries run on.
@@ -63,6 +71,7 @@ type e2eHost struct {
 	addr, user, keyFile, knownHosts string
 	socket, uri, pool, poolPath     string
 	network                         string
+	stackDir                        string // its scripts/teststack dir (sshd's pid file)
 }
 
 // e2eHosts returns two hosts: the lab's first two when a lab runs with at
@@ -74,13 +83,13 @@ func e2eHosts(t *testing.T) []e2eHost {
 		if len(env.Hosts) >= 2 {
 			var out []e2eHost
 			for _, h := range env.Hosts[:2] {
-				out = append(out, e2eHost{h.SSHAddr, h.SSHUser, h.SSHKey, h.KnownHosts, h.LibvirtSocket, h.LibvirtURI, h.Pool, h.PoolPath, h.Network})
+				out = append(out, e2eHost{h.SSHAddr, h.SSHUser, h.SSHKey, h.KnownHosts, h.LibvirtSocket, h.LibvirtURI, h.Pool, h.PoolPath, h.Network, h.StackDir})
 			}
 			return out
 		}
 	}
 	env := teststack.Require(t)
-	h := e2eHost{env.SSHAddr, env.SSHUser, env.SSHKey, env.KnownHosts, env.LibvirtSocket, env.LibvirtURI, env.Pool, env.PoolPath, ""}
+	h := e2eHost{env.SSHAddr, env.SSHUser, env.SSHKey, env.KnownHosts, env.LibvirtSocket, env.LibvirtURI, env.Pool, env.PoolPath, "", env.Dir}
 	return []e2eHost{h, h}
 }
 
@@ -250,6 +259,17 @@ func TestOperatorEndToEnd(t *testing.T) {
 			}
 		})
 	}
+	// The entry whose host (the second) has its sshd frozen at the end: no
+	// object uses it; its budgets are short, so that its Checks end within
+	// seconds.
+	frozenEntry := "ope" + sfx + "d"
+	{
+		cfg := entryConfig(hosts[1], frozenEntry, owner, img)
+		cfg.KeepaliveInterval, cfg.KeepaliveCount = time.Second, 3
+		cfg.DialTimeout, cfg.CallTimeout = 3*time.Second, freezeCallTimeout
+		ef.Entries = append(ef.Entries, cfg)
+		ef.CredentialsSecrets[cfg.Entry] = operatorNS + "/ssh-" + entryNames[1]
+	}
 	entriesJSON, err := json.Marshal(ef)
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +300,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 	extra := []string{"--kubeconfig=" + kubeconfig,
 		"--health-interval=1s", "--gc-interval=2s", "--poll-interval=2s",
 		"--backoff-base=200ms", "--backoff-max=5s",
-		"--zap-log-level=debug", "--zap-encoder=console"}
+		"--zap-log-level=debug"}
 	if g != nil {
 		extra = append(extra, "--egress-url="+g.echo.URL)
 	}
@@ -309,11 +329,61 @@ func TestOperatorEndToEnd(t *testing.T) {
 		procs = append(procs, p)
 		return p
 	}
+	// The hosts of an earlier configuration: the operator's object of an
+	// entry no longer configured (to be deleted) and one made by hand (to
+	// be left alone).
+	staleHost, handHost := "ope"+sfx+"gone", "ope"+sfx+"hand"
+	for _, h := range []*v1alpha1.EgressProxyHost{
+		{ObjectMeta: metav1.ObjectMeta{Name: staleHost, Labels: map[string]string{controller.ManagedByLabel: controller.ManagedBy}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: handHost}},
+	} {
+		if err := c.Create(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	op1 := start("operator-1")
 	// The Deployment's probes and metrics port: the health endpoints
 	// answer, readiness once the caches have synced, and the leader's
 	// metrics include its reconciles.
 	op1.waitEndpoints(t)
+
+	// The leader's first health rounds: every entry's EgressProxyHost
+	// reads Ready with the host's facts, the stale one is gone, and the
+	// library's series of every entry are on the metrics port.
+	var allEntries []string
+	for _, e := range ef.Entries {
+		allEntries = append(allEntries, e.Entry)
+	}
+	waitFor(t, time.Minute, "every entry's host Ready with its facts", func() string {
+		for _, e := range allEntries {
+			if msg := hostReady(ctx, c, e); msg != "" {
+				return msg
+			}
+		}
+		if err := c.Get(ctx, client.ObjectKey{Name: staleHost}, &v1alpha1.EgressProxyHost{}); !apierrors.IsNotFound(err) {
+			return fmt.Sprintf("the host of an entry no longer configured: %v, want it deleted", err)
+		}
+		return ""
+	})
+	if err := c.Get(ctx, client.ObjectKey{Name: handHost}, &v1alpha1.EgressProxyHost{}); err != nil {
+		t.Errorf("the host made by hand: %v, want it left alone", err)
+	}
+	entryA := map[string]string{"egressproxy_entry": entryNames[0]}
+	before0 := scrapeMetrics(t, op1)
+	for _, e := range allEntries {
+		for _, series := range []string{"egressproxy_entry_reachable", "egressproxy_entry_pool_available_bytes", "egressproxy_entry_memory_available_bytes", "egressproxy_entry_cpu_count"} {
+			if v, n := before0.sum(series, map[string]string{"egressproxy_entry": e}); n != 1 || v <= 0 {
+				t.Errorf("%s{egressproxy_entry=%s}: %d series, value %v; want one, positive", series, e, n, v)
+			}
+		}
+		if v, n := before0.sum("egressproxy_ssh_connection_state", map[string]string{"egressproxy_entry": e, "egressproxy_ssh_state": "connected"}); n != 1 || v != 1 {
+			t.Errorf("egressproxy_ssh_connection_state{egressproxy_entry=%s,connected}: %d series, value %v; want one, 1", e, n, v)
+		}
+	}
+	creates0, _ := before0.sum("egressproxy_client_operation_duration_seconds_count", map[string]string{"egressproxy_entry": entryNames[0], "egressproxy_operation": "create"})
+	rpcs0, _ := before0.sum("egressproxy_libvirt_rpc_duration_seconds_count", entryA)
+	uploads0, _ := before0.sum("egressproxy_libvirt_rpc_duration_seconds_count", map[string]string{"egressproxy_entry": entryNames[0], "rpc_method": "StorageVolUpload"})
 
 	newEP := func(name, entry string) *v1alpha1.EgressProxy {
 		return &v1alpha1.EgressProxy{
@@ -401,9 +471,55 @@ func TestOperatorEndToEnd(t *testing.T) {
 		})
 	}
 	t.Logf("both VMs defined and started, status converged, after %v", time.Since(t0).Round(time.Second))
+
+	// The series moved: alpha's cold Create (its entry's first, the tiny
+	// image fetched from the mirror and uploaded to the pool) is one more
+	// create, made of libvirt calls, the upload among them; its host
+	// counts the running VM.
+	after := scrapeMetrics(t, op1)
+	if v, _ := after.sum("egressproxy_client_operation_duration_seconds_count", map[string]string{"egressproxy_entry": entryNames[0], "egressproxy_operation": "create"}); v <= creates0 {
+		t.Errorf("creates on %s: %v before alpha's, %v after", entryNames[0], creates0, v)
+	}
+	if v, _ := after.sum("egressproxy_libvirt_rpc_duration_seconds_count", entryA); v <= rpcs0 {
+		t.Errorf("libvirt calls of %s: %v before alpha's Create, %v after", entryNames[0], rpcs0, v)
+	}
+	if v, _ := after.sum("egressproxy_libvirt_rpc_duration_seconds_count", map[string]string{"egressproxy_entry": entryNames[0], "rpc_method": "StorageVolUpload"}); v <= uploads0 {
+		t.Errorf("StorageVolUpload calls of %s: %v before alpha's cold Create, %v after", entryNames[0], uploads0, v)
+	}
+	// The image cache's series: alpha's and beta's cold Creates are the
+	// process's first fetches of the tiny image, so no peer holds it and
+	// its bytes come from the mirror (one download the two entries share:
+	// which entry counts them is the cache's business, their sum is not);
+	// alpha's entry then has a base.
+	var mirror0, mirror float64
+	for _, e := range entryNames {
+		bytesOf := map[string]string{"egressproxy_entry": e, "egressproxy_image_source": "mirror"}
+		v0, _ := before0.sum("egressproxy_image_transfer_size_bytes_total", bytesOf)
+		v, _ := after.sum("egressproxy_image_transfer_size_bytes_total", bytesOf)
+		mirror0, mirror = mirror0+v0, mirror+v
+	}
+	if mirror <= mirror0 {
+		t.Errorf("egressproxy_image_transfer_size_bytes_total{egressproxy_image_source=mirror} of %v: %v before the cold Creates, %v after; want more\n%s", entryNames, mirror0, mirror, after.lines("egressproxy_image_"))
+	}
+	if v, n := after.sum("egressproxy_image_base_count", entryA); n == 0 || v < 1 {
+		t.Errorf("egressproxy_image_base_count{egressproxy_entry=%s} after alpha's cold Create: %d series, %v; want at least 1", entryNames[0], n, v)
+	}
+	t.Logf("operator-1's /metrics after the first Creates (the library's series of %s):\n%s", entryNames[0],
+		after.lines("egressproxy_entry_")+"\n"+after.lines("egressproxy_image_base_")+"\n"+after.lines("egressproxy_image_transfer_")+"\n"+
+			after.lines(`egressproxy_client_operation_duration_seconds_count{egressproxy_entry="`+entryNames[0]+`",egressproxy_operation="create"`))
+	waitFor(t, 30*time.Second, "alpha's VM counted on its host", func() string {
+		_, rows := hostTable(t, restCfg)
+		if r := rows[entryNames[0]]; r["Proxies"] != "1" || r["Ready"] != "True" || r["Reason"] != controller.ReasonReachable || r["Free"] == "<none>" {
+			return fmt.Sprintf("host %s's row: %v", entryNames[0], r)
+		}
+		return ""
+	})
+	table, _ := hostTable(t, restCfg)
+	t.Logf("kubectl get egressproxyhosts:\n%s", table)
 	if delta != nil {
 		healthyGuest(t, ctx, c, side[guestEntry], delta, g, converged)
 		t.Logf("delta's guest booted and its status says Running and Healthy after %v", time.Since(t0).Round(time.Second))
+		healthySeries(t, op1, controller.InstanceName(client.ObjectKeyFromObject(delta)))
 		egressObserved(t, ctx, c, delta, g)
 	}
 	before, err := vm(eps[0])
@@ -567,6 +683,7 @@ func TestOperatorEndToEnd(t *testing.T) {
 	if delta != nil {
 		// The new replica probes the booted guest again.
 		healthyGuest(t, ctx, c, side[guestEntry], delta, g, converged)
+		healthySeries(t, op2, controller.InstanceName(client.ObjectKeyFromObject(delta)))
 		eps = append(eps, delta)
 	}
 	if inst, _ := vm(alpha); inst.SpecDigest == before.SpecDigest {
@@ -665,6 +782,54 @@ func TestOperatorEndToEnd(t *testing.T) {
 	if vols := poolVolumes(t, hosts[1].poolPath, heldBase); len(vols) != 2 || vols[0] != heldBase || vols[1] != basecache.MarkerName(heldBase, held.sha256) {
 		t.Errorf("gamma's image in pool %s: %v, want exactly the base %s and its marker", hosts[1].pool, vols, heldBase)
 	}
+	// The deleted objects' proxies have no health series any more (a
+	// probe in flight when one was deleted is forgotten with its round).
+	waitFor(t, 30*time.Second, "the deleted proxies' health series gone", func() string {
+		m := scrapeMetrics(t, op2)
+		for _, ep := range eps {
+			id := controller.InstanceName(client.ObjectKeyFromObject(ep))
+			if _, n := m.sum("egressproxy_health_proxy_state", map[string]string{"egressproxy_proxy_id": id}); n != 0 {
+				return fmt.Sprintf("%s's object is deleted but it has %d egressproxy_health_proxy_state series", id, n)
+			}
+		}
+		return ""
+	})
+
+	// The second host's sshd frozen: the host of the entry kept for it
+	// turns not Ready, reason Unreachable, within one of its Check rounds
+	// (the interval, then a Check that ends within the entry's call
+	// budget; probes of proxies whose objects were just deleted, which
+	// time out, do not hold the entry's Checks up), and its
+	// reachable series says 0; the first host's entries stay Ready.
+	// Thawed, it is Ready again.
+	thaw := freezeSSHD(t, hosts[1].stackDir)
+	frozenAt := time.Now()
+	roundBound := time.Second /* --health-interval */ + freezeCallTimeout + 5*time.Second
+	waitFor(t, roundBound, "host "+frozenEntry+" Unreachable after its sshd froze", func() string {
+		var h v1alpha1.EgressProxyHost
+		if err := c.Get(ctx, client.ObjectKey{Name: frozenEntry}, &h); err != nil {
+			return err.Error()
+		}
+		cond := meta.FindStatusCondition(h.Status.Conditions, v1alpha1.ConditionHostReady)
+		if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != string(egressproxy.ReasonUnreachable) || h.Status.Capacity != nil {
+			return fmt.Sprintf("Ready %+v, capacity %+v", cond, h.Status.Capacity)
+		}
+		return ""
+	})
+	t.Logf("host %s read Unreachable %v after its sshd froze", frozenEntry, time.Since(frozenAt).Round(100*time.Millisecond))
+	if hosts[1].stackDir != hosts[0].stackDir {
+		if msg := hostReady(ctx, c, entryNames[0]); msg != "" {
+			t.Errorf("while host 2's sshd is frozen: %s", msg)
+		}
+	}
+	if v, n := scrapeMetrics(t, op2).sum("egressproxy_entry_reachable", map[string]string{"egressproxy_entry": frozenEntry}); n != 1 || v != 0 {
+		t.Errorf("egressproxy_entry_reachable{egressproxy_entry=%s} while frozen: %d series, %v; want 0", frozenEntry, n, v)
+	}
+	frozenTable, _ := hostTable(t, restCfg)
+	thaw()
+	thawedAt := time.Now()
+	waitFor(t, roundBound, "host "+frozenEntry+" Ready again after its sshd thawed", func() string { return hostReady(ctx, c, frozenEntry) })
+	t.Logf("host %s Ready again %v after the thaw; while frozen:\n%s", frozenEntry, time.Since(thawedAt).Round(100*time.Millisecond), frozenTable)
 
 	// A graceful stop: exit status 0 and the Lease released at once.
 	if err := op2.terminate(time.Minute); err != nil {
@@ -673,6 +838,21 @@ func TestOperatorEndToEnd(t *testing.T) {
 	if h, _, _, err := leaseHolder(ctx, c); err != nil || h != "" {
 		t.Errorf("after operator-2's graceful stop the Lease says holder %q (%v); want it released", h, err)
 	}
+	// Every line both processes wrote is JSON with an RFC 3339 time, from
+	// the start through leader election and reconciles to the shutdown
+	// (operator-2's; operator-1 was killed). client-go's leader election
+	// logs through the logger controller-runtime puts in its context;
+	// whatever client-go logs through klog's global logger is routed to
+	// the same JSON logger (TestDeploymentLogsJSON).
+	stages1 := map[string]string{
+		"start":           ": Starting EventSource",
+		"leader election": ": Attempting to acquire leader lease",
+	}
+	stages2 := maps.Clone(stages1)
+	stages2["leader elected"] = ": Successfully acquired lease"
+	stages2["reconcile"] = ": created"
+	stages2["shutdown"] = ": Stopping and waiting for leader election runnables"
+	checkJSONLogs(t, procs, map[*operatorProcess]map[string]string{op1: stages1, op2: stages2})
 	// The operator ran with exactly the README's RBAC.
 	for _, p := range procs {
 		if lines := p.grep("is forbidden: User"); len(lines) > 0 {
@@ -765,6 +945,23 @@ func healthyGuest(t *testing.T, ctx context.Context, c client.Client, side *egre
 	if res.OK || res.Kind != health.KindAuthRequired {
 		t.Fatalf("a probe of %s without credentials: ok %v kind %v status %d err %v; want AuthRequired (407)", got.Status.Address, res.OK, res.Kind, res.StatusCode, res.Err)
 	}
+}
+
+// healthySeries checks that p's metrics say proxy id is healthy: its
+// series of the state gauge, and no other state of it.
+func healthySeries(t *testing.T, p *operatorProcess, id string) {
+	t.Helper()
+	m := scrapeMetrics(t, p)
+	if v, n := m.sum("egressproxy_health_proxy_state", map[string]string{"egressproxy_proxy_id": id, "egressproxy_health_state": "healthy"}); n != 1 || v != 1 {
+		t.Errorf("%s's egressproxy_health_proxy_state{egressproxy_proxy_id=%s,healthy}: %d series, %v; want one, 1\n%s", p.name, id, n, v, m.lines("egressproxy_health_"))
+	}
+	if _, n := m.sum("egressproxy_health_proxy_state", map[string]string{"egressproxy_proxy_id": id}); n != 1 {
+		t.Errorf("%s has %d state series of %s, want one", p.name, n, id)
+	}
+	if v, _ := m.sum("egressproxy_health_probe_duration_seconds_count", map[string]string{"egressproxy_probe_kind": "none"}); v < 1 {
+		t.Errorf("%s counts %v successful probes", p.name, v)
+	}
+	t.Logf("%s's /metrics: %s", p.name, m.lines(`egressproxy_health_proxy_state{`))
 }
 
 func portOf(t *testing.T, hostport string) int32 {

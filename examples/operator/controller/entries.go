@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -126,11 +125,13 @@ func FillCredentials(cfg *kvm2.Config, s *corev1.Secret) error {
 }
 
 // OpenEntries opens one kvm2 provider per config, each behind an
-// egressproxy.Client. On error, the ones already opened are closed.
-func OpenEntries(ctx context.Context, cfgs []kvm2.Config, log logr.Logger) (map[string]*egressproxy.Client, error) {
+// egressproxy.Client, with opts (nil valid: kvm2's defaults), whose
+// MeterProvider labels each entry's series with its name. On error, the
+// ones already opened are closed.
+func OpenEntries(ctx context.Context, cfgs []kvm2.Config, opts *kvm2.Options) (map[string]*egressproxy.Client, error) {
 	out := map[string]*egressproxy.Client{}
 	for _, cfg := range cfgs {
-		c, err := kvm2.Open(ctx, cfg, &kvm2.Options{Logger: log})
+		c, err := kvm2.Open(ctx, cfg, opts)
 		if err != nil {
 			CloseEntries(out)
 			return nil, err

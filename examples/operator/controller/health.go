@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/metric"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -31,7 +32,8 @@ type HealthOptions struct {
 	// ConnectTarget is the host:port every probe CONNECTs to through the
 	// proxy. Required.
 	ConnectTarget string
-	// Tracker decides health from the probes (nil: health.NewTracker(nil)).
+	// Tracker decides health from the probes (nil: a new tracker with
+	// the Logger and MeterProvider below).
 	Tracker *health.Tracker
 	// Probe are the per-probe options (timeout, tunnel proof); the
 	// credentials and TLS are set per proxy.
@@ -47,6 +49,9 @@ type HealthOptions struct {
 	Events events.EventRecorder
 	// Logger (zero: discard).
 	Logger logr.Logger
+	// MeterProvider records the new tracker's per-proxy state gauge and
+	// its probes (nil: no-op; unused when Tracker is set).
+	MeterProvider metric.MeterProvider
 }
 
 // Member is a proxy the reconciler registered for probing.
@@ -59,17 +64,20 @@ type Member struct {
 	TLS         *tls.Config // the probes' TLS to the proxy; nil: plain HTTP
 }
 
-// HealthRunnable is a manager Runnable: every Interval it Checks every
-// provider entry and probes every registered proxy, feeding a
-// health.Tracker, and asks for a reconcile of the objects whose health
-// changed (the reconciler copies the decision into status). It runs on the
-// leader only, like the reconciler that registers the proxies.
+// HealthRunnable is a manager Runnable: every Interval it Checks each
+// provider entry (each in a loop of its own) and writes the result into
+// the entry's EgressProxyHost (when Setup gave it a client), and probes
+// every registered proxy, feeding a health.Tracker, and asks for a
+// reconcile of the objects whose health changed (the reconciler copies the
+// decision into status). It runs on the leader only, like the reconciler
+// that registers the proxies.
 type HealthRunnable struct {
 	entries map[string]*egressproxy.Client
 	opts    HealthOptions
 	tracker *health.Tracker
 	log     logr.Logger
 	notify  func(types.NamespacedName) // set by Reconciler.SetupWithManager
+	hosts   *hostWriter                // set by Setup; nil: no EgressProxyHost objects
 
 	mu         sync.Mutex
 	members    map[string]Member // by ID
@@ -96,7 +104,7 @@ func NewHealthRunnable(entries map[string]*egressproxy.Client, opts HealthOption
 	h.tracker = opts.Tracker
 	if h.tracker == nil {
 		var err error
-		if h.tracker, err = health.NewTracker(&health.TrackerOptions{Logger: log, OnEgressChange: h.egressChanged}); err != nil {
+		if h.tracker, err = health.NewTracker(&health.TrackerOptions{Logger: log, MeterProvider: opts.MeterProvider, OnEgressChange: h.egressChanged}); err != nil {
 			return nil, err
 		}
 	}
@@ -203,39 +211,91 @@ func (h *HealthRunnable) EntryHealth(entry string) (egressproxy.Health, bool) {
 	return hl, ok
 }
 
-// Start runs rounds until ctx ends.
+// Start runs, until ctx ends, one loop per entry that Checks it every
+// Interval, and the loop of probe rounds every Interval: an entry whose
+// host hangs delays its own Checks only, never another entry's or the
+// probes.
 func (h *HealthRunnable) Start(ctx context.Context) error {
-	tick := time.NewTicker(h.opts.Interval)
+	var wg sync.WaitGroup
+	for entry, c := range h.entries {
+		wg.Go(func() { every(ctx, h.opts.Interval, func() { h.checkEntry(ctx, entry, c) }) })
+	}
+	every(ctx, h.opts.Interval, func() {
+		h.pruneHosts(ctx)
+		h.probeRound(ctx)
+	})
+	wg.Wait()
+	return nil
+}
+
+// every runs f, then again every d, until ctx ends.
+func every(ctx context.Context, d time.Duration, f func()) {
+	tick := time.NewTicker(d)
 	defer tick.Stop()
 	for {
-		h.Round(ctx)
+		f()
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-tick.C:
 		}
 	}
 }
 
-// Round checks every entry and probes every registered proxy once.
+// Round checks every entry (at once) and then probes every registered
+// proxy, once.
 func (h *HealthRunnable) Round(ctx context.Context) {
+	h.pruneHosts(ctx)
+	var wg sync.WaitGroup
 	for entry, c := range h.entries {
-		hl, err := c.Check(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			hl = egressproxy.Health{Reason: egressproxy.ReasonUnknown, Message: err.Error()}
+		wg.Go(func() { h.checkEntry(ctx, entry, c) })
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return
+	}
+	h.probeRound(ctx)
+}
+
+// pruneHosts deletes the hosts of entries no longer configured, until
+// that has succeeded once.
+func (h *HealthRunnable) pruneHosts(ctx context.Context) {
+	if h.hosts == nil {
+		return
+	}
+	if err := h.hosts.prune(ctx); err != nil && ctx.Err() == nil {
+		h.log.Info("hosts of removed entries not deleted; trying again next round", "err", err)
+	}
+}
+
+// checkEntry Checks entry, writes the result into its EgressProxyHost and
+// records it for the reconciler. A Check that could not run because ctx
+// ended records nothing.
+func (h *HealthRunnable) checkEntry(ctx context.Context, entry string, c *egressproxy.Client) {
+	hl, err := c.Check(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return
 		}
-		h.mu.Lock()
-		prev, had := h.entryState[entry]
-		h.entryState[entry] = hl
-		h.mu.Unlock()
-		if had && (prev.Reachable != hl.Reachable || prev.Reason != hl.Reason) {
-			h.log.Info("provider entry health changed", "entry", entry, "reachable", hl.Reachable, "reason", string(hl.Reason))
+		hl = egressproxy.Health{Reason: egressproxy.ReasonUnknown, Message: err.Error(), CheckedAt: time.Now().UTC()}
+	}
+	if h.hosts != nil {
+		if err := h.hosts.write(ctx, entry, hl); err != nil && ctx.Err() == nil {
+			h.log.Info("host status not written", "entry", entry, "err", err)
 		}
 	}
+	h.mu.Lock()
+	prev, had := h.entryState[entry]
+	h.entryState[entry] = hl
+	h.mu.Unlock()
+	if had && (prev.Reachable != hl.Reachable || prev.Reason != hl.Reason) {
+		h.log.Info("provider entry health changed", "entry", entry, "reachable", hl.Reachable, "reason", string(hl.Reason))
+	}
+}
 
+// probeRound probes every registered proxy once and asks for a reconcile
+// of the objects whose health changed.
+func (h *HealthRunnable) probeRound(ctx context.Context) {
 	// One Tracker round over every proxy, each with its own credentials
 	// (none for a proxy without); one without an address keeps its state.
 	h.mu.Lock()
@@ -252,6 +312,20 @@ func (h *HealthRunnable) Round(ctx context.Context) {
 	if _, err := h.tracker.Round(ctx, proxies, &health.ProbeAllOptions{Target: h.opts.ConnectTarget, Probe: po}); err != nil {
 		h.log.Error(err, "health round not recorded")
 		return
+	}
+	// A proxy unregistered while the round probed it was tracked again
+	// when the round recorded its result: forget it again, so that its
+	// state, and its series of the state gauge, end with its object.
+	var gone []string
+	h.mu.Lock()
+	for id := range keys {
+		if _, ok := h.members[id]; !ok {
+			gone = append(gone, id)
+		}
+	}
+	h.mu.Unlock()
+	for _, id := range gone {
+		h.tracker.Remove(id)
 	}
 	if ctx.Err() != nil {
 		return

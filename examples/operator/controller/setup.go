@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -18,9 +20,10 @@ type Config struct {
 	Logger     logr.Logger
 }
 
-// Setup adds the reconciler, the health runnable and the orphan collector
-// to mgr. The manager should run with leader election: all three run on the
-// leader only.
+// Setup adds the reconciler, the health runnable (which also keeps the
+// entries' EgressProxyHost objects) and the orphan collector to mgr. The
+// manager should run with leader election: all three run on the leader
+// only.
 func Setup(mgr ctrl.Manager, cfg Config) (*Reconciler, *OrphanCollector, error) {
 	log := cfg.Logger
 	if log.GetSink() == nil {
@@ -37,6 +40,7 @@ func Setup(mgr ctrl.Manager, cfg Config) (*Reconciler, *OrphanCollector, error) 
 	if err != nil {
 		return nil, nil, err
 	}
+	hr.hosts = newHostWriter(mgr.GetClient(), mgr.GetAPIReader(), slices.Collect(maps.Keys(cfg.Entries)), ho.Logger)
 	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Entries: cfg.Entries, Health: hr}
 	if err := r.SetupWithManager(mgr, cfg.Reconciler); err != nil {
 		return nil, nil, err

@@ -22,23 +22,32 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	// The Mozilla root certificates, used when the system has none (the
-	// operator's image holds nothing but this binary): image URLs are
-	// fetched over HTTPS.
-	_ "golang.org/x/crypto/x509roots/fallback"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/otlptranslator"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
+	"github.com/egressproxy/egressproxy/kvm2"
+
+	// The Mozilla root certificates, used when the system has none (the
+	// operator's image holds nothing but this binary): image URLs are
+	// fetched over HTTPS.
+	_ "golang.org/x/crypto/x509roots/fallback"
 )
 
 func main() {
@@ -46,13 +55,60 @@ func main() {
 	if errors.Is(err, flag.ErrHelp) {
 		return
 	}
-	if err == nil {
-		err = run(o)
-	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "egressproxy-operator:", err)
 		os.Exit(1)
 	}
+	log := newLogger(o)
+	if err := run(o, log); err != nil {
+		// Through the logger, like every line after the flags: a
+		// JSON log stream stays parseable to its end.
+		log.Error(err, "operator stopped")
+		os.Exit(1)
+	}
+}
+
+// newLogger is the operator's logger, as the --zap-* flags make it, and
+// sets it as controller-runtime's and klog's.
+//
+// client-go and apimachinery log through klog wherever they find no
+// logger in their context (controller-runtime puts one in the contexts of
+// leader election and of its caches, not everywhere:
+// utilruntime.HandleError, for one, logs through klog's global logger),
+// and controller-runtime does not route klog: those lines would come out
+// in klog's own text format ("E1204 21:07:02.580097 1 runtime.go:142] …")
+// in the middle of a JSON stream. klog.SetLogger hands them to the
+// operator's logger instead. The plain form, not SetLoggerWithOptions with
+// ContextualLogger(true), keeps klog's verbosity gate: klog checks its own
+// -v (0: the operator does not offer klog's flags) before a line reaches
+// the logger, so client-go's V(1) and higher lines (request traces,
+// lease renewals, watch details) stay out whatever --zap-log-level lets
+// through of the library's and the reconciler's (debug: V(1); a number N:
+// up to V(N)).
+func newLogger(o *options) logr.Logger {
+	log := zap.New(zap.UseFlagOptions(&o.zap))
+	ctrl.SetLogger(log)
+	klog.SetLogger(log.WithName("klog"))
+	return log
+}
+
+// newMeterProvider is the MeterProvider the library's instruments record
+// to. Its reader is OpenTelemetry's Prometheus exporter, registered with
+// reg (controller-runtime's registry, which --metrics-bind-address
+// serves), so one scrape has the library's series beside
+// controller-runtime's own; names follow the exporter's Prometheus
+// translation (egressproxy.client.operation.duration in seconds becomes
+// egressproxy_client_operation_duration_seconds).
+func newMeterProvider(reg prometheus.Registerer) (*sdkmetric.MeterProvider, error) {
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes),
+		// Every instrument's name is the library's own, so the scope
+		// (the package that records it) tells a reader nothing the
+		// name does not: no otel_scope_* labels on every series.
+		otelprom.WithoutScopeInfo())
+	if err != nil {
+		return nil, err
+	}
+	return sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp)), nil
 }
 
 // options are the command line's settings.
@@ -101,9 +157,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	return &o, nil
 }
 
-func run(o *options) error {
-	log := zap.New(zap.UseFlagOptions(&o.zap))
-	ctrl.SetLogger(log)
+func run(o *options, log logr.Logger) error {
+	mp, err := newMeterProvider(ctrlmetrics.Registry)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = mp.Shutdown(context.Background()) }()
 
 	data, err := os.ReadFile(o.entries)
 	if err != nil {
@@ -136,13 +195,13 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
-	clients, err := controller.OpenEntries(ctx, cfgs, log)
+	clients, err := controller.OpenEntries(ctx, cfgs, &kvm2.Options{Logger: log, MeterProvider: mp})
 	if err != nil {
 		return err
 	}
 	defer controller.CloseEntries(clients)
 
-	mgr, err := newManager(o, restCfg, scheme, log, clients)
+	mgr, err := newManager(o, restCfg, scheme, log, mp, clients)
 	if err != nil {
 		return err
 	}
@@ -153,7 +212,7 @@ func run(o *options) error {
 // health endpoints: /healthz answers while the process serves, /readyz
 // once the manager's caches have synced (every replica, leader or not, is
 // ready: a standby is ready to take over).
-func newManager(o *options, restCfg *rest.Config, scheme *runtime.Scheme, log logr.Logger, clients map[string]*egressproxy.Client) (ctrl.Manager, error) {
+func newManager(o *options, restCfg *rest.Config, scheme *runtime.Scheme, log logr.Logger, mp metric.MeterProvider, clients map[string]*egressproxy.Client) (ctrl.Manager, error) {
 	mopts := controller.ManagerOptions(o.leaderNS)
 	mopts.Scheme = scheme
 	mopts.Metrics = metricsserver.Options{BindAddress: o.metricsAddr}
@@ -179,7 +238,7 @@ func newManager(o *options, restCfg *rest.Config, scheme *runtime.Scheme, log lo
 			BackoffBase: o.backoffBase, BackoffMax: o.backoffMax, PollInterval: o.poll,
 			PermanentRetry: o.permanentRetry, MaxConcurrentReconciles: o.workers,
 		},
-		Health: controller.HealthOptions{Interval: o.healthEvery, ConnectTarget: o.target, EgressURL: o.egressURL},
+		Health: controller.HealthOptions{Interval: o.healthEvery, ConnectTarget: o.target, EgressURL: o.egressURL, MeterProvider: mp},
 		GC:     controller.GCOptions{Interval: o.gcEvery},
 		Logger: log,
 	}); err != nil {
