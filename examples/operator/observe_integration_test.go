@@ -12,11 +12,9 @@ import (
 	"maps"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -212,56 +210,16 @@ func hostTable(t *testing.T, restCfg *rest.Config) (string, map[string]map[strin
 	return b.String(), rows
 }
 
-// freezeSSHD stops (SIGSTOP) the sshd of the stack in stackDir, read from
-// its pid file (what `scripts/teststack sshd-pid` reads), and every process
-// under it: the sessions carrying the entries' connections, as the lab's
-// tests and the soak's freeze fault do. It returns the function that
-// resumes them all (SIGCONT), which is also run at cleanup.
+// freezeSSHD stops the sshd of the stack in stackDir and its sessions
+// (teststack.FreezeSSHD), as the lab's tests and the soak's freeze fault
+// do, and returns the function that resumes them, also run at cleanup.
 func freezeSSHD(t *testing.T, stackDir string) (thaw func()) {
 	t.Helper()
-	pidFile := filepath.Join(stackDir, "ssh", "sshd.pid")
-	b, err := os.ReadFile(pidFile)
+	thaw, _, err := teststack.FreezeSSHD(stackDir)
 	if err != nil {
-		t.Fatalf("sshd pid: %v", err)
-	}
-	listener, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || listener <= 1 {
-		t.Fatalf("sshd pid file %s holds %q", pidFile, b)
-	}
-	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", listener)); err != nil || strings.TrimSpace(string(comm)) != "sshd" {
-		t.Fatalf("pid %d from %s is not a running sshd (comm %q, %v)", listener, pidFile, comm, err)
-	}
-	var frozen []int
-	thawed := false
-	thaw = func() {
-		if thawed {
-			return
-		}
-		thawed = true
-		for _, pid := range frozen {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
+		t.Fatal(err)
 	}
 	t.Cleanup(thaw)
-	stop := func(pid int) {
-		if pid == os.Getpid() || slices.Contains(frozen, pid) {
-			return
-		}
-		frozen = append(frozen, pid)
-		_ = syscall.Kill(pid, syscall.SIGSTOP)
-	}
-	// The listener first, so that no session starts meanwhile; then its
-	// tree until no process is left running in it.
-	stop(listener)
-	for {
-		n := len(frozen)
-		for _, pid := range teststack.Descendants(listener) {
-			stop(pid)
-		}
-		if len(frozen) == n {
-			break
-		}
-	}
 	return thaw
 }
 

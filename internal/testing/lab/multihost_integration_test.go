@@ -9,13 +9,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -129,61 +127,17 @@ func removeEntries(h Host, entries ...string) error {
 	})
 }
 
-// freezeSSHD stops (SIGSTOP) host h's sshd listener, read from the pid file
-// in its teststack dir (what `scripts/teststack sshd-pid` reads), and every
-// process under it: the sessions carrying the library's connections. It
-// returns the function that resumes them all (SIGCONT), which is also run
-// at cleanup.
+// freezeSSHD stops host h's sshd and its sessions (teststack.FreezeSSHD)
+// and returns the function that resumes them, which is also run at cleanup.
 func freezeSSHD(t *testing.T, h Host) (thaw func()) {
 	t.Helper()
-	pidFile := filepath.Join(h.StackDir, "ssh", "sshd.pid")
-	b, err := os.ReadFile(pidFile)
+	thaw, frozen, err := teststack.FreezeSSHD(h.StackDir)
 	if err != nil {
-		t.Fatalf("host %d's sshd pid: %v", h.N, err)
-	}
-	listener, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || listener <= 1 {
-		t.Fatalf("host %d's sshd pid file %s holds %q", h.N, pidFile, b)
-	}
-	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", listener)); err != nil || strings.TrimSpace(string(comm)) != "sshd" {
-		t.Fatalf("pid %d from %s is not a running sshd (comm %q, %v)", listener, pidFile, comm, err)
-	}
-	var frozen []int
-	thawed := false
-	thaw = func() {
-		if thawed {
-			return
-		}
-		thawed = true
-		for _, pid := range frozen {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-		t.Logf("host %d: SIGCONT %v", h.N, frozen)
+		t.Fatalf("host %d: %v", h.N, err)
 	}
 	t.Cleanup(thaw)
-	stop := func(pid int) {
-		if pid == os.Getpid() || slices.Contains(frozen, pid) {
-			return
-		}
-		frozen = append(frozen, pid)
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			t.Logf("SIGSTOP %d: %v", pid, err)
-		}
-	}
-	// The listener first, so that no session starts meanwhile; then its
-	// tree until no process is left running in it.
-	stop(listener)
-	for {
-		n := len(frozen)
-		for _, pid := range teststack.Descendants(listener) {
-			stop(pid)
-		}
-		if len(frozen) == n {
-			break
-		}
-	}
-	t.Logf("host %d: SIGSTOP sshd %d and its sessions %v", h.N, listener, frozen[1:])
-	return thaw
+	t.Logf("host %d: SIGSTOP sshd %d and its sessions %v", h.N, frozen[0], frozen[1:])
+	return func() { thaw(); t.Logf("host %d: SIGCONT %v", h.N, frozen) }
 }
 
 // timedCheck runs one Check with no deadline of its own (so the entry's

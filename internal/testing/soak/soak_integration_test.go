@@ -525,7 +525,7 @@ func (s *supervisor) inject(st Step) (heal func() error, err error) {
 	n := strconv.Itoa(st.Host)
 	switch st.Kind {
 	case FaultSSHDFreeze:
-		thaw, err := freezeSSHD(s.hosts[st.Host-1].h)
+		thaw, _, err := teststack.FreezeSSHD(s.hosts[st.Host-1].h.StackDir)
 		return func() error { thaw(); return nil }, err
 	case FaultSSHDKill:
 		if err := s.script("exec", n, s.ts, "sshd-stop"); err != nil {
@@ -645,43 +645,6 @@ func rateBits(s string) (int64, error) {
 		return 0, fmt.Errorf("link rate %q: want N[k|m|g]bit", s)
 	}
 	return v * mult, nil
-}
-
-// freezeSSHD stops host h's sshd listener and every process under it (the
-// sessions carrying the library's connections); thaw resumes them.
-func freezeSSHD(h lab.Host) (thaw func(), err error) {
-	pidFile := filepath.Join(h.StackDir, "ssh", "sshd.pid")
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		return func() {}, err
-	}
-	listener, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || listener <= 1 {
-		return func() {}, fmt.Errorf("sshd pid file %s holds %q", pidFile, b)
-	}
-	var frozen []int
-	stop := func(pid int) {
-		if pid == os.Getpid() || slices.Contains(frozen, pid) {
-			return
-		}
-		frozen = append(frozen, pid)
-		_ = syscall.Kill(pid, syscall.SIGSTOP)
-	}
-	stop(listener)
-	for {
-		n := len(frozen)
-		for _, pid := range teststack.Descendants(listener) {
-			stop(pid)
-		}
-		if len(frozen) == n {
-			break
-		}
-	}
-	return func() {
-		for _, pid := range frozen {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}, nil
 }
 
 func hexRand(n int) string { return hex.EncodeToString(randBytes(n)) }

@@ -1,10 +1,14 @@
 package teststack
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 )
 
 // Descendants returns the pids of root's descendants (children first, then
@@ -39,4 +43,53 @@ func Descendants(root int) []int {
 		out = append(out, pid)
 	}
 	return out
+}
+
+// FreezeSSHD stops (SIGSTOP) the sshd of the stack in stackDir, read from
+// its pid file (what `scripts/teststack sshd-pid` reads), and then every
+// process under it (the sessions carrying the library's connections),
+// until none is left running in its tree. It returns the pids it stopped,
+// the listener first, and thaw, which resumes them (SIGCONT) and does
+// nothing after its first call. On error nothing is stopped and thaw is a
+// no-op.
+func FreezeSSHD(stackDir string) (thaw func(), frozen []int, err error) {
+	pidFile := filepath.Join(stackDir, "ssh", "sshd.pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return func() {}, nil, fmt.Errorf("sshd pid: %w", err)
+	}
+	listener, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || listener <= 1 {
+		return func() {}, nil, fmt.Errorf("sshd pid file %s holds %q", pidFile, b)
+	}
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", listener)); err != nil || strings.TrimSpace(string(comm)) != "sshd" {
+		return func() {}, nil, fmt.Errorf("pid %d from %s is not a running sshd (comm %q, %v)", listener, pidFile, comm, err)
+	}
+	stop := func(pid int) {
+		if pid == os.Getpid() || slices.Contains(frozen, pid) {
+			return
+		}
+		frozen = append(frozen, pid)
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	// The listener first, so that no session starts meanwhile.
+	stop(listener)
+	for {
+		n := len(frozen)
+		for _, pid := range Descendants(listener) {
+			stop(pid)
+		}
+		if len(frozen) == n {
+			break
+		}
+	}
+	var once sync.Once
+	thaw = func() {
+		once.Do(func() {
+			for _, pid := range frozen {
+				_ = syscall.Kill(pid, syscall.SIGCONT)
+			}
+		})
+	}
+	return thaw, frozen, nil
 }
