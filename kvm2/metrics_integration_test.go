@@ -186,11 +186,7 @@ func TestIntegrationImageMetrics(t *testing.T) {
 				t.Errorf("%s: not labelled with the entry", s.Key())
 			}
 			delete(s.Attrs, "egressproxy.entry")
-			v := strconv.FormatFloat(s.Value, 'f', -1, 64)
-			if s.Kind == metrictest.Histogram {
-				v = "count " + strconv.FormatUint(s.Count, 10)
-			}
-			out[s.Key()] = v
+			out[s.Key()] = s.Text()
 		}
 		return out
 	}

@@ -123,11 +123,7 @@ func TestFakeMetricsOfTheEntry(t *testing.T) {
 	}
 	got := map[string]string{}
 	for _, s := range rd.Collect(t) {
-		v := strconv.FormatFloat(s.Value, 'f', -1, 64)
-		if s.Kind == metrictest.Histogram {
-			v = "count " + strconv.FormatUint(s.Count, 10)
-		}
-		got[s.Key()] = v
+		got[s.Key()] = s.Text()
 	}
 	want := map[string]string{
 		op("create", ""):      "count 1",

@@ -70,11 +70,7 @@ func series(t *testing.T, rd *metrictest.Reader) map[string]string {
 				t.Errorf("%s: attribute %s=%q is not one of the fixed set", s.Key(), k, v)
 			}
 		}
-		v := strconv.FormatFloat(s.Value, 'f', -1, 64)
-		if s.Kind == metrictest.Histogram {
-			v = "count " + strconv.FormatUint(s.Count, 10)
-		}
-		out[s.Key()] = v
+		out[s.Key()] = s.Text()
 	}
 	return out
 }

@@ -429,11 +429,7 @@ func TestStackMetrics(t *testing.T) {
 				t.Errorf("%s: scope %q; want %q and the entry", s.Key(), s.Scope, meterName)
 			}
 			delete(s.Attrs, "egressproxy.entry")
-			v := strconv.FormatFloat(s.Value, 'f', -1, 64)
-			if s.Kind == metrictest.Histogram {
-				v = "count " + strconv.FormatUint(s.Count, 10)
-			}
-			out[s.Key()] = v
+			out[s.Key()] = s.Text()
 		}
 		return out
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -64,6 +65,15 @@ type Series struct {
 
 // Key is "name{k=v,...}" with the keys sorted: a series' identity.
 func (s Series) Key() string { return Key(s.Name, s.Attrs) }
+
+// Text is the series' value as tests compare it: a sum's or a gauge's
+// value in its shortest form ("1", "0.5"), a histogram's "count N".
+func (s Series) Text() string {
+	if s.Kind == Histogram {
+		return "count " + strconv.FormatUint(s.Count, 10)
+	}
+	return strconv.FormatFloat(s.Value, 'f', -1, 64)
+}
 
 // Key is the identity of the series name with attrs ("name{k=v,...}").
 func Key(name string, attrs map[string]string) string {
