@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -17,13 +18,10 @@ import (
 	"github.com/egressproxy/egressproxy/kvm2"
 )
 
-// The Deployment of config/default runs this command, the one the image's
-// entrypoint is, with flags it parses: the entries file where the
-// ConfigMap is mounted, the Lease in the pod's namespace, the health
-// endpoints where the probes look and the metrics where the port is
-// named; and the end-to-end test's arguments, derived from the
-// Deployment's, parse too.
-func TestDeploymentFlags(t *testing.T) {
+// deployment renders config/default and returns its objects, the
+// operator's Deployment and its container.
+func deployment(t *testing.T) ([]*unstructured.Unstructured, *appsv1.Deployment, *corev1.Container) {
+	t.Helper()
 	objs, err := kustomized.Render(filepath.Join("..", "..", "config", "default"))
 	if err != nil {
 		t.Fatal(err)
@@ -32,6 +30,17 @@ func TestDeploymentFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return objs, d, c
+}
+
+// The Deployment of config/default runs this command, the one the image's
+// entrypoint is, with flags it parses: the entries file where the
+// ConfigMap is mounted, the Lease in the pod's namespace, the health
+// endpoints where the probes look and the metrics where the port is
+// named; and the end-to-end test's arguments, derived from the
+// Deployment's, parse too.
+func TestDeploymentFlags(t *testing.T) {
+	objs, d, c := deployment(t)
 	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
 		t.Errorf("replicas %v, want 2 (one leader, one standby)", d.Spec.Replicas)
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,14 +17,7 @@ import (
 // with an RFC 3339 time, and klog's lines (client-go's) go through the same
 // logger, behind klog's own verbosity gate.
 func TestDeploymentLogsJSON(t *testing.T) {
-	objs, err := kustomized.Render(filepath.Join("..", "..", "config", "default"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, c, err := kustomized.Operator(objs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, d, c := deployment(t)
 	for flag, want := range map[string]string{"zap-encoder": "json", "zap-time-encoding": "rfc3339nano"} {
 		if v, _ := kustomized.Flag(c.Args, flag); v != want {
 			t.Errorf("the Deployment passes --%s=%q, want %s", flag, v, want)
