@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"sync"
 	"testing"
-	"time"
 )
 
 // Echo is a "what is my address" server: it answers every request with
@@ -31,29 +30,17 @@ func ServeEcho(t testing.TB, ip string) *Echo {
 	}
 	e := &Echo{Addr: ln.Addr().String()}
 	e.URL = "http://" + e.Addr + "/"
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			host, _, _ := net.SplitHostPort(r.RemoteAddr)
-			e.mu.Lock()
-			e.peers = append(e.peers, host)
-			answer := e.report
-			e.mu.Unlock()
-			if answer == "" {
-				answer = host
-			}
-			_, _ = io.WriteString(w, answer+"\n")
-		}),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	t.Cleanup(func() {
-		_ = srv.Close()
-		<-done
-	})
+	serveHTTP(t, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		e.mu.Lock()
+		e.peers = append(e.peers, host)
+		answer := e.report
+		e.mu.Unlock()
+		if answer == "" {
+			answer = host
+		}
+		_, _ = io.WriteString(w, answer+"\n")
+	}))
 	return e
 }
 

@@ -54,25 +54,13 @@ func ServeTarget(t testing.TB, ip string) *Target {
 		t.Fatalf("listen on %s for the CONNECT target: %v", ip, err)
 	}
 	ct := &Target{Addr: ln.Addr().String(), Token: "egp-e2e-" + RandHex(t, 8)}
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			host, _, _ := net.SplitHostPort(r.RemoteAddr)
-			ct.mu.Lock()
-			ct.peers = append(ct.peers, host)
-			ct.mu.Unlock()
-			_, _ = io.WriteString(w, ct.Token)
-		}),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	t.Cleanup(func() {
-		_ = srv.Close()
-		<-done
-	})
+	serveHTTP(t, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		ct.mu.Lock()
+		ct.peers = append(ct.peers, host)
+		ct.mu.Unlock()
+		_, _ = io.WriteString(w, ct.Token)
+	}))
 	return ct
 }
 
@@ -98,4 +86,19 @@ func ConsoleLog(dir, domain string) string {
 		b = b[len(b)-max:]
 	}
 	return head + string(b) + "\n--- end of serial console ---"
+}
+
+// serveHTTP serves h on ln until the test's cleanup, which closes the
+// server and waits for its goroutine.
+func serveHTTP(t testing.TB, ln net.Listener, h http.Handler) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
 }
