@@ -176,6 +176,15 @@ func TestDeployApply(t *testing.T) {
 		{Group: "egressproxy.dev", Resource: "egressproxyhosts", Verb: "create"},
 		{Group: "egressproxy.dev", Resource: "egressproxyhosts", Verb: "delete"},
 		{Group: "egressproxy.dev", Resource: "egressproxyhosts", Subresource: "status", Verb: "update"},
+		{Group: "egressproxy.dev", Resource: "egressproxypools", Verb: "watch"},
+		{Group: "egressproxy.dev", Resource: "egressproxypools", Subresource: "status", Verb: "patch", Namespace: "team-a"},
+		{Group: "egressproxy.dev", Resource: "egressproxypools", Subresource: "finalizers", Verb: "update", Namespace: "team-a"},
+		{Group: "egressproxy.dev", Resource: "egressproxies", Verb: "create", Namespace: "team-a"},
+		{Group: "egressproxy.dev", Resource: "egressproxies", Verb: "delete", Namespace: "team-a"},
+		{Resource: "services", Verb: "create", Namespace: "team-a"},
+		{Resource: "services", Verb: "update", Namespace: "team-a"},
+		{Group: "discovery.k8s.io", Resource: "endpointslices", Verb: "list", Namespace: "team-a"},
+		{Group: "discovery.k8s.io", Resource: "endpointslices", Verb: "update", Namespace: "team-a"},
 	} {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: sa, ResourceAttributes: &ra}}
 		if err := c.Create(ctx, sar); err != nil {

@@ -1,0 +1,347 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
+	"github.com/egressproxy/egressproxy/memprovider"
+)
+
+type poolFixture struct {
+	c    client.Client
+	r    *PoolReconciler
+	ctl  map[string]*memprovider.Control
+	key  types.NamespacedName
+	ents map[string]*egressproxy.Client
+}
+
+// newPoolFixture is a pool reconciler over a fake client holding pool,
+// with memory entries a, b and c (labels zone x, x, y) Checked once.
+func newPoolFixture(t *testing.T, pool *v1alpha1.EgressProxyPool, objs ...client.Object) *poolFixture {
+	t.Helper()
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).
+		WithStatusSubresource(&v1alpha1.EgressProxy{}, &v1alpha1.EgressProxyPool{}).
+		WithObjects(append(objs, pool)...).Build()
+	f := &poolFixture{c: c, ctl: map[string]*memprovider.Control{}, key: client.ObjectKeyFromObject(pool), ents: map[string]*egressproxy.Client{}}
+	for _, name := range []string{"a", "b", "c"} {
+		m := memprovider.New(nil)
+		var ctl *memprovider.Control
+		m.As(&ctl)
+		f.ents[name], f.ctl[name] = m, ctl
+	}
+	t.Cleanup(func() {
+		if err := CloseEntries(f.ents); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	hr, err := NewHealthRunnable(f.ents, HealthOptions{ConnectTarget: "127.0.0.1:9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.r = &PoolReconciler{Client: c, APIReader: c, Entries: f.ents, Health: hr, opts: PoolOptions{Resync: time.Minute},
+		EntryLabels: map[string]map[string]string{"a": {"zone": "x"}, "b": {"zone": "x"}, "c": {"zone": "y"}}}
+	f.check()
+	return f
+}
+
+// check Checks every entry once, as the health runnable's loops do.
+func (f *poolFixture) check() {
+	for name, c := range f.ents {
+		f.r.Health.checkEntry(context.Background(), name, c)
+	}
+}
+
+func newPool(name string, replicas int32) *v1alpha1.EgressProxyPool {
+	return &v1alpha1.EgressProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns1", Name: name, UID: types.UID("uid-" + name), Generation: 1},
+		Spec: v1alpha1.EgressProxyPoolSpec{Replicas: replicas,
+			Template: v1alpha1.ProxyTemplate{Port: 3128, CredentialsSecretRef: &v1alpha1.SecretReference{Name: "creds"}}},
+	}
+}
+
+func (f *poolFixture) reconcile(t *testing.T) (reconcile.Result, *v1alpha1.EgressProxyPool) {
+	t.Helper()
+	res, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: f.key})
+	if err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	var p v1alpha1.EgressProxyPool
+	if err := f.c.Get(context.Background(), f.key, &p); err != nil {
+		t.Fatal(err)
+	}
+	return res, &p
+}
+
+// children are the pool's children by name.
+func (f *poolFixture) children(t *testing.T) map[string]*v1alpha1.EgressProxy {
+	t.Helper()
+	var l v1alpha1.EgressProxyList
+	if err := f.c.List(context.Background(), &l, client.InNamespace(f.key.Namespace), client.MatchingLabels{LabelPool: f.key.Name}); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*v1alpha1.EgressProxy{}
+	for i := range l.Items {
+		out[l.Items[i].Name] = &l.Items[i]
+	}
+	return out
+}
+
+// spread is how many children each entry holds.
+func spread(children map[string]*v1alpha1.EgressProxy) map[string]int {
+	out := map[string]int{}
+	for _, c := range children {
+		out[c.Spec.Provider]++
+	}
+	return out
+}
+
+// setHealth writes a child's health and address, as its own reconciler
+// would.
+func (f *poolFixture) setHealth(t *testing.T, name string, h v1alpha1.Health, addr string) {
+	t.Helper()
+	var ep v1alpha1.EgressProxy
+	if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: f.key.Namespace, Name: name}, &ep); err != nil {
+		t.Fatal(err)
+	}
+	ep.Status.Health, ep.Status.Address = h, addr
+	if err := f.c.Status().Update(context.Background(), &ep); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// listed are the addresses (ip:port) the pool's EndpointSlices list.
+func (f *poolFixture) listed(t *testing.T) []string {
+	t.Helper()
+	var l discoveryv1.EndpointSliceList
+	if err := f.c.List(context.Background(), &l, client.InNamespace(f.key.Namespace),
+		client.MatchingLabels{discoveryv1.LabelServiceName: f.key.Name, discoveryv1.LabelManagedBy: ManagedBy}); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, s := range l.Items {
+		for _, e := range s.Endpoints {
+			for _, a := range e.Addresses {
+				out = append(out, fmt.Sprintf("%s:%d", a, *s.Ports[0].Port))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func condition(p *v1alpha1.EgressProxyPool, typ string) string {
+	c := meta.FindStatusCondition(p.Status.Conditions, typ)
+	if c == nil {
+		return ""
+	}
+	return string(c.Status) + "/" + c.Reason
+}
+
+// A pool of 6 on three reachable entries: 2/2/2, each child controlled by
+// the pool and named by its index; a second reconcile changes nothing;
+// the EndpointSlices list exactly the Healthy children; scaling to 4
+// takes the unhealthy child first and keeps the spread within one.
+func TestPoolSpreadsAndScales(t *testing.T) {
+	pool := newPool("web", 6)
+	f := newPoolFixture(t, pool)
+	res, p := f.reconcile(t)
+	if res.RequeueAfter != time.Minute {
+		t.Errorf("RequeueAfter %v, want the resync (1m)", res.RequeueAfter)
+	}
+	kids := f.children(t)
+	if got, want := spread(kids), map[string]int{"a": 2, "b": 2, "c": 2}; !maps.Equal(got, want) {
+		t.Fatalf("spread %v, want %v", got, want)
+	}
+	for i := range 6 {
+		name := fmt.Sprintf("web-%d", i)
+		c, ok := kids[name]
+		if !ok {
+			t.Fatalf("no child %s among %v", name, slices.Sorted(maps.Keys(kids)))
+		}
+		if !metav1.IsControlledBy(c, p) || c.Labels[LabelEntry] != c.Spec.Provider || c.Labels[LabelPoolIndex] != fmt.Sprint(i) {
+			t.Errorf("child %s: owners %v, labels %v", name, c.OwnerReferences, c.Labels)
+		}
+		if c.Spec.Port != 3128 || c.Spec.CredentialsSecretRef == nil || c.Spec.CredentialsSecretRef.Name != "creds" {
+			t.Errorf("child %s spec %+v, want the template's", name, c.Spec)
+		}
+	}
+	if p.Status.CreatedReplicas != 6 || p.Status.HealthyReplicas != 0 || p.Status.DesiredReplicas != 6 || p.Status.ObservedGeneration != 1 {
+		t.Errorf("status %+v", p.Status)
+	}
+	if got := condition(p, v1alpha1.ConditionPoolAvailable); got != "False/NotEnoughHealthy" {
+		t.Errorf("Available %s", got)
+	}
+	if got := condition(p, v1alpha1.ConditionPoolPlaced); got != "True/Placed" {
+		t.Errorf("Placed %s", got)
+	}
+	var svc corev1.Service
+	if err := f.c.Get(context.Background(), f.key, &svc); err != nil {
+		t.Fatalf("the pool's Service: %v", err)
+	}
+	if len(svc.Spec.Selector) != 0 || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 3128 || svc.Spec.Ports[0].Name != PoolPortName || !metav1.IsControlledBy(&svc, p) {
+		t.Errorf("Service %+v, want selector-less, port proxy 3128, controlled by the pool", svc.Spec)
+	}
+	if got := f.listed(t); len(got) != 0 {
+		t.Errorf("slices list %v before any child is Healthy", got)
+	}
+
+	f.reconcile(t)
+	if n := len(f.children(t)); n != 6 {
+		t.Fatalf("a second reconcile left %d children, want 6", n)
+	}
+
+	// Healthy children on one port: one slice lists them; memory-like
+	// children on ports of their own: a slice per port.
+	var want []string
+	for i := range 6 {
+		addr := fmt.Sprintf("192.0.2.%d:3128", 10+i)
+		if i >= 4 {
+			addr = fmt.Sprintf("127.0.0.1:%d", 40000+i)
+		}
+		f.setHealth(t, fmt.Sprintf("web-%d", i), v1alpha1.HealthHealthy, addr)
+		want = append(want, addr)
+	}
+	slices.Sort(want)
+	_, p = f.reconcile(t)
+	if got := f.listed(t); !slices.Equal(got, want) {
+		t.Errorf("slices list %v, want %v", got, want)
+	}
+	if p.Status.HealthyReplicas != 6 || condition(p, v1alpha1.ConditionPoolAvailable) != "True/Available" {
+		t.Errorf("status %+v", p.Status)
+	}
+
+	// One child turns unhealthy: it leaves the slices.
+	f.setHealth(t, "web-1", v1alpha1.HealthUnhealthy, "192.0.2.11:3128")
+	f.reconcile(t)
+	if got := f.listed(t); slices.Contains(got, "192.0.2.11:3128") || len(got) != 5 {
+		t.Errorf("slices list %v, want the 5 Healthy children", got)
+	}
+
+	// Scale to 4: web-1 (unhealthy, on its entry) goes first.
+	var cur v1alpha1.EgressProxyPool
+	if err := f.c.Get(context.Background(), f.key, &cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Replicas = 4
+	if err := f.c.Update(context.Background(), &cur); err != nil {
+		t.Fatal(err)
+	}
+	_, p = f.reconcile(t)
+	kids = f.children(t)
+	if len(kids) != 4 {
+		t.Fatalf("after scaling to 4: %d children", len(kids))
+	}
+	if _, ok := kids["web-1"]; ok {
+		t.Errorf("the unhealthy web-1 was kept: %v", slices.Sorted(maps.Keys(kids)))
+	}
+	sp := spread(kids)
+	if lo, hi := slices.Min(slices.Collect(maps.Values(sp))), slices.Max(slices.Collect(maps.Values(sp))); hi-lo > 1 || len(sp) != 3 {
+		t.Errorf("spread after scaling to 4: %v", sp)
+	}
+	if got := f.listed(t); len(got) != int(p.Status.HealthyReplicas) || len(got) != 4 {
+		t.Errorf("after scaling to 4 the slices list %v, status says %d Healthy", got, p.Status.HealthyReplicas)
+	}
+	var dist int32
+	for _, e := range p.Status.Entries {
+		dist += e.Replicas
+		if !e.Reachable || e.Replicas != int32(sp[e.Name]) {
+			t.Errorf("status entry %+v, spread %v", e, sp)
+		}
+	}
+	if dist != 4 || p.Status.CreatedReplicas != 4 {
+		t.Errorf("status %+v", p.Status)
+	}
+}
+
+// Placement takes only what the facts allow: no child on an entry whose
+// last Check was not Reachable, none beyond maxPerEntry (a Shortfall that
+// names why), none outside the entries the pool selects; a name taken by
+// an object the pool does not control is skipped.
+func TestPoolPlacementRules(t *testing.T) {
+	t.Run("unreachable entry", func(t *testing.T) {
+		f := newPoolFixture(t, newPool("p", 6))
+		f.ctl["c"].InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient})
+		f.check()
+		_, p := f.reconcile(t)
+		if got, want := spread(f.children(t)), map[string]int{"a": 3, "b": 3}; !maps.Equal(got, want) {
+			t.Errorf("spread %v, want %v", got, want)
+		}
+		if i := slices.IndexFunc(p.Status.Entries, func(e v1alpha1.PoolEntryStatus) bool { return e.Name == "c" }); i < 0 || p.Status.Entries[i].Reachable {
+			t.Errorf("status entries %+v, want c unreachable", p.Status.Entries)
+		}
+	})
+	t.Run("maxPerEntry", func(t *testing.T) {
+		pool := newPool("p", 4)
+		pool.Spec.MaxPerEntry = 1
+		f := newPoolFixture(t, pool)
+		_, p := f.reconcile(t)
+		if got, want := spread(f.children(t)), map[string]int{"a": 1, "b": 1, "c": 1}; !maps.Equal(got, want) {
+			t.Errorf("spread %v, want %v", got, want)
+		}
+		c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionPoolPlaced)
+		if c == nil || c.Reason != ReasonShortfall || !strings.Contains(c.Message, "1 children fit on no entry") || !strings.Contains(c.Message, "a: MaxPerEntry") {
+			t.Errorf("Placed %+v", c)
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		sel  v1alpha1.PoolEntries
+		want map[string]int
+	}{
+		{"selector", v1alpha1.PoolEntries{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "x"}}}, map[string]int{"a": 2, "b": 2}},
+		{"names", v1alpha1.PoolEntries{Names: []string{"c"}}, map[string]int{"c": 4}},
+		{"names or selector", v1alpha1.PoolEntries{Names: []string{"a"}, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "y"}}}, map[string]int{"a": 2, "c": 2}},
+		{"a name not configured", v1alpha1.PoolEntries{Names: []string{"b", "zz"}}, map[string]int{"b": 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := newPool("p", 4)
+			pool.Spec.Entries = tc.sel
+			f := newPoolFixture(t, pool)
+			f.reconcile(t)
+			if got := spread(f.children(t)); !maps.Equal(got, tc.want) {
+				t.Errorf("spread %v, want %v", got, tc.want)
+			}
+		})
+	}
+	t.Run("invalid selector", func(t *testing.T) {
+		pool := newPool("p", 2)
+		pool.Spec.Entries.Selector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: "Near"}}}
+		f := newPoolFixture(t, pool)
+		_, p := f.reconcile(t)
+		if n := len(f.children(t)); n != 0 {
+			t.Errorf("%d children with an invalid selector", n)
+		}
+		if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionPoolPlaced); c == nil || c.Reason != ReasonInvalidEntries || !strings.Contains(c.Message, "spec.entries.selector") {
+			t.Errorf("Placed %+v", c)
+		}
+	})
+	t.Run("a taken name", func(t *testing.T) {
+		other := &v1alpha1.EgressProxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns1", Name: "p-0"},
+			Spec: v1alpha1.EgressProxySpec{Provider: "a"}}
+		f := newPoolFixture(t, newPool("p", 2), other)
+		f.reconcile(t)
+		kids := f.children(t)
+		if _, ok := kids["p-1"]; !ok || len(kids) != 2 {
+			t.Errorf("children %v, want p-1 and p-2 (p-0 is another object's)", slices.Sorted(maps.Keys(kids)))
+		}
+		if _, ok := kids["p-0"]; ok {
+			t.Errorf("the object p-0 was taken over by the pool")
+		}
+	})
+}
