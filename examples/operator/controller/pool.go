@@ -19,17 +19,22 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 	"github.com/egressproxy/egressproxy/examples/operator/internal/placement"
+	"github.com/egressproxy/egressproxy/health"
 )
 
 // Labels of a pool's children and of its Service and EndpointSlices.
@@ -86,10 +91,14 @@ type PoolReconciler struct {
 	Entries map[string]*egressproxy.Client
 	// EntryLabels are the entries file's labels by entry.
 	EntryLabels map[string]map[string]string
-	// Health gives each entry's last Check.
+	// Health gives each entry's last Check and each child's health.
 	Health *HealthRunnable
+	// Now is the clock the grace is measured on (nil: time.Now; the
+	// health tracker's clock must agree).
+	Now func() time.Time
 
-	opts PoolOptions
+	opts   PoolOptions
+	events chan event.TypedGenericEvent[*v1alpha1.EgressProxyPool]
 }
 
 // +kubebuilder:rbac:groups=egressproxy.dev,resources=egressproxypools,verbs=get;list;watch
@@ -110,12 +119,39 @@ func (r *PoolReconciler) SetupWithManager(mgr ctrl.Manager, opts PoolOptions) er
 		opts.MaxConcurrentReconciles = DefaultMaxConcurrentReconciles
 	}
 	r.opts = opts
+	r.events = make(chan event.TypedGenericEvent[*v1alpha1.EgressProxyPool], 64)
+	if r.Health != nil {
+		r.Health.notifyPool = r.notifyChild
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.EgressProxyPool{}).
 		Owns(&v1alpha1.EgressProxy{}).
+		WatchesRawSource(source.Channel(r.events, &handler.TypedEnqueueRequestForObject[*v1alpha1.EgressProxyPool]{})).
 		Named("egressproxypool").
 		WithOptions(crcontroller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}).
 		Complete(r)
+}
+
+// notifyChild asks for a reconcile of the pool that controls the
+// EgressProxy key, if one does (the health runnable calls it when the
+// child's health changed). It never blocks: a full channel means
+// reconciles are pending anyway, and the resync catches up.
+func (r *PoolReconciler) notifyChild(key types.NamespacedName) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var ep v1alpha1.EgressProxy
+	if err := r.Client.Get(ctx, key, &ep); err != nil {
+		return
+	}
+	ref := metav1.GetControllerOf(&ep)
+	if ref == nil || ref.Kind != "EgressProxyPool" || ref.APIVersion != v1alpha1.GroupVersion.String() {
+		return
+	}
+	ev := event.TypedGenericEvent[*v1alpha1.EgressProxyPool]{Object: &v1alpha1.EgressProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: ref.Name}}}
+	select {
+	case r.events <- ev:
+	default:
+	}
 }
 
 // Reconcile drives one pool towards its spec.
@@ -154,6 +190,10 @@ type child struct {
 	entry   string
 	index   int
 	healthy bool
+	address string // where it serves, "" when unknown
+	// lost: not Healthy for longer than the pool's grace; the pool
+	// replaces it and deletes it once a replacement is Healthy.
+	lost bool
 }
 
 // reconcile does the work on pool (whose status it edits in place).
@@ -166,6 +206,14 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 	if err := r.Client.List(ctx, &all, client.InNamespace(pool.Namespace)); err != nil {
 		return reconcile.Result{}, err
 	}
+	grace := v1alpha1.DefaultUnhealthyGrace
+	if g := pool.Spec.UnhealthyGrace; g != nil && g.Duration > 0 {
+		grace = g.Duration
+	}
+	now := time.Now()
+	if r.Now != nil {
+		now = r.Now()
+	}
 	taken := map[string]bool{} // every name in the namespace: a new child's must be free
 	var alive []child
 	for i := range all.Items {
@@ -175,7 +223,11 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 			continue
 		}
 		idx, _ := strconv.Atoi(ep.Labels[LabelPoolIndex])
-		alive = append(alive, child{obj: ep, entry: ep.Spec.Provider, index: idx, healthy: ep.Status.Health == v1alpha1.HealthHealthy})
+		c := child{obj: ep, entry: ep.Spec.Provider, index: idx}
+		var since time.Time
+		c.healthy, c.address, since = r.childHealth(ep)
+		c.lost = !c.healthy && !since.IsZero() && now.Sub(since) > grace
+		alive = append(alive, c)
 	}
 
 	eligible, err := r.eligible(pool)
@@ -184,37 +236,164 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 		r.summarize(pool, alive, nil)
 		return requeue, r.publish(ctx, log, pool, alive)
 	}
+	alive, err = r.place(ctx, log, pool, alive, eligible, taken)
 	entries := r.placementEntries(eligible, alive)
+	r.summarize(pool, alive, entries)
+	if err != nil {
+		return reconcile.Result{RequeueAfter: time.Second}, errors.Join(err, r.publish(ctx, log, pool, alive))
+	}
+	return requeue, r.publish(ctx, log, pool, alive)
+}
 
-	switch n := len(alive); {
-	case n < int(pool.Spec.Replicas):
-		plan, err := placement.Place(entries, placement.Request{Want: int(pool.Spec.Replicas) - n, MaxPerEntry: int(pool.Spec.MaxPerEntry)})
-		if err != nil {
-			return reconcile.Result{}, err
+// place creates and deletes children towards the pool's spec, and
+// returns the children then alive:
+//
+//   - Lost children do not count: the pool places replacements for them
+//     (placement.Place over the entries with the children kept), as many
+//     as maxSurge allows above replicas, a lost child on an unreachable
+//     entry taking no room (it uses nothing the pool could use).
+//   - A lost child is deleted once a replacement is Healthy: once the
+//     Healthy children kept and the lost ones make more than replicas.
+//   - More children kept than replicas: placement.Remove chooses the
+//     entries, the ones not Healthy go first, and no Healthy child is
+//     deleted that would leave fewer Healthy than replicas (a surge's
+//     new child is Healthy before its predecessor goes).
+//   - Exactly replicas, all Healthy, nothing lost: when Place's choice for
+//     one more child holds two fewer than the fullest reachable entry (an
+//     entry came back), one child is surged there; the step above then
+//     takes one from the fullest, and so on until the spread is even.
+func (r *PoolReconciler) place(ctx context.Context, log logr.Logger, pool *v1alpha1.EgressProxyPool, alive []child, eligible []string, taken map[string]bool) ([]child, error) {
+	var keep, lost []child
+	for _, c := range alive {
+		if c.lost {
+			lost = append(lost, c)
+		} else {
+			keep = append(keep, c)
 		}
-		created, err := r.create(ctx, log, pool, plan.Add, taken)
+	}
+	entries := r.placementEntries(eligible, keep)
+	reachable := map[string]bool{}
+	for _, e := range entries {
+		reachable[e.Name] = e.Reachable
+	}
+	using := len(keep)
+	for _, c := range lost {
+		if reachable[c.entry] {
+			using++
+		}
+	}
+	replicas := int(pool.Spec.Replicas)
+	surge := replicas + int(max(pool.Spec.MaxSurge, 1)) - using
+	healthy := 0
+	for _, c := range keep {
+		if c.healthy {
+			healthy++
+		}
+	}
+	var err error
+	switch {
+	case len(keep) < replicas:
+		want := min(replicas-len(keep), max(surge, 0))
+		plan, perr := placement.Place(entries, placement.Request{Want: want, MaxPerEntry: int(pool.Spec.MaxPerEntry)})
+		if perr != nil {
+			return alive, perr
+		}
+		var created []child
+		created, err = r.create(ctx, log, pool, plan.Add, taken)
 		alive = append(alive, created...)
-		if err != nil {
-			r.summarize(pool, alive, entries)
-			return reconcile.Result{RequeueAfter: time.Second}, errors.Join(err, r.publish(ctx, log, pool, alive))
-		}
 		r.placedCondition(pool, plan)
-	case n > int(pool.Spec.Replicas):
-		take, err := placement.Remove(entries, n-int(pool.Spec.Replicas))
-		if err != nil {
-			return reconcile.Result{}, err
+	case len(keep) > replicas:
+		take, perr := placement.Remove(entries, len(keep)-replicas)
+		if perr != nil {
+			return alive, perr
 		}
-		alive, err = r.remove(ctx, log, alive, take)
-		if err != nil {
-			r.summarize(pool, alive, entries)
-			return reconcile.Result{RequeueAfter: time.Second}, errors.Join(err, r.publish(ctx, log, pool, alive))
-		}
+		alive, err = r.remove(ctx, log, alive, keep, take, healthy-min(replicas, healthy))
 		setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionTrue, ReasonPlaced, "every child has an entry")
 	default:
 		setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionTrue, ReasonPlaced, "every child has an entry")
+		if len(lost) == 0 && healthy == replicas && surge > 0 {
+			if add := rebalance(entries, int(pool.Spec.MaxPerEntry)); add != "" {
+				var created []child
+				created, err = r.create(ctx, log, pool, map[string]int{add: 1}, taken)
+				alive = append(alive, created...)
+			}
+		}
 	}
-	r.summarize(pool, alive, entries)
-	return requeue, r.publish(ctx, log, pool, alive)
+	if err != nil {
+		return alive, err
+	}
+	// A lost child goes once a replacement is Healthy.
+	if n := min(len(lost), healthy+len(lost)-replicas); n > 0 {
+		slices.SortFunc(lost, func(a, b child) int { // those on unreachable entries first
+			if reachable[a.entry] != reachable[b.entry] {
+				if reachable[a.entry] {
+					return 1
+				}
+				return -1
+			}
+			return cmp.Compare(a.index, b.index)
+		})
+		for _, c := range lost[:n] {
+			if err := r.Client.Delete(ctx, c.obj, client.Preconditions{UID: &c.obj.UID}); err != nil && !apierrors.IsNotFound(err) {
+				return alive, fmt.Errorf("delete lost child %s: %w", c.obj.Name, err)
+			}
+			log.Info("lost child deleted: its replacement is Healthy", "child", c.obj.Name, "entry", c.entry)
+			alive = slices.DeleteFunc(alive, func(x child) bool { return x.obj == c.obj })
+		}
+	}
+	return alive, nil
+}
+
+// rebalance is the entry that should get one more child to even the
+// spread ("" when none should): Place's choice for one child, when it
+// holds at least two fewer than the fullest reachable entry.
+func rebalance(entries []placement.Entry, maxPerEntry int) string {
+	plan, err := placement.Place(entries, placement.Request{Want: 1, MaxPerEntry: maxPerEntry})
+	if err != nil || len(plan.Add) != 1 {
+		return ""
+	}
+	var to string
+	for name := range plan.Add {
+		to = name
+	}
+	fullest, at := 0, 0
+	for _, e := range entries {
+		if e.Reachable {
+			fullest = max(fullest, e.Current)
+		}
+		if e.Name == to {
+			at = e.Current
+		}
+	}
+	if at+2 > fullest {
+		return ""
+	}
+	return to
+}
+
+// childHealth is whether ep is Healthy, its address, and since when it is
+// not Healthy (zero when Healthy or unknown): the health tracker's
+// decision when it has one that is not Unknown, else what ep's status
+// says (written by this or an earlier leader's tracker), since its
+// Healthy condition turned False, or since it was created.
+func (r *PoolReconciler) childHealth(ep *v1alpha1.EgressProxy) (bool, string, time.Time) {
+	if r.Health != nil && ep.Status.Instance != "" {
+		if st, ok := r.Health.ProxyState(ep.Status.Instance); ok && st.State != health.StateUnknown {
+			addr := cmp.Or(st.Address, ep.Status.Address)
+			if st.State == health.StateHealthy {
+				return true, addr, time.Time{}
+			}
+			return false, addr, st.Since
+		}
+	}
+	if ep.Status.Health == v1alpha1.HealthHealthy {
+		return true, ep.Status.Address, time.Time{}
+	}
+	since := ep.CreationTimestamp.Time
+	if c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionHealthy); c != nil && c.Status == metav1.ConditionFalse && c.LastTransitionTime.After(since) {
+		since = c.LastTransitionTime.Time
+	}
+	return false, ep.Status.Address, since
 }
 
 // eligible are the names of the configured entries pool may use, sorted.
@@ -305,11 +484,12 @@ func (r *PoolReconciler) create(ctx context.Context, log logr.Logger, pool *v1al
 // childName is the name of a pool's child with index i.
 func childName(pool string, i int) string { return pool + "-" + strconv.Itoa(i) }
 
-// remove deletes, from each entry, as many children as take says: those
-// that are not Healthy first, then the newest (highest index). It returns
-// the children left.
-func (r *PoolReconciler) remove(ctx context.Context, log logr.Logger, alive []child, take map[string]int) ([]child, error) {
-	order := slices.Clone(alive)
+// remove deletes, from each entry, as many of the children kept as take
+// says: those that are not Healthy first, then the newest (highest
+// index), but no more than healthyCap Healthy ones. It returns alive
+// without the children deleted.
+func (r *PoolReconciler) remove(ctx context.Context, log logr.Logger, alive, keep []child, take map[string]int, healthyCap int) ([]child, error) {
+	order := slices.Clone(keep)
 	slices.SortFunc(order, func(a, b child) int {
 		if a.healthy != b.healthy {
 			if a.healthy {
@@ -320,18 +500,22 @@ func (r *PoolReconciler) remove(ctx context.Context, log logr.Logger, alive []ch
 		return cmp.Compare(b.index, a.index)
 	})
 	gone := map[*v1alpha1.EgressProxy]bool{}
+	left := func() []child { return slices.DeleteFunc(alive, func(c child) bool { return gone[c.obj] }) }
 	for _, c := range order {
-		if take[c.entry] == 0 {
+		if take[c.entry] == 0 || (c.healthy && healthyCap == 0) {
 			continue
 		}
 		if err := r.Client.Delete(ctx, c.obj, client.Preconditions{UID: &c.obj.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return slices.DeleteFunc(alive, func(c child) bool { return gone[c.obj] }), fmt.Errorf("delete child %s: %w", c.obj.Name, err)
+			return left(), fmt.Errorf("delete child %s: %w", c.obj.Name, err)
 		}
 		log.Info("child deleted", "child", c.obj.Name, "entry", c.entry)
 		take[c.entry]--
+		if c.healthy {
+			healthyCap--
+		}
 		gone[c.obj] = true
 	}
-	return slices.DeleteFunc(alive, func(c child) bool { return gone[c.obj] }), nil
+	return left(), nil
 }
 
 // placedCondition reports whether the plan placed every child.
@@ -401,15 +585,16 @@ func (r *PoolReconciler) publish(ctx context.Context, log logr.Logger, pool *v1a
 		if !c.healthy {
 			continue
 		}
-		ap, err := netip.ParseAddrPort(c.obj.Status.Address)
+		ap, err := netip.ParseAddrPort(c.address)
 		if err != nil {
-			log.V(1).Info("a healthy child's address is no IP address and port; not listed", "child", c.obj.Name, "address", c.obj.Status.Address)
+			log.V(1).Info("a healthy child's address is no IP address and port; not listed", "child", c.obj.Name, "address", c.address)
 			continue
 		}
-		s := r.slice(pool, ap, want)
+		at, addr := EndpointAddress(ap)
+		s := r.slice(pool, at, ap.Port(), want)
 		ready, serving, terminating := true, true, false
 		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
-			Addresses:  []string{ap.Addr().Unmap().String()},
+			Addresses:  []string{addr},
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &terminating},
 			TargetRef: &corev1.ObjectReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: "EgressProxy",
 				Namespace: c.obj.Namespace, Name: c.obj.Name, UID: c.obj.UID},
@@ -421,22 +606,21 @@ func (r *PoolReconciler) publish(ctx context.Context, log logr.Logger, pool *v1a
 	}); err != nil {
 		return fmt.Errorf("list endpoint slices: %w", err)
 	}
+	// New slices first, then changed ones, then the ones no longer
+	// wanted: a child that replaces another is listed before its
+	// predecessor leaves.
+	var update, drop []*discoveryv1.EndpointSlice
 	for i := range have.Items {
 		s := &have.Items[i]
 		w, ok := want[s.Name]
 		if !ok || !metav1.IsControlledBy(s, pool) {
-			if err := r.Client.Delete(ctx, s, client.Preconditions{UID: &s.UID}); err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("delete endpoint slice %s: %w", s.Name, err)
-			}
+			drop = append(drop, s)
 			continue
 		}
 		delete(want, s.Name)
-		if sameSlice(s, w) {
-			continue
-		}
-		s.Labels, s.Endpoints, s.Ports = w.Labels, w.Endpoints, w.Ports
-		if err := r.Client.Update(ctx, s); err != nil {
-			return fmt.Errorf("update endpoint slice %s: %w", s.Name, err)
+		if !sameSlice(s, w) {
+			s.Labels, s.Endpoints, s.Ports = w.Labels, w.Endpoints, w.Ports
+			update = append(update, s)
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(want)) {
@@ -444,29 +628,53 @@ func (r *PoolReconciler) publish(ctx context.Context, log logr.Logger, pool *v1a
 			return fmt.Errorf("create endpoint slice %s: %w", name, err)
 		}
 	}
+	for _, s := range update {
+		if err := r.Client.Update(ctx, s); err != nil {
+			return fmt.Errorf("update endpoint slice %s: %w", s.Name, err)
+		}
+	}
+	for _, s := range drop {
+		if err := r.Client.Delete(ctx, s, client.Preconditions{UID: &s.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete endpoint slice %s: %w", s.Name, err)
+		}
+	}
 	return nil
 }
 
-// slice is the EndpointSlice in want for ap's address family and port,
+// EndpointAddress is how an EndpointSlice lists a proxy at ap: its IP
+// under addressType IPv4 or IPv6, or, for a loopback address (a memory
+// entry's proxies listen on 127.0.0.1), which Kubernetes refuses in an
+// EndpointSlice, as the FQDN "<address>.localhost" (RFC 6761: names
+// under localhost are loopback), "ip6.localhost" for ::1.
+func EndpointAddress(ap netip.AddrPort) (discoveryv1.AddressType, string) {
+	a := ap.Addr().Unmap()
+	switch {
+	case a.IsLoopback() && a.Is4():
+		return discoveryv1.AddressTypeFQDN, a.String() + ".localhost"
+	case a.IsLoopback():
+		return discoveryv1.AddressTypeFQDN, "ip6.localhost"
+	case a.Is4():
+		return discoveryv1.AddressTypeIPv4, a.String()
+	}
+	return discoveryv1.AddressTypeIPv6, a.String()
+}
+
+// slice is the EndpointSlice in want for address type at and port,
 // added when it is not there yet. Slices are per port because children
 // may listen on different ports (memory entries serve each proxy on a
 // port of its own); a kvm2 pool with one template has one per family.
-func (r *PoolReconciler) slice(pool *v1alpha1.EgressProxyPool, ap netip.AddrPort, want map[string]*discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
-	family, at := "v4", discoveryv1.AddressTypeIPv4
-	if !ap.Addr().Unmap().Is4() {
-		family, at = "v6", discoveryv1.AddressTypeIPv6
-	}
-	name := fmt.Sprintf("%s-%s-%d", pool.Name, family, ap.Port())
+func (r *PoolReconciler) slice(pool *v1alpha1.EgressProxyPool, at discoveryv1.AddressType, port uint16, want map[string]*discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+	name := fmt.Sprintf("%s-%s-%d", pool.Name, strings.ToLower(string(at)), port)
 	if s, ok := want[name]; ok {
 		return s
 	}
-	port, proto, pname := int32(ap.Port()), corev1.ProtocolTCP, PoolPortName
+	p, proto, pname := int32(port), corev1.ProtocolTCP, PoolPortName
 	s := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: name, Labels: map[string]string{
 			discoveryv1.LabelServiceName: pool.Name, discoveryv1.LabelManagedBy: ManagedBy, LabelPool: pool.Name,
 		}},
 		AddressType: at,
-		Ports:       []discoveryv1.EndpointPort{{Name: &pname, Protocol: &proto, Port: &port}},
+		Ports:       []discoveryv1.EndpointPort{{Name: &pname, Protocol: &proto, Port: &p}},
 	}
 	// SetControllerReference fails only for an owner without a kind in
 	// the scheme, which the pool's is.

@@ -215,6 +215,9 @@ func TestPoolSpreadsAndScales(t *testing.T) {
 			addr = fmt.Sprintf("127.0.0.1:%d", 40000+i)
 		}
 		f.setHealth(t, fmt.Sprintf("web-%d", i), v1alpha1.HealthHealthy, addr)
+		if i >= 4 { // loopback: listed as an FQDN under localhost
+			addr = fmt.Sprintf("127.0.0.1.localhost:%d", 40000+i)
+		}
 		want = append(want, addr)
 	}
 	slices.Sort(want)
@@ -344,4 +347,142 @@ func TestPoolPlacementRules(t *testing.T) {
 			t.Errorf("the object p-0 was taken over by the pool")
 		}
 	})
+}
+
+// setUnhealthySince marks a child Unhealthy since t (its Healthy
+// condition's transition), as its reconciler writes it.
+func (f *poolFixture) setUnhealthySince(t *testing.T, name string, since time.Time) {
+	t.Helper()
+	var ep v1alpha1.EgressProxy
+	if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: f.key.Namespace, Name: name}, &ep); err != nil {
+		t.Fatal(err)
+	}
+	ep.Status.Health = v1alpha1.HealthUnhealthy
+	ep.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionHealthy, Status: metav1.ConditionFalse, Reason: "ProbeRefused",
+		Message: "refused", LastTransitionTime: metav1.NewTime(since)}}
+	if err := f.c.Status().Update(context.Background(), &ep); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// healAll marks every child without a health Healthy at an address of its
+// own (its index's), as the tracker would once it passed its probes.
+func (f *poolFixture) healAll(t *testing.T) {
+	t.Helper()
+	for name, c := range f.children(t) {
+		if c.Status.Health == "" {
+			f.setHealth(t, name, v1alpha1.HealthHealthy, "192.0.2."+c.Labels[LabelPoolIndex]+":3128")
+		}
+	}
+}
+
+func healthyCount(kids map[string]*v1alpha1.EgressProxy) int {
+	n := 0
+	for _, c := range kids {
+		if c.Status.Health == v1alpha1.HealthHealthy {
+			n++
+		}
+	}
+	return n
+}
+
+// Self-healing: children whose entry is unreachable but which pass their
+// probes stay; once they are Unhealthy for longer than the grace, each is
+// replaced on the other entries first and deleted only when the
+// replacements are Healthy; when the entry is back, the pool surges one
+// child there at a time and removes one from the fullest entry once it is
+// Healthy, until the spread is 2/2/2. At no step are fewer than 6
+// children Healthy while the lost ones are deleted.
+func TestPoolReplacesLostChildren(t *testing.T) {
+	pool := newPool("p", 6)
+	pool.Spec.UnhealthyGrace = &metav1.Duration{Duration: time.Minute}
+	f := newPoolFixture(t, pool)
+	now := time.Now()
+	f.r.Now = func() time.Time { return now }
+	f.reconcile(t)
+	f.healAll(t)
+	f.reconcile(t)
+	onC := func() []string {
+		var out []string
+		for name, c := range f.children(t) {
+			if c.Spec.Provider == "c" {
+				out = append(out, name)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	lostNames := onC()
+	if len(lostNames) != 2 {
+		t.Fatalf("children on c: %v", lostNames)
+	}
+
+	// c's management link is down, its proxies still pass: nothing moves.
+	f.ctl["c"].InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient})
+	f.check()
+	f.reconcile(t)
+	if kids := f.children(t); len(kids) != 6 || healthyCount(kids) != 6 || len(f.listed(t)) != 6 {
+		t.Fatalf("an unreachable entry with Healthy proxies: %d children, %d Healthy, %d listed; want 6, 6, 6", len(kids), healthyCount(kids), len(f.listed(t)))
+	}
+
+	// Its proxies go silent: within the grace they stay (not listed).
+	for _, name := range lostNames {
+		f.setUnhealthySince(t, name, now)
+	}
+	now = now.Add(30 * time.Second)
+	f.reconcile(t)
+	if kids := f.children(t); len(kids) != 6 || len(f.listed(t)) != 4 {
+		t.Fatalf("within the grace: %d children, %d listed; want 6 and 4", len(kids), len(f.listed(t)))
+	}
+
+	// Past the grace: two replacements on a and b, the lost ones kept
+	// until the replacements are Healthy.
+	now = now.Add(time.Minute)
+	f.reconcile(t)
+	kids := f.children(t)
+	if got, want := spread(kids), map[string]int{"a": 3, "b": 3, "c": 2}; !maps.Equal(got, want) {
+		t.Fatalf("after the grace: spread %v, want %v", got, want)
+	}
+	f.reconcile(t)
+	if n := len(f.children(t)); n != 8 {
+		t.Fatalf("a second reconcile: %d children, want 8", n)
+	}
+	f.healAll(t)
+	_, p := f.reconcile(t)
+	kids = f.children(t)
+	if got, want := spread(kids), map[string]int{"a": 3, "b": 3}; !maps.Equal(got, want) || healthyCount(kids) != 6 {
+		t.Fatalf("replacements Healthy: spread %v, want %v (the lost children deleted), %d Healthy", got, want, healthyCount(kids))
+	}
+	if p.Status.HealthyReplicas != 6 || len(f.listed(t)) != 6 {
+		t.Errorf("status %+v, %d listed", p.Status, len(f.listed(t)))
+	}
+
+	// c is back: surge one there, then remove one from the fullest, until
+	// 2/2/2.
+	f.ctl["c"].ClearFaults()
+	f.check()
+	var steps []map[string]int
+	for i := 0; i < 10; i++ {
+		f.reconcile(t)
+		kids = f.children(t)
+		if healthyCount(kids) < 6 {
+			t.Fatalf("step %d: %d Healthy, want at least 6", i, healthyCount(kids))
+		}
+		if len(kids) > 7 {
+			t.Fatalf("step %d: %d children, more than replicas + maxSurge", i, len(kids))
+		}
+		steps = append(steps, spread(kids))
+		if maps.Equal(spread(kids), map[string]int{"a": 2, "b": 2, "c": 2}) && healthyCount(kids) == 6 {
+			break
+		}
+		f.healAll(t)
+	}
+	if got := steps[len(steps)-1]; !maps.Equal(got, map[string]int{"a": 2, "b": 2, "c": 2}) {
+		t.Fatalf("the spread went %v, never 2/2/2", steps)
+	}
+	t.Logf("the spread went %v", steps)
+	f.reconcile(t)
+	if got := spread(f.children(t)); !maps.Equal(got, map[string]int{"a": 2, "b": 2, "c": 2}) {
+		t.Errorf("settled spread moved on: %v", got)
+	}
 }
