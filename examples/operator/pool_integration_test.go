@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -40,6 +41,7 @@ import (
 // controllers running in this process over three memory entries.
 type poolEnv struct {
 	c        client.Client
+	restCfg  *rest.Config // the admin's
 	entries  map[string]*egressproxy.Client
 	controls map[string]*memprovider.Control
 	target   string // the probes' CONNECT target
@@ -88,7 +90,7 @@ func startPoolEnv(t *testing.T) *poolEnv {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	pe := &poolEnv{c: c, ns: "pools", entries: map[string]*egressproxy.Client{}, controls: map[string]*memprovider.Control{}, interval: time.Second}
+	pe := &poolEnv{c: c, restCfg: restCfg, ns: "pools", entries: map[string]*egressproxy.Client{}, controls: map[string]*memprovider.Control{}, interval: time.Second}
 	for _, name := range []string{operatorNS, pe.ns} {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
 			t.Fatal(err)
@@ -255,6 +257,11 @@ func TestPoolOnMemoryEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("pool status: %+v", stored.Status)
+	table, rows := resourceTable(t, pe.restCfg, "/apis/egressproxy.dev/v1alpha1/namespaces/"+pe.ns+"/egressproxypools")
+	t.Logf("kubectl get egressproxypools:\n%s", table)
+	if r := rows["egress"]; r["Desired"] != "6" || r["Created"] != "6" || r["Healthy"] != "6" || r["Age"] == "<none>" {
+		t.Errorf("the pool's printer columns: %v, want Desired, Created and Healthy 6 and an Age", r)
+	}
 
 	// Scale to 4.
 	stored.Spec.Replicas = 4
