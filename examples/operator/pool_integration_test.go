@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,6 +48,7 @@ type poolEnv struct {
 	target   string // the probes' CONNECT target
 	ns       string // the pools' namespace, with the Secret "creds"
 	interval time.Duration
+	drain    time.Duration // the pools' drain period
 }
 
 // startPoolEnv starts the control plane with the CRDs and the operator's
@@ -90,7 +92,7 @@ func startPoolEnv(t *testing.T) *poolEnv {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	pe := &poolEnv{c: c, restCfg: restCfg, ns: "pools", entries: map[string]*egressproxy.Client{}, controls: map[string]*memprovider.Control{}, interval: time.Second}
+	pe := &poolEnv{c: c, restCfg: restCfg, ns: "pools", entries: map[string]*egressproxy.Client{}, controls: map[string]*memprovider.Control{}, interval: time.Second, drain: time.Second}
 	for _, name := range []string{operatorNS, pe.ns} {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
 			t.Fatal(err)
@@ -165,6 +167,9 @@ func (pe *poolEnv) createPool(t *testing.T, name string, replicas int32, grace t
 	if grace > 0 {
 		pool.Spec.UnhealthyGrace = &metav1.Duration{Duration: grace}
 	}
+	// A short drain: a child taken out is listed as terminating for a
+	// second, then deleted.
+	pool.Spec.DrainPeriod = &metav1.Duration{Duration: pe.drain}
 	if err := pe.c.Create(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
@@ -385,6 +390,7 @@ func acceptingTarget(t *testing.T) string {
 type sliceSample struct {
 	at     time.Time
 	listed []string // host:port, as EndpointAddress writes them
+	ready  []string // those listed as ready
 }
 
 // watchSlices reads the pool key's EndpointSlices every 100 ms, as a
@@ -412,7 +418,11 @@ func watchSlices(c client.Client, key client.ObjectKey) func() []sliceSample {
 			for _, s := range l.Items {
 				for _, e := range s.Endpoints {
 					for _, a := range e.Addresses {
-						smp.listed = append(smp.listed, net.JoinHostPort(a, strconv.Itoa(int(*s.Ports[0].Port))))
+						hp := net.JoinHostPort(a, strconv.Itoa(int(*s.Ports[0].Port)))
+						smp.listed = append(smp.listed, hp)
+						if e.Conditions.Ready != nil && *e.Conditions.Ready {
+							smp.ready = append(smp.ready, hp)
+						}
 					}
 				}
 			}
@@ -541,8 +551,8 @@ func TestPoolSelfHealsOnMemoryEntries(t *testing.T) {
 				lastSilent = smp.at
 			}
 		}
-		if smp.at.After(tBack) && (minAfterBack < 0 || len(smp.listed) < minAfterBack) {
-			minAfterBack = len(smp.listed)
+		if smp.at.After(tBack) && (minAfterBack < 0 || len(smp.ready) < minAfterBack) {
+			minAfterBack = len(smp.ready)
 		}
 	}
 	if d := lastSilent.Sub(tFault); d > allowed {
@@ -551,7 +561,148 @@ func TestPoolSelfHealsOnMemoryEntries(t *testing.T) {
 		t.Logf("the silent proxies were last listed %v after they went silent (allowed %v); %d samples", max(d, 0).Round(time.Millisecond), allowed, len(samples))
 	}
 	if minAfterBack < 6 {
-		t.Errorf("after mem-c was back the slices listed as few as %d, want at least 6 throughout", minAfterBack)
+		t.Errorf("after mem-c was back the slices listed as few as %d ready, want at least 6 throughout", minAfterBack)
+	}
+	pe.deletePool(t, pool)
+}
+
+// dialable is the host:port a client dials for an endpoint as the slices
+// list it: a name under localhost that is an IP address ("127.0.0.1" of
+// "127.0.0.1.localhost") is that address (RFC 6761).
+func dialable(hp string) string {
+	host, port, _ := net.SplitHostPort(hp)
+	if ip, ok := strings.CutSuffix(host, ".localhost"); ok {
+		if _, err := netip.ParseAddr(ip); err == nil {
+			host = ip
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// connectClient sends CONNECTs, about every 40 ms, each through the next
+// of the endpoints the pool key's EndpointSlices list as ready, which it
+// re-reads every second (as kube-proxy would), until the returned
+// function is called; that returns how many were sent and which failed.
+func connectClient(c client.Client, key client.ObjectKey, target string) func() (int, []string) {
+	done := make(chan struct{})
+	type result struct {
+		sent   int
+		failed []string
+	}
+	out := make(chan result, 1)
+	go func() {
+		var res result
+		var eps []string
+		var read time.Time
+		tick := time.NewTicker(40 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				out <- res
+				return
+			case <-tick.C:
+			}
+			if time.Since(read) >= time.Second {
+				var l discoveryv1.EndpointSliceList
+				if err := c.List(context.Background(), &l, client.InNamespace(key.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: key.Name}); err == nil {
+					eps = eps[:0]
+					for _, s := range l.Items {
+						for _, e := range s.Endpoints {
+							if e.Conditions.Ready != nil && *e.Conditions.Ready {
+								eps = append(eps, dialable(net.JoinHostPort(e.Addresses[0], strconv.Itoa(int(*s.Ports[0].Port)))))
+							}
+						}
+					}
+					read = time.Now()
+				}
+			}
+			if len(eps) == 0 {
+				continue
+			}
+			ep := eps[i%len(eps)]
+			res.sent++
+			if r := health.Probe(context.Background(), ep, target, &health.ProbeOptions{Username: "pool-user", Password: "pool-password", Timeout: 2 * time.Second}); !r.OK {
+				res.failed = append(res.failed, fmt.Sprintf("%s: %v", ep, r.Err))
+			}
+		}
+	}()
+	return func() (int, []string) { close(done); r := <-out; return r.sent, r.failed }
+}
+
+// TestPoolRollsOutOnMemoryEntries: a template change (the machine type,
+// which keeps the client's contract) replaces a pool of 6 one surge at a
+// time (maxSurge 1, maxUnavailable 0, drain 3 s) while a client sends
+// CONNECTs at 25/s through the endpoints it re-reads from the
+// EndpointSlices every second: no CONNECT fails, and a watcher reading
+// the slices every 100 ms never sees fewer than 6 ready.
+func TestPoolRollsOutOnMemoryEntries(t *testing.T) {
+	pe := startPoolEnv(t)
+	pe.drain = 3 * time.Second // longer than the client's re-read
+	ctx := context.Background()
+	pool := pe.createPool(t, "roll", 6, 0)
+	key := client.ObjectKeyFromObject(pool)
+	waitFor(t, 2*time.Minute, "a pool of 6, 2/2/2, every child Healthy and listed", func() string {
+		_, msg := poolState(ctx, pe.c, key, 6, map[string]int{"mem-a": 2, "mem-b": 2, "mem-c": 2})
+		return msg
+	})
+	stopWatch := watchSlices(pe.c, key)
+	stopClient := connectClient(pe.c, key, pe.target)
+	time.Sleep(2 * time.Second) // the client's rate before the change
+
+	var cur v1alpha1.EgressProxyPool
+	if err := pe.c.Get(ctx, key, &cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Template.MachineType = "large"
+	if err := pe.c.Update(ctx, &cur); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	waitFor(t, 3*time.Minute, "every child of the new template, 2/2/2, Healthy, none draining", func() string {
+		kids, msg := poolState(ctx, pe.c, key, 6, map[string]int{"mem-a": 2, "mem-b": 2, "mem-c": 2})
+		if msg != "" {
+			return msg
+		}
+		for _, k := range kids {
+			if k.Spec.MachineType != "large" {
+				return fmt.Sprintf("child %s has the old template", k.Name)
+			}
+			if _, ok := k.Annotations[controller.AnnotationDrainingSince]; ok {
+				return fmt.Sprintf("child %s is draining", k.Name)
+			}
+		}
+		n, err := pe.instances(ctx)
+		if err != nil {
+			return err.Error()
+		}
+		if n["mem-a"]+n["mem-b"]+n["mem-c"] != 6 {
+			return fmt.Sprintf("instances %v, want 6 in all", n)
+		}
+		return ""
+	})
+	took := time.Since(t0)
+	time.Sleep(2 * time.Second) // the client's rate after the rollout
+	sent, failed := stopClient()
+	samples := stopWatch()
+	minReady := -1
+	for _, smp := range samples {
+		if smp.at.After(t0) && (minReady < 0 || len(smp.ready) < minReady) {
+			minReady = len(smp.ready)
+		}
+	}
+	elapsed := took + 4*time.Second
+	rate := float64(sent) / elapsed.Seconds()
+	t.Logf("rolled out in %v: %d CONNECTs (%.1f/s), %d failed; the slices (%d samples) listed at least %d ready",
+		took.Round(time.Millisecond), sent, rate, len(failed), len(samples), minReady)
+	if len(failed) > 0 {
+		t.Errorf("%d CONNECTs failed during the rollout, e.g. %s", len(failed), failed[0])
+	}
+	if rate < 20 {
+		t.Errorf("the client sent %.1f CONNECTs/s, want at least 20", rate)
+	}
+	if minReady < 6 {
+		t.Errorf("the slices listed as few as %d ready, want at least replicas - maxUnavailable = 6", minReady)
 	}
 	pe.deletePool(t, pool)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,6 +47,10 @@ const (
 	// LabelPoolIndex is a child's index in its pool: its name is the
 	// pool's name, "-" and the index.
 	LabelPoolIndex = "egressproxy.dev/pool-index"
+	// AnnotationDrainingSince is on a child the pool has taken out of its
+	// endpoints (listed as terminating) and deletes once the pool's
+	// drain period has passed since this time (RFC 3339).
+	AnnotationDrainingSince = "egressproxy.dev/draining-since"
 )
 
 // The pool's Service port's name; every EndpointSlice's port has it.
@@ -194,6 +199,13 @@ type child struct {
 	// lost: not Healthy for longer than the pool's grace; the pool
 	// replaces it and deletes it once a replacement is Healthy.
 	lost bool
+	// outdated: its proxy is not the pool's template any more; the pool
+	// replaces it, one surge at a time.
+	outdated bool
+	// draining: taken out of the endpoints since drainSince; deleted
+	// once the drain period has passed.
+	draining   bool
+	drainSince time.Time
 }
 
 // reconcile does the work on pool (whose status it edits in place).
@@ -227,6 +239,11 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 		var since time.Time
 		c.healthy, c.address, since = r.childHealth(ep)
 		c.lost = !c.healthy && !since.IsZero() && now.Sub(since) > grace
+		c.outdated = !equality.Semantic.DeepEqual(ep.Spec.ProxyTemplate, pool.Spec.Template)
+		if ts, ok := ep.Annotations[AnnotationDrainingSince]; ok {
+			c.draining = true
+			c.drainSince, _ = time.Parse(time.RFC3339, ts) // unreadable: drained
+		}
 		alive = append(alive, c)
 	}
 
@@ -236,7 +253,7 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 		r.summarize(pool, alive, nil)
 		return requeue, r.publish(ctx, log, pool, alive)
 	}
-	alive, err = r.place(ctx, log, pool, alive, eligible, taken)
+	alive, err = r.place(ctx, log, pool, alive, eligible, taken, now)
 	entries := r.placementEntries(eligible, alive)
 	r.summarize(pool, alive, entries)
 	if err != nil {
@@ -246,37 +263,66 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 }
 
 // place creates and deletes children towards the pool's spec, and
-// returns the children then alive:
+// returns the children then alive. Each child is draining (taken out of
+// the endpoints, deleted once the drain period has passed), lost (not
+// Healthy for longer than the grace), outdated (its proxy is not the
+// template's any more) or current.
 //
-//   - Lost children do not count: the pool places replacements for them
-//     (placement.Place over the entries with the children kept), as many
-//     as maxSurge allows above replicas, a lost child on an unreachable
-//     entry taking no room (it uses nothing the pool could use).
+//   - Successors: while fewer than replicas are current, placement.Place
+//     puts new ones on the eligible entries (counting the current
+//     children), as many as maxSurge allows above replicas, a lost child
+//     on an unreachable entry taking no room (it uses nothing the pool
+//     could use).
+//   - Outdated children are taken out as their successors turn Healthy
+//     (maxUnavailable more may go before): once the Healthy current
+//     children and the outdated ones make more than replicas -
+//     maxUnavailable.
 //   - A lost child is deleted once a replacement is Healthy: once the
 //     Healthy children kept and the lost ones make more than replicas.
-//   - More children kept than replicas: placement.Remove chooses the
+//   - More current children than replicas: placement.Remove chooses the
 //     entries, the ones not Healthy go first, and no Healthy child is
-//     deleted that would leave fewer Healthy than replicas (a surge's
-//     new child is Healthy before its predecessor goes).
-//   - Exactly replicas, all Healthy, nothing lost: when Place's choice for
+//     taken out that would leave fewer Healthy than replicas.
+//   - Exactly replicas, all current and Healthy: when Place's choice for
 //     one more child holds two fewer than the fullest reachable entry (an
 //     entry came back), one child is surged there; the step above then
 //     takes one from the fullest, and so on until the spread is even.
-func (r *PoolReconciler) place(ctx context.Context, log logr.Logger, pool *v1alpha1.EgressProxyPool, alive []child, eligible []string, taken map[string]bool) ([]child, error) {
-	var keep, lost []child
-	for _, c := range alive {
-		if c.lost {
+//
+// A Healthy child is taken out by draining it; one that is not Healthy is
+// deleted at once.
+func (r *PoolReconciler) place(ctx context.Context, log logr.Logger, pool *v1alpha1.EgressProxyPool, alive []child, eligible []string, taken map[string]bool, now time.Time) ([]child, error) {
+	drain := v1alpha1.DefaultDrainPeriod
+	if d := pool.Spec.DrainPeriod; d != nil && d.Duration >= 0 {
+		drain = d.Duration
+	}
+	var current, outdated, lost []child
+	draining := 0
+	for _, c := range slices.Clone(alive) {
+		switch {
+		case c.draining:
+			if c.healthy && now.Sub(c.drainSince) < drain {
+				draining++
+				continue
+			}
+			if err := r.deleteChild(ctx, c.obj); err != nil {
+				return alive, err
+			}
+			log.Info("drained child deleted", "child", c.obj.Name, "entry", c.entry)
+			alive = slices.DeleteFunc(alive, func(x child) bool { return x.obj == c.obj })
+		case c.lost:
 			lost = append(lost, c)
-		} else {
-			keep = append(keep, c)
+		case c.outdated:
+			outdated = append(outdated, c)
+		default:
+			current = append(current, c)
 		}
 	}
-	entries := r.placementEntries(eligible, keep)
+	keep := append(slices.Clone(current), outdated...)
+	entries := r.placementEntries(eligible, current)
 	reachable := map[string]bool{}
 	for _, e := range entries {
 		reachable[e.Name] = e.Reachable
 	}
-	using := len(keep)
+	using := len(keep) + draining
 	for _, c := range lost {
 		if reachable[c.entry] {
 			using++
@@ -284,46 +330,79 @@ func (r *PoolReconciler) place(ctx context.Context, log logr.Logger, pool *v1alp
 	}
 	replicas := int(pool.Spec.Replicas)
 	surge := replicas + int(max(pool.Spec.MaxSurge, 1)) - using
-	healthy := 0
+	healthyCurrent, healthyKeep := 0, 0
 	for _, c := range keep {
 		if c.healthy {
-			healthy++
-		}
-	}
-	var err error
-	switch {
-	case len(keep) < replicas:
-		want := min(replicas-len(keep), max(surge, 0))
-		plan, perr := placement.Place(entries, placement.Request{Want: want, MaxPerEntry: int(pool.Spec.MaxPerEntry)})
-		if perr != nil {
-			return alive, perr
-		}
-		var created []child
-		created, err = r.create(ctx, log, pool, plan.Add, taken)
-		alive = append(alive, created...)
-		r.placedCondition(pool, plan)
-	case len(keep) > replicas:
-		take, perr := placement.Remove(entries, len(keep)-replicas)
-		if perr != nil {
-			return alive, perr
-		}
-		alive, err = r.remove(ctx, log, alive, keep, take, healthy-min(replicas, healthy))
-		setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionTrue, ReasonPlaced, "every child has an entry")
-	default:
-		setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionTrue, ReasonPlaced, "every child has an entry")
-		if len(lost) == 0 && healthy == replicas && surge > 0 {
-			if add := rebalance(entries, int(pool.Spec.MaxPerEntry)); add != "" {
-				var created []child
-				created, err = r.create(ctx, log, pool, map[string]int{add: 1}, taken)
-				alive = append(alive, created...)
+			healthyKeep++
+			if !c.outdated {
+				healthyCurrent++
 			}
 		}
 	}
-	if err != nil {
-		return alive, err
+	takeOut := func(cs []child) error {
+		for _, c := range cs {
+			if err := r.takeOut(ctx, log, c, now); err != nil {
+				return err
+			}
+			alive = slices.DeleteFunc(alive, func(x child) bool { return x.obj == c.obj && !c.healthy })
+			for i := range alive {
+				if alive[i].obj == c.obj {
+					alive[i].draining, alive[i].drainSince = true, now
+				}
+			}
+		}
+		return nil
+	}
+
+	setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionTrue, ReasonPlaced, "every child has an entry")
+	if len(current) < replicas {
+		want := min(replicas-len(current), max(surge, 0))
+		plan, err := placement.Place(entries, placement.Request{Want: want, MaxPerEntry: int(pool.Spec.MaxPerEntry)})
+		if err != nil {
+			return alive, err
+		}
+		created, err := r.create(ctx, log, pool, plan.Add, taken)
+		alive = append(alive, created...)
+		if err != nil {
+			return alive, err
+		}
+		r.placedCondition(pool, plan)
+	}
+	// Outdated children go as their successors turn Healthy.
+	if n := min(len(outdated), healthyCurrent+len(outdated)+int(pool.Spec.MaxUnavailable)-replicas); n > 0 {
+		slices.SortFunc(outdated, func(a, b child) int { // not Healthy first, then the oldest
+			if a.healthy != b.healthy {
+				if a.healthy {
+					return 1
+				}
+				return -1
+			}
+			return cmp.Compare(a.index, b.index)
+		})
+		if err := takeOut(outdated[:n]); err != nil {
+			return alive, err
+		}
+	}
+	switch {
+	case len(current) > replicas:
+		take, err := placement.Remove(entries, len(current)-replicas)
+		if err != nil {
+			return alive, err
+		}
+		if err := takeOut(removeOrder(current, take, healthyCurrent-min(replicas, healthyCurrent))); err != nil {
+			return alive, err
+		}
+	case len(current) == replicas && len(outdated) == 0 && len(lost) == 0 && draining == 0 && healthyCurrent == replicas && surge > 0:
+		if add := rebalance(entries, int(pool.Spec.MaxPerEntry)); add != "" {
+			created, err := r.create(ctx, log, pool, map[string]int{add: 1}, taken)
+			alive = append(alive, created...)
+			if err != nil {
+				return alive, err
+			}
+		}
 	}
 	// A lost child goes once a replacement is Healthy.
-	if n := min(len(lost), healthy+len(lost)-replicas); n > 0 {
+	if n := min(len(lost), healthyKeep+len(lost)-replicas); n > 0 {
 		slices.SortFunc(lost, func(a, b child) int { // those on unreachable entries first
 			if reachable[a.entry] != reachable[b.entry] {
 				if reachable[a.entry] {
@@ -334,14 +413,72 @@ func (r *PoolReconciler) place(ctx context.Context, log logr.Logger, pool *v1alp
 			return cmp.Compare(a.index, b.index)
 		})
 		for _, c := range lost[:n] {
-			if err := r.Client.Delete(ctx, c.obj, client.Preconditions{UID: &c.obj.UID}); err != nil && !apierrors.IsNotFound(err) {
-				return alive, fmt.Errorf("delete lost child %s: %w", c.obj.Name, err)
+			if err := r.deleteChild(ctx, c.obj); err != nil {
+				return alive, err
 			}
 			log.Info("lost child deleted: its replacement is Healthy", "child", c.obj.Name, "entry", c.entry)
 			alive = slices.DeleteFunc(alive, func(x child) bool { return x.obj == c.obj })
 		}
 	}
 	return alive, nil
+}
+
+// removeOrder chooses, from each entry, as many of current as take says:
+// those that are not Healthy first, then the newest (highest index), but
+// no more than healthyCap Healthy ones.
+func removeOrder(current []child, take map[string]int, healthyCap int) []child {
+	order := slices.Clone(current)
+	slices.SortFunc(order, func(a, b child) int {
+		if a.healthy != b.healthy {
+			if a.healthy {
+				return 1
+			}
+			return -1
+		}
+		return cmp.Compare(b.index, a.index)
+	})
+	var out []child
+	for _, c := range order {
+		if take[c.entry] == 0 || (c.healthy && healthyCap == 0) {
+			continue
+		}
+		take[c.entry]--
+		if c.healthy {
+			healthyCap--
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// takeOut drains a Healthy child (it stays listed as terminating until
+// the drain period has passed) and deletes one that is not Healthy.
+func (r *PoolReconciler) takeOut(ctx context.Context, log logr.Logger, c child, now time.Time) error {
+	if !c.healthy {
+		if err := r.deleteChild(ctx, c.obj); err != nil {
+			return err
+		}
+		log.Info("child deleted", "child", c.obj.Name, "entry", c.entry, "outdated", c.outdated)
+		return nil
+	}
+	patch := client.MergeFrom(c.obj.DeepCopy())
+	if c.obj.Annotations == nil {
+		c.obj.Annotations = map[string]string{}
+	}
+	c.obj.Annotations[AnnotationDrainingSince] = now.UTC().Format(time.RFC3339)
+	if err := r.Client.Patch(ctx, c.obj, patch); err != nil {
+		return fmt.Errorf("drain child %s: %w", c.obj.Name, err)
+	}
+	log.Info("child draining", "child", c.obj.Name, "entry", c.entry, "outdated", c.outdated)
+	return nil
+}
+
+// deleteChild deletes ep (gone already is done).
+func (r *PoolReconciler) deleteChild(ctx context.Context, ep *v1alpha1.EgressProxy) error {
+	if err := r.Client.Delete(ctx, ep, client.Preconditions{UID: &ep.UID}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete child %s: %w", ep.Name, err)
+	}
+	return nil
 }
 
 // rebalance is the entry that should get one more child to even the
@@ -484,40 +621,6 @@ func (r *PoolReconciler) create(ctx context.Context, log logr.Logger, pool *v1al
 // childName is the name of a pool's child with index i.
 func childName(pool string, i int) string { return pool + "-" + strconv.Itoa(i) }
 
-// remove deletes, from each entry, as many of the children kept as take
-// says: those that are not Healthy first, then the newest (highest
-// index), but no more than healthyCap Healthy ones. It returns alive
-// without the children deleted.
-func (r *PoolReconciler) remove(ctx context.Context, log logr.Logger, alive, keep []child, take map[string]int, healthyCap int) ([]child, error) {
-	order := slices.Clone(keep)
-	slices.SortFunc(order, func(a, b child) int {
-		if a.healthy != b.healthy {
-			if a.healthy {
-				return 1
-			}
-			return -1
-		}
-		return cmp.Compare(b.index, a.index)
-	})
-	gone := map[*v1alpha1.EgressProxy]bool{}
-	left := func() []child { return slices.DeleteFunc(alive, func(c child) bool { return gone[c.obj] }) }
-	for _, c := range order {
-		if take[c.entry] == 0 || (c.healthy && healthyCap == 0) {
-			continue
-		}
-		if err := r.Client.Delete(ctx, c.obj, client.Preconditions{UID: &c.obj.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return left(), fmt.Errorf("delete child %s: %w", c.obj.Name, err)
-		}
-		log.Info("child deleted", "child", c.obj.Name, "entry", c.entry)
-		take[c.entry]--
-		if c.healthy {
-			healthyCap--
-		}
-		gone[c.obj] = true
-	}
-	return left(), nil
-}
-
 // placedCondition reports whether the plan placed every child.
 func (r *PoolReconciler) placedCondition(pool *v1alpha1.EgressProxyPool, plan placement.Plan) {
 	if plan.Shortfall == 0 {
@@ -544,8 +647,12 @@ func (r *PoolReconciler) summarize(pool *v1alpha1.EgressProxyPool, alive []child
 	for _, e := range entries {
 		dist[e.Name] = &v1alpha1.PoolEntryStatus{Name: e.Name, Reachable: e.Reachable}
 	}
-	healthy := 0
+	healthy, created := 0, 0
 	for _, c := range alive {
+		if c.draining {
+			continue
+		}
+		created++
 		d := dist[c.entry]
 		if d == nil {
 			d = &v1alpha1.PoolEntryStatus{Name: c.entry}
@@ -557,7 +664,7 @@ func (r *PoolReconciler) summarize(pool *v1alpha1.EgressProxyPool, alive []child
 			healthy++
 		}
 	}
-	pool.Status.CreatedReplicas = int32(len(alive))
+	pool.Status.CreatedReplicas = int32(created)
 	pool.Status.HealthyReplicas = int32(healthy)
 	pool.Status.Entries = nil
 	for _, name := range slices.Sorted(maps.Keys(dist)) {
@@ -592,7 +699,7 @@ func (r *PoolReconciler) publish(ctx context.Context, log logr.Logger, pool *v1a
 		}
 		at, addr := EndpointAddress(ap)
 		s := r.slice(pool, at, ap.Port(), want)
-		ready, serving, terminating := true, true, false
+		ready, serving, terminating := !c.draining, true, c.draining
 		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
 			Addresses:  []string{addr},
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &terminating},
@@ -695,7 +802,7 @@ func sameSlice(a, b *discoveryv1.EndpointSlice) bool {
 	for i := range a.Endpoints {
 		x, y := a.Endpoints[i], b.Endpoints[i]
 		if !slices.Equal(x.Addresses, y.Addresses) || x.TargetRef == nil || x.TargetRef.UID != y.TargetRef.UID ||
-			x.Conditions.Ready == nil || !*x.Conditions.Ready {
+			x.Conditions.Ready == nil || *x.Conditions.Ready != *y.Conditions.Ready {
 			return false
 		}
 	}

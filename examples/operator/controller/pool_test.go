@@ -125,8 +125,16 @@ func (f *poolFixture) setHealth(t *testing.T, name string, h v1alpha1.Health, ad
 	}
 }
 
-// listed are the addresses (ip:port) the pool's EndpointSlices list.
+// listed are the addresses (ip:port) the pool's EndpointSlices list as
+// ready.
 func (f *poolFixture) listed(t *testing.T) []string {
+	t.Helper()
+	return f.endpoints(t, true)
+}
+
+// endpoints are the addresses the pool's EndpointSlices list as ready, or
+// as terminating.
+func (f *poolFixture) endpoints(t *testing.T, ready bool) []string {
 	t.Helper()
 	var l discoveryv1.EndpointSliceList
 	if err := f.c.List(context.Background(), &l, client.InNamespace(f.key.Namespace),
@@ -136,6 +144,9 @@ func (f *poolFixture) listed(t *testing.T) []string {
 	var out []string
 	for _, s := range l.Items {
 		for _, e := range s.Endpoints {
+			if *e.Conditions.Ready != ready || *e.Conditions.Terminating == ready || !*e.Conditions.Serving {
+				continue
+			}
 			for _, a := range e.Addresses {
 				out = append(out, fmt.Sprintf("%s:%d", a, *s.Ports[0].Port))
 			}
@@ -159,7 +170,10 @@ func condition(p *v1alpha1.EgressProxyPool, typ string) string {
 // takes the unhealthy child first and keeps the spread within one.
 func TestPoolSpreadsAndScales(t *testing.T) {
 	pool := newPool("web", 6)
+	pool.Spec.DrainPeriod = &metav1.Duration{Duration: 10 * time.Second}
 	f := newPoolFixture(t, pool)
+	now := time.Now()
+	f.r.Now = func() time.Time { return now }
 	res, p := f.reconcile(t)
 	if res.RequeueAfter != time.Minute {
 		t.Errorf("RequeueAfter %v, want the resync (1m)", res.RequeueAfter)
@@ -246,9 +260,31 @@ func TestPoolSpreadsAndScales(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, p = f.reconcile(t)
+	// web-1 (not Healthy) is deleted at once; the Healthy one taken out
+	// drains: listed as terminating until the drain period has passed.
 	kids = f.children(t)
-	if len(kids) != 4 {
-		t.Fatalf("after scaling to 4: %d children", len(kids))
+	var drained []string
+	for name, c := range kids {
+		if _, ok := c.Annotations[AnnotationDrainingSince]; ok {
+			drained = append(drained, name)
+		}
+	}
+	if len(kids) != 5 || len(drained) != 1 {
+		t.Fatalf("after scaling to 4: %d children, draining %v; want 5, one draining", len(kids), drained)
+	}
+	if got := f.endpoints(t, false); len(got) != 1 || len(f.listed(t)) != 4 || p.Status.CreatedReplicas != 4 || p.Status.HealthyReplicas != 4 {
+		t.Errorf("draining: terminating %v, ready %v, status %+v; want 1, 4 and 4 created, 4 Healthy", got, f.listed(t), p.Status)
+	}
+	now = now.Add(9 * time.Second)
+	f.reconcile(t)
+	if n := len(f.children(t)); n != 5 {
+		t.Errorf("within the drain period: %d children, want 5", n)
+	}
+	now = now.Add(2 * time.Second)
+	_, p = f.reconcile(t)
+	kids = f.children(t)
+	if len(kids) != 4 || len(f.endpoints(t, false)) != 0 {
+		t.Fatalf("after the drain period: %d children, terminating %v", len(kids), f.endpoints(t, false))
 	}
 	if _, ok := kids["web-1"]; ok {
 		t.Errorf("the unhealthy web-1 was kept: %v", slices.Sorted(maps.Keys(kids)))
@@ -396,6 +432,7 @@ func healthyCount(kids map[string]*v1alpha1.EgressProxy) int {
 func TestPoolReplacesLostChildren(t *testing.T) {
 	pool := newPool("p", 6)
 	pool.Spec.UnhealthyGrace = &metav1.Duration{Duration: time.Minute}
+	pool.Spec.DrainPeriod = &metav1.Duration{Duration: 10 * time.Second}
 	f := newPoolFixture(t, pool)
 	now := time.Now()
 	f.r.Now = func() time.Time { return now }
@@ -476,6 +513,7 @@ func TestPoolReplacesLostChildren(t *testing.T) {
 			break
 		}
 		f.healAll(t)
+		now = now.Add(11 * time.Second) // past a drain
 	}
 	if got := steps[len(steps)-1]; !maps.Equal(got, map[string]int{"a": 2, "b": 2, "c": 2}) {
 		t.Fatalf("the spread went %v, never 2/2/2", steps)
@@ -484,5 +522,73 @@ func TestPoolReplacesLostChildren(t *testing.T) {
 	f.reconcile(t)
 	if got := spread(f.children(t)); !maps.Equal(got, map[string]int{"a": 2, "b": 2, "c": 2}) {
 		t.Errorf("settled spread moved on: %v", got)
+	}
+}
+
+// A template change replaces the children one surge at a time: a
+// successor is created, and its predecessor is taken out (listed as
+// terminating, deleted after the drain period) only once the successor is
+// Healthy; the pool never lists fewer than replicas - maxUnavailable as
+// ready, and never holds more than replicas + maxSurge.
+func TestPoolRollsOutTemplateChange(t *testing.T) {
+	for _, maxUnavailable := range []int32{0, 1} {
+		t.Run(fmt.Sprintf("maxUnavailable %d", maxUnavailable), func(t *testing.T) {
+			pool := newPool("p", 6)
+			pool.Spec.MaxSurge, pool.Spec.MaxUnavailable = 1, maxUnavailable
+			pool.Spec.DrainPeriod = &metav1.Duration{Duration: 10 * time.Second}
+			f := newPoolFixture(t, pool)
+			now := time.Now()
+			f.r.Now = func() time.Time { return now }
+			f.reconcile(t)
+			f.healAll(t)
+			f.reconcile(t)
+
+			var cur v1alpha1.EgressProxyPool
+			if err := f.c.Get(context.Background(), f.key, &cur); err != nil {
+				t.Fatal(err)
+			}
+			cur.Spec.Template.MachineType = "large"
+			if err := f.c.Update(context.Background(), &cur); err != nil {
+				t.Fatal(err)
+			}
+			minReady, maxHeld, steps := 6, 0, 0
+			for ; steps < 60; steps++ {
+				_, p := f.reconcile(t)
+				kids := f.children(t)
+				minReady = min(minReady, len(f.listed(t)))
+				maxHeld = max(maxHeld, len(kids))
+				done := len(kids) == 6 && p.Status.HealthyReplicas == 6
+				for _, c := range kids {
+					done = done && c.Spec.MachineType == "large"
+					if _, ok := c.Annotations[AnnotationDrainingSince]; ok {
+						done = false
+					}
+				}
+				if done {
+					break
+				}
+				f.healAll(t)
+				now = now.Add(4 * time.Second)
+			}
+			kids := f.children(t)
+			for name, k := range kids {
+				if k.Spec.MachineType != "large" {
+					t.Errorf("child %s still has the old template", name)
+				}
+			}
+			if len(kids) != 6 || len(f.listed(t)) != 6 {
+				t.Fatalf("after %d steps: %d children, %d listed", steps, len(kids), len(f.listed(t)))
+			}
+			if sp := spread(kids); !maps.Equal(sp, map[string]int{"a": 2, "b": 2, "c": 2}) {
+				t.Errorf("spread after the rollout %v", sp)
+			}
+			if minReady < 6-int(maxUnavailable) {
+				t.Errorf("as few as %d listed as ready, want at least %d", minReady, 6-maxUnavailable)
+			}
+			if maxHeld > 6+1+int(maxUnavailable) {
+				t.Errorf("as many as %d children at once", maxHeld)
+			}
+			t.Logf("rolled out in %d steps; at least %d ready, at most %d children", steps, minReady, maxHeld)
+		})
 	}
 }

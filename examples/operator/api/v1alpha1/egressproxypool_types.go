@@ -11,6 +11,11 @@ import (
 // EgressProxyPoolSpec.UnhealthyGrace is not set.
 const DefaultUnhealthyGrace = 2 * time.Minute
 
+// DefaultDrainPeriod is how long a Healthy child the pool takes out stays
+// listed as terminating (serving, not ready) before it is deleted, when
+// EgressProxyPoolSpec.DrainPeriod is not set.
+const DefaultDrainPeriod = 30 * time.Second
+
 // EgressProxyPoolSpec is the desired pool: how many proxies, made from
 // which template, on which entries.
 type EgressProxyPoolSpec struct {
@@ -34,9 +39,9 @@ type EgressProxyPoolSpec struct {
 	MaxPerEntry int32 `json:"maxPerEntry,omitempty"`
 
 	// MaxUnavailable is how many children below replicas may be
-	// unhealthy while the pool replaces children. Zero (the default):
-	// none; a replacement is created and healthy before its predecessor
-	// goes.
+	// unhealthy while the pool replaces children after a template
+	// change. Zero (the default): none; a replacement is created and
+	// Healthy before its predecessor is taken out.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	MaxUnavailable int32 `json:"maxUnavailable,omitempty"`
@@ -54,6 +59,14 @@ type EgressProxyPoolSpec struct {
 	// Default 2m.
 	// +optional
 	UnhealthyGrace *metav1.Duration `json:"unhealthyGrace,omitempty"`
+
+	// DrainPeriod is how long a Healthy child the pool takes out (a
+	// predecessor replaced after a template change, a child removed when
+	// the pool shrinks or rebalances) stays in the EndpointSlices as
+	// terminating (serving, not ready: new clients go elsewhere, open
+	// tunnels continue) before it is deleted. Default 30s.
+	// +optional
+	DrainPeriod *metav1.Duration `json:"drainPeriod,omitempty"`
 }
 
 // PoolEntries chooses entries by name, by label, or both: an entry is
@@ -87,7 +100,7 @@ type PoolEntryStatus struct {
 	// Name of the entry.
 	Name string `json:"name"`
 	// Replicas is the number of the pool's children on the entry that
-	// are not being deleted.
+	// are neither being deleted nor drained.
 	Replicas int32 `json:"replicas"`
 	// Healthy is how many of them are Healthy.
 	Healthy int32 `json:"healthy"`
@@ -100,12 +113,12 @@ type EgressProxyPoolStatus struct {
 	// DesiredReplicas is spec.replicas as last reconciled.
 	// +optional
 	DesiredReplicas int32 `json:"desiredReplicas,omitempty"`
-	// CreatedReplicas is the number of children that exist and are not
-	// being deleted.
+	// CreatedReplicas is the number of children that exist and are
+	// neither being deleted nor drained.
 	// +optional
 	CreatedReplicas int32 `json:"createdReplicas,omitempty"`
 	// HealthyReplicas is the number of those children whose health is
-	// Healthy: the addresses the pool's EndpointSlices list.
+	// Healthy: the addresses the pool's EndpointSlices list as ready.
 	// +optional
 	HealthyReplicas int32 `json:"healthyReplicas,omitempty"`
 	// Entries is the children's distribution over the eligible entries
