@@ -21,6 +21,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -230,6 +231,12 @@ func TestPoolOnMemoryEntries(t *testing.T) {
 	pe := startPoolEnv(t)
 	ctx := context.Background()
 	c := pe.c
+	// The pool's name is its Service's: the CRD refuses one that is no
+	// DNS-1035 label.
+	bad := &v1alpha1.EgressProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: pe.ns, Name: "9-lives"}, Spec: v1alpha1.EgressProxyPoolSpec{Replicas: 1}}
+	if err := c.Create(ctx, bad); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "DNS-1035 label") {
+		t.Errorf("create a pool named 9-lives: %v, want Invalid naming the rule", err)
+	}
 	pool := pe.createPool(t, "egress", 6, 0)
 	if pool.Spec.MaxSurge != 1 {
 		t.Errorf("spec.maxSurge %d as stored, want the CRD's default 1", pool.Spec.MaxSurge)

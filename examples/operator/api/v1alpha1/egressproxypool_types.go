@@ -147,6 +147,7 @@ type EgressProxyPoolStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=epp
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS-1035 label (at most 63 characters, a-z, 0-9 and '-', starting with a letter): it is the name of the pool's Service"
 // +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`
 // +kubebuilder:printcolumn:name="Created",type=integer,JSONPath=`.status.createdReplicas`
 // +kubebuilder:printcolumn:name="Healthy",type=integer,JSONPath=`.status.healthyReplicas`
