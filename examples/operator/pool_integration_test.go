@@ -4,10 +4,13 @@ package operator_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -17,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
@@ -43,7 +47,8 @@ import (
 // controllers running in this process over three memory entries.
 type poolEnv struct {
 	c        client.Client
-	restCfg  *rest.Config // the admin's
+	op       client.Client // the operator's user's
+	restCfg  *rest.Config  // the admin's
 	entries  map[string]*egressproxy.Client
 	controls map[string]*memprovider.Control
 	target   string // the probes' CONNECT target
@@ -107,6 +112,9 @@ func startPoolEnv(t *testing.T) *poolEnv {
 
 	opCfg, err := clientcmd.BuildConfigFromFlags("", operatorKubeconfig(t, ctx, env, c))
 	if err != nil {
+		t.Fatal(err)
+	}
+	if pe.op, err = client.New(opCfg, client.Options{Scheme: scheme}); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"mem-a", "mem-b", "mem-c"} {
@@ -251,11 +259,32 @@ func TestPoolOnMemoryEntries(t *testing.T) {
 		return msg
 	})
 	t.Logf("6 children Healthy and listed %v after the pool's create", time.Since(t1).Round(time.Millisecond))
+	var want []string
 	for _, k := range kids {
 		r := health.Probe(ctx, k.Status.Address, pe.target, &health.ProbeOptions{Username: "pool-user", Password: "pool-password", Timeout: 5 * time.Second})
 		if !r.OK {
 			t.Errorf("CONNECT through %s (%s) to %s: %v", k.Name, k.Status.Address, pe.target, r.Err)
 		}
+		want = append(want, listedForm(t, k.Status.Address))
+	}
+	slices.Sort(want)
+
+	// The discovery endpoint, as the operator's user reads the slices
+	// (every namespace), lists the same 6.
+	srv := httptest.NewServer(controller.DiscoveryHandler(pe.op, logr.Discard()))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + controller.DiscoveryPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d controller.Discovery
+	err = json.NewDecoder(resp.Body).Decode(&d)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s, %v", controller.DiscoveryPath, resp.Status, err)
+	}
+	if len(d.Pools) != 1 || d.Pools[0].Name != "egress" || d.Pools[0].Service != "egress" || !slices.Equal(d.Pools[0].Endpoints, want) {
+		t.Errorf("GET %s = %+v, want pool egress at %v", controller.DiscoveryPath, d.Pools, want)
 	}
 	var svc corev1.Service
 	if err := c.Get(ctx, key, &svc); err != nil {

@@ -2,13 +2,19 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -590,5 +596,65 @@ func TestPoolRollsOutTemplateChange(t *testing.T) {
 			}
 			t.Logf("rolled out in %d steps; at least %d ready, at most %d children", steps, minReady, maxHeld)
 		})
+	}
+}
+
+// The discovery endpoint answers the pools' ready endpoints as JSON, from
+// their EndpointSlices: a terminating one is not among them.
+func TestDiscoveryHandler(t *testing.T) {
+	pool := newPool("web", 3)
+	pool.Spec.DrainPeriod = &metav1.Duration{Duration: time.Minute}
+	f := newPoolFixture(t, pool)
+	f.reconcile(t)
+	for i := range 3 {
+		f.setHealth(t, fmt.Sprintf("web-%d", i), v1alpha1.HealthHealthy, fmt.Sprintf("192.0.2.%d:3128", 10+i))
+	}
+	f.reconcile(t)
+	var cur v1alpha1.EgressProxyPool
+	if err := f.c.Get(context.Background(), f.key, &cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Replicas = 2 // one drains: listed as terminating
+	if err := f.c.Update(context.Background(), &cur); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile(t)
+	if got := f.endpoints(t, false); len(got) != 1 {
+		t.Fatalf("terminating %v, want one", got)
+	}
+	srv := httptest.NewServer(DiscoveryHandler(f.c, logr.Discard()))
+	defer srv.Close()
+	for _, q := range []string{"", "?namespace=ns1"} {
+		resp, err := http.Get(srv.URL + DiscoveryPath + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d Discovery
+		err = json.NewDecoder(resp.Body).Decode(&d)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
+			t.Fatalf("GET %s: %s, %v", q, resp.Status, err)
+		}
+		want := []PoolEndpoints{{Namespace: "ns1", Name: "web", Service: "web", Endpoints: f.listed(t)}}
+		if len(d.Pools) != 1 || !reflect.DeepEqual(d.Pools, want) || len(want[0].Endpoints) != 2 {
+			t.Errorf("GET %s = %+v, want %+v", q, d.Pools, want)
+		}
+	}
+	resp, err := http.Get(srv.URL + DiscoveryPath + "?namespace=other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.TrimSpace(string(body)) != `{"pools":[]}` {
+		t.Errorf("another namespace: %s", body)
+	}
+	resp, err = http.Post(srv.URL+DiscoveryPath, "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST: %s", resp.Status)
 	}
 }

@@ -215,7 +215,15 @@ func run(o *options, log logr.Logger) error {
 func newManager(o *options, restCfg *rest.Config, scheme *runtime.Scheme, log logr.Logger, mp metric.MeterProvider, clients map[string]*egressproxy.Client, entryLabels map[string]map[string]string) (ctrl.Manager, error) {
 	mopts := controller.ManagerOptions(o.leaderNS)
 	mopts.Scheme = scheme
-	mopts.Metrics = metricsserver.Options{BindAddress: o.metricsAddr}
+	// The metrics port also serves the pools' endpoints as JSON
+	// (controller.DiscoveryPath), read straight from the apiserver.
+	direct, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	mopts.Metrics = metricsserver.Options{BindAddress: o.metricsAddr, ExtraHandlers: map[string]http.Handler{
+		controller.DiscoveryPath: controller.DiscoveryHandler(direct, log.WithName("discovery")),
+	}}
 	mopts.HealthProbeBindAddress = o.probeAddr
 	mgr, err := ctrl.NewManager(restCfg, mopts)
 	if err != nil {
