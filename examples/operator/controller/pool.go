@@ -239,7 +239,9 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 		var since time.Time
 		c.healthy, c.address, since = r.childHealth(ep)
 		c.lost = !c.healthy && !since.IsZero() && now.Sub(since) > grace
-		c.outdated = !equality.Semantic.DeepEqual(ep.Spec.ProxyTemplate, pool.Spec.Template)
+		c.outdated = !equality.Semantic.DeepEqual(ep.Spec.ProxyTemplate, pool.Spec.Template) ||
+			(pool.Spec.MaxAge != nil && pool.Spec.MaxAge.Duration > 0 && !ep.CreationTimestamp.IsZero() &&
+				now.Sub(ep.CreationTimestamp.Time) > pool.Spec.MaxAge.Duration)
 		if ts, ok := ep.Annotations[AnnotationDrainingSince]; ok {
 			c.draining = true
 			c.drainSince, _ = time.Parse(time.RFC3339, ts) // unreadable: drained
@@ -266,7 +268,7 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 // returns the children then alive. Each child is draining (taken out of
 // the endpoints, deleted once the drain period has passed), lost (not
 // Healthy for longer than the grace), outdated (its proxy is not the
-// template's any more) or current.
+// template's any more, or it is older than maxAge) or current.
 //
 //   - Successors: while fewer than replicas are current, placement.Place
 //     puts new ones on the eligible entries (counting the current

@@ -658,3 +658,53 @@ func TestDiscoveryHandler(t *testing.T) {
 		t.Errorf("POST: %s", resp.Status)
 	}
 }
+
+// maxAge replaces a child older than it as a template change does: one
+// surge at a time, never fewer than replicas ready.
+func TestPoolMaxAge(t *testing.T) {
+	pool := newPool("p", 3)
+	pool.Spec.MaxAge = &metav1.Duration{Duration: time.Hour}
+	pool.Spec.DrainPeriod = &metav1.Duration{Duration: 10 * time.Second}
+	f := newPoolFixture(t, pool)
+	now := time.Now()
+	f.r.Now = func() time.Time { return now }
+	f.reconcile(t)
+	f.healAll(t)
+	old := metav1.NewTime(now.Add(-2 * time.Hour).Truncate(time.Second)) // as stored
+	for name := range f.children(t) {
+		var ep v1alpha1.EgressProxy
+		if err := f.c.Get(context.Background(), client.ObjectKey{Namespace: "ns1", Name: name}, &ep); err != nil {
+			t.Fatal(err)
+		}
+		ep.CreationTimestamp = old
+		if err := f.c.Update(context.Background(), &ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := f.children(t)["p-0"]; !c.CreationTimestamp.Equal(&old) {
+		t.Fatalf("the fake client kept no creationTimestamp: %v", c.CreationTimestamp)
+	}
+	minReady, steps := 3, 0
+	for ; steps < 40; steps++ {
+		_, p := f.reconcile(t)
+		kids := f.children(t)
+		minReady = min(minReady, len(f.listed(t)))
+		done := len(kids) == 3 && p.Status.HealthyReplicas == 3
+		for _, c := range kids {
+			_, draining := c.Annotations[AnnotationDrainingSince]
+			done = done && !c.CreationTimestamp.Equal(&old) && !draining
+		}
+		if done {
+			break
+		}
+		if len(kids) > 4 {
+			t.Fatalf("step %d: %d children, more than replicas + maxSurge", steps, len(kids))
+		}
+		f.healAll(t)
+		now = now.Add(4 * time.Second)
+	}
+	if steps == 40 || minReady < 3 {
+		t.Fatalf("after %d steps: children %v, at least %d ready", steps, slices.Sorted(maps.Keys(f.children(t))), minReady)
+	}
+	t.Logf("the 3 old children replaced in %d steps, at least %d ready", steps, minReady)
+}

@@ -60,6 +60,13 @@ type EgressProxyPoolSpec struct {
 	// +optional
 	UnhealthyGrace *metav1.Duration `json:"unhealthyGrace,omitempty"`
 
+	// MaxAge, when set, makes a child older than it (by its
+	// creationTimestamp) outdated, as a template change does: it is
+	// replaced, one surge at a time, before it is taken out. Absent: no
+	// age limit.
+	// +optional
+	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
+
 	// DrainPeriod is how long a Healthy child the pool takes out (a
 	// predecessor replaced after a template change, a child removed when
 	// the pool shrinks or rebalances) stays in the EndpointSlices as

@@ -258,6 +258,11 @@ func (in *EgressProxyPoolSpec) DeepCopyInto(out *EgressProxyPoolSpec) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.MaxAge != nil {
+		in, out := &in.MaxAge, &out.MaxAge
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.DrainPeriod != nil {
 		in, out := &in.DrainPeriod, &out.DrainPeriod
 		*out = new(v1.Duration)
