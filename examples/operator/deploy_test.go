@@ -107,15 +107,15 @@ func TestDeployApply(t *testing.T) {
 		}
 		kinds[o.GetKind()]++
 	}
-	for kind, n := range map[string]int{"Namespace": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ConfigMap": 1, "Deployment": 1} {
+	for kind, n := range map[string]int{"Namespace": 1, "CustomResourceDefinition": 3, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ConfigMap": 1, "Deployment": 1} {
 		if kinds[kind] != n {
 			t.Errorf("config/default has %d %s, want %d", kinds[kind], kind, n)
 		}
 	}
 
-	// The CRDs are established: EgressProxy and EgressProxyHost objects
-	// can be created.
-	for _, name := range []string{"egressproxies.egressproxy.dev", "egressproxyhosts.egressproxy.dev"} {
+	// The CRDs are established: EgressProxy, EgressProxyHost and
+	// EgressProxyPool objects can be created.
+	for _, name := range []string{"egressproxies.egressproxy.dev", "egressproxyhosts.egressproxy.dev", "egressproxypools.egressproxy.dev"} {
 		eventually.NoError(t, time.Minute, func() error {
 			var crd apiextensionsv1.CustomResourceDefinition
 			if err := c.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
@@ -176,6 +176,15 @@ func TestDeployApply(t *testing.T) {
 		{Group: "egressproxy.dev", Resource: "egressproxyhosts", Verb: "create"},
 		{Group: "egressproxy.dev", Resource: "egressproxyhosts", Verb: "delete"},
 		{Group: "egressproxy.dev", Resource: "egressproxyhosts", Subresource: "status", Verb: "update"},
+		{Group: "egressproxy.dev", Resource: "egressproxypools", Verb: "watch"},
+		{Group: "egressproxy.dev", Resource: "egressproxypools", Subresource: "status", Verb: "patch", Namespace: "team-a"},
+		{Group: "egressproxy.dev", Resource: "egressproxypools", Subresource: "finalizers", Verb: "update", Namespace: "team-a"},
+		{Group: "egressproxy.dev", Resource: "egressproxies", Verb: "create", Namespace: "team-a"},
+		{Group: "egressproxy.dev", Resource: "egressproxies", Verb: "delete", Namespace: "team-a"},
+		{Resource: "services", Verb: "create", Namespace: "team-a"},
+		{Resource: "services", Verb: "update", Namespace: "team-a"},
+		{Group: "discovery.k8s.io", Resource: "endpointslices", Verb: "list", Namespace: "team-a"},
+		{Group: "discovery.k8s.io", Resource: "endpointslices", Verb: "update", Namespace: "team-a"},
 	} {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: sa, ResourceAttributes: &ra}}
 		if err := c.Create(ctx, sar); err != nil {

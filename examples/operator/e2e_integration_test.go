@@ -388,8 +388,8 @@ func TestOperatorEndToEnd(t *testing.T) {
 	newEP := func(name, entry string) *v1alpha1.EgressProxy {
 		return &v1alpha1.EgressProxy{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "proxies", Name: name},
-			Spec: v1alpha1.EgressProxySpec{Provider: entry, Image: "tiny", MachineType: "tiny", Port: 3128,
-				CredentialsSecretRef: &v1alpha1.SecretReference{Name: "proxy-creds"}},
+			Spec: v1alpha1.EgressProxySpec{Provider: entry, ProxyTemplate: v1alpha1.ProxyTemplate{Image: "tiny", MachineType: "tiny", Port: 3128,
+				CredentialsSecretRef: &v1alpha1.SecretReference{Name: "proxy-creds"}}},
 		}
 	}
 	eps := []*v1alpha1.EgressProxy{newEP("alpha", entryNames[0]), newEP("beta", entryNames[1])}

@@ -151,11 +151,18 @@ func hostReady(ctx context.Context, c client.Client, entry string) string {
 // as kubectl prints it; and its rows by name, each column by name.
 func hostTable(t *testing.T, restCfg *rest.Config) (string, map[string]map[string]string) {
 	t.Helper()
+	return resourceTable(t, restCfg, "/apis/egressproxy.dev/v1alpha1/egressproxyhosts")
+}
+
+// resourceTable is `kubectl get` of the resources at path (under the
+// apiserver's URL), as hostTable prints the hosts.
+func resourceTable(t *testing.T, restCfg *rest.Config, path string) (string, map[string]map[string]string) {
+	t.Helper()
 	hc, err := rest.HTTPClientFor(restCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(restCfg.Host, "/")+"/apis/egressproxy.dev/v1alpha1/egressproxyhosts", nil)
+	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(restCfg.Host, "/")+path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +174,7 @@ func hostTable(t *testing.T, restCfg *rest.Config) (string, map[string]map[strin
 	defer resp.Body.Close()
 	var tbl metav1.Table
 	if err := json.NewDecoder(resp.Body).Decode(&tbl); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("the hosts as a Table: %s, %v", resp.Status, err)
+		t.Fatalf("%s as a Table: %s, %v", path, resp.Status, err)
 	}
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 10, 4, 3, ' ', 0) // kubectl's

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/egressproxy/egressproxy"
@@ -26,10 +27,14 @@ const (
 
 // EntriesFile is the operator's entry configuration (e.g. a ConfigMap
 // mounted as a file): the kvm2 entries (docs/config.md) without
-// credentials, and for each entry the Secret its credentials come from:
+// credentials, for each entry the Secret its credentials come from, and
+// optionally each entry's labels (which an EgressProxyPool's entry
+// selector matches):
 //
 //	credentialsSecrets:
 //	  hv1: egressproxy-system/hv1-ssh
+//	labels:
+//	  hv1: {zone: a}
 //	entries:
 //	- {entry: hv1, owner: egressproxy-operator, address: ..., ...}
 //
@@ -39,7 +44,10 @@ type EntriesFile struct {
 	// CredentialsSecrets maps each entry's name to "namespace/name" of
 	// the Secret holding its SSH credentials. Every entry needs one.
 	CredentialsSecrets map[string]string `json:"credentialsSecrets"`
-	Entries            []kvm2.Config     `json:"entries"`
+	// Labels maps an entry's name to its labels (Kubernetes label keys
+	// and values). Optional; an entry without labels has none.
+	Labels  map[string]map[string]string `json:"labels,omitempty"`
+	Entries []kvm2.Config                `json:"entries"`
 }
 
 // LoadEntries reads an EntriesFile with kvm2.ParseEntries (strictly,
@@ -48,11 +56,22 @@ type EntriesFile struct {
 // credentials from its Secret, read through r. kvm2.Open validates the
 // filled configs (OpenEntries).
 func LoadEntries(ctx context.Context, r client.Reader, data []byte) ([]kvm2.Config, error) {
+	cfgs, _, err := LoadEntriesWithLabels(ctx, r, data)
+	return cfgs, err
+}
+
+// LoadEntriesWithLabels is LoadEntries that also returns the file's
+// labels by entry name, each checked as Kubernetes checks a label (a bad
+// key or value, or labels of an entry the file does not have, is a
+// FieldError naming its key path, labels.hv1.zone).
+func LoadEntriesWithLabels(ctx context.Context, r client.Reader, data []byte) ([]kvm2.Config, map[string]map[string]string, error) {
 	var f struct { // the file's keys besides entries
-		CredentialsSecrets map[string]string `json:"credentialsSecrets"`
+		CredentialsSecrets map[string]string            `json:"credentialsSecrets"`
+		Labels             map[string]map[string]string `json:"labels"`
 	}
 	cfgs, err := kvm2.ParseEntries(data, &f)
 	problems := []error{err}
+	problems = append(problems, checkLabels(f.Labels)...)
 	secrets := map[string]types.NamespacedName{}
 	for _, entry := range slices.Sorted(maps.Keys(f.CredentialsSecrets)) {
 		ns, name, ok := strings.Cut(f.CredentialsSecrets[entry], "/")
@@ -63,20 +82,28 @@ func LoadEntries(ctx context.Context, r client.Reader, data []byte) ([]kvm2.Conf
 		secrets[entry] = types.NamespacedName{Namespace: ns, Name: name}
 	}
 	if err != nil {
-		return nil, errors.Join(problems...)
+		return nil, nil, errors.Join(problems...)
 	}
 	for i, cfg := range cfgs {
 		if _, ok := f.CredentialsSecrets[cfg.Entry]; !ok {
 			problems = append(problems, &egressproxy.FieldError{Field: "credentialsSecrets", Rule: fmt.Sprintf("names no Secret for entries[%d] (%s)", i, cfg.Entry)})
 		}
 	}
+	isEntry := func(entry string) bool {
+		return slices.ContainsFunc(cfgs, func(c kvm2.Config) bool { return c.Entry == entry })
+	}
 	for _, entry := range slices.Sorted(maps.Keys(f.CredentialsSecrets)) {
-		if !slices.ContainsFunc(cfgs, func(c kvm2.Config) bool { return c.Entry == entry }) {
+		if !isEntry(entry) {
 			problems = append(problems, &egressproxy.FieldError{Field: secretKeyPath(entry), Rule: "is not the name of an entry"})
 		}
 	}
+	for _, entry := range slices.Sorted(maps.Keys(f.Labels)) {
+		if !isEntry(entry) {
+			problems = append(problems, &egressproxy.FieldError{Field: keyPath("labels", entry), Rule: "is not the name of an entry"})
+		}
+	}
 	if err := errors.Join(problems...); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for i := range cfgs {
 		cfg := &cfgs[i]
@@ -91,18 +118,40 @@ func LoadEntries(ctx context.Context, r client.Reader, data []byte) ([]kvm2.Conf
 		}
 	}
 	if err := errors.Join(problems...); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return cfgs, nil
+	return cfgs, f.Labels, nil
 }
 
-// secretKeyPath is the key path of entry's Secret in the file: the entry
-// name as it is when it is a plain name, quoted otherwise.
-func secretKeyPath(entry string) string {
-	if entry != "" && strings.Trim(entry, "abcdefghijklmnopqrstuvwxyz0123456789-") == "" && len(entry) <= 63 {
-		return "credentialsSecrets." + entry
+// checkLabels checks each entry's labels as Kubernetes checks an
+// object's.
+func checkLabels(labels map[string]map[string]string) []error {
+	var bad []error
+	for _, entry := range slices.Sorted(maps.Keys(labels)) {
+		at := keyPath("labels", entry)
+		for _, k := range slices.Sorted(maps.Keys(labels[entry])) {
+			v := labels[entry][k]
+			if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
+				bad = append(bad, &egressproxy.FieldError{Field: keyPath(at, k), Rule: "is not a label key: " + strings.Join(msgs, "; ")})
+			}
+			if msgs := validation.IsValidLabelValue(v); len(msgs) > 0 {
+				bad = append(bad, &egressproxy.FieldError{Field: keyPath(at, k), Value: v, Rule: "is not a label value: " + strings.Join(msgs, "; ")})
+			}
+		}
 	}
-	return fmt.Sprintf("credentialsSecrets[%.70q]", entry)
+	return bad
+}
+
+// secretKeyPath is the key path of entry's Secret in the file.
+func secretKeyPath(entry string) string { return keyPath("credentialsSecrets", entry) }
+
+// keyPath is the key path of key under parent: the key as it is when it
+// is a plain name, quoted otherwise.
+func keyPath(parent, key string) string {
+	if key != "" && strings.Trim(key, "abcdefghijklmnopqrstuvwxyz0123456789-") == "" && len(key) <= 63 {
+		return parent + "." + key
+	}
+	return fmt.Sprintf("%s[%.70q]", parent, key)
 }
 
 // FillCredentials sets cfg's value credentials (Key, KnownHosts,

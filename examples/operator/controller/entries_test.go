@@ -2,10 +2,13 @@ package controller
 
 import (
 	"context"
+	"errors"
+	"maps"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/kvm2"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,5 +64,41 @@ func TestLoadEntries(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("LoadEntries with bad credentialsSecrets = %v, want an error saying %q", err, w)
 		}
+	}
+}
+
+// The entries file's labels are each entry's, checked as Kubernetes
+// checks an object's labels, every problem named by its key path.
+func TestLoadEntryLabels(t *testing.T) {
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "sys", Name: "hv1-ssh"},
+		Data: map[string][]byte{SecretKeySSHPrivateKey: []byte("k"), SecretKeyKnownHosts: []byte("kh")}}
+	r := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(sec).Build()
+	const file = "credentialsSecrets:\n  hv1: sys/hv1-ssh\n%s\nentries:\n- {entry: hv1, owner: op, address: 'hv1:22', user: root, pool: default}\n"
+	load := func(labels string) ([]kvm2.Config, map[string]map[string]string, error) {
+		return LoadEntriesWithLabels(context.Background(), r, []byte(strings.Replace(file, "%s", labels, 1)))
+	}
+	_, labels, err := load("labels:\n  hv1: {zone: a, egressproxy.dev/rack: r-1}")
+	if err != nil {
+		t.Fatalf("LoadEntriesWithLabels = %v", err)
+	}
+	if want := map[string]string{"zone": "a", "egressproxy.dev/rack": "r-1"}; !maps.Equal(labels["hv1"], want) || len(labels) != 1 {
+		t.Errorf("labels = %v, want hv1: %v", labels, want)
+	}
+	if _, labels, err := load(""); err != nil || len(labels) != 0 {
+		t.Errorf("no labels: %v, %v; want none and no error", labels, err)
+	}
+	_, _, err = load("labels:\n  hv1: {'bad key': a, zone: 'not a value!'}\n  hv9: {zone: b}")
+	for _, w := range []string{
+		`invalid labels.hv1["bad key"]: is not a label key`,
+		`invalid labels.hv1.zone "not a value!": is not a label value`,
+		"invalid labels.hv9: is not the name of an entry",
+	} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("bad labels: LoadEntriesWithLabels = %v, want an error saying %q", err, w)
+		}
+	}
+	var fe *egressproxy.FieldError
+	if !errors.As(err, &fe) {
+		t.Errorf("bad labels: %v holds no FieldError", err)
 	}
 }

@@ -77,7 +77,12 @@ type HealthRunnable struct {
 	tracker *health.Tracker
 	log     logr.Logger
 	notify  func(types.NamespacedName) // set by Reconciler.SetupWithManager
-	hosts   *hostWriter                // set by Setup; nil: no EgressProxyHost objects
+	// notifyPool is called beside notify (set by
+	// PoolReconciler.SetupWithManager): a child's health change
+	// reconciles its pool even when the child's own reconcile cannot
+	// write it (its entry unreachable).
+	notifyPool func(types.NamespacedName)
+	hosts      *hostWriter // set by Setup; nil: no EgressProxyHost objects
 
 	mu         sync.Mutex
 	members    map[string]Member // by ID
@@ -197,6 +202,11 @@ func proxyStatus(st health.Status) ProxyStatus {
 		return ProxyStatus{Health: v1alpha1.HealthUnhealthy, Reason: KindReason(st.LastKind), Message: msg}
 	}
 	return ProxyStatus{Health: v1alpha1.HealthUnknown, Reason: ReasonPending, Message: "not enough probes yet"}
+}
+
+// ProxyState is the tracker's record of proxy id, if it has one.
+func (h *HealthRunnable) ProxyState(id string) (health.Status, bool) {
+	return h.tracker.Get(id)
 }
 
 // KindReason turns a health.Kind into a condition reason:
@@ -343,9 +353,12 @@ func (h *HealthRunnable) probeRound(ctx context.Context) {
 		}
 	}
 	h.mu.Unlock()
-	if h.notify != nil {
-		for _, k := range changed {
+	for _, k := range changed {
+		if h.notify != nil {
 			h.notify(k)
+		}
+		if h.notifyPool != nil {
+			h.notifyPool(k)
 		}
 	}
 }

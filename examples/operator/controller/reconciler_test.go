@@ -50,8 +50,8 @@ func newFixture(t *testing.T, memOpts *memprovider.Options) *fixture {
 	s := testScheme(t)
 	ep := &v1alpha1.EgressProxy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns1", Name: "proxy-a", UID: "uid-a", Generation: 1},
-		Spec: v1alpha1.EgressProxySpec{Provider: "mem", Port: 3128,
-			CredentialsSecretRef: &v1alpha1.SecretReference{Name: "creds"}},
+		Spec: v1alpha1.EgressProxySpec{Provider: "mem", ProxyTemplate: v1alpha1.ProxyTemplate{Port: 3128,
+			CredentialsSecretRef: &v1alpha1.SecretReference{Name: "creds"}}},
 	}
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns1", Name: "creds"},
 		Data: map[string][]byte{"username": []byte("u1"), "password": []byte("p1")}}

@@ -13,17 +13,23 @@ import (
 
 // Config is everything Setup needs besides the manager.
 type Config struct {
-	Entries    map[string]*egressproxy.Client
-	Reconciler Options
-	Health     HealthOptions
-	GC         GCOptions
-	Logger     logr.Logger
+	Entries map[string]*egressproxy.Client
+	// EntryLabels are the entries file's labels by entry, which a pool's
+	// entry selector matches (LoadEntriesWithLabels).
+	EntryLabels map[string]map[string]string
+	Reconciler  Options
+	// Pool configures the EgressProxyPool reconciler; its Resync is the
+	// health interval when zero.
+	Pool   PoolOptions
+	Health HealthOptions
+	GC     GCOptions
+	Logger logr.Logger
 }
 
-// Setup adds the reconciler, the health runnable (which also keeps the
-// entries' EgressProxyHost objects) and the orphan collector to mgr. The
-// manager should run with leader election: all three run on the leader
-// only.
+// Setup adds the reconciler, the pool reconciler, the health runnable
+// (which also keeps the entries' EgressProxyHost objects) and the orphan
+// collector to mgr. The manager should run with leader election: all of
+// them run on the leader only.
 func Setup(mgr ctrl.Manager, cfg Config) (*Reconciler, *OrphanCollector, error) {
 	log := cfg.Logger
 	if log.GetSink() == nil {
@@ -43,6 +49,17 @@ func Setup(mgr ctrl.Manager, cfg Config) (*Reconciler, *OrphanCollector, error) 
 	hr.hosts = newHostWriter(mgr.GetClient(), mgr.GetAPIReader(), slices.Collect(maps.Keys(cfg.Entries)), ho.Logger)
 	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Entries: cfg.Entries, Health: hr}
 	if err := r.SetupWithManager(mgr, cfg.Reconciler); err != nil {
+		return nil, nil, err
+	}
+	po := cfg.Pool
+	if po.Resync <= 0 {
+		po.Resync = hr.opts.Interval
+	}
+	if po.MaxConcurrentReconciles <= 0 {
+		po.MaxConcurrentReconciles = cfg.Reconciler.MaxConcurrentReconciles
+	}
+	pr := &PoolReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Entries: cfg.Entries, EntryLabels: cfg.EntryLabels, Health: hr}
+	if err := pr.SetupWithManager(mgr, po); err != nil {
 		return nil, nil, err
 	}
 	if err := mgr.Add(hr); err != nil {

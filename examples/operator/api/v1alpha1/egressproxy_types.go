@@ -16,6 +16,13 @@ type EgressProxySpec struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`
 	Provider string `json:"provider"`
 
+	ProxyTemplate `json:",inline"`
+}
+
+// ProxyTemplate is what an EgressProxy's proxy is, apart from the entry
+// that runs it: an EgressProxy's spec holds it inline, and an
+// EgressProxyPool's template gives it to each of the pool's children.
+type ProxyTemplate struct {
 	// Image is the image key of the entry's configured images
 	// (provider.Spec.ImageKey). Empty: the entry's default image.
 	// +optional

@@ -190,7 +190,7 @@ func run(o *options, log logr.Logger) error {
 		return err
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)
-	cfgs, err := controller.LoadEntries(lctx, direct, data)
+	cfgs, entryLabels, err := controller.LoadEntriesWithLabels(lctx, direct, data)
 	cancel()
 	if err != nil {
 		return err
@@ -201,7 +201,7 @@ func run(o *options, log logr.Logger) error {
 	}
 	defer controller.CloseEntries(clients)
 
-	mgr, err := newManager(o, restCfg, scheme, log, mp, clients)
+	mgr, err := newManager(o, restCfg, scheme, log, mp, clients, entryLabels)
 	if err != nil {
 		return err
 	}
@@ -212,10 +212,18 @@ func run(o *options, log logr.Logger) error {
 // health endpoints: /healthz answers while the process serves, /readyz
 // once the manager's caches have synced (every replica, leader or not, is
 // ready: a standby is ready to take over).
-func newManager(o *options, restCfg *rest.Config, scheme *runtime.Scheme, log logr.Logger, mp metric.MeterProvider, clients map[string]*egressproxy.Client) (ctrl.Manager, error) {
+func newManager(o *options, restCfg *rest.Config, scheme *runtime.Scheme, log logr.Logger, mp metric.MeterProvider, clients map[string]*egressproxy.Client, entryLabels map[string]map[string]string) (ctrl.Manager, error) {
 	mopts := controller.ManagerOptions(o.leaderNS)
 	mopts.Scheme = scheme
-	mopts.Metrics = metricsserver.Options{BindAddress: o.metricsAddr}
+	// The metrics port also serves the pools' endpoints as JSON
+	// (controller.DiscoveryPath), read straight from the apiserver.
+	direct, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	mopts.Metrics = metricsserver.Options{BindAddress: o.metricsAddr, ExtraHandlers: map[string]http.Handler{
+		controller.DiscoveryPath: controller.DiscoveryHandler(direct, log.WithName("discovery")),
+	}}
 	mopts.HealthProbeBindAddress = o.probeAddr
 	mgr, err := ctrl.NewManager(restCfg, mopts)
 	if err != nil {
@@ -233,7 +241,8 @@ func newManager(o *options, restCfg *rest.Config, scheme *runtime.Scheme, log lo
 		return nil, err
 	}
 	if _, _, err := controller.Setup(mgr, controller.Config{
-		Entries: clients,
+		Entries:     clients,
+		EntryLabels: entryLabels,
 		Reconciler: controller.Options{
 			BackoffBase: o.backoffBase, BackoffMax: o.backoffMax, PollInterval: o.poll,
 			PermanentRetry: o.permanentRetry, MaxConcurrentReconciles: o.workers,
