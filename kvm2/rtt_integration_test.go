@@ -150,13 +150,10 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 	coldCalls := rc.Take()
 	t.Logf("cold Create through the proxy: %d RPCs, %d round trips, in %v (%.1f RTT): %s", len(coldCalls), coldRounds, coldWall.Round(time.Millisecond), float64(coldWall)/float64(rtt), benchutil.Summary(coldCalls))
 	t.Logf("cold Create's calls (* starts a round trip): %s", coldTimeline)
-	// 21 round trips measured (35 before the image cache used the handles
-	// its creations answer, dialled the upload's connection and read the
-	// free space ahead, read back a one-segment image on the upload's
-	// connection and overlapped its last checks; 46 before it remembered
-	// the pool's handle), 2 of them the shared connection's own connect
-	// (AuthList, ConnectOpen: this is its first call). Issue 20's target
-	// is 25; the bound leaves room for one more drain poll.
+	// A cold Create makes 21 round trips here (docs/benchmarks.md has the
+	// history), 2 of them the shared connection's own connect (AuthList,
+	// ConnectOpen: this is its first call); the documented target is 25,
+	// and the bound leaves room for one more drain poll.
 	if coldRounds > 23 {
 		t.Errorf("cold Create: %d round trips of RPCs, want ≤ 23", coldRounds)
 	}
