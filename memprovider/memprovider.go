@@ -64,6 +64,15 @@ type Options struct {
 	// (the rule of Spec.ImageKey); others are ignored. Zero: every valid key is
 	// offered, and the default is DefaultImageKey.
 	Images []string
+	// CallDelay is a simulated round trip to the backend: every
+	// operation (Create, Get, Delete, List, Check and the image
+	// operations) waits it before it runs, as a call to a remote host
+	// waits for the network. The wait honours the call's context (an
+	// error of its class, as an ended context gives) and Close (the
+	// error of a closed provider). It comes before any injected fault's
+	// Delay. Zero: no wait. Benchmarks of an embedder at scale use it to
+	// stand in for the hypervisors they cannot hold.
+	CallDelay time.Duration
 }
 
 // Op names a provider operation, for InjectFault.
@@ -295,6 +304,11 @@ func (p *provider) enter(ctx context.Context, op Op) (*Fault, error) {
 		f = &cp
 	}
 	p.mu.Unlock()
+	if p.opts.CallDelay > 0 {
+		if err := p.wait(ctx, p.opts.CallDelay); err != nil {
+			return nil, err
+		}
+	}
 	if f == nil {
 		return nil, nil
 	}
@@ -326,6 +340,20 @@ func (p *provider) enter(ctx context.Context, op Op) (*Fault, error) {
 		return nil, err
 	}
 	return nil, errs.WithCode(f.Code, err)
+}
+
+// wait waits d, or until ctx ends (its error) or the provider is closed.
+func (p *provider) wait(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return errs.FromContext(ctx.Err())
+	case <-p.close:
+		return errClosed()
+	case <-t.C:
+		return nil
+	}
 }
 
 // Create creates the instance, or returns the existing one with the same
