@@ -6,6 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/egressproxy/egressproxy"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
@@ -82,5 +86,54 @@ func TestCallDelay(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("List waiting an hour's delay did not end with Close")
+	}
+}
+
+// Options.Entry labels every measurement of the client with
+// egressproxy.entry, so two memory entries' series differ; without it the
+// attribute is absent.
+func TestEntryAttribute(t *testing.T) {
+	t.Parallel()
+	rd := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd))
+	defer mp.Shutdown(context.Background())
+	a := memprovider.New(&memprovider.Options{MeterProvider: mp, Entry: "mem-a"})
+	defer a.Close()
+	b := memprovider.New(&memprovider.Options{MeterProvider: mp})
+	defer b.Close()
+	ctx := context.Background()
+	for range 3 {
+		if _, err := a.List(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.List(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := rd.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{} // by egressproxy.entry ("-": absent)
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "egressproxy.client.operation.duration" {
+				continue
+			}
+			h, ok := m.Data.(metricdata.Histogram[float64])
+			if !ok {
+				t.Fatalf("%s is a %T", m.Name, m.Data)
+			}
+			for _, dp := range h.DataPoints {
+				entry := "-"
+				if v, ok := dp.Attributes.Value(attribute.Key("egressproxy.entry")); ok {
+					entry = v.AsString()
+				}
+				counts[entry] += dp.Count
+			}
+		}
+	}
+	if counts["mem-a"] != 3 || counts["-"] != 1 || len(counts) != 2 {
+		t.Errorf("operation counts by egressproxy.entry = %v, want mem-a:3 and 1 without the attribute", counts)
 	}
 }

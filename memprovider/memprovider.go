@@ -16,7 +16,9 @@ import (
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/guestconf"
 	"github.com/egressproxy/egressproxy/internal/naming"
+	"github.com/egressproxy/egressproxy/internal/obs"
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -73,6 +75,11 @@ type Options struct {
 	// Delay. Zero: no wait. Benchmarks of an embedder at scale use it to
 	// stand in for the hypervisors they cannot hold.
 	CallDelay time.Duration
+	// Entry names the entry in the client's metric series: every
+	// measurement carries egressproxy.entry=Entry, as a kvm2 entry's
+	// do, so a program with several memory entries tells their series
+	// apart. Empty: no such attribute.
+	Entry string
 }
 
 // Op names a provider operation, for InjectFault.
@@ -152,7 +159,12 @@ type item struct {
 //	ctl.InjectFault(memprovider.OpGet, memprovider.Fault{Code: egressproxy.Transient, Times: 1})
 func New(opts *Options) *egressproxy.Client {
 	p := newProvider(opts)
-	return driver.NewClient(p, &egressproxy.Options{Logger: p.opts.Logger, TracerProvider: p.opts.TracerProvider, MeterProvider: p.opts.MeterProvider})
+	var attrs []attribute.KeyValue
+	if p.opts.Entry != "" {
+		attrs = append(attrs, obs.KeyEntry.String(p.opts.Entry))
+	}
+	return driver.NewClient(p, &egressproxy.Options{Logger: p.opts.Logger, TracerProvider: p.opts.TracerProvider, MeterProvider: p.opts.MeterProvider,
+		MetricAttributes: attrs})
 }
 
 // Control steers one memprovider entry from a test: faults injected into
