@@ -190,7 +190,7 @@ func run(o *options, log logr.Logger) error {
 		return err
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)
-	cfgs, err := controller.LoadEntries(lctx, direct, data)
+	cfgs, mems, err := controller.LoadEntriesFile(lctx, direct, data)
 	cancel()
 	if err != nil {
 		return err
@@ -200,6 +200,9 @@ func run(o *options, log logr.Logger) error {
 		return err
 	}
 	defer controller.CloseEntries(clients)
+	if err := controller.OpenMemoryEntries(mems, controller.MemoryOptions{Logger: log, MeterProvider: mp}, clients); err != nil {
+		return err
+	}
 
 	mgr, err := newManager(o, restCfg, scheme, log, mp, clients)
 	if err != nil {
