@@ -309,10 +309,12 @@ func (h *HealthRunnable) probeRound(ctx context.Context) {
 	po := h.opts.Probe
 	po.Username, po.Password, po.ProxyTLS = "", "", nil // per proxy only: none for a proxy without
 	po.EgressURL = h.opts.EgressURL
+	t0 := time.Now()
 	if _, err := h.tracker.Round(ctx, proxies, &health.ProbeAllOptions{Target: h.opts.ConnectTarget, Probe: po}); err != nil {
 		h.log.Error(err, "health round not recorded")
 		return
 	}
+	observeRound(t0, len(proxies))
 	// A proxy unregistered while the round probed it was tracked again
 	// when the round recorded its result: forget it again, so that its
 	// state, and its series of the state gauge, end with its object.
