@@ -140,7 +140,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.backoffBase, "backoff-base", controller.DefaultBackoffBase, "first requeue delay after a Transient error (doubling per object)")
 	fs.DurationVar(&o.backoffMax, "backoff-max", controller.DefaultBackoffMax, "longest requeue delay after Transient errors")
 	fs.DurationVar(&o.permanentRetry, "permanent-retry", controller.DefaultPermanentRetry, "retry interval of an object whose last error was Permanent")
-	fs.IntVar(&o.workers, "max-concurrent-reconciles", controller.DefaultMaxConcurrentReconciles, "how many objects are reconciled at once")
+	fs.IntVar(&o.workers, "max-concurrent-reconciles", 0, "how many objects are reconciled at once; 0: 4 per entry (at least 4)")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "0", `address of the metrics endpoint (e.g. ":8080"); "0" serves none`)
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", "0", `address of the liveness and readiness endpoints /healthz and /readyz (e.g. ":8081"); "0" serves none`)
 	o.zap.BindFlags(fs)
