@@ -191,8 +191,8 @@ func (r *report) render() string {
 	}
 	p("Call delay %v; at-rest window %s; the operator's `--health-interval` %v, its other flags at their", r.CallDelay, rest, r.HealthInterval)
 	p("defaults unless the command says otherwise (`--poll-interval` 15s: a Running object is read back every 60s; the")
-	p("reconcile workers of each run are in its table). A new proxy needs two successful probes (the tracker's Rise), so an")
-	p("object is Healthy one to two health intervals after its VM runs, whatever N.")
+	p("reconcile workers of each run are in its table). A new proxy needs two successful probes (the tracker's Rise); the")
+	p("operator probes a proxy registered anew every second until it is decided (`HealthOptions.NewProxyInterval`).")
 	p("")
 	p("## Machine")
 	p("")
