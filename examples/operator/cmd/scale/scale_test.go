@@ -55,6 +55,11 @@ func TestFit(t *testing.T) {
 	if v, ok := at5000(runs, func(r *runResult) float64 { return r.RunningS }); !ok || math.Abs(v-310) > 1e-6 {
 		t.Errorf("the line at 5,000 = %v, %v; want 310", v, ok)
 	}
+	// Between two runs: a figure 4 times larger at 4 times N grows by 1.
+	ra, rb := &runResult{N: 500, RoundS: 0.1}, &runResult{N: 2000, RoundS: 0.4}
+	if e, ok := pairExponent(ra, rb, func(r *runResult) float64 { return r.RoundS }); !ok || math.Abs(e-1) > 1e-9 {
+		t.Errorf("pairExponent = %v, %v; want 1", e, ok)
+	}
 }
 
 // The report stores its runs, and -merge reads them back; a run of the
