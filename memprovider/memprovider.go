@@ -16,7 +16,9 @@ import (
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/guestconf"
 	"github.com/egressproxy/egressproxy/internal/naming"
+	"github.com/egressproxy/egressproxy/internal/obs"
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -64,6 +66,20 @@ type Options struct {
 	// (the rule of Spec.ImageKey); others are ignored. Zero: every valid key is
 	// offered, and the default is DefaultImageKey.
 	Images []string
+	// CallDelay is a simulated round trip to the backend: every
+	// operation (Create, Get, Delete, List, Check and the image
+	// operations) waits it before it runs, as a call to a remote host
+	// waits for the network. The wait honours the call's context (an
+	// error of its class, as an ended context gives) and Close (the
+	// error of a closed provider). It comes before any injected fault's
+	// Delay. Zero: no wait. Benchmarks of an embedder at scale use it to
+	// stand in for the hypervisors they cannot hold.
+	CallDelay time.Duration
+	// Entry names the entry in the client's metric series: every
+	// measurement carries egressproxy.entry=Entry, as a kvm2 entry's
+	// do, so a program with several memory entries tells their series
+	// apart. Empty: no such attribute.
+	Entry string
 }
 
 // Op names a provider operation, for InjectFault.
@@ -143,7 +159,12 @@ type item struct {
 //	ctl.InjectFault(memprovider.OpGet, memprovider.Fault{Code: egressproxy.Transient, Times: 1})
 func New(opts *Options) *egressproxy.Client {
 	p := newProvider(opts)
-	return driver.NewClient(p, &egressproxy.Options{Logger: p.opts.Logger, TracerProvider: p.opts.TracerProvider, MeterProvider: p.opts.MeterProvider})
+	var attrs []attribute.KeyValue
+	if p.opts.Entry != "" {
+		attrs = append(attrs, obs.KeyEntry.String(p.opts.Entry))
+	}
+	return driver.NewClient(p, &egressproxy.Options{Logger: p.opts.Logger, TracerProvider: p.opts.TracerProvider, MeterProvider: p.opts.MeterProvider,
+		MetricAttributes: attrs})
 }
 
 // Control steers one memprovider entry from a test: faults injected into
@@ -295,6 +316,11 @@ func (p *provider) enter(ctx context.Context, op Op) (*Fault, error) {
 		f = &cp
 	}
 	p.mu.Unlock()
+	if p.opts.CallDelay > 0 {
+		if err := p.wait(ctx, p.opts.CallDelay); err != nil {
+			return nil, err
+		}
+	}
 	if f == nil {
 		return nil, nil
 	}
@@ -326,6 +352,20 @@ func (p *provider) enter(ctx context.Context, op Op) (*Fault, error) {
 		return nil, err
 	}
 	return nil, errs.WithCode(f.Code, err)
+}
+
+// wait waits d, or until ctx ends (its error) or the provider is closed.
+func (p *provider) wait(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return errs.FromContext(ctx.Err())
+	case <-p.close:
+		return errClosed()
+	case <-t.C:
+		return nil
+	}
 }
 
 // Create creates the instance, or returns the existing one with the same

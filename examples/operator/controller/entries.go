@@ -65,6 +65,13 @@ func LoadEntries(ctx context.Context, r client.Reader, data []byte) ([]kvm2.Conf
 // key or value, or labels of an entry the file does not have, is a
 // FieldError naming its key path, labels.hv1.zone).
 func LoadEntriesWithLabels(ctx context.Context, r client.Reader, data []byte) ([]kvm2.Config, map[string]map[string]string, error) {
+	return loadEntries(ctx, r, data, nil)
+}
+
+// loadEntries is LoadEntriesWithLabels for a file that also declares the
+// entries named others elsewhere (its memory entries): labels may name
+// them too.
+func loadEntries(ctx context.Context, r client.Reader, data []byte, others []string) ([]kvm2.Config, map[string]map[string]string, error) {
 	var f struct { // the file's keys besides entries
 		CredentialsSecrets map[string]string            `json:"credentialsSecrets"`
 		Labels             map[string]map[string]string `json:"labels"`
@@ -98,7 +105,7 @@ func LoadEntriesWithLabels(ctx context.Context, r client.Reader, data []byte) ([
 		}
 	}
 	for _, entry := range slices.Sorted(maps.Keys(f.Labels)) {
-		if !isEntry(entry) {
+		if !isEntry(entry) && !slices.Contains(others, entry) {
 			problems = append(problems, &egressproxy.FieldError{Field: keyPath("labels", entry), Rule: "is not the name of an entry"})
 		}
 	}

@@ -52,7 +52,22 @@ type HealthOptions struct {
 	// MeterProvider records the new tracker's per-proxy state gauge and
 	// its probes (nil: no-op; unused when Tracker is set).
 	MeterProvider metric.MeterProvider
+	// NewProxyInterval is how soon a proxy registered anew (a new one, or
+	// one at a new address) is probed, and probed again at that pace
+	// until the tracker has decided it Healthy or Unhealthy (at most
+	// newProxyProbes times), instead of waiting for the next rounds: a
+	// new proxy is Healthy seconds after its VM runs, not one to two
+	// Intervals later. Zero: DefaultNewProxyInterval; negative: off.
+	NewProxyInterval time.Duration
 }
+
+// DefaultNewProxyInterval is HealthOptions.NewProxyInterval's default.
+const DefaultNewProxyInterval = time.Second
+
+// newProxyProbes bounds the probes of a new proxy outside the rounds: the
+// tracker's default Rise (2) and Fall (3) decide it within 3 probes unless
+// its results alternate; after 5 it waits for the rounds like any other.
+const newProxyProbes = 5
 
 // Member is a proxy the reconciler registered for probing.
 type Member struct {
@@ -88,12 +103,17 @@ type HealthRunnable struct {
 	members    map[string]Member // by ID
 	entryState map[string]egressproxy.Health
 	notified   map[string]health.State
+	newcomers  map[string]int // by ID: probes left outside the rounds
+	kick       chan struct{}  // a newcomer registered (buffered, 1)
 }
 
 // NewHealthRunnable returns the runnable over entries.
 func NewHealthRunnable(entries map[string]*egressproxy.Client, opts HealthOptions) (*HealthRunnable, error) {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultHealthInterval
+	}
+	if opts.NewProxyInterval == 0 {
+		opts.NewProxyInterval = DefaultNewProxyInterval
 	}
 	log := opts.Logger
 	if log.GetSink() == nil {
@@ -105,6 +125,7 @@ func NewHealthRunnable(entries map[string]*egressproxy.Client, opts HealthOption
 	h := &HealthRunnable{
 		entries: entries, opts: opts, log: log.WithName("health"),
 		members: map[string]Member{}, entryState: map[string]egressproxy.Health{}, notified: map[string]health.State{},
+		newcomers: map[string]int{}, kick: make(chan struct{}, 1),
 	}
 	h.tracker = opts.Tracker
 	if h.tracker == nil {
@@ -148,11 +169,24 @@ func (h *HealthRunnable) egressChanged(s health.Status, previous netip.Addr) {
 // NeedLeaderElection makes the runnable run on the leader only.
 func (h *HealthRunnable) NeedLeaderElection() bool { return true }
 
-// Register adds or updates a proxy to probe.
+// Register adds or updates a proxy to probe. A new proxy with an
+// address, or one whose address changed, is probed soon
+// (HealthOptions.NewProxyInterval) rather than at the next round.
 func (h *HealthRunnable) Register(m Member) {
 	h.mu.Lock()
+	prev, had := h.members[m.ID]
 	h.members[m.ID] = m
+	fresh := m.Addr != "" && (!had || prev.Addr != m.Addr) && h.opts.NewProxyInterval > 0
+	if fresh {
+		h.newcomers[m.ID] = newProxyProbes
+	}
 	h.mu.Unlock()
+	if fresh {
+		select {
+		case h.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Unregister stops probing the proxy and forgets its health.
@@ -160,6 +194,7 @@ func (h *HealthRunnable) Unregister(_ types.NamespacedName, id string) {
 	h.mu.Lock()
 	delete(h.members, id)
 	delete(h.notified, id)
+	delete(h.newcomers, id)
 	h.mu.Unlock()
 	h.tracker.Remove(id)
 }
@@ -230,12 +265,80 @@ func (h *HealthRunnable) Start(ctx context.Context) error {
 	for entry, c := range h.entries {
 		wg.Go(func() { every(ctx, h.opts.Interval, func() { h.checkEntry(ctx, entry, c) }) })
 	}
-	every(ctx, h.opts.Interval, func() {
-		h.pruneHosts(ctx)
-		h.probeRound(ctx)
-	})
+	h.probeLoop(ctx)
 	wg.Wait()
 	return nil
+}
+
+// probeLoop runs a round every Interval (the first at once) and, between
+// rounds, probes the proxies registered anew every NewProxyInterval while
+// there are any (rounds and these probes never overlap).
+func (h *HealthRunnable) probeLoop(ctx context.Context) {
+	tick := time.NewTicker(h.opts.Interval)
+	defer tick.Stop()
+	var soon *time.Timer
+	defer func() {
+		if soon != nil {
+			soon.Stop()
+		}
+	}()
+	round := func() {
+		h.pruneHosts(ctx)
+		h.probeRound(ctx)
+	}
+	round()
+	for {
+		var soonC <-chan time.Time
+		if soon != nil {
+			soonC = soon.C
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			round()
+		case <-h.kick:
+			if soon == nil {
+				soon = time.NewTimer(h.opts.NewProxyInterval)
+			}
+			continue
+		case <-soonC:
+			soon = nil
+			if h.probeNewcomers(ctx) {
+				soon = time.NewTimer(h.opts.NewProxyInterval)
+			}
+		}
+	}
+}
+
+// probeNewcomers probes the proxies registered anew once, and reports
+// whether any is left undecided with probes to spare.
+func (h *HealthRunnable) probeNewcomers(ctx context.Context) bool {
+	h.mu.Lock()
+	var ms []Member
+	for id, left := range h.newcomers {
+		m, ok := h.members[id]
+		if !ok || m.Addr == "" || left <= 0 {
+			delete(h.newcomers, id)
+			continue
+		}
+		h.newcomers[id] = left - 1
+		ms = append(ms, m)
+	}
+	h.mu.Unlock()
+	if len(ms) == 0 {
+		return false
+	}
+	h.probe(ctx, ms)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, m := range ms {
+		st, _ := h.tracker.Get(m.ID)
+		if st.State == health.StateHealthy || st.State == health.StateUnhealthy || h.newcomers[m.ID] <= 0 {
+			delete(h.newcomers, m.ID)
+		}
+	}
+	return len(h.newcomers) > 0
 }
 
 // every runs f, then again every d, until ctx ends.
@@ -306,22 +409,36 @@ func (h *HealthRunnable) checkEntry(ctx context.Context, entry string, c *egress
 // probeRound probes every registered proxy once and asks for a reconcile
 // of the objects whose health changed.
 func (h *HealthRunnable) probeRound(ctx context.Context) {
-	// One Tracker round over every proxy, each with its own credentials
-	// (none for a proxy without); one without an address keeps its state.
 	h.mu.Lock()
+	ms := make([]Member, 0, len(h.members))
+	for _, m := range h.members {
+		ms = append(ms, m)
+	}
+	h.mu.Unlock()
+	t0 := time.Now()
+	if h.probe(ctx, ms) {
+		observeRound(t0, len(ms))
+	}
+}
+
+// probe probes ms once, as one Tracker round, and asks for a reconcile of
+// the objects whose health changed. It reports whether the round was
+// recorded.
+func (h *HealthRunnable) probe(ctx context.Context, ms []Member) bool {
+	// One Tracker round over the proxies, each with its own credentials
+	// (none for a proxy without); one without an address keeps its state.
 	var proxies []health.Proxy
 	keys := map[string]types.NamespacedName{}
-	for _, m := range h.members {
+	for _, m := range ms {
 		keys[m.ID] = m.Key
 		proxies = append(proxies, health.Proxy{ID: m.ID, Address: m.Addr, Username: m.Credentials.User, Password: m.Credentials.Password, ProxyTLS: m.TLS})
 	}
-	h.mu.Unlock()
 	po := h.opts.Probe
 	po.Username, po.Password, po.ProxyTLS = "", "", nil // per proxy only: none for a proxy without
 	po.EgressURL = h.opts.EgressURL
 	if _, err := h.tracker.Round(ctx, proxies, &health.ProbeAllOptions{Target: h.opts.ConnectTarget, Probe: po}); err != nil {
 		h.log.Error(err, "health round not recorded")
-		return
+		return false
 	}
 	// A proxy unregistered while the round probed it was tracked again
 	// when the round recorded its result: forget it again, so that its
@@ -338,7 +455,7 @@ func (h *HealthRunnable) probeRound(ctx context.Context) {
 		h.tracker.Remove(id)
 	}
 	if ctx.Err() != nil {
-		return
+		return true
 	}
 
 	var changed []types.NamespacedName
@@ -361,4 +478,5 @@ func (h *HealthRunnable) probeRound(ctx context.Context) {
 			h.notifyPool(k)
 		}
 	}
+	return true
 }

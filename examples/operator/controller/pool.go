@@ -104,6 +104,9 @@ type PoolReconciler struct {
 
 	opts   PoolOptions
 	events chan event.TypedGenericEvent[*v1alpha1.EgressProxyPool]
+	// notifier carries the health runnable's requests into events
+	// without losing one in a burst.
+	notifier *notifier[*v1alpha1.EgressProxyPool]
 }
 
 // +kubebuilder:rbac:groups=egressproxy.dev,resources=egressproxypools,verbs=get;list;watch
@@ -125,6 +128,10 @@ func (r *PoolReconciler) SetupWithManager(mgr ctrl.Manager, opts PoolOptions) er
 	}
 	r.opts = opts
 	r.events = make(chan event.TypedGenericEvent[*v1alpha1.EgressProxyPool], 64)
+	r.notifier = newNotifier(r.events, poolKey)
+	if err := mgr.Add(r.notifier); err != nil {
+		return err
+	}
 	if r.Health != nil {
 		r.Health.notifyPool = r.notifyChild
 	}
@@ -152,11 +159,7 @@ func (r *PoolReconciler) notifyChild(key types.NamespacedName) {
 	if ref == nil || ref.Kind != "EgressProxyPool" || ref.APIVersion != v1alpha1.GroupVersion.String() {
 		return
 	}
-	ev := event.TypedGenericEvent[*v1alpha1.EgressProxyPool]{Object: &v1alpha1.EgressProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: ref.Name}}}
-	select {
-	case r.events <- ev:
-	default:
-	}
+	r.notifier.add(types.NamespacedName{Namespace: key.Namespace, Name: ref.Name})
 }
 
 // Reconcile drives one pool towards its spec.

@@ -78,9 +78,10 @@ type Reconciler struct {
 	// their health and their entries' health from.
 	Health *HealthRunnable
 
-	opts    Options
-	backoff workqueue.TypedRateLimiter[reconcile.Request]
-	events  chan event.TypedGenericEvent[*v1alpha1.EgressProxy]
+	opts     Options
+	backoff  workqueue.TypedRateLimiter[reconcile.Request]
+	events   chan event.TypedGenericEvent[*v1alpha1.EgressProxy]
+	notifier *notifier[*v1alpha1.EgressProxy] // the health runnable's requests into events
 }
 
 // +kubebuilder:rbac:groups=egressproxy.dev,resources=egressproxies,verbs=get;list;watch;update;patch
@@ -112,6 +113,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	r.opts = opts
 	r.backoff = workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](opts.BackoffBase, opts.BackoffMax)
 	r.events = make(chan event.TypedGenericEvent[*v1alpha1.EgressProxy], 64)
+	r.notifier = newNotifier(r.events, proxyKey)
+	if err := mgr.Add(r.notifier); err != nil {
+		return err
+	}
 	if r.Health != nil {
 		r.Health.notify = r.notify
 	}
@@ -124,15 +129,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts Options) error {
 }
 
 // notify asks for a reconcile of key (the health runnable calls it when a
-// proxy's or an entry's health changed). It never blocks: a full channel
-// means reconciles are pending anyway, and the poll catches up.
-func (r *Reconciler) notify(key types.NamespacedName) {
-	ev := event.TypedGenericEvent[*v1alpha1.EgressProxy]{Object: &v1alpha1.EgressProxy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}
-	select {
-	case r.events <- ev:
-	default:
-	}
-}
+// proxy's or an entry's health changed). It never blocks, and no request
+// is lost (notifier).
+func (r *Reconciler) notify(key types.NamespacedName) { r.notifier.add(key) }
 
 // InstanceName is the instance name of the EgressProxy namespace/name.
 func InstanceName(key types.NamespacedName) string {

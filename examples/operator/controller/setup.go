@@ -48,7 +48,9 @@ func Setup(mgr ctrl.Manager, cfg Config) (*Reconciler, *OrphanCollector, error) 
 	}
 	hr.hosts = newHostWriter(mgr.GetClient(), mgr.GetAPIReader(), slices.Collect(maps.Keys(cfg.Entries)), ho.Logger)
 	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Entries: cfg.Entries, Health: hr}
-	if err := r.SetupWithManager(mgr, cfg.Reconciler); err != nil {
+	ro := cfg.Reconciler
+	ro.MaxConcurrentReconciles = reconcileWorkers(ro.MaxConcurrentReconciles, len(cfg.Entries))
+	if err := r.SetupWithManager(mgr, ro); err != nil {
 		return nil, nil, err
 	}
 	po := cfg.Pool
@@ -74,6 +76,24 @@ func Setup(mgr ctrl.Manager, cfg Config) (*Reconciler, *OrphanCollector, error) 
 		return nil, nil, err
 	}
 	return r, gc, nil
+}
+
+// DefaultReconcilesPerEntry is how many objects Setup reconciles at once
+// per configured entry when Config.Reconciler.MaxConcurrentReconciles is
+// zero. A reconcile mostly waits for its entry's round trips (Get, Create:
+// tens of milliseconds each to a remote hypervisor), so a fixed number of
+// workers makes the time to converge grow with the objects per worker;
+// per entry, it stays about the same as entries and objects grow together.
+const DefaultReconcilesPerEntry = 4
+
+// reconcileWorkers is how many objects are reconciled at once: the
+// configured number, else DefaultReconcilesPerEntry per entry (at least
+// DefaultMaxConcurrentReconciles).
+func reconcileWorkers(configured, entries int) int {
+	if configured > 0 {
+		return configured
+	}
+	return max(DefaultMaxConcurrentReconciles, DefaultReconcilesPerEntry*entries)
 }
 
 // EventSource is the reporting controller of the operator's events.

@@ -140,7 +140,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.backoffBase, "backoff-base", controller.DefaultBackoffBase, "first requeue delay after a Transient error (doubling per object)")
 	fs.DurationVar(&o.backoffMax, "backoff-max", controller.DefaultBackoffMax, "longest requeue delay after Transient errors")
 	fs.DurationVar(&o.permanentRetry, "permanent-retry", controller.DefaultPermanentRetry, "retry interval of an object whose last error was Permanent")
-	fs.IntVar(&o.workers, "max-concurrent-reconciles", controller.DefaultMaxConcurrentReconciles, "how many objects are reconciled at once")
+	fs.IntVar(&o.workers, "max-concurrent-reconciles", 0, "how many objects are reconciled at once; 0: 4 per entry (at least 4)")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "0", `address of the metrics endpoint (e.g. ":8080"); "0" serves none`)
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", "0", `address of the liveness and readiness endpoints /healthz and /readyz (e.g. ":8081"); "0" serves none`)
 	o.zap.BindFlags(fs)
@@ -190,7 +190,7 @@ func run(o *options, log logr.Logger) error {
 		return err
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)
-	cfgs, entryLabels, err := controller.LoadEntriesWithLabels(lctx, direct, data)
+	cfgs, mems, entryLabels, err := controller.LoadEntriesFile(lctx, direct, data)
 	cancel()
 	if err != nil {
 		return err
@@ -200,6 +200,9 @@ func run(o *options, log logr.Logger) error {
 		return err
 	}
 	defer controller.CloseEntries(clients)
+	if err := controller.OpenMemoryEntries(mems, controller.MemoryOptions{Logger: log, MeterProvider: mp}, clients); err != nil {
+		return err
+	}
 
 	mgr, err := newManager(o, restCfg, scheme, log, mp, clients, entryLabels)
 	if err != nil {
