@@ -22,7 +22,8 @@
 #               so the lab must be up before it), the example operator's
 #               vet, staticcheck and tests against a real kube-apiserver and
 #               etcd (operator-test; scripts/kubestack builds them before the
-#               namespace, cached per recipe), the 5-minute chaos soak on the
+#               namespace, cached per recipe), scale-short (the scale
+#               bench's CI variant), the 5-minute chaos soak on the
 #               lab (CI_SOAK, fixed CI_SOAK_SEED), bench-short,
 #               fuzz-short, then stop the stack again (always, even when a step
 #               failed). The tests run even when vet fails, for the full
@@ -203,6 +204,7 @@ test-in-netns:
 		echo "+ [$$(date -u +%T)] $(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e"; \
 		$(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		$(MAKE) --no-print-directory operator-test || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+		$(MAKE) --no-print-directory scale-short || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		echo "+ [$$(date -u +%T)] SOAK=$(CI_SOAK) SOAK_SEED=$(CI_SOAK_SEED) $(GO) test -tags integration -count=1 -run '^TestSoak$$' -v ./internal/testing/soak   (on the $(LAB_HOSTS)-host lab)"; \
 		SOAK=$(CI_SOAK) SOAK_SEED=$(CI_SOAK_SEED) SOAK_GUEST=0 SOAK_REPORT=$$EGRESSPROXY_STACK_DIR/soak.md SOAK_EVENTS=$$EGRESSPROXY_STACK_DIR/soak-events.jsonl \
 			$(GO) test -tags integration -count=1 -timeout $(CI_SOAK_TIMEOUT) -run '^TestSoak$$' -v ./internal/testing/soak || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
@@ -247,6 +249,26 @@ operator-test:
 		(cd $(OPERATOR) && $(GO) test -p 1 -tags integration -count=1 -timeout $(TEST_TIMEOUT) -v ./...) || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	fi; \
 	echo "make operator-test: $$((SECONDS - t0))s"; \
+	exit $$rc
+
+# make scale-short   the scale bench's CI variant (issue 36; docs/scale.md,
+#              "CI variant"): cmd/scale -check runs N=200 objects over 2
+#              memory entries on a real kube-apiserver and etcd with short
+#              windows (~40 s) and fails when a figure is more than 2× the
+#              one docs/scale.md documents, scaled to N=200. It writes no
+#              docs. Built as operator-test builds (CGO_ENABLED=0,
+#              -trimpath), so it shares its build cache. Part of make test,
+#              right after operator-test.
+.PHONY: scale-short
+scale-short:
+	@rc=0; t0=$$SECONDS; \
+	export CGO_ENABLED=0 GOFLAGS="$$GOFLAGS -trimpath"; \
+	kubeenv=$$($(KUBESTACK) env) && eval "$$kubeenv" || rc=$$?; \
+	if [ $$rc -eq 0 ]; then \
+		echo "+ [$$(date -u +%T)] (cd $(OPERATOR) && $(GO) run ./cmd/scale -check ../../docs/scale.md)"; \
+		(cd $(OPERATOR) && $(GO) run ./cmd/scale -check ../../docs/scale.md) || rc=$$?; \
+	fi; \
+	echo "make scale-short: $$((SECONDS - t0))s"; \
 	exit $$rc
 
 # make operator-image   the example operator's container image, built

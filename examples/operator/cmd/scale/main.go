@@ -71,6 +71,7 @@ type options struct {
 	note           string
 	analysis       string
 	rerender       bool
+	check          string
 }
 
 // runSpec is one run's size: N objects over M memory entries.
@@ -109,7 +110,23 @@ func main() {
 	flag.StringVar(&o.note, "note", "", "a line about the machine and the session for the report (what else ran, why no larger N)")
 	flag.StringVar(&o.analysis, "analysis", "cmd/scale/analysis.md", "hand-written reading appended to the report ('' for none)")
 	flag.BoolVar(&o.rerender, "rerender", false, "measure nothing: write -out again from the runs it stores (with -note and -analysis; the recorded command stays -command)")
+	flag.StringVar(&o.check, "check", "", "the CI variant: measure, compare each figure with the one this report documents (scaled linearly to the run's N) and fail when one is more than 2× worse; writes nothing (defaults: -runs 200:2 -rest 15s -settle 2s -health-interval 15s -failover=false)")
 	flag.Parse()
+	if o.check != "" {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		for name, v := range map[string]string{"runs": "200:2", "rest": "15s", "settle": "2s", "health-interval": "15s", "failover": "false", "timeout": "2m"} {
+			if !set[name] {
+				if err := flag.Set(name, v); err != nil {
+					panic(err)
+				}
+			}
+		}
+		if set["rerender"] || set["merge"] {
+			fmt.Fprintln(os.Stderr, "scale: -check writes nothing: -rerender and -merge do not apply")
+			os.Exit(2)
+		}
+	}
 	var err error
 	if o.runs, err = parseRuns(*runs); err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
@@ -135,6 +152,9 @@ func main() {
 }
 
 func run(ctx context.Context, o *options) error {
+	if o.check != "" {
+		return check(ctx, o)
+	}
 	rep := &report{Command: o.command, CallDelay: o.callDelay, Rest: o.rest, HealthInterval: o.healthInterval, Machine: describeMachine(), Note: o.note}
 	if o.analysis != "" {
 		b, err := os.ReadFile(o.analysis)
@@ -188,6 +208,55 @@ func run(ctx context.Context, o *options) error {
 			return err
 		}
 		logf0("N=%d M=%d: converged in %.1fs; wrote %s", rs.N, rs.M, res.ConvergeS, o.out)
+	}
+	if o.logDir == "" {
+		_ = os.RemoveAll(logDir)
+	}
+	return nil
+}
+
+// check is -check: it measures the runs, prints every figure beside the
+// documented one and fails naming each that is more than checkLimit times
+// worse. It writes no report.
+func check(ctx context.Context, o *options) error {
+	doc, err := readRuns(o.check)
+	if err != nil {
+		return fmt.Errorf("-check: %w", err)
+	}
+	assets, err := controlPlaneAssets(o.kubestack)
+	if err != nil {
+		return err
+	}
+	logDir := o.logDir
+	if logDir == "" {
+		if logDir, err = os.MkdirTemp("", "egressproxy-scale-check-"); err != nil {
+			return err
+		}
+	} else if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return err
+	}
+	bin := filepath.Join(logDir, "egressproxy-operator")
+	t0 := time.Now()
+	if err := ociimage.BuildBinary(ctx, o.moduleDir, bin); err != nil {
+		return err
+	}
+	logf0("built the operator in %v", time.Since(t0).Round(100*time.Millisecond))
+	var failed []string
+	for _, rs := range o.runs {
+		res, err := runOne(ctx, o, assets, bin, logDir, rs)
+		if err != nil {
+			return fmt.Errorf("run N=%d M=%d: %w (logs in %s)", rs.N, rs.M, err, logDir)
+		}
+		rows, bad := compare(doc, res, checkFigures(), checkLimit)
+		printCheck(os.Stdout, rs.N, rs.M, rows, checkLimit)
+		fmt.Printf("  (apiserver requests by verb %s; library calls by operation %s; health rounds in the window %d)\n",
+			byKey(res.APIPerS, "%.2f/s"), byKey(res.CallsByOp, "%.2f/s"), res.Rounds)
+		for _, b := range bad {
+			failed = append(failed, fmt.Sprintf("N=%d: %s", rs.N, b))
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("-check %s: %d figure(s) regressed or unchecked: %s (logs in %s)", o.check, len(failed), strings.Join(failed, "; "), logDir)
 	}
 	if o.logDir == "" {
 		_ = os.RemoveAll(logDir)

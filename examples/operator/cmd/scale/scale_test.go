@@ -87,7 +87,81 @@ func TestReportRuns(t *testing.T) {
 	if !strings.Contains(r.render(), "| converge from operator start | ≤ 120 s | 80.0 s |") {
 		t.Errorf("the targets table does not judge the largest run:\n%s", r.render())
 	}
+	if !strings.Contains(r.render(), "## CI variant") {
+		t.Error("the report does not describe its CI variant")
+	}
 	if _, err := parseRuns("200:2,5:7"); err == nil {
 		t.Error("-runs 5:7 (more entries than objects) accepted")
+	}
+}
+
+// -check fails a figure more than 2× its documented value scaled to the
+// run's N, passes one under it, and reports a figure without a reference
+// or a measurement instead of passing it.
+func TestCompare(t *testing.T) {
+	doc := []*runResult{
+		{N: 200, CallDelayMS: 50, ConvergeS: 10, CPUCores: 0.01, RoundS: 0.02},
+		{N: 2000, CallDelayMS: 50, ConvergeS: 30, CPUCores: 0.05, RoundS: 0.3, RSSMiB: 100},
+	}
+	figs := []figure{
+		{"converge", "s", func(r *runResult) float64 { return r.ConvergeS }, ""},
+		{"cpu", "cores", func(r *runResult) float64 { return r.CPUCores }, ""},
+		{"rss", "MiB", func(r *runResult) float64 { return r.RSSMiB }, ""},
+		{"goroutines", "", func(r *runResult) float64 { return r.Goroutines }, ""},
+		{"round", "s", func(r *runResult) float64 { return r.RoundS }, ""},
+	}
+	got := &runResult{N: 200, CallDelayMS: 50, ConvergeS: 21, CPUCores: 0.019, RSSMiB: 15, Goroutines: 300}
+	rows, failed := compare(doc, got, figs, 2)
+	want := map[string]string{
+		"converge": "more than 2×", // 2.1× the N=200 run
+		"cpu":      "",             // 1.9×
+		// The only run with RSS is N=2000: 100 MiB scaled linearly to
+		// 10 MiB at N=200; 15 MiB is 1.5×.
+		"rss":        "",
+		"goroutines": "no documented figure",     // no run measured it
+		"round":      "not measured by this run", // 0
+	}
+	if len(rows) != len(figs) {
+		t.Fatalf("rows = %+v", rows)
+	}
+	for _, r := range rows {
+		w := want[r.name]
+		if (w == "") != (r.problem == "") || !strings.Contains(r.problem, w) {
+			t.Errorf("%s: problem %q, want %q (ratio %.3f, ref %.4g from N=%d)", r.name, r.problem, w, r.ratio, r.ref, r.refN)
+		}
+	}
+	if r := rows[0]; math.Abs(r.ratio-2.1) > 1e-9 || r.refN != 200 {
+		t.Errorf("converge: ratio %v against N=%d, want 2.1 against N=200", r.ratio, r.refN)
+	}
+	if r := rows[2]; math.Abs(r.ref-10) > 1e-9 || r.refN != 2000 {
+		t.Errorf("rss: reference %v from N=%d, want 10 from N=2000", r.ref, r.refN)
+	}
+	if strings.Join(failed, ",") != "converge,goroutines,round" {
+		t.Errorf("failed = %q", failed)
+	}
+	// The printout names every figure, its reference and its ratio.
+	var b strings.Builder
+	printCheck(&b, 200, 2, rows, 2)
+	for _, s := range []string{"converge", "2.10×", "1.90×", "FAIL: no documented figure", "N=2000 run scaled by 200/2000"} {
+		if !strings.Contains(b.String(), s) {
+			t.Errorf("the printout lacks %q:\n%s", s, b.String())
+		}
+	}
+	// Another call delay is not a reference.
+	if _, _, ok := reference(doc, 200, 20, func(r *runResult) float64 { return r.ConvergeS }); ok {
+		t.Error("a run at another call delay was taken as the reference")
+	}
+}
+
+// The CI variant checks every figure of the report but the failover.
+func TestCheckFigures(t *testing.T) {
+	fs := checkFigures()
+	if len(fs) != len(figures)-1 {
+		t.Errorf("checkFigures: %d of %d", len(fs), len(figures))
+	}
+	for _, f := range fs {
+		if strings.Contains(f.name, "failover") {
+			t.Errorf("checks %s", f.name)
+		}
 	}
 }
