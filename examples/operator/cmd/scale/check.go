@@ -31,7 +31,8 @@ type checkRow struct {
 	got        float64
 	ref        float64 // the documented figure scaled to the run's N; 0: none
 	refN       int     // the documented run's N
-	ratio      float64 // got / ref
+	floor      float64 // the figure's floor (figure.floor)
+	ratio      float64 // got / max(ref, floor)
 	problem    string  // why the figure fails; "" when it passes
 }
 
@@ -60,7 +61,7 @@ func reference(runs []*runResult, n int, callDelayMS float64, f func(*runResult)
 // that fail.
 func compare(runs []*runResult, got *runResult, figs []figure, limit float64) (rows []checkRow, failed []string) {
 	for _, f := range figs {
-		row := checkRow{name: f.name, unit: f.unit, got: f.get(got)}
+		row := checkRow{name: f.name, unit: f.unit, got: f.get(got), floor: f.floor}
 		ref, refN, ok := reference(runs, got.N, got.CallDelayMS, f.get)
 		switch {
 		case !ok:
@@ -69,7 +70,7 @@ func compare(runs []*runResult, got *runResult, figs []figure, limit float64) (r
 			row.ref, row.refN = ref, refN
 			row.problem = "not measured by this run"
 		default:
-			row.ref, row.refN, row.ratio = ref, refN, row.got/ref
+			row.ref, row.refN, row.ratio = ref, refN, row.got/max(ref, f.floor)
 			if row.ratio > limit {
 				row.problem = fmt.Sprintf("%.2f× the documented figure, more than %g×", row.ratio, limit)
 			}
@@ -93,6 +94,9 @@ func printCheck(w io.Writer, n, m int, rows []checkRow, limit float64) {
 		ref, ratio := "—", "—"
 		if r.refN > 0 {
 			ref = fmt.Sprintf("%.4g%s (N=%d run scaled by %d/%d)", r.ref, r.unit, r.refN, n, r.refN)
+			if r.floor > r.ref {
+				ref += fmt.Sprintf(", judged against its floor %g%s", r.floor, r.unit)
+			}
 		}
 		if r.ratio > 0 {
 			ratio = fmt.Sprintf("%.2f×", r.ratio)

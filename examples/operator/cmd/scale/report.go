@@ -162,18 +162,23 @@ type figure struct {
 	name, unit string
 	get        func(*runResult) float64
 	format     string
+	// floor is the smallest reference -check judges the figure against:
+	// below it, a figure is noise (a scheduler's hiccup doubles a 30 ms
+	// round or a CPU share of a few thousandths of a core), not a
+	// regression. Zero: none.
+	floor float64
 }
 
 var figures = []figure{
-	{"converge (all Healthy)", "s", func(r *runResult) float64 { return r.ConvergeS }, "%.1f"},
-	{"all Running", "s", func(r *runResult) float64 { return r.RunningS }, "%.1f"},
-	{"CPU at rest", "cores", func(r *runResult) float64 { return r.CPUCores }, "%.3f"},
-	{"RSS at rest", "MiB", func(r *runResult) float64 { return r.RSSMiB }, "%.0f"},
-	{"goroutines at rest", "", func(r *runResult) float64 { return r.Goroutines }, "%.0f"},
-	{"apiserver requests at rest", "/s", func(r *runResult) float64 { return r.APIPerSTotal }, "%.2f"},
-	{"library calls at rest, per entry", "/s", func(r *runResult) float64 { return r.CallsPerSEntry }, "%.2f"},
-	{"health round", "s", func(r *runResult) float64 { return r.RoundS }, "%.3f"},
-	{"failover: every status fresh after the Lease expired", "s", func(r *runResult) float64 { return r.FreshAfterExpiry }, "%.1f"},
+	{"converge (all Healthy)", "s", func(r *runResult) float64 { return r.ConvergeS }, "%.1f", 0},
+	{"all Running", "s", func(r *runResult) float64 { return r.RunningS }, "%.1f", 0},
+	{"CPU at rest", "cores", func(r *runResult) float64 { return r.CPUCores }, "%.3f", 0.05},
+	{"RSS at rest", "MiB", func(r *runResult) float64 { return r.RSSMiB }, "%.0f", 0},
+	{"goroutines at rest", "", func(r *runResult) float64 { return r.Goroutines }, "%.0f", 0},
+	{"apiserver requests at rest", "/s", func(r *runResult) float64 { return r.APIPerSTotal }, "%.2f", 0},
+	{"library calls at rest, per entry", "/s", func(r *runResult) float64 { return r.CallsPerSEntry }, "%.2f", 0},
+	{"health round", "s", func(r *runResult) float64 { return r.RoundS }, "%.3f", 0.25},
+	{"failover: every status fresh after the Lease expired", "s", func(r *runResult) float64 { return r.FreshAfterExpiry }, "%.1f", 0},
 }
 
 func (r *report) render() string {
@@ -213,7 +218,9 @@ func (r *report) render() string {
 	p("N = 200 it alone takes ~30 s, beyond the minute). It prints each other figure of the Growth table beside the stored")
 	p("run's figure at the nearest N (by ratio), scaled linearly by 200 / that N (the stricter scaling downward, and the one")
 	p("the report extrapolates with; with the N = 200 run stored the factor is 1), and exits non-zero naming every figure more")
-	p("than 2× worse, or without a reference or a measurement. It writes nothing.")
+	p("than 2× worse, or without a reference or a measurement. A figure whose reference is below its floor is judged against")
+	p("the floor instead (health round 0.25 s, CPU at rest 0.05 cores): below those, a scheduler's hiccup doubles a figure. It")
+	p("writes nothing.")
 	p("")
 	p("## Machine")
 	p("")

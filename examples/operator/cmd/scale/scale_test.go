@@ -104,11 +104,11 @@ func TestCompare(t *testing.T) {
 		{N: 2000, CallDelayMS: 50, ConvergeS: 30, CPUCores: 0.05, RoundS: 0.3, RSSMiB: 100},
 	}
 	figs := []figure{
-		{"converge", "s", func(r *runResult) float64 { return r.ConvergeS }, ""},
-		{"cpu", "cores", func(r *runResult) float64 { return r.CPUCores }, ""},
-		{"rss", "MiB", func(r *runResult) float64 { return r.RSSMiB }, ""},
-		{"goroutines", "", func(r *runResult) float64 { return r.Goroutines }, ""},
-		{"round", "s", func(r *runResult) float64 { return r.RoundS }, ""},
+		{"converge", "s", func(r *runResult) float64 { return r.ConvergeS }, "", 0},
+		{"cpu", "cores", func(r *runResult) float64 { return r.CPUCores }, "", 0},
+		{"rss", "MiB", func(r *runResult) float64 { return r.RSSMiB }, "", 0},
+		{"goroutines", "", func(r *runResult) float64 { return r.Goroutines }, "", 0},
+		{"round", "s", func(r *runResult) float64 { return r.RoundS }, "", 0},
 	}
 	got := &runResult{N: 200, CallDelayMS: 50, ConvergeS: 21, CPUCores: 0.019, RSSMiB: 15, Goroutines: 300}
 	rows, failed := compare(doc, got, figs, 2)
@@ -135,6 +135,15 @@ func TestCompare(t *testing.T) {
 	}
 	if r := rows[2]; math.Abs(r.ref-10) > 1e-9 || r.refN != 2000 {
 		t.Errorf("rss: reference %v from N=%d, want 10 from N=2000", r.ref, r.refN)
+	}
+	// A figure under its floor is judged against the floor: 3× a 20 ms
+	// round is 0.24× a 250 ms floor; 0.6 s is more than 2× the floor.
+	floored := []figure{{"round", "s", func(r *runResult) float64 { return r.RoundS }, "", 0.25}}
+	if _, failed := compare(doc, &runResult{N: 200, CallDelayMS: 50, RoundS: 0.06}, floored, 2); len(failed) != 0 {
+		t.Errorf("a round of 3x a reference under the floor failed: %q", failed)
+	}
+	if _, failed := compare(doc, &runResult{N: 200, CallDelayMS: 50, RoundS: 0.6}, floored, 2); len(failed) != 1 {
+		t.Errorf("a round of more than 2x the floor passed")
 	}
 	if strings.Join(failed, ",") != "converge,goroutines,round" {
 		t.Errorf("failed = %q", failed)
