@@ -3,6 +3,7 @@
 package operator_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -62,7 +63,21 @@ type poolEnv struct {
 // must allow everything they do), with a health interval of one second,
 // over three memory entries (mem-a, mem-b, mem-c) whose proxies are real
 // CONNECT proxies on loopback.
-func startPoolEnv(t *testing.T) *poolEnv {
+func startPoolEnv(t *testing.T) *poolEnv { return startPoolEnvWith(t, poolEnvOptions{}) }
+
+// poolEnvOptions are what startPoolEnvWith changes from startPoolEnv.
+type poolEnvOptions struct {
+	// entries the controllers use, closed when the test ends (nil: the
+	// three memory entries).
+	entries map[string]*egressproxy.Client
+	// target is the probes' CONNECT target ("": one on loopback).
+	target string
+	// probeTimeout is each probe's (zero: 2 s).
+	probeTimeout time.Duration
+}
+
+// startPoolEnvWith is startPoolEnv over o's entries and target.
+func startPoolEnvWith(t *testing.T, o poolEnvOptions) *poolEnv {
 	assets := controlPlaneAssets(t)
 	// The manager and the controllers log to this test; what logs
 	// through controller-runtime's global logger, which only its first
@@ -108,7 +123,10 @@ func startPoolEnv(t *testing.T) *poolEnv {
 		Data: map[string][]byte{"username": []byte("pool-user"), "password": []byte("pool-password")}}); err != nil {
 		t.Fatal(err)
 	}
-	pe.target = acceptingTarget(t)
+	pe.target = o.target
+	if pe.target == "" {
+		pe.target = acceptingTarget(t)
+	}
 
 	opCfg, err := clientcmd.BuildConfigFromFlags("", operatorKubeconfig(t, ctx, env, c))
 	if err != nil {
@@ -117,11 +135,15 @@ func startPoolEnv(t *testing.T) *poolEnv {
 	if pe.op, err = client.New(opCfg, client.Options{Scheme: scheme}); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"mem-a", "mem-b", "mem-c"} {
-		m := memprovider.New(&memprovider.Options{ServeProxies: true, Logger: log.WithName(name)})
-		var ctl *memprovider.Control
-		m.As(&ctl)
-		pe.entries[name], pe.controls[name] = m, ctl
+	if o.entries != nil {
+		pe.entries = o.entries
+	} else {
+		for _, name := range []string{"mem-a", "mem-b", "mem-c"} {
+			m := memprovider.New(&memprovider.Options{ServeProxies: true, Logger: log.WithName(name)})
+			var ctl *memprovider.Control
+			m.As(&ctl)
+			pe.entries[name], pe.controls[name] = m, ctl
+		}
 	}
 	mopts := controller.ManagerOptions(operatorNS)
 	mopts.Scheme = scheme
@@ -140,7 +162,7 @@ func startPoolEnv(t *testing.T) *poolEnv {
 		// A short backoff: a child whose finalizer failed while its
 		// entry was unreachable is retried soon after it is back.
 		Reconciler: controller.Options{PollInterval: pe.interval, BackoffMax: 2 * time.Second},
-		Health:     controller.HealthOptions{Interval: pe.interval, ConnectTarget: pe.target, Probe: health.ProbeOptions{Timeout: 2 * time.Second}},
+		Health:     controller.HealthOptions{Interval: pe.interval, ConnectTarget: pe.target, Probe: health.ProbeOptions{Timeout: cmp.Or(o.probeTimeout, 2*time.Second)}},
 		Logger:     log,
 	}); err != nil {
 		t.Fatal(err)
@@ -162,7 +184,7 @@ func startPoolEnv(t *testing.T) *poolEnv {
 
 // createPool creates a pool of replicas whose children allow the probes'
 // target.
-func (pe *poolEnv) createPool(t *testing.T, name string, replicas int32, grace time.Duration) *v1alpha1.EgressProxyPool {
+func (pe *poolEnv) createPool(t *testing.T, name string, replicas int32, grace time.Duration, edit ...func(*v1alpha1.EgressProxyPool)) *v1alpha1.EgressProxyPool {
 	t.Helper()
 	_, targetPort, _ := net.SplitHostPort(pe.target)
 	port, _ := strconv.Atoi(targetPort)
@@ -179,6 +201,9 @@ func (pe *poolEnv) createPool(t *testing.T, name string, replicas int32, grace t
 	// A short drain: a child taken out is listed as terminating for a
 	// second, then deleted.
 	pool.Spec.DrainPeriod = &metav1.Duration{Duration: pe.drain}
+	for _, e := range edit {
+		e(pool)
+	}
 	if err := pe.c.Create(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +235,7 @@ func (pe *poolEnv) deletePool(t *testing.T, pool *v1alpha1.EgressProxyPool) {
 	if err := pe.c.DeleteAllOf(ctx, &v1alpha1.EgressProxy{}, client.InNamespace(pe.ns)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "the children and their VMs deleted", func() string {
+	waitFor(t, 2*time.Minute, "the children and their VMs deleted", func() string {
 		var l v1alpha1.EgressProxyList
 		if err := pe.c.List(ctx, &l, client.InNamespace(pe.ns)); err != nil {
 			return err.Error()
@@ -222,7 +247,7 @@ func (pe *poolEnv) deletePool(t *testing.T, pool *v1alpha1.EgressProxyPool) {
 		if err != nil {
 			return err.Error()
 		}
-		if n["mem-a"]+n["mem-b"]+n["mem-c"] != 0 {
+		if total := slices.Collect(maps.Values(n)); slices.Max(append(total, 0)) != 0 {
 			return fmt.Sprintf("instances left: %v", n)
 		}
 		return ""

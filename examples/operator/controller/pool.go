@@ -70,6 +70,11 @@ const (
 // Checks change what placement may do without any object changing.
 const DefaultPoolResync = DefaultHealthInterval
 
+// DefaultBootTimeout is how long a child's VM may boot (no address yet,
+// on a reachable entry) before its unhealthy grace starts, when
+// PoolOptions.BootTimeout is zero.
+const DefaultBootTimeout = 10 * time.Minute
+
 // PoolOptions configure a PoolReconciler.
 type PoolOptions struct {
 	// Resync is how often every pool is reconciled again (zero:
@@ -78,6 +83,11 @@ type PoolOptions struct {
 	Resync time.Duration
 	// MaxConcurrentReconciles (zero: DefaultMaxConcurrentReconciles).
 	MaxConcurrentReconciles int
+	// BootTimeout is how long a child's VM may boot before its grace
+	// starts (zero: DefaultBootTimeout): a child whose VM is still
+	// Pending or Provisioning on a reachable entry has not failed, and
+	// one that just got its address has its grace from then.
+	BootTimeout time.Duration
 }
 
 // PoolReconciler reconciles EgressProxyPool objects into EgressProxy
@@ -241,6 +251,9 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 		c := child{obj: ep, entry: ep.Spec.Provider, index: idx}
 		var since time.Time
 		c.healthy, c.address, since = r.childHealth(ep)
+		if !c.healthy {
+			since = r.graceStart(ep, since)
+		}
 		c.lost = !c.healthy && !since.IsZero() && now.Sub(since) > grace
 		c.outdated = !equality.Semantic.DeepEqual(ep.Spec.ProxyTemplate, pool.Spec.Template) ||
 			(pool.Spec.MaxAge != nil && pool.Spec.MaxAge.Duration > 0 && !ep.CreationTimestamp.IsZero() &&
@@ -536,6 +549,31 @@ func (r *PoolReconciler) childHealth(ep *v1alpha1.EgressProxy) (bool, string, ti
 		since = c.LastTransitionTime.Time
 	}
 	return false, ep.Status.Address, since
+}
+
+// graceStart is when a child that is not Healthy (since since) started
+// to use up its grace: a VM still booting on a reachable entry (phase
+// Pending or Provisioning: no address yet) only BootTimeout after the
+// child's creation, and one whose VM got its address (Ready turned True)
+// after since only from then, when its proxy's probes can first pass.
+// Without this a VM that boots for longer than the grace (a real guest
+// takes about a minute) was replaced while it booted.
+func (r *PoolReconciler) graceStart(ep *v1alpha1.EgressProxy, since time.Time) time.Time {
+	switch ep.Status.Phase {
+	case "", v1alpha1.PhasePending, v1alpha1.PhaseProvisioning:
+		if r.Health != nil && !ep.CreationTimestamp.IsZero() {
+			if h, ok := r.Health.EntryHealth(ep.Spec.Provider); ok && h.Reachable {
+				if b := ep.CreationTimestamp.Add(cmp.Or(r.opts.BootTimeout, DefaultBootTimeout)); b.After(since) {
+					return b
+				}
+			}
+		}
+	}
+	if c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady); c != nil &&
+		c.Status == metav1.ConditionTrue && c.LastTransitionTime.After(since) {
+		return c.LastTransitionTime.Time
+	}
+	return since
 }
 
 // eligible are the names of the configured entries pool may use, sorted.

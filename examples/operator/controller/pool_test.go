@@ -708,3 +708,80 @@ func TestPoolMaxAge(t *testing.T) {
 	}
 	t.Logf("the 3 old children replaced in %d steps, at least %d ready", steps, minReady)
 }
+
+// TestPoolGraceWaitsForBoot: a child whose VM still boots on a reachable
+// entry uses up no grace before BootTimeout from its creation (a real
+// guest boots for about a minute, longer than a short grace), one on an
+// unreachable entry does; a child whose VM just got its address has its
+// grace from then; a child that had its address all along keeps the
+// tracker's since. Past BootTimeout a VM that never booted is lost.
+func TestPoolGraceWaitsForBoot(t *testing.T) {
+	pool := newPool("p", 3)
+	pool.Spec.UnhealthyGrace = &metav1.Duration{Duration: 15 * time.Second}
+	f := newPoolFixture(t, pool)
+	f.r.opts.BootTimeout = 5 * time.Minute
+	f.ctl["c"].InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient})
+	f.check()
+	created := time.Now().Add(-time.Minute)
+	unhealthy := created.Add(3 * time.Second) // the tracker's fall after three failed probes
+	ep := func(entry string, phase v1alpha1.Phase, ready *time.Time) *v1alpha1.EgressProxy {
+		e := &v1alpha1.EgressProxy{ObjectMeta: metav1.ObjectMeta{Name: "x", CreationTimestamp: metav1.NewTime(created)},
+			Spec: v1alpha1.EgressProxySpec{Provider: entry}, Status: v1alpha1.EgressProxyStatus{Phase: phase}}
+		if ready != nil {
+			meta.SetStatusCondition(&e.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Running", LastTransitionTime: metav1.NewTime(*ready)})
+		}
+		return e
+	}
+	addressed := created.Add(50 * time.Second)
+	early := created.Add(-time.Hour)
+	for _, tc := range []struct {
+		name string
+		ep   *v1alpha1.EgressProxy
+		want time.Time
+	}{
+		{"booting on a reachable entry", ep("a", v1alpha1.PhaseProvisioning, nil), created.Add(5 * time.Minute)},
+		{"pending on a reachable entry", ep("b", v1alpha1.PhasePending, nil), created.Add(5 * time.Minute)},
+		{"booting on an unreachable entry", ep("c", v1alpha1.PhaseProvisioning, nil), unhealthy},
+		{"an entry never Checked", ep("z", v1alpha1.PhaseProvisioning, nil), unhealthy},
+		{"just got its address", ep("a", v1alpha1.PhaseRunning, &addressed), addressed},
+		{"had its address all along", ep("a", v1alpha1.PhaseRunning, &early), unhealthy},
+		{"running on an unreachable entry", ep("c", v1alpha1.PhaseRunning, &early), unhealthy},
+	} {
+		if got := f.r.graceStart(tc.ep, unhealthy); !got.Equal(tc.want) {
+			t.Errorf("%s: grace from %v, want %v", tc.name, got.Sub(created), tc.want.Sub(created))
+		}
+	}
+	// Through Reconcile: a pool of 2 whose children (on a and b) were
+	// created at born, the one on a still booting, is left alone within
+	// BootTimeout; past BootTimeout + grace the booting child is lost and
+	// replaced.
+	born := time.Now().Add(-time.Hour)
+	pool2 := newPool("q", 2)
+	pool2.Spec.UnhealthyGrace = &metav1.Duration{Duration: 15 * time.Second}
+	isController := true
+	kid := func(i int, entry string, phase v1alpha1.Phase, h v1alpha1.Health) client.Object {
+		e := &v1alpha1.EgressProxy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: pool2.Namespace, Name: childName(pool2.Name, i), CreationTimestamp: metav1.NewTime(born),
+				Labels:          map[string]string{LabelPool: pool2.Name, LabelEntry: entry, LabelPoolIndex: fmt.Sprint(i)},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "EgressProxyPool", Name: pool2.Name, UID: pool2.UID, Controller: &isController}}},
+			Spec:   v1alpha1.EgressProxySpec{Provider: entry, ProxyTemplate: *pool2.Spec.Template.DeepCopy()},
+			Status: v1alpha1.EgressProxyStatus{Phase: phase, Health: h, Address: map[bool]string{true: "127.0.0.1:3128"}[h == v1alpha1.HealthHealthy]},
+		}
+		return e
+	}
+	g := newPoolFixture(t, pool2, kid(0, "a", v1alpha1.PhaseProvisioning, v1alpha1.HealthUnknown), kid(1, "b", v1alpha1.PhaseRunning, v1alpha1.HealthHealthy))
+	g.r.opts.BootTimeout = 5 * time.Minute
+	g.ctl["c"].InjectFault(memprovider.OpCheck, memprovider.Fault{Code: egressproxy.Transient})
+	g.check()
+	now := born.Add(4 * time.Minute)
+	g.r.Now = func() time.Time { return now }
+	g.reconcile(t)
+	if kids := g.children(t); len(kids) != 2 {
+		t.Fatalf("a child booting for 4 min (BootTimeout 5 min): spread %v, want a:1 b:1 (no replacement)", spread(kids))
+	}
+	now = born.Add(5*time.Minute + 16*time.Second)
+	g.reconcile(t)
+	if kids := g.children(t); len(kids) != 3 {
+		t.Fatalf("a child booting past BootTimeout + grace: spread %v, want 3 children (a replacement beside it)", spread(kids))
+	}
+}
