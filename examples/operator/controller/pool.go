@@ -375,7 +375,13 @@ func (r *PoolReconciler) place(ctx context.Context, log logr.Logger, pool *v1alp
 	setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionTrue, ReasonPlaced, "every child has an entry")
 	if len(current) < replicas {
 		want := min(replicas-len(current), max(surge, 0))
-		plan, err := placement.Place(entries, placement.Request{Want: want, MaxPerEntry: int(pool.Spec.MaxPerEntry)})
+		// A lost child on a reachable entry still counts there, so that
+		// its replacement goes to another entry first.
+		within := entries
+		if lostThere := slices.DeleteFunc(slices.Clone(lost), func(c child) bool { return !reachable[c.entry] }); len(lostThere) > 0 {
+			within = r.placementEntries(eligible, append(slices.Clone(current), lostThere...))
+		}
+		plan, err := placement.Place(within, placement.Request{Want: want, MaxPerEntry: int(pool.Spec.MaxPerEntry)})
 		if err != nil {
 			return alive, err
 		}

@@ -435,6 +435,38 @@ func healthyCount(kids map[string]*v1alpha1.EgressProxy) int {
 // child there at a time and removes one from the fullest entry once it is
 // Healthy, until the spread is 2/2/2. At no step are fewer than 6
 // children Healthy while the lost ones are deleted.
+// A child whose proxy stays silent on an entry that is still reachable
+// is replaced on the other entries first, not beside itself.
+func TestPoolReplacesOnAnotherEntry(t *testing.T) {
+	pool := newPool("p", 6)
+	pool.Spec.UnhealthyGrace = &metav1.Duration{Duration: time.Minute}
+	f := newPoolFixture(t, pool)
+	now := time.Now()
+	f.r.Now = func() time.Time { return now }
+	f.reconcile(t)
+	f.healAll(t)
+	f.reconcile(t)
+	var silent []string
+	for name, c := range f.children(t) {
+		if c.Spec.Provider == "c" {
+			silent = append(silent, name)
+		}
+	}
+	if len(silent) != 2 {
+		t.Fatalf("children on c: %v", silent)
+	}
+	for _, name := range silent {
+		f.setUnhealthySince(t, name, now)
+	}
+	now = now.Add(2 * time.Minute)
+	f.reconcile(t)
+	// One surge at a time (the lost children's VMs still run on c): the
+	// replacement goes to a or b.
+	if got := spread(f.children(t)); got["c"] != 2 || got["a"]+got["b"] != 5 {
+		t.Fatalf("past the grace, c reachable: spread %v, want a replacement on a or b and c's 2 kept", got)
+	}
+}
+
 func TestPoolReplacesLostChildren(t *testing.T) {
 	pool := newPool("p", 6)
 	pool.Spec.UnhealthyGrace = &metav1.Duration{Duration: time.Minute}
