@@ -29,8 +29,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/egressproxy/egressproxy"
@@ -129,6 +131,40 @@ func sideProvider(t *testing.T, h e2eHost, cfg kvm2.Config) *egressproxy.Client 
 	return p
 }
 
+// startControlPlane starts a kube-apiserver and etcd from assets with the
+// module's CRDs installed, stopped at cleanup, and returns them, their
+// config and a client that knows the CRDs' types.
+func startControlPlane(t *testing.T, assets string) (*envtest.Environment, *rest.Config, client.Client) {
+	t.Helper()
+	env := newEnvironment(assets)
+	env.CRDDirectoryPaths = []string{filepath.Join("config", "crd")}
+	env.ErrorIfCRDPathMissing = true
+	t0 := time.Now()
+	restCfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("control plane: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("stopping the control plane: %v", err)
+		}
+	})
+	t.Logf("control plane with the CRDs up in %v", time.Since(t0).Round(time.Millisecond))
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env, restCfg, c
+}
+
 // waitFor fails t with cond's last message unless cond returns "" within d.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() string) {
 	t.Helper()
@@ -152,32 +188,8 @@ func TestOperatorEndToEnd(t *testing.T) {
 	log := testr.NewWithOptions(t, testr.Options{Verbosity: 0})
 	logf.SetLogger(log)
 
-	env := newEnvironment(assets)
-	env.CRDDirectoryPaths = []string{filepath.Join("config", "crd")}
-	env.ErrorIfCRDPathMissing = true
 	t0 := time.Now()
-	restCfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("control plane: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stopping the control plane: %v", err)
-		}
-	})
-	t.Logf("control plane with the CRD up in %v", time.Since(t0).Round(time.Millisecond))
-
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(restCfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, restCfg, c := startControlPlane(t, assets)
 	ctx := context.Background()
 	kubeconfig := operatorKubeconfig(t, ctx, env, c)
 	bin := buildOperator(t)

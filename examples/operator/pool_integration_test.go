@@ -14,7 +14,6 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,8 +27,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -86,32 +83,7 @@ func startPoolEnvWith(t *testing.T, o poolEnvOptions) *poolEnv {
 	log := testr.NewWithOptions(t, testr.Options{Verbosity: 0})
 	logf.SetLogger(funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{}))
 
-	env := newEnvironment(assets)
-	env.CRDDirectoryPaths = []string{filepath.Join("config", "crd")}
-	env.ErrorIfCRDPathMissing = true
-	t0 := time.Now()
-	restCfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("control plane: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stopping the control plane: %v", err)
-		}
-	})
-	t.Logf("control plane with the CRDs up in %v", time.Since(t0).Round(time.Millisecond))
-
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(restCfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, restCfg, c := startControlPlane(t, assets)
 	ctx := context.Background()
 	pe := &poolEnv{c: c, restCfg: restCfg, ns: "pools", entries: map[string]*egressproxy.Client{}, controls: map[string]*memprovider.Control{}, interval: time.Second, drain: time.Second}
 	for _, name := range []string{operatorNS, pe.ns} {
@@ -132,7 +104,7 @@ func startPoolEnvWith(t *testing.T, o poolEnvOptions) *poolEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pe.op, err = client.New(opCfg, client.Options{Scheme: scheme}); err != nil {
+	if pe.op, err = client.New(opCfg, client.Options{Scheme: c.Scheme()}); err != nil {
 		t.Fatal(err)
 	}
 	if o.entries != nil {
@@ -146,7 +118,7 @@ func startPoolEnvWith(t *testing.T, o poolEnvOptions) *poolEnv {
 		}
 	}
 	mopts := controller.ManagerOptions(operatorNS)
-	mopts.Scheme = scheme
+	mopts.Scheme = c.Scheme()
 	mopts.Metrics = metricsserver.Options{BindAddress: "0"}
 	mopts.Logger = log
 	// Each test (and each -count) has a manager of its own in this
