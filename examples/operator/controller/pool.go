@@ -308,143 +308,206 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 // A Healthy child is taken out by draining it; one that is not Healthy is
 // deleted at once.
 func (r *PoolReconciler) place(ctx context.Context, log logr.Logger, pool *v1alpha1.EgressProxyPool, alive []child, eligible []string, taken map[string]bool, now time.Time) ([]child, error) {
-	drain := v1alpha1.DefaultDrainPeriod
-	if d := pool.Spec.DrainPeriod; d != nil && d.Duration >= 0 {
-		drain = d.Duration
+	rd := &poolRound{r: r, ctx: ctx, log: log, pool: pool, alive: alive, eligible: eligible, taken: taken, now: now}
+	if err := rd.sort(); err != nil {
+		return rd.alive, err
 	}
-	var current, outdated, lost []child
-	draining := 0
-	for _, c := range slices.Clone(alive) {
-		switch {
-		case c.draining:
-			if c.healthy && now.Sub(c.drainSince) < drain {
-				draining++
-				continue
-			}
-			if err := r.deleteChild(ctx, c.obj); err != nil {
-				return alive, err
-			}
-			log.Info("drained child deleted", "child", c.obj.Name, "entry", c.entry)
-			alive = slices.DeleteFunc(alive, func(x child) bool { return x.obj == c.obj })
-		case c.lost:
-			lost = append(lost, c)
-		case c.outdated:
-			outdated = append(outdated, c)
-		default:
-			current = append(current, c)
+	setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionTrue, ReasonPlaced, "every child has an entry")
+	for _, step := range []func() error{rd.scaleUp, rd.retireOutdated, rd.trimOrRebalance, rd.dropLost} {
+		if err := step(); err != nil {
+			return rd.alive, err
 		}
 	}
-	keep := append(slices.Clone(current), outdated...)
-	entries := r.placementEntries(eligible, current)
-	reachable := map[string]bool{}
-	for _, e := range entries {
-		reachable[e.Name] = e.Reachable
+	return rd.alive, nil
+}
+
+// poolRound is one pass of place over a pool's children: what sort found,
+// and the children alive as each step leaves them.
+type poolRound struct {
+	r        *PoolReconciler
+	ctx      context.Context
+	log      logr.Logger
+	pool     *v1alpha1.EgressProxyPool
+	alive    []child
+	eligible []string
+	taken    map[string]bool
+	now      time.Time
+
+	current, outdated, lost []child
+	draining                int // Healthy children still draining
+	entries                 []placement.Entry
+	reachable               map[string]bool
+	replicas, surge         int
+	healthyCurrent          int // Healthy children of the template
+	healthyKeep             int // Healthy children, outdated ones included
+}
+
+// sort deletes the children whose drain is over and sorts the others
+// into current, outdated and lost; it then counts what the steps use.
+func (rd *poolRound) sort() error {
+	drain := v1alpha1.DefaultDrainPeriod
+	if d := rd.pool.Spec.DrainPeriod; d != nil && d.Duration >= 0 {
+		drain = d.Duration
 	}
-	using := len(keep) + draining
-	for _, c := range lost {
-		if reachable[c.entry] {
+	for _, c := range slices.Clone(rd.alive) {
+		switch {
+		case c.draining:
+			if c.healthy && rd.now.Sub(c.drainSince) < drain {
+				rd.draining++
+				continue
+			}
+			if err := rd.r.deleteChild(rd.ctx, c.obj); err != nil {
+				return err
+			}
+			rd.log.Info("drained child deleted", "child", c.obj.Name, "entry", c.entry)
+			rd.forget(c)
+		case c.lost:
+			rd.lost = append(rd.lost, c)
+		case c.outdated:
+			rd.outdated = append(rd.outdated, c)
+		default:
+			rd.current = append(rd.current, c)
+		}
+	}
+	rd.entries = rd.r.placementEntries(rd.eligible, rd.current)
+	rd.reachable = map[string]bool{}
+	for _, e := range rd.entries {
+		rd.reachable[e.Name] = e.Reachable
+	}
+	using := len(rd.current) + len(rd.outdated) + rd.draining
+	for _, c := range rd.lost {
+		if rd.reachable[c.entry] {
 			using++
 		}
 	}
-	replicas := int(pool.Spec.Replicas)
-	surge := replicas + int(max(pool.Spec.MaxSurge, 1)) - using
-	healthyCurrent, healthyKeep := 0, 0
-	for _, c := range keep {
+	rd.replicas = int(rd.pool.Spec.Replicas)
+	rd.surge = rd.replicas + int(max(rd.pool.Spec.MaxSurge, 1)) - using
+	for _, c := range append(slices.Clone(rd.current), rd.outdated...) {
 		if c.healthy {
-			healthyKeep++
+			rd.healthyKeep++
 			if !c.outdated {
-				healthyCurrent++
+				rd.healthyCurrent++
 			}
 		}
 	}
-	takeOut := func(cs []child) error {
-		for _, c := range cs {
-			if err := r.takeOut(ctx, log, c, now); err != nil {
-				return err
-			}
-			alive = slices.DeleteFunc(alive, func(x child) bool { return x.obj == c.obj && !c.healthy })
-			for i := range alive {
-				if alive[i].obj == c.obj {
-					alive[i].draining, alive[i].drainSince = true, now
-				}
+	return nil
+}
+
+// forget drops c from alive.
+func (rd *poolRound) forget(c child) {
+	rd.alive = slices.DeleteFunc(rd.alive, func(x child) bool { return x.obj == c.obj })
+}
+
+// takeOut drains the Healthy ones of cs and deletes the others.
+func (rd *poolRound) takeOut(cs []child) error {
+	for _, c := range cs {
+		if err := rd.r.takeOut(rd.ctx, rd.log, c, rd.now); err != nil {
+			return err
+		}
+		if !c.healthy {
+			rd.forget(c)
+			continue
+		}
+		for i := range rd.alive {
+			if rd.alive[i].obj == c.obj {
+				rd.alive[i].draining, rd.alive[i].drainSince = true, rd.now
 			}
 		}
+	}
+	return nil
+}
+
+// create makes the children add asks for and adds them to alive.
+func (rd *poolRound) create(add map[string]int) error {
+	created, err := rd.r.create(rd.ctx, rd.log, rd.pool, add, rd.taken)
+	rd.alive = append(rd.alive, created...)
+	return err
+}
+
+// scaleUp places children up to replicas, within the surge.
+func (rd *poolRound) scaleUp() error {
+	if len(rd.current) >= rd.replicas {
 		return nil
 	}
+	want := min(rd.replicas-len(rd.current), max(rd.surge, 0))
+	// A lost child on a reachable entry still counts there, so that its
+	// replacement goes to another entry first.
+	within := rd.entries
+	if lostThere := slices.DeleteFunc(slices.Clone(rd.lost), func(c child) bool { return !rd.reachable[c.entry] }); len(lostThere) > 0 {
+		within = rd.r.placementEntries(rd.eligible, append(slices.Clone(rd.current), lostThere...))
+	}
+	plan, err := placement.Place(within, placement.Request{Want: want, MaxPerEntry: int(rd.pool.Spec.MaxPerEntry)})
+	if err != nil {
+		return err
+	}
+	if err := rd.create(plan.Add); err != nil {
+		return err
+	}
+	rd.r.placedCondition(rd.pool, plan)
+	return nil
+}
 
-	setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionTrue, ReasonPlaced, "every child has an entry")
-	if len(current) < replicas {
-		want := min(replicas-len(current), max(surge, 0))
-		// A lost child on a reachable entry still counts there, so that
-		// its replacement goes to another entry first.
-		within := entries
-		if lostThere := slices.DeleteFunc(slices.Clone(lost), func(c child) bool { return !reachable[c.entry] }); len(lostThere) > 0 {
-			within = r.placementEntries(eligible, append(slices.Clone(current), lostThere...))
-		}
-		plan, err := placement.Place(within, placement.Request{Want: want, MaxPerEntry: int(pool.Spec.MaxPerEntry)})
-		if err != nil {
-			return alive, err
-		}
-		created, err := r.create(ctx, log, pool, plan.Add, taken)
-		alive = append(alive, created...)
-		if err != nil {
-			return alive, err
-		}
-		r.placedCondition(pool, plan)
+// retireOutdated takes outdated children out as their successors turn
+// Healthy: those not Healthy first, then the oldest.
+func (rd *poolRound) retireOutdated() error {
+	n := min(len(rd.outdated), rd.healthyCurrent+len(rd.outdated)+int(rd.pool.Spec.MaxUnavailable)-rd.replicas)
+	if n <= 0 {
+		return nil
 	}
-	// Outdated children go as their successors turn Healthy.
-	if n := min(len(outdated), healthyCurrent+len(outdated)+int(pool.Spec.MaxUnavailable)-replicas); n > 0 {
-		slices.SortFunc(outdated, func(a, b child) int { // not Healthy first, then the oldest
-			if a.healthy != b.healthy {
-				if a.healthy {
-					return 1
-				}
-				return -1
+	slices.SortFunc(rd.outdated, func(a, b child) int {
+		if a.healthy != b.healthy {
+			if a.healthy {
+				return 1
 			}
-			return cmp.Compare(a.index, b.index)
-		})
-		if err := takeOut(outdated[:n]); err != nil {
-			return alive, err
+			return -1
 		}
-	}
+		return cmp.Compare(a.index, b.index)
+	})
+	return rd.takeOut(rd.outdated[:n])
+}
+
+// trimOrRebalance takes out children above replicas, or, when the pool is
+// whole and settled, surges one child where the spread is uneven.
+func (rd *poolRound) trimOrRebalance() error {
 	switch {
-	case len(current) > replicas:
-		take, err := placement.Remove(entries, len(current)-replicas)
+	case len(rd.current) > rd.replicas:
+		take, err := placement.Remove(rd.entries, len(rd.current)-rd.replicas)
 		if err != nil {
-			return alive, err
+			return err
 		}
-		if err := takeOut(removeOrder(current, take, healthyCurrent-min(replicas, healthyCurrent))); err != nil {
-			return alive, err
-		}
-	case len(current) == replicas && len(outdated) == 0 && len(lost) == 0 && draining == 0 && healthyCurrent == replicas && surge > 0:
-		if add := rebalance(entries, int(pool.Spec.MaxPerEntry)); add != "" {
-			created, err := r.create(ctx, log, pool, map[string]int{add: 1}, taken)
-			alive = append(alive, created...)
-			if err != nil {
-				return alive, err
-			}
+		return rd.takeOut(removeOrder(rd.current, take, rd.healthyCurrent-min(rd.replicas, rd.healthyCurrent)))
+	case len(rd.current) == rd.replicas && len(rd.outdated) == 0 && len(rd.lost) == 0 && rd.draining == 0 && rd.healthyCurrent == rd.replicas && rd.surge > 0:
+		if add := rebalance(rd.entries, int(rd.pool.Spec.MaxPerEntry)); add != "" {
+			return rd.create(map[string]int{add: 1})
 		}
 	}
-	// A lost child goes once a replacement is Healthy.
-	if n := min(len(lost), healthyKeep+len(lost)-replicas); n > 0 {
-		slices.SortFunc(lost, func(a, b child) int { // those on unreachable entries first
-			if reachable[a.entry] != reachable[b.entry] {
-				if reachable[a.entry] {
-					return 1
-				}
-				return -1
-			}
-			return cmp.Compare(a.index, b.index)
-		})
-		for _, c := range lost[:n] {
-			if err := r.deleteChild(ctx, c.obj); err != nil {
-				return alive, err
-			}
-			log.Info("lost child deleted: its replacement is Healthy", "child", c.obj.Name, "entry", c.entry)
-			alive = slices.DeleteFunc(alive, func(x child) bool { return x.obj == c.obj })
-		}
+	return nil
+}
+
+// dropLost deletes lost children once replacements are Healthy: those on
+// unreachable entries first.
+func (rd *poolRound) dropLost() error {
+	n := min(len(rd.lost), rd.healthyKeep+len(rd.lost)-rd.replicas)
+	if n <= 0 {
+		return nil
 	}
-	return alive, nil
+	slices.SortFunc(rd.lost, func(a, b child) int {
+		if rd.reachable[a.entry] != rd.reachable[b.entry] {
+			if rd.reachable[a.entry] {
+				return 1
+			}
+			return -1
+		}
+		return cmp.Compare(a.index, b.index)
+	})
+	for _, c := range rd.lost[:n] {
+		if err := rd.r.deleteChild(rd.ctx, c.obj); err != nil {
+			return err
+		}
+		rd.log.Info("lost child deleted: its replacement is Healthy", "child", c.obj.Name, "entry", c.entry)
+		rd.forget(c)
+	}
+	return nil
 }
 
 // removeOrder chooses, from each entry, as many of current as take says:
