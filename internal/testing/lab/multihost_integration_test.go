@@ -131,13 +131,13 @@ func removeEntries(h Host, entries ...string) error {
 // and returns the function that resumes them, which is also run at cleanup.
 func freezeSSHD(t *testing.T, h Host) (thaw func()) {
 	t.Helper()
-	thaw, frozen, err := teststack.FreezeSSHD(h.StackDir)
+	resume, frozen, err := teststack.FreezeSSHD(h.StackDir)
 	if err != nil {
 		t.Fatalf("host %d: %v", h.N, err)
 	}
-	t.Cleanup(thaw)
+	t.Cleanup(resume)
 	t.Logf("host %d: SIGSTOP sshd %d and its sessions %v", h.N, frozen[0], frozen[1:])
-	return func() { thaw(); t.Logf("host %d: SIGCONT %v", h.N, frozen) }
+	return func() { resume(); t.Logf("host %d: SIGCONT %v", h.N, frozen) }
 }
 
 // timedCheck runs one Check with no deadline of its own (so the entry's
