@@ -123,6 +123,10 @@ type decoder struct {
 	lines      map[string]int
 	visits     int
 	overflowed bool // over has reported the walk's end
+	// merging holds the mappings whose merge keys are being expanded,
+	// so that a mapping that merges itself (through an alias of its own
+	// anchor, directly or not) is a problem, not an endless walk.
+	merging map[*yaml.Node]bool
 }
 
 // saw records the line of path.
@@ -276,7 +280,7 @@ func (d *decoder) mergePairs(v *yaml.Node, path string) []pair {
 	case d.over(joinKey(path, "<<"), v.Line):
 		return nil
 	case v.Kind == yaml.MappingNode:
-		return d.pairs(v, path)
+		return d.mergeMapping(v, path)
 	case v.Kind == yaml.SequenceNode:
 		var out []pair
 		for _, m := range v.Content {
@@ -284,12 +288,28 @@ func (d *decoder) mergePairs(v *yaml.Node, path string) []pair {
 				d.add(joinKey(path, "<<"), m.Line, "", "a merge key takes a mapping or a list of mappings")
 				continue
 			}
-			out = append(out, d.pairs(m, path)...)
+			out = append(out, d.mergeMapping(m, path)...)
 		}
 		return out
 	}
 	d.add(joinKey(path, "<<"), v.Line, "", "a merge key takes a mapping or a list of mappings")
 	return nil
+}
+
+// mergeMapping returns the entries of mapping m that a merge key brings
+// in, unless m is being merged already: a merge key inside m that refers
+// to m (or to a mapping that merges m) is a problem.
+func (d *decoder) mergeMapping(m *yaml.Node, path string) []pair {
+	if d.merging[m] {
+		d.add(joinKey(path, "<<"), m.Line, "", "a merge key may not refer to a mapping it is part of")
+		return nil
+	}
+	if d.merging == nil {
+		d.merging = map[*yaml.Node]bool{}
+	}
+	d.merging[m] = true
+	defer delete(d.merging, m)
+	return d.pairs(m, path)
 }
 
 // decode fills v from n; path is n's key path.
