@@ -150,12 +150,14 @@ func TestIntegrationControlPathRTT(t *testing.T) {
 	coldCalls := rc.Take()
 	t.Logf("cold Create through the proxy: %d RPCs, %d round trips, in %v (%.1f RTT): %s", len(coldCalls), coldRounds, coldWall.Round(time.Millisecond), float64(coldWall)/float64(rtt), benchutil.Summary(coldCalls))
 	t.Logf("cold Create's calls (* starts a round trip): %s", coldTimeline)
-	// A cold Create makes 21 round trips here (docs/benchmarks.md has the
-	// history), 2 of them the shared connection's own connect (AuthList,
-	// ConnectOpen: this is its first call); the documented target is 25,
-	// and the bound leaves room for one more drain poll.
-	if coldRounds > 23 {
-		t.Errorf("cold Create: %d round trips of RPCs, want ≤ 23", coldRounds)
+	// A cold Create makes 21 round trips on a quiet machine (docs/benchmarks.md
+	// has the history), 2 of them the shared connection's own connect
+	// (AuthList, ConnectOpen: this is its first call). The bound is the
+	// documented target, 25: under CPU load (make test's stress step) the
+	// dedicated connection's dial, overlapped with the first calls, can
+	// start a round trip later and a drain can poll once more.
+	if coldRounds > 25 {
+		t.Errorf("cold Create: %d round trips of RPCs, want ≤ 25", coldRounds)
 	}
 	if err := direct.Delete(ctx, warm.Ref()); err != nil {
 		t.Fatal(err)
