@@ -419,6 +419,30 @@ func (s *Session) StorageVolLookupByName(Pool libvirt.StoragePool, Name string) 
 	return rVol, err
 }
 
+// newVolumeLocked checks a volume definition (def, or perr when its XML
+// did not parse) for a creation in Pool, as libvirt does: its name, its
+// capacity, the pool active and the name free. h.mu is held.
+func (h *Host) newVolumeLocked(Pool libvirt.StoragePool, def *libvirtxml.StorageVolume, perr error) (*pool, uint64, error) {
+	if perr != nil {
+		return nil, 0, Errorf(libvirt.ErrXMLError, "XML error: %v", perr)
+	}
+	if def.Name == "" {
+		return nil, 0, Errorf(libvirt.ErrXMLError, "XML error: missing volume name element")
+	}
+	capacity, err := size(def.Capacity)
+	if err != nil {
+		return nil, 0, err
+	}
+	p, err := h.activePoolByHandleLocked(Pool)
+	if err != nil {
+		return nil, 0, err
+	}
+	if _, ok := p.vols[def.Name]; ok {
+		return nil, 0, Errorf(libvirt.ErrStorageVolExist, "storage volume '%s' exists already", def.Name)
+	}
+	return p, capacity, nil
+}
+
 // StorageVolCreateXML creates an empty file volume from its XML (name
 // required; capacity in any libvirt unit; target format and backing store
 // kept for StorageVolGetXMLDesc). The name is taken atomically: an
@@ -429,24 +453,11 @@ func (s *Session) StorageVolCreateXML(Pool libvirt.StoragePool, XML string, Flag
 	var def libvirtxml.StorageVolume
 	perr := def.Unmarshal(XML)
 	err = s.run(Call{Method: "StorageVolCreateXML", Pool: Pool.Name, Volume: def.Name}, func() error {
-		if perr != nil {
-			return Errorf(libvirt.ErrXMLError, "XML error: %v", perr)
-		}
-		if def.Name == "" {
-			return Errorf(libvirt.ErrXMLError, "XML error: missing volume name element")
-		}
-		capacity, err := size(def.Capacity)
-		if err != nil {
-			return err
-		}
 		s.h.mu.Lock()
 		defer s.h.mu.Unlock()
-		p, err := s.h.activePoolByHandleLocked(Pool)
+		p, capacity, err := s.h.newVolumeLocked(Pool, &def, perr)
 		if err != nil {
 			return err
-		}
-		if _, ok := p.vols[def.Name]; ok {
-			return Errorf(libvirt.ErrStorageVolExist, "storage volume '%s' exists already", def.Name)
 		}
 		if bs := def.BackingStore; bs != nil {
 			b := s.h.volByPathLocked(bs.Path)
@@ -479,24 +490,11 @@ func (s *Session) StorageVolCreateXMLFrom(Pool libvirt.StoragePool, XML string, 
 	var def libvirtxml.StorageVolume
 	perr := def.Unmarshal(XML)
 	err = s.run(Call{Method: "StorageVolCreateXMLFrom", Pool: Pool.Name, Volume: def.Name}, func() error {
-		if perr != nil {
-			return Errorf(libvirt.ErrXMLError, "XML error: %v", perr)
-		}
-		if def.Name == "" {
-			return Errorf(libvirt.ErrXMLError, "XML error: missing volume name element")
-		}
-		capacity, err := size(def.Capacity)
-		if err != nil {
-			return err
-		}
 		s.h.mu.Lock()
 		defer s.h.mu.Unlock()
-		p, err := s.h.activePoolByHandleLocked(Pool)
+		p, capacity, err := s.h.newVolumeLocked(Pool, &def, perr)
 		if err != nil {
 			return err
-		}
-		if _, ok := p.vols[def.Name]; ok {
-			return Errorf(libvirt.ErrStorageVolExist, "storage volume '%s' exists already", def.Name)
 		}
 		src, err := s.h.volLocked(Clonevol)
 		if err != nil {
