@@ -142,14 +142,17 @@ test:
 	echo "+ [$$(date -u +%T)] $(TESTSTACK) deps"; \
 	$(TESTSTACK) deps || rc=$$?; \
 	if [ $$rc -eq 0 ]; then \
+		stackdir=$$(mktemp -d /tmp/egp-test-stack.XXXXXX) || rc=$$?; \
+	fi; \
+	kubepid=; \
+	if [ $$rc -eq 0 ]; then \
+		echo "+ [$$(date -u +%T)] $(KUBESTACK) build &   (in the background, niced; operator-test waits for it; log: $$stackdir/kube-build.log)"; \
+		( t1=$$SECONDS; $(KUBESTACK) build >"$$stackdir/kube-build.log" 2>&1; s=$$?; \
+		  echo "make test: kube control plane ready in $$((SECONDS - t1))s (exit $$s)" >>"$$stackdir/kube-build.log"; \
+		  echo $$s >"$$stackdir/kube-build.rc" ) </dev/null & kubepid=$$!; \
 		echo "+ [$$(date -u +%T)] $(GUESTIMAGE) build"; t1=$$SECONDS; \
 		$(GUESTIMAGE) build >/dev/null || rc=$$?; \
 		echo "make test: guest image ready in $$((SECONDS - t1))s"; \
-	fi; \
-	if [ $$rc -eq 0 ]; then \
-		echo "+ [$$(date -u +%T)] $(KUBESTACK) build"; t1=$$SECONDS; \
-		$(KUBESTACK) build >/dev/null || rc=$$?; \
-		echo "make test: kube control plane ready in $$((SECONDS - t1))s"; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
 		echo "+ [$$(date -u +%T)] $(GO) mod download (and in $(OPERATOR))"; \
@@ -160,14 +163,16 @@ test:
 		GOBIN=$$($(GO) env GOPATH)/bin $(GO) install $(STATICCHECK) || rc=$$?; \
 	fi; \
 	if [ $$rc -eq 0 ]; then \
-		stackdir=$$(mktemp -d /tmp/egp-test-stack.XXXXXX) || rc=$$?; \
-	fi; \
-	if [ $$rc -eq 0 ]; then \
 		echo "+ [$$(date -u +%T)] EGRESSPROXY_STACK_DIR=$$stackdir GOPROXY=off $(NETNS) run -- $(MAKE) test-in-netns"; \
-		EGRESSPROXY_STACK_DIR=$$stackdir GOPROXY=off \
+		EGRESSPROXY_STACK_DIR=$$stackdir GOPROXY=off EGRESSPROXY_KUBE_BUILD_RC=$$stackdir/kube-build.rc \
 			$(NETNS) run --name egp-test-$$$$ -- $(MAKE) --no-print-directory test-in-netns </dev/null || rc=$$?; \
-		rm -rf "$$stackdir"; \
 	fi; \
+	if [ -n "$$kubepid" ]; then \
+		wait $$kubepid; \
+		[ -s "$$stackdir/kube-build.rc" ] && [ "$$(cat "$$stackdir/kube-build.rc")" = 0 ] || { \
+			tail -n 30 "$$stackdir/kube-build.log" >&2; echo "make test: kube control plane build failed" >&2; [ $$rc -ne 0 ] || rc=1; }; \
+	fi; \
+	[ -z "$$stackdir" ] || rm -rf "$$stackdir"; \
 	echo "make test: $$((SECONDS - t0))s in all"; \
 	if [ $$rc -ne 0 ]; then echo "make test: FAILED (exit $$rc)" >&2; fi; \
 	exit $$rc
@@ -200,9 +205,10 @@ test-in-netns:
 		pkgs=$$($(GO) list ./... | grep -v '/e2e$$' | grep -v -x -F -f <($(GO) list $(STRESS_PKGS))) || rc=$$?; \
 		echo "+ [$$(date -u +%T)] $(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) <every package but ./e2e and $(STRESS_PKGS)>"; \
 		$(GO) test -race -p 1 -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) $$pkgs || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
-		$(MAKE) --no-print-directory stress-run STRESS_COUNT=$(CI_STRESS_COUNT) STRESS_FLAGS=-short STRESS_WORK=operator-warm || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+		$(MAKE) --no-print-directory stress-run STRESS_COUNT=$(CI_STRESS_COUNT) STRESS_FLAGS=-short STRESS_WORK=operator-warm STRESS_AFTER=$$EGRESSPROXY_KUBE_BUILD_RC || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		echo "+ [$$(date -u +%T)] $(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e"; \
 		$(GO) test -race -tags integration,e2e -count=1 -timeout $(TEST_TIMEOUT) -v ./e2e || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
+		$(MAKE) --no-print-directory kube-wait || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		$(MAKE) --no-print-directory operator-test || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		$(MAKE) --no-print-directory scale-short || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 		echo "+ [$$(date -u +%T)] SOAK=$(CI_SOAK) SOAK_SEED=$(CI_SOAK_SEED) $(GO) test -tags integration -count=1 -run '^TestSoak$$' -v ./internal/testing/soak   (on the $(LAB_HOSTS)-host lab)"; \
@@ -315,12 +321,29 @@ stress-in-netns:
 	$(TESTSTACK) down || { s=$$?; [ $$rc -ne 0 ] || rc=$$s; }; \
 	exit $$rc
 
+# kube-wait (internal) make test builds the control plane in the background
+# from its start (outside the namespace, where the modules can be fetched):
+# waits until that build has written its status to
+# EGRESSPROXY_KUBE_BUILD_RC (nothing to wait for when it is unset), prints
+# how long it waited and the build's last lines, and fails as the build did.
+.PHONY: kube-wait
+kube-wait:
+	@f=$$EGRESSPROXY_KUBE_BUILD_RC; [ -n "$$f" ] || exit 0; t0=$$SECONDS; \
+	echo "+ [$$(date -u +%T)] waiting for the control plane's build ($$f)"; \
+	while [ ! -s "$$f" ]; do \
+		[ $$((SECONDS - t0)) -lt 3600 ] || { echo "make kube-wait: no status after 3600s" >&2; exit 1; }; \
+		sleep 2; \
+	done; \
+	tail -n 4 "$${f%.rc}.log"; \
+	echo "make kube-wait: waited $$((SECONDS - t0))s"; \
+	s=$$(cat "$$f"); [ "$$s" = 0 ] || { tail -n 30 "$${f%.rc}.log" >&2; exit 1; }
+
 # stress-run (internal) the stress step against the stack in the environment:
 # STRESS_COUNT runs, one go test process each (so every run is a fresh
 # process and a line per run says how it went), all under scripts/cpuburn.
 stress-run:
-	@echo "+ [$$(date -u +%T)] scripts/cpuburn $(if $(STRESS_WORK),-w 'make $(STRESS_WORK)' )-- $(STRESS_COUNT) x $(GO) test -race -p 1 -tags integration -count=1 $(STRESS_FLAGS) -timeout $(STRESS_TIMEOUT) $(STRESS_PKGS)"; \
-	scripts/cpuburn $(if $(STRESS_WORK),-w '$(MAKE) --no-print-directory $(STRESS_WORK)' )-- bash -c 't0=$$SECONDS; failed=0; \
+	@echo "+ [$$(date -u +%T)] scripts/cpuburn $(if $(STRESS_WORK),-w 'make $(STRESS_WORK)' )$(if $(STRESS_AFTER),-a $(STRESS_AFTER) )-- $(STRESS_COUNT) x $(GO) test -race -p 1 -tags integration -count=1 $(STRESS_FLAGS) -timeout $(STRESS_TIMEOUT) $(STRESS_PKGS)"; \
+	scripts/cpuburn $(if $(STRESS_WORK),-w '$(MAKE) --no-print-directory $(STRESS_WORK)' )$(if $(STRESS_AFTER),-a '$(STRESS_AFTER)' )-- bash -c 't0=$$SECONDS; failed=0; \
 		for i in $$(seq 1 $(STRESS_COUNT)); do \
 			t1=$$SECONDS; \
 			if $(GO) test -race -p 1 -tags integration -count=1 $(STRESS_FLAGS) -timeout $(STRESS_TIMEOUT) $(STRESS_PKGS); then r=ok; else r=FAILED; failed=$$((failed + 1)); fi; \
