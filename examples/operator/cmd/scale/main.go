@@ -32,6 +32,8 @@
 //
 // -merge keeps the runs of -out that this invocation does not measure
 // (they are stored in the report as JSON, in a comment at its end).
+// Beside the report goes its growth plot (scale.md → scale.svg, plot.go);
+// -rerender writes both again from the stored runs without measuring.
 package main
 
 import (
@@ -109,7 +111,7 @@ func main() {
 	flag.StringVar(&o.logDir, "log-dir", "", "where the operators' logs go (default: a temporary directory, removed on success)")
 	flag.StringVar(&o.note, "note", "", "a line about the machine and the session for the report (what else ran, why no larger N)")
 	flag.StringVar(&o.analysis, "analysis", "cmd/scale/analysis.md", "hand-written reading appended to the report ('' for none)")
-	flag.BoolVar(&o.rerender, "rerender", false, "measure nothing: write -out again from the runs it stores (with -note and -analysis; the recorded command stays -command)")
+	flag.BoolVar(&o.rerender, "rerender", false, "measure nothing: write -out and its growth plot (-out's .md as .svg) again from the runs it stores (with -note and -analysis; the recorded command stays -command)")
 	flag.StringVar(&o.check, "check", "", "the CI variant: measure, compare each figure with the one this report documents (scaled linearly to the run's N) and fail when one is more than 2× worse; writes nothing (defaults: -runs 200:2 -rest 15s -settle 2s -health-interval 15s -failover=false)")
 	flag.Parse()
 	if o.check != "" {
@@ -169,7 +171,7 @@ func run(ctx context.Context, o *options) error {
 			return err
 		}
 		rep.Runs = runs
-		return os.WriteFile(o.out, []byte(rep.render()), 0o644)
+		return writeReport(o.out, rep)
 	}
 	assets, err := controlPlaneAssets(o.kubestack)
 	if err != nil {
@@ -204,7 +206,7 @@ func run(ctx context.Context, o *options) error {
 		rep.add(res)
 		// Written after every run: a later run that fails keeps the
 		// earlier ones.
-		if err := os.WriteFile(o.out, []byte(rep.render()), 0o644); err != nil {
+		if err := writeReport(o.out, rep); err != nil {
 			return err
 		}
 		logf0("N=%d M=%d: converged in %.1fs; wrote %s", rs.N, rs.M, res.ConvergeS, o.out)

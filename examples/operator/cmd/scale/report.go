@@ -23,6 +23,7 @@ type report struct {
 	Note           string
 	Analysis       string // hand-written reading, appended
 	Runs           []*runResult
+	Plot           string // the growth plot's file, beside the report (plot.go); "" for none
 }
 
 // add puts res in place of an earlier run of the same N and M.
@@ -322,6 +323,7 @@ func (r *report) render() string {
 		p("%s", line)
 	}
 	p("")
+	r.renderPlotLink(p)
 	r.renderTargets(p)
 	if r.Analysis != "" {
 		p("")
