@@ -187,6 +187,7 @@ func startKubeProxy(t *testing.T, pe *poolEnv, bin string) func() string {
 		if out, err := exec.Command(bin, "--cleanup", "--proxy-mode", "iptables").CombinedOutput(); err != nil {
 			t.Errorf("kube-proxy --cleanup: %v: %s", err, out)
 		}
+		removeKubeRules(t)
 		if t.Failed() {
 			if b, err := os.ReadFile(logPath); err == nil {
 				t.Logf("kube-proxy's log (tail):\n%s", tail(string(b), 40))
@@ -239,6 +240,34 @@ func freeLoopbackPort(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// removeKubeRules removes what kube-proxy --cleanup leaves in this
+// network namespace, the empty chain KUBE-FIREWALL (shared with the
+// kubelet) and its jumps from INPUT and OUTPUT, of both families, and
+// fails t if a KUBE- chain or rule is left.
+func removeKubeRules(t *testing.T) {
+	t.Helper()
+	for _, family := range []string{"iptables", "ip6tables"} {
+		if exec.Command(family, "-t", "filter", "-S", "KUBE-FIREWALL").Run() == nil {
+			for _, from := range []string{"INPUT", "OUTPUT"} {
+				for exec.Command(family, "-t", "filter", "-D", from, "-j", "KUBE-FIREWALL").Run() == nil {
+				}
+			}
+			run(t, family, "-t", "filter", "-F", "KUBE-FIREWALL")
+			run(t, family, "-t", "filter", "-X", "KUBE-FIREWALL")
+		}
+		out, err := exec.Command(family + "-save").Output()
+		if err != nil {
+			t.Errorf("%s-save: %v", family, err)
+			continue
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, "KUBE-") {
+				t.Errorf("%s: kube-proxy's %q left after its cleanup", family, line)
+			}
+		}
+	}
 }
 
 // tail is s's last n lines.
