@@ -21,7 +21,8 @@
 #               address source and timings; its guest boots on lab host 1,
 #               so the lab must be up before it), the example operator's
 #               vet, staticcheck and tests against a real kube-apiserver and
-#               etcd (operator-test; scripts/kubestack builds them before the
+#               etcd, with kube-proxy in the ClusterIP rollout test
+#               (operator-test; scripts/kubestack builds them before the
 #               namespace, cached per recipe), scale-short (the scale
 #               bench's CI variant), the 5-minute chaos soak on the
 #               lab (CI_SOAK, fixed CI_SOAK_SEED), bench-short,

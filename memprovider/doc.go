@@ -10,8 +10,8 @@
 // N times), SetState (Stopped, Failed), CorruptImage.
 //
 // With Options.ServeProxies every Running instance serves a real HTTP
-// CONNECT proxy on 127.0.0.1 (Instance.IP and Instance.Port are that
-// listener), so health probes and anything else an embedder does with a
+// CONNECT proxy on 127.0.0.1, or on Options.ProxyAddress (Instance.IP and
+// Instance.Port are that listener), so health probes and anything else an embedder does with a
 // proxy work for real without a hypervisor. The listener is closed when the
 // instance is deleted, stops running, or the entry is closed.
 //

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,12 +33,19 @@ type Options struct {
 	// time.Now. Tests inject a fake clock to step through provisioning.
 	Now func() time.Time
 	// ServeProxies makes every Running instance serve a real HTTP CONNECT
-	// proxy on 127.0.0.1:0; Instance.IP is "127.0.0.1" and Instance.Port
-	// the listener's port. The proxy enforces the guest description its
+	// proxy on ProxyAddress, port 0; Instance.IP is that address and
+	// Instance.Port the listener's port. The proxy enforces the guest description its
 	// Spec.UserData holds (see the package doc). False: no listener;
 	// Instance.IP is a documentation address (192.0.2.x) and Port comes
 	// from the Spec.
 	ServeProxies bool
+	// ProxyAddress is the IP address the served proxies listen on (with
+	// ServeProxies); it must be one of the host's (else a Get or List
+	// that would start a proxy fails Transient). Zero: 127.0.0.1. A
+	// non-loopback address lets whatever refuses loopback endpoints (an
+	// EndpointSlice, kube-proxy) reach the proxies, e.g. a documentation
+	// address added to a test network namespace's interface.
+	ProxyAddress netip.Addr
 	// DialContext opens the served proxies' connection to a CONNECT
 	// target they allow (network "tcp"). Zero: a dialer that reaches
 	// loopback addresses and "localhost" only; the proxy answers any
@@ -502,10 +510,18 @@ func (p *provider) readLocked(it *item) (egressproxy.Instance, error) {
 		}
 		it.proxy = ps
 	}
-	inst.IP = "127.0.0.1"
+	inst.IP = p.proxyAddr().String()
 	inst.Port = it.proxy.port
 	inst.AddressSource = "listener"
 	return inst, nil
+}
+
+// proxyAddr is the address the served proxies listen on.
+func (p *provider) proxyAddr() netip.Addr {
+	if p.opts.ProxyAddress.IsValid() {
+		return p.opts.ProxyAddress.Unmap()
+	}
+	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
 }
 
 // stateLocked is it's state now: forced, or following the clock.

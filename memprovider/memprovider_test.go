@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -444,6 +445,40 @@ func TestServedProxyStopsOnDeleteAndClose(t *testing.T) {
 	tunnel.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := tunnel.Read(make([]byte, 1)); err == nil {
 		t.Error("open tunnel survived Close")
+	}
+}
+
+// Options.ProxyAddress is where the served proxies listen and what
+// Instance.IP says; an address the host does not have fails the read that
+// would start the proxy, Transient.
+func TestProxyAddress(t *testing.T) {
+	t.Parallel()
+	target, stop := echoTarget(t)
+	defer stop()
+	ctx := context.Background()
+	// 127.0.0.2 is the host's (all of 127/8 is loopback) but not the
+	// default.
+	p := newMem(&memprovider.Options{ServeProxies: true, ProxyAddress: netip.MustParseAddr("::ffff:127.0.0.2")})
+	defer p.Close()
+	a, err := p.Create(ctx, spec("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.IP != "127.0.0.2" || a.Port == 0 {
+		t.Fatalf("instance at %q port %d, want 127.0.0.2 and the listener's port", a.IP, a.Port)
+	}
+	if code, tunnel, _ := connect(t, a.Address(), target, ""); code != http.StatusOK {
+		t.Errorf("CONNECT via %s: %d", a.Address(), code)
+	} else {
+		tunnel.Close()
+	}
+
+	// 203.0.113.7 (documentation) is on no interface of a test host.
+	q := newMem(&memprovider.Options{ServeProxies: true, ProxyAddress: netip.MustParseAddr("203.0.113.7")})
+	defer q.Close()
+	_, err = q.Create(ctx, spec("b"))
+	if egressproxy.Code(err) != egressproxy.Transient || !strings.Contains(err.Error(), "serving the proxy") {
+		t.Errorf("Create with a proxy address the host lacks: %v, want Transient, serving the proxy", err)
 	}
 }
 

@@ -33,11 +33,11 @@ type proxyServer struct {
 	conns  map[net.Conn]struct{}
 }
 
-// startProxy listens on 127.0.0.1:0 and serves CONNECT as g describes
+// startProxy listens on the proxy address, port 0, and serves CONNECT as g describes
 // (TLS only when g has a certificate). Called with p.mu held (it does not
 // take it).
 func (p *provider) startProxy(name string, g *guestconf.Config) (*proxyServer, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(p.proxyAddr(), 0).String())
 	if err != nil {
 		return nil, err
 	}

@@ -131,12 +131,15 @@ func sideProvider(t *testing.T, h e2eHost, cfg kvm2.Config) *egressproxy.Client 
 	return p
 }
 
-// startControlPlane starts a kube-apiserver and etcd from assets with the
-// module's CRDs installed, stopped at cleanup, and returns them, their
+// startControlPlane starts a kube-apiserver and etcd from assets (each of
+// configure changing the environment first) with the module's CRDs installed, stopped at cleanup, and returns them, their
 // config and a client that knows the CRDs' types.
-func startControlPlane(t *testing.T, assets string) (*envtest.Environment, *rest.Config, client.Client) {
+func startControlPlane(t *testing.T, assets string, configure ...func(*envtest.Environment)) (*envtest.Environment, *rest.Config, client.Client) {
 	t.Helper()
 	env := newEnvironment(assets)
+	for _, f := range configure {
+		f(env)
+	}
 	env.CRDDirectoryPaths = []string{filepath.Join("config", "crd")}
 	env.ErrorIfCRDPathMissing = true
 	t0 := time.Now()

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -44,6 +45,7 @@ import (
 // poolEnv is a real kube-apiserver and etcd with the operator's
 // controllers running in this process over three memory entries.
 type poolEnv struct {
+	env      *envtest.Environment
 	c        client.Client
 	op       client.Client // the operator's user's
 	restCfg  *rest.Config  // the admin's
@@ -71,6 +73,12 @@ type poolEnvOptions struct {
 	target string
 	// probeTimeout is each probe's (zero: 2 s).
 	probeTimeout time.Duration
+	// proxyAddress is where the memory entries' proxies listen (zero:
+	// 127.0.0.1, memprovider's default).
+	proxyAddress netip.Addr
+	// controlPlane changes the control plane's environment before it
+	// starts (nil: no change).
+	controlPlane func(*envtest.Environment)
 }
 
 // startPoolEnvWith is startPoolEnv over o's entries and target.
@@ -83,9 +91,13 @@ func startPoolEnvWith(t *testing.T, o poolEnvOptions) *poolEnv {
 	log := testr.NewWithOptions(t, testr.Options{Verbosity: 0})
 	logf.SetLogger(funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{}))
 
-	env, restCfg, c := startControlPlane(t, assets)
+	var configure []func(*envtest.Environment)
+	if o.controlPlane != nil {
+		configure = append(configure, o.controlPlane)
+	}
+	env, restCfg, c := startControlPlane(t, assets, configure...)
 	ctx := context.Background()
-	pe := &poolEnv{c: c, restCfg: restCfg, ns: "pools", entries: map[string]*egressproxy.Client{}, controls: map[string]*memprovider.Control{}, interval: time.Second, drain: time.Second}
+	pe := &poolEnv{env: env, c: c, restCfg: restCfg, ns: "pools", entries: map[string]*egressproxy.Client{}, controls: map[string]*memprovider.Control{}, interval: time.Second, drain: time.Second}
 	for _, name := range []string{operatorNS, pe.ns} {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
 			t.Fatal(err)
@@ -111,7 +123,7 @@ func startPoolEnvWith(t *testing.T, o poolEnvOptions) *poolEnv {
 		pe.entries = o.entries
 	} else {
 		for _, name := range []string{"mem-a", "mem-b", "mem-c"} {
-			m := memprovider.New(&memprovider.Options{ServeProxies: true, Logger: log.WithName(name)})
+			m := memprovider.New(&memprovider.Options{ServeProxies: true, ProxyAddress: o.proxyAddress, Logger: log.WithName(name)})
 			var ctl *memprovider.Control
 			m.As(&ctl)
 			pe.entries[name], pe.controls[name] = m, ctl
@@ -671,16 +683,29 @@ func connectClient(c client.Client, key client.ObjectKey, target string) func() 
 // the slices every 100 ms never sees fewer than 6 ready.
 func TestPoolRollsOutOnMemoryEntries(t *testing.T) {
 	pe := startPoolEnv(t)
+	rollOut(t, pe, "roll", func(key client.ObjectKey) func() (int, []string) {
+		return connectClient(pe.c, key, pe.target)
+	})
+}
+
+// rollOut creates a pool of 6 named name (drain 3 s), waits until it is
+// 2/2/2 and Healthy, starts the client startClient returns for it and a
+// watcher of its slices, changes the template's machine type and waits
+// until every child is of the new template; it fails t if a CONNECT of
+// the client failed, the client sent fewer than 20/s, or the watcher saw
+// fewer than 6 ready. Then it deletes the pool.
+func rollOut(t *testing.T, pe *poolEnv, name string, startClient func(client.ObjectKey) func() (int, []string)) {
+	t.Helper()
 	pe.drain = 3 * time.Second // longer than the client's re-read
 	ctx := context.Background()
-	pool := pe.createPool(t, "roll", 6, 0)
+	pool := pe.createPool(t, name, 6, 0)
 	key := client.ObjectKeyFromObject(pool)
 	waitFor(t, 2*time.Minute, "a pool of 6, 2/2/2, every child Healthy and listed", func() string {
 		_, msg := poolState(ctx, pe.c, key, 6, map[string]int{"mem-a": 2, "mem-b": 2, "mem-c": 2})
 		return msg
 	})
 	stopWatch := watchSlices(pe.c, key)
-	stopClient := connectClient(pe.c, key, pe.target)
+	stopClient := startClient(key)
 	time.Sleep(2 * time.Second) // the client's rate before the change
 
 	var cur v1alpha1.EgressProxyPool

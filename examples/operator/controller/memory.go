@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -37,6 +38,7 @@ const MemoryEntriesKey = "memoryEntries"
 //	memoryEntries:
 //	- {entry: mem1, callDelay: 50ms}
 //	- {entry: mem2, callDelay: 50ms, provisionDelay: 2s}
+//	- {entry: mem3, proxyAddress: 192.0.2.1}
 type MemoryEntry struct {
 	// Entry is the entry's name (a lowercase DNS label without "--", as
 	// a kvm2 entry's). It may not be the name of a kvm2 entry of the
@@ -48,6 +50,12 @@ type MemoryEntry struct {
 	// ProvisionDelay is how long a new VM has no address
 	// (memprovider.Options.ProvisionDelay; zero or absent: none).
 	ProvisionDelay time.Duration
+	// ProxyAddress is where its VMs' proxies listen
+	// (memprovider.Options.ProxyAddress): an IP address of the
+	// operator's host, not unspecified or multicast (zero or absent:
+	// 127.0.0.1). One that is not loopback puts the pools' endpoints
+	// in an IPv4 or IPv6 EndpointSlice, which kube-proxy programs.
+	ProxyAddress netip.Addr
 }
 
 // LoadEntriesFile reads an entries file that may list memory entries
@@ -207,7 +215,7 @@ func memoryEntryLine(list *yaml.Node, i int) int {
 }
 
 // decodeMemoryEntries reads the list strictly: each item a mapping of the
-// keys entry, callDelay and provisionDelay.
+// keys entry, callDelay, provisionDelay and proxyAddress.
 func decodeMemoryEntries(list *yaml.Node) ([]MemoryEntry, []error) {
 	var problems []error
 	bad := func(field string, line int, value, rule string) {
@@ -225,7 +233,7 @@ func decodeMemoryEntries(list *yaml.Node) ([]MemoryEntry, []error) {
 	for i, item := range list.Content {
 		path := fmt.Sprintf("%s[%d]", MemoryEntriesKey, i)
 		if item.Kind != yaml.MappingNode {
-			bad(path, item.Line, "", "must be a mapping with the keys entry, callDelay and provisionDelay")
+			bad(path, item.Line, "", "must be a mapping with the keys entry, callDelay, provisionDelay and proxyAddress")
 			continue
 		}
 		var m MemoryEntry
@@ -256,8 +264,15 @@ func decodeMemoryEntries(list *yaml.Node) ([]MemoryEntry, []error) {
 				} else {
 					m.ProvisionDelay = d
 				}
+			case "proxyAddress":
+				a, err := parseProxyAddress(v.Value)
+				if err != "" {
+					bad(field, v.Line, v.Value, err)
+					continue
+				}
+				m.ProxyAddress = a
 			default:
-				bad(field, k.Line, "", "is not a key of a memory entry (entry, callDelay, provisionDelay)")
+				bad(field, k.Line, "", "is not a key of a memory entry (entry, callDelay, provisionDelay, proxyAddress)")
 			}
 		}
 		switch rule := entryNameRule(m.Entry); {
@@ -291,6 +306,20 @@ func parseDelay(s string) (time.Duration, string) {
 	return d, ""
 }
 
+// parseProxyAddress reads a memory entry's proxy address: an IP address
+// a proxy can listen on and a client dial. The string is the rule broken,
+// "" when none.
+func parseProxyAddress(s string) (netip.Addr, string) {
+	a, err := netip.ParseAddr(s)
+	switch {
+	case err != nil || a.Zone() != "":
+		return netip.Addr{}, "must be an IP address, such as 192.0.2.1"
+	case a.IsUnspecified() || a.IsMulticast():
+		return netip.Addr{}, "must be an address of the host, not unspecified or multicast"
+	}
+	return a.Unmap(), ""
+}
+
 // entryNameRule is the rule an entry name breaks, "" when none: a kvm2
 // entry's (a lowercase DNS label, no "--").
 func entryNameRule(name string) string {
@@ -314,7 +343,7 @@ type MemoryOptions struct {
 }
 
 // OpenMemoryEntries opens one memprovider client per memory entry, each
-// serving its VMs as loopback CONNECT proxies, into clients (keyed by
+// serving its VMs as CONNECT proxies (on 127.0.0.1 or its ProxyAddress), into clients (keyed by
 // entry name), which must not hold those names yet.
 func OpenMemoryEntries(mems []MemoryEntry, opts MemoryOptions, clients map[string]*egressproxy.Client) error {
 	for _, m := range mems {
@@ -324,7 +353,7 @@ func OpenMemoryEntries(mems []MemoryEntry, opts MemoryOptions, clients map[strin
 	}
 	for _, m := range mems {
 		clients[m.Entry] = memprovider.New(&memprovider.Options{
-			ServeProxies: true, CallDelay: m.CallDelay, ProvisionDelay: m.ProvisionDelay,
+			ServeProxies: true, ProxyAddress: m.ProxyAddress, CallDelay: m.CallDelay, ProvisionDelay: m.ProvisionDelay,
 			Entry: m.Entry, Logger: opts.Logger, MeterProvider: opts.MeterProvider,
 		})
 	}

@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"errors"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,12 +29,13 @@ func TestLoadEntriesFile(t *testing.T) {
 	ctx := context.Background()
 
 	// Memory entries only.
-	cfgs, mems, _, err := LoadEntriesFile(ctx, r, []byte("memoryEntries:\n- {entry: m1, callDelay: 50ms}\n- entry: m2\n  provisionDelay: 2s\n"))
+	cfgs, mems, _, err := LoadEntriesFile(ctx, r, []byte("memoryEntries:\n- {entry: m1, callDelay: 50ms}\n- entry: m2\n  provisionDelay: 2s\n- {entry: m3, proxyAddress: '::ffff:192.0.2.1'}\n"))
 	if err != nil {
 		t.Fatalf("memory entries only: %v", err)
 	}
-	want := []MemoryEntry{{Entry: "m1", CallDelay: 50 * time.Millisecond}, {Entry: "m2", ProvisionDelay: 2 * time.Second}}
-	if len(cfgs) != 0 || len(mems) != 2 || mems[0] != want[0] || mems[1] != want[1] {
+	want := []MemoryEntry{{Entry: "m1", CallDelay: 50 * time.Millisecond}, {Entry: "m2", ProvisionDelay: 2 * time.Second},
+		{Entry: "m3", ProxyAddress: netip.MustParseAddr("192.0.2.1")}}
+	if len(cfgs) != 0 || !slices.Equal(mems, want) {
 		t.Fatalf("memory entries only = %+v, %+v; want no kvm2 entries and %+v", cfgs, mems, want)
 	}
 
@@ -83,6 +86,11 @@ func TestLoadEntriesFile(t *testing.T) {
 			[]string{`line 2: invalid memoryEntries[0].callDelay "50": must be a duration with its unit`}},
 		{"negative delay", "memoryEntries:\n- {entry: m1}\n- {entry: m2, provisionDelay: -1s}\n",
 			[]string{`line 3: invalid memoryEntries[1].provisionDelay "-1s": must not be negative`}},
+		{"proxy address no IP", "memoryEntries:\n- {entry: m1, proxyAddress: 'host.example'}\n",
+			[]string{`line 2: invalid memoryEntries[0].proxyAddress "host.example": must be an IP address`}},
+		{"proxy address unspecified", "memoryEntries:\n- {entry: m1, proxyAddress: 0.0.0.0}\n- {entry: m2, proxyAddress: 'ff02::1'}\n",
+			[]string{`line 2: invalid memoryEntries[0].proxyAddress "0.0.0.0": must be an address of the host, not unspecified`,
+				`line 3: invalid memoryEntries[1].proxyAddress "ff02::1": must be an address of the host, not unspecified or multicast`}},
 		{"unknown key", "memoryEntries:\n- {entry: m1, address: 'x:22'}\n",
 			[]string{"line 2: invalid memoryEntries[0].address: is not a key of a memory entry"}},
 		{"bad and missing names", "memoryEntries:\n- {entry: M_1}\n- {callDelay: 1ms}\n- {entry: a--b}\n",
@@ -139,5 +147,13 @@ func TestOpenMemoryEntries(t *testing.T) {
 	}
 	if err := OpenMemoryEntries([]MemoryEntry{{Entry: "m2"}}, MemoryOptions{}, clients); err == nil {
 		t.Error("OpenMemoryEntries of an open name succeeded")
+	}
+	// A proxy address (127.0.0.2: the host's, not the default).
+	if err := OpenMemoryEntries([]MemoryEntry{{Entry: "m3", ProxyAddress: netip.MustParseAddr("127.0.0.2")}}, MemoryOptions{}, clients); err != nil {
+		t.Fatal(err)
+	}
+	inst, err = clients["m3"].Create(ctx, egressproxy.Spec{Name: "ep-m3-a", UID: "uid-a3"})
+	if err != nil || inst.IP != "127.0.0.2" || inst.Port == 0 {
+		t.Errorf("m3's instance: %+v, %v; want a proxy served on 127.0.0.2", inst, err)
 	}
 }
