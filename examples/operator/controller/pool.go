@@ -238,6 +238,7 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	eligible, eligibleErr := r.eligible(pool)
 	grace := v1alpha1.DefaultUnhealthyGrace
 	if g := pool.Spec.UnhealthyGrace; g != nil && g.Duration > 0 {
 		grace = g.Duration
@@ -262,7 +263,7 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 			since = r.graceStart(ep, since)
 		}
 		c.lost = !c.healthy && !since.IsZero() && now.Sub(since) > grace
-		c.outdated = outdated(pool, ep, rev, now)
+		c.outdated = outdated(pool, ep, rev, eligible, eligibleErr == nil, now)
 		if ts, ok := ep.Annotations[AnnotationDrainingSince]; ok {
 			c.draining = true
 			c.drainSince, _ = time.Parse(time.RFC3339, ts) // unreadable: drained
@@ -270,9 +271,8 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 		alive = append(alive, c)
 	}
 
-	eligible, err := r.eligible(pool)
-	if err != nil {
-		setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionFalse, ReasonInvalidEntries, err.Error())
+	if eligibleErr != nil {
+		setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionFalse, ReasonInvalidEntries, eligibleErr.Error())
 		r.summarize(pool, alive, nil)
 		return requeue, r.publish(ctx, log, pool, alive)
 	}
@@ -289,8 +289,10 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 // proxy is not the pool's template any more, or not its revision (the
 // template and the contents of the Secrets it names: poolRevision; a
 // child without one was made before pools had revisions), or it is older
-// than maxAge.
-func outdated(pool *v1alpha1.EgressProxyPool, ep *v1alpha1.EgressProxy, rev string, now time.Time) bool {
+// than maxAge, or its entry is not among the eligible ones (when they are
+// known: spec.entries changed, or the entry left the entries file or
+// changed its labels).
+func outdated(pool *v1alpha1.EgressProxyPool, ep *v1alpha1.EgressProxy, rev string, eligible []string, eligibleKnown bool, now time.Time) bool {
 	switch {
 	case !equality.Semantic.DeepEqual(ep.Spec.ProxyTemplate, pool.Spec.Template), ep.Labels[LabelPoolRevision] != rev:
 		return true
@@ -298,14 +300,15 @@ func outdated(pool *v1alpha1.EgressProxyPool, ep *v1alpha1.EgressProxy, rev stri
 		now.Sub(ep.CreationTimestamp.Time) > pool.Spec.MaxAge.Duration:
 		return true
 	}
-	return false
+	return eligibleKnown && !slices.Contains(eligible, ep.Spec.Provider)
 }
 
 // place creates and deletes children towards the pool's spec, and
 // returns the children then alive. Each child is draining (taken out of
 // the endpoints, deleted once the drain period has passed), lost (not
-// Healthy for longer than the grace), outdated (its proxy is not the
-// template's any more, or it is older than maxAge) or current.
+// Healthy for longer than the grace), outdated (see outdated: another
+// template or revision, older than maxAge, or on an entry the pool no
+// longer selects) or current.
 //
 //   - Successors: while fewer than replicas are current, placement.Place
 //     puts new ones on the eligible entries (counting the current

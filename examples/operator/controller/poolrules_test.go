@@ -190,6 +190,72 @@ func TestPoolRollsOutSecretChange(t *testing.T) {
 	t.Logf("rolled out in %d rounds; at least %d ready, at most %d children", steps, minReady, maxHeld)
 }
 
+// A pool's children on entries it no longer selects are moved: a
+// successor on a selected entry first, the child taken out once the
+// successor is Healthy; until then they stay listed and count as
+// available. Whatever made the entry ineligible: spec.entries' names or
+// selector changed, the entry's labels changed, or the entry left the
+// entries file.
+func TestPoolMovesOffUnselectedEntries(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		start v1alpha1.PoolEntries
+		edit  func(f *poolFixture, p *v1alpha1.EgressProxyPool)
+		want  map[string]int
+	}{
+		{"names changed", v1alpha1.PoolEntries{Names: []string{"a", "b"}},
+			func(_ *poolFixture, p *v1alpha1.EgressProxyPool) { p.Spec.Entries.Names = []string{"c"} }, map[string]int{"c": 4}},
+		{"selector changed", v1alpha1.PoolEntries{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "x"}}},
+			func(_ *poolFixture, p *v1alpha1.EgressProxyPool) { p.Spec.Entries.Selector.MatchLabels["zone"] = "y" }, map[string]int{"c": 4}},
+		{"an entry's labels changed", v1alpha1.PoolEntries{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "x"}}},
+			func(f *poolFixture, _ *v1alpha1.EgressProxyPool) {
+				f.r.EntryLabels["b"] = map[string]string{"zone": "y"}
+			}, map[string]int{"a": 4}},
+		{"an entry left the entries file", v1alpha1.PoolEntries{Names: []string{"a", "b"}},
+			func(f *poolFixture, _ *v1alpha1.EgressProxyPool) {
+				f.r.Entries = map[string]*egressproxy.Client{"a": f.ents["a"], "c": f.ents["c"]}
+			}, map[string]int{"a": 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := newPool("p", 4)
+			pool.Spec.Entries = tc.start
+			pool.Spec.DrainPeriod = &metav1.Duration{Duration: 10 * time.Second}
+			f := newPoolFixture(t, pool)
+			now := time.Now()
+			f.r.Now = func() time.Time { return now }
+			f.reconcile(t)
+			f.healAll(t)
+			f.reconcile(t)
+			before := spread(f.children(t))
+			if before["c"] != 0 || before["a"]+before["b"] != 4 {
+				t.Fatalf("before: spread %v, want 4 on a and b", before)
+			}
+			var cur v1alpha1.EgressProxyPool
+			if err := f.c.Get(context.Background(), f.key, &cur); err != nil {
+				t.Fatal(err)
+			}
+			tc.edit(f, &cur)
+			if err := f.c.Update(context.Background(), &cur); err != nil {
+				t.Fatal(err)
+			}
+			_, p := f.reconcile(t)
+			if n := len(f.children(t)); n != 5 || len(f.listed(t)) != 4 || p.Status.HealthyReplicas != 4 ||
+				condition(p, v1alpha1.ConditionPoolAvailable) != "True/Available" {
+				t.Fatalf("right after the change: %d children, %d listed, status %+v; want one successor, the 4 listed and Available",
+					n, len(f.listed(t)), p.Status)
+			}
+			minReady, maxHeld, steps := f.stepRollout(t, &now, 4*time.Second, settled(4, func(*v1alpha1.EgressProxy) bool { return true }))
+			if got := spread(f.children(t)); !maps.Equal(got, tc.want) {
+				t.Errorf("after the move: spread %v, want %v", got, tc.want)
+			}
+			if minReady < 4 || maxHeld > 5 {
+				t.Errorf("as few as %d ready (want 4), as many as %d children (want at most 5)", minReady, maxHeld)
+			}
+			t.Logf("moved in %d rounds; at least %d ready, at most %d children", steps, minReady, maxHeld)
+		})
+	}
+}
+
 // A child made before pools had revisions (no revision label) is
 // replaced once, one surge at a time.
 func TestPoolReplacesChildWithoutRevision(t *testing.T) {
