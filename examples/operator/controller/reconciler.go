@@ -343,7 +343,7 @@ func (r *Reconciler) superseded(log logr.Logger, req reconcile.Request, ep *v1al
 	res := r.observed(req.NamespacedName, ep, inst, pc)
 	if c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Status == metav1.ConditionTrue {
 		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonSuperseded,
-			"the VM runs the spec of an earlier Secret at "+ep.Status.Address+"; its pool replaces it before removing it")
+			"the VM at "+ep.Status.Address+" runs an earlier spec than the object's (a Secret it uses changed, or the object was edited); its pool replaces it before removing it")
 	}
 	return res, nil
 }
