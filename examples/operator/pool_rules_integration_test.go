@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,6 +91,100 @@ func watchChildren(c client.Client, key client.ObjectKey, first map[string]strin
 	return func() []childSample { close(done); return <-out }
 }
 
+// firstSet is the children's spec digests by UID.
+func firstSet(kids []v1alpha1.EgressProxy) map[string]string {
+	out := map[string]string{}
+	for _, k := range kids {
+		out[string(k.UID)] = k.Status.SpecDigest
+	}
+	return out
+}
+
+// watchMove watches the pool key's slices and children (first: the
+// children before the change) every 100 ms until the returned function is
+// called, which checks what they saw since t0: the slices never list
+// fewer than want ready, children of the first set not yet deleted plus
+// successors listed ready are never fewer than want, and no child of the
+// first set had its VM made again in place. It logs what it measured,
+// what as the change.
+func watchMove(t *testing.T, c client.Client, key client.ObjectKey, first map[string]string, want int) func(what string, t0 time.Time) {
+	stopSlices := watchSlices(c, key)
+	stopChildren := watchChildren(c, key, first)
+	return func(what string, t0 time.Time) {
+		t.Helper()
+		took := time.Since(t0)
+		slicesSeen, childrenSeen := stopSlices(), stopChildren()
+		minReady, minAvailable := -1, -1
+		for _, smp := range slicesSeen {
+			if smp.at.After(t0) && (minReady < 0 || len(smp.ready) < minReady) {
+				minReady = len(smp.ready)
+			}
+		}
+		redone := ""
+		for _, smp := range childrenSeen {
+			if smp.redone != "" && redone == "" {
+				redone = smp.redone
+				t.Errorf("child %s's VM was made again in place (its spec digest changed)", smp.redone)
+			}
+			if n := smp.kept + smp.fresh; minAvailable < 0 || n < minAvailable {
+				minAvailable = n
+			}
+			if smp.kept+smp.fresh < want {
+				t.Logf("at %v: %d + %d:%s", smp.at.Sub(t0).Round(time.Millisecond), smp.kept, smp.fresh, smp.detail)
+			}
+		}
+		t.Logf("%s in %v: the slices (%d samples) listed at least %d ready; predecessors not deleted + successors listed ready at least %d (%d samples)",
+			what, took.Round(time.Millisecond), len(slicesSeen), minReady, minAvailable, len(childrenSeen))
+		if minReady < want {
+			t.Errorf("the slices listed as few as %d ready, want at least replicas - maxUnavailable = %d", minReady, want)
+		}
+		if minAvailable < want {
+			t.Errorf("as few as %d predecessors not deleted or successors listed ready, want %d: a predecessor went before its successor was Healthy", minAvailable, want)
+		}
+	}
+}
+
+// settledOn says what is missing for the pool key to hold want children,
+// spread as spread says, every one Healthy, listed, passing ok and not
+// draining, and the entries to hold instances VMs ("" when nothing is).
+func (pe *poolEnv) settledOn(ctx context.Context, key client.ObjectKey, want int, spread, instances map[string]int, ok func(v1alpha1.EgressProxy) string) ([]v1alpha1.EgressProxy, string) {
+	kids, msg := poolState(ctx, pe.c, key, want, spread)
+	if msg != "" {
+		return nil, msg
+	}
+	for _, k := range kids {
+		if _, draining := k.Annotations[controller.AnnotationDrainingSince]; draining {
+			return nil, fmt.Sprintf("child %s is draining", k.Name)
+		}
+		if msg := ok(k); msg != "" {
+			return nil, msg
+		}
+	}
+	n, err := pe.instances(ctx)
+	if err != nil {
+		return nil, err.Error()
+	}
+	if !maps.Equal(n, instances) {
+		return nil, fmt.Sprintf("instances %v, want %v", n, instances)
+	}
+	return kids, ""
+}
+
+// takesPassword counts the children that tunnel a CONNECT to target with
+// the pool's user and password.
+func takesPassword(ctx context.Context, kids []v1alpha1.EgressProxy, target, password string) (int, []string) {
+	n, refusals := 0, []string(nil)
+	for _, k := range kids {
+		r := health.Probe(ctx, k.Status.Address, target, &health.ProbeOptions{Username: "pool-user", Password: password, Timeout: 5 * time.Second})
+		if r.OK {
+			n++
+		} else {
+			refusals = append(refusals, fmt.Sprintf("%s: %v (%s)", k.Name, r.Err, r.Kind))
+		}
+	}
+	return n, refusals
+}
+
 // TestPoolSecretChangeOnMemoryEntries: a new password in the credentials
 // Secret of a pool of 6 (maxSurge 1, maxUnavailable 0) on three memory
 // entries, whose proxies enforce the credentials their user-data holds,
@@ -105,22 +200,21 @@ func TestPoolSecretChangeOnMemoryEntries(t *testing.T) {
 	ctx := context.Background()
 	pool := pe.createPool(t, "rotate", 6, 0)
 	key := client.ObjectKeyFromObject(pool)
+	spread := map[string]int{"mem-a": 2, "mem-b": 2, "mem-c": 2}
 	var kids []v1alpha1.EgressProxy
 	waitFor(t, 2*time.Minute, "a pool of 6, 2/2/2, every child Healthy and listed", func() string {
 		var msg string
-		kids, msg = poolState(ctx, pe.c, key, 6, map[string]int{"mem-a": 2, "mem-b": 2, "mem-c": 2})
+		kids, msg = poolState(ctx, pe.c, key, 6, spread)
 		return msg
 	})
-	first := map[string]string{}
 	oldRev := kids[0].Labels[controller.LabelPoolRevision]
 	for _, k := range kids {
-		first[string(k.UID)] = k.Status.SpecDigest
 		if k.Status.SpecDigest == "" || k.Labels[controller.LabelPoolRevision] != oldRev || oldRev == "" {
 			t.Fatalf("child %s: digest %q, revision %q (first child's %q)", k.Name, k.Status.SpecDigest, k.Labels[controller.LabelPoolRevision], oldRev)
 		}
 	}
-	stopSlices := watchSlices(pe.c, key)
-	stopChildren := watchChildren(pe.c, key, first)
+	first := firstSet(kids)
+	check := watchMove(t, pe.c, key, first, 6)
 
 	var sec corev1.Secret
 	if err := pe.c.Get(ctx, client.ObjectKey{Namespace: pe.ns, Name: "creds"}, &sec); err != nil {
@@ -134,85 +228,28 @@ func TestPoolSecretChangeOnMemoryEntries(t *testing.T) {
 	// A child of the old revision still serves the old password a moment
 	// later: its VM was not made again.
 	time.Sleep(2 * pe.interval)
-	var oldOK int
-	for _, k := range kids {
-		var cur v1alpha1.EgressProxy
-		if err := pe.c.Get(ctx, client.ObjectKeyFromObject(&k), &cur); err != nil || !cur.DeletionTimestamp.IsZero() {
-			continue
-		}
-		if r := health.Probe(ctx, k.Status.Address, pe.target, &health.ProbeOptions{Username: "pool-user", Password: "pool-password", Timeout: 5 * time.Second}); r.OK {
-			oldOK++
-		}
-	}
-	if oldOK == 0 {
+	if n, _ := takesPassword(ctx, kids, pe.target, "pool-password"); n == 0 {
 		t.Errorf("%v after the change no child of the old revision took the old password", 2*pe.interval)
 	}
-
 	var final []v1alpha1.EgressProxy
 	waitFor(t, 3*time.Minute, "every child of the new revision, 2/2/2, Healthy, none draining, 6 VMs", func() string {
 		var msg string
-		final, msg = poolState(ctx, pe.c, key, 6, map[string]int{"mem-a": 2, "mem-b": 2, "mem-c": 2})
-		if msg != "" {
-			return msg
-		}
-		for _, k := range final {
-			if k.Labels[controller.LabelPoolRevision] == oldRev {
+		final, msg = pe.settledOn(ctx, key, 6, spread, spread, func(k v1alpha1.EgressProxy) string {
+			if _, old := first[string(k.UID)]; old || k.Labels[controller.LabelPoolRevision] == oldRev {
 				return fmt.Sprintf("child %s has the old revision", k.Name)
 			}
-			if _, ok := k.Annotations[controller.AnnotationDrainingSince]; ok {
-				return fmt.Sprintf("child %s is draining", k.Name)
-			}
-		}
-		n, err := pe.instances(ctx)
-		if err != nil {
-			return err.Error()
-		}
-		if n["mem-a"]+n["mem-b"]+n["mem-c"] != 6 {
-			return fmt.Sprintf("instances %v, want 6 in all", n)
-		}
-		return ""
+			return ""
+		})
+		return msg
 	})
-	took := time.Since(t0)
-	slicesSeen, childrenSeen := stopSlices(), stopChildren()
-
-	minReady, minAvailable := -1, -1
-	for _, smp := range slicesSeen {
-		if smp.at.After(t0) && (minReady < 0 || len(smp.ready) < minReady) {
-			minReady = len(smp.ready)
-		}
+	check("a new password rolled out", t0)
+	if n, refusals := takesPassword(ctx, final, pe.target, "pool-password-2"); n != len(final) {
+		t.Errorf("CONNECTs with the new password refused: %v", refusals)
 	}
-	redone := ""
-	for _, smp := range childrenSeen {
-		if smp.redone != "" && redone == "" {
-			redone = smp.redone
-			t.Errorf("child %s's VM was made again in place (its spec digest changed)", smp.redone)
-		}
-		if minAvailable < 0 || smp.kept+smp.fresh < minAvailable {
-			minAvailable = smp.kept + smp.fresh
-		}
-		if smp.kept+smp.fresh < 6 {
-			t.Logf("at %v: %d + %d:%s", smp.at.Sub(t0).Round(time.Millisecond), smp.kept, smp.fresh, smp.detail)
-		}
-	}
-	t.Logf("a new password rolled out in %v: the slices (%d samples) listed at least %d ready; predecessors not deleted + successors listed ready at least %d (%d samples)",
-		took.Round(time.Millisecond), len(slicesSeen), minReady, minAvailable, len(childrenSeen))
-	if minReady < 6 {
-		t.Errorf("the slices listed as few as %d ready, want at least replicas - maxUnavailable = 6", minReady)
-	}
-	if minAvailable < 6 {
-		t.Errorf("as few as %d predecessors not deleted or successors listed ready: a predecessor went before its successor was Healthy", minAvailable)
-	}
-	for _, k := range final {
-		if _, old := first[string(k.UID)]; old {
-			t.Errorf("child %s is of the first set", k.Name)
-		}
-		if r := health.Probe(ctx, k.Status.Address, pe.target, &health.ProbeOptions{Username: "pool-user", Password: "pool-password-2", Timeout: 5 * time.Second}); !r.OK {
-			t.Errorf("CONNECT through %s with the new password: %v", k.Name, r.Err)
-		}
-		r := health.Probe(ctx, k.Status.Address, pe.target, &health.ProbeOptions{Username: "pool-user", Password: "pool-password", Timeout: 5 * time.Second})
-		if r.OK || r.Kind != health.KindAuthRequired {
-			t.Errorf("CONNECT through %s with the old password: ok %v, kind %q; want refused, %q", k.Name, r.OK, r.Kind, health.KindAuthRequired)
-		}
+	if n, refusals := takesPassword(ctx, final, pe.target, "pool-password"); n != 0 || len(refusals) != len(final) {
+		t.Errorf("%d children took the old password, want none", n)
+	} else if !strings.Contains(refusals[0], health.KindAuthRequired.String()) {
+		t.Errorf("the old password refused with %s, want %s", refusals[0], health.KindAuthRequired)
 	}
 	pe.deletePool(t, pool)
 }
@@ -240,12 +277,7 @@ func TestPoolMovesEntriesOnMemoryEntries(t *testing.T) {
 		kids, msg = poolState(ctx, pe.c, key, 4, map[string]int{"mem-a": 2, "mem-b": 2})
 		return msg
 	})
-	first := map[string]string{}
-	for _, k := range kids {
-		first[string(k.UID)] = k.Status.SpecDigest
-	}
-	stopSlices := watchSlices(pe.c, key)
-	stopChildren := watchChildren(pe.c, key, first)
+	check := watchMove(t, pe.c, key, firstSet(kids), 4)
 	var cur v1alpha1.EgressProxyPool
 	if err := pe.c.Get(ctx, key, &cur); err != nil {
 		t.Fatal(err)
@@ -256,47 +288,10 @@ func TestPoolMovesEntriesOnMemoryEntries(t *testing.T) {
 	}
 	t0 := time.Now()
 	waitFor(t, 3*time.Minute, "2/2 on mem-c and mem-d, Healthy, none draining, no VM left on mem-a and mem-b", func() string {
-		kids, msg := poolState(ctx, pe.c, key, 4, map[string]int{"mem-c": 2, "mem-d": 2})
-		if msg != "" {
-			return msg
-		}
-		for _, k := range kids {
-			if _, ok := k.Annotations[controller.AnnotationDrainingSince]; ok {
-				return fmt.Sprintf("child %s is draining", k.Name)
-			}
-		}
-		n, err := pe.instances(ctx)
-		if err != nil {
-			return err.Error()
-		}
-		if !maps.Equal(n, map[string]int{"mem-a": 0, "mem-b": 0, "mem-c": 2, "mem-d": 2}) {
-			return fmt.Sprintf("instances %v", n)
-		}
-		return ""
+		_, msg := pe.settledOn(ctx, key, 4, map[string]int{"mem-c": 2, "mem-d": 2},
+			map[string]int{"mem-a": 0, "mem-b": 0, "mem-c": 2, "mem-d": 2}, func(v1alpha1.EgressProxy) string { return "" })
+		return msg
 	})
-	took := time.Since(t0)
-	samples, childrenSeen := stopSlices(), stopChildren()
-	minReady, minAvailable := -1, -1
-	for _, smp := range samples {
-		if smp.at.After(t0) && (minReady < 0 || len(smp.ready) < minReady) {
-			minReady = len(smp.ready)
-		}
-	}
-	for _, smp := range childrenSeen {
-		if minAvailable < 0 || smp.kept+smp.fresh < minAvailable {
-			minAvailable = smp.kept + smp.fresh
-		}
-		if smp.kept+smp.fresh < 4 {
-			t.Logf("at %v: %d + %d:%s", smp.at.Sub(t0).Round(time.Millisecond), smp.kept, smp.fresh, smp.detail)
-		}
-	}
-	t.Logf("moved to mem-c and mem-d in %v: the slices (%d samples) listed at least %d ready; predecessors not deleted + successors listed ready at least %d",
-		took.Round(time.Millisecond), len(samples), minReady, minAvailable)
-	if minReady < 4 {
-		t.Errorf("the slices listed as few as %d ready, want at least replicas - maxUnavailable = 4", minReady)
-	}
-	if minAvailable < 4 {
-		t.Errorf("as few as %d predecessors not deleted or successors listed ready: a child moved before its successor was Healthy", minAvailable)
-	}
+	check("moved to mem-c and mem-d", t0)
 	pe.deletePool(t, pool)
 }

@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"regexp"
 	"strings"
@@ -283,85 +282,94 @@ func TestPoolReplacesChildWithoutRevision(t *testing.T) {
 	}
 }
 
+// secretChangeFixture is a reconciler fixture whose object (a pool's
+// child when pooled) runs a served memory proxy, Healthy through the
+// health runnable's probes with its Secret's credentials ("u1", "p1");
+// the Secret's password is then changed to "p2" and the object
+// reconciled once. It returns the fixture, the probes' target, the object
+// and its VM before the change.
+func secretChangeFixture(t *testing.T, pooled bool) (*fixture, string, *v1alpha1.EgressProxy, egressproxy.Instance) {
+	t.Helper()
+	f := newFixture(t, &memprovider.Options{ServeProxies: true})
+	target := listenTarget(t)
+	f.hr.opts.ConnectTarget = target
+	f.editSpec(t, func(s *v1alpha1.EgressProxySpec) {
+		s.AllowedDestinations = []v1alpha1.Destination{{Ports: portsOf(t, target)}}
+	})
+	if pooled {
+		var ep v1alpha1.EgressProxy
+		if err := f.c.Get(context.Background(), f.key, &ep); err != nil {
+			t.Fatal(err)
+		}
+		yes := true
+		ep.OwnerReferences = []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "EgressProxyPool", Name: "p", UID: "uid-p", Controller: &yes}}
+		if err := f.c.Update(context.Background(), &ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.reconcile(t)
+	for range 2 { // the tracker's default Rise
+		f.hr.Round(context.Background())
+	}
+	_, ep := f.reconcile(t)
+	if ep.Status.Health != v1alpha1.HealthHealthy {
+		t.Fatalf("before the change: health %q, want Healthy", ep.Status.Health)
+	}
+	first, err := f.mem.Get(context.Background(), egressproxy.Ref{Name: ep.Status.Instance, UID: string(ep.UID)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sec corev1.Secret
+	if err := f.c.Get(context.Background(), f.keyOf("creds"), &sec); err != nil {
+		t.Fatal(err)
+	}
+	sec.Data["password"] = []byte("p2")
+	if err := f.c.Update(context.Background(), &sec); err != nil {
+		t.Fatal(err)
+	}
+	_, ep = f.reconcile(t)
+	return f, target, ep, first
+}
+
 // The EgressProxy reconciler recreates a standalone object's VM in place
-// when its credentials Secret changes (as before), but keeps a pool's
-// child's VM, which its pool replaces: the VM stays with its spec
-// digest, Ready True with reason Superseded, and its probes keep the
-// credentials it was registered with, so it stays Healthy through real
-// CONNECTs that the new password would not pass.
+// when its credentials Secret changes, as before.
+func TestSecretChangeRecreatesStandalone(t *testing.T) {
+	f, _, ep, first := secretChangeFixture(t, false)
+	if readyReason(ep) != ReasonRecreating {
+		t.Fatalf("Ready reason %q, want Recreating", readyReason(ep))
+	}
+	if _, err := f.mem.Get(context.Background(), egressproxy.Ref{Name: first.Name, UID: string(ep.UID)}); egressproxy.Code(err) != egressproxy.NotFound {
+		t.Errorf("the old VM: %v, want deleted", err)
+	}
+}
+
+// The EgressProxy reconciler keeps a pool's child's VM when its Secret
+// changes, which its pool replaces: the VM stays with its spec digest,
+// Ready True with reason Superseded, and its probes keep the credentials
+// it was registered with, so it stays Healthy through real CONNECTs that
+// the new password would not pass.
 func TestSecretChangeKeepsPoolChild(t *testing.T) {
-	for _, pooled := range []bool{false, true} {
-		t.Run(fmt.Sprintf("pool child %v", pooled), func(t *testing.T) {
-			f := newFixture(t, &memprovider.Options{ServeProxies: true})
-			target := listenTarget(t)
-			f.hr.opts.ConnectTarget = target
-			f.editSpec(t, func(s *v1alpha1.EgressProxySpec) {
-				s.AllowedDestinations = []v1alpha1.Destination{{Ports: portsOf(t, target)}}
-			})
-			if pooled {
-				var ep v1alpha1.EgressProxy
-				if err := f.c.Get(context.Background(), f.key, &ep); err != nil {
-					t.Fatal(err)
-				}
-				yes := true
-				ep.OwnerReferences = []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "EgressProxyPool", Name: "p", UID: "uid-p", Controller: &yes}}
-				if err := f.c.Update(context.Background(), &ep); err != nil {
-					t.Fatal(err)
-				}
-			}
-			f.reconcile(t)
-			for range 2 { // the tracker's default Rise
-				f.hr.Round(context.Background())
-			}
-			_, ep := f.reconcile(t)
-			if ep.Status.Health != v1alpha1.HealthHealthy {
-				t.Fatalf("before the change: health %q, want Healthy", ep.Status.Health)
-			}
-			ref := egressproxy.Ref{Name: ep.Status.Instance, UID: string(ep.UID)}
-			first, err := f.mem.Get(context.Background(), ref)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var sec corev1.Secret
-			if err := f.c.Get(context.Background(), f.keyOf("creds"), &sec); err != nil {
-				t.Fatal(err)
-			}
-			sec.Data["password"] = []byte("p2")
-			if err := f.c.Update(context.Background(), &sec); err != nil {
-				t.Fatal(err)
-			}
-			_, ep = f.reconcile(t)
-			if !pooled {
-				if readyReason(ep) != ReasonRecreating {
-					t.Fatalf("standalone: Ready reason %q, want Recreating", readyReason(ep))
-				}
-				if _, err := f.mem.Get(context.Background(), ref); egressproxy.Code(err) != egressproxy.NotFound {
-					t.Errorf("standalone: the old VM %v, want deleted", err)
-				}
-				return
-			}
-			inst, err := f.mem.Get(context.Background(), ref)
-			if err != nil || inst.SpecDigest != first.SpecDigest || inst.Address() != first.Address() {
-				t.Fatalf("pool child: the VM %+v, %v; want the first one kept", inst, err)
-			}
-			c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady)
-			if c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonSuperseded || strings.Contains(c.Message, "p2") {
-				t.Errorf("pool child: Ready %+v, want True/Superseded", c)
-			}
-			if ep.Status.SpecDigest != first.SpecDigest || ep.Status.Phase != v1alpha1.PhaseRunning {
-				t.Errorf("pool child: status digest %s phase %s, want the VM's %s and Running", ep.Status.SpecDigest, ep.Status.Phase, first.SpecDigest)
-			}
-			for range 4 { // more than the tracker's default Fall
-				f.hr.Round(context.Background())
-			}
-			_, ep = f.reconcile(t)
-			if ep.Status.Health != v1alpha1.HealthHealthy {
-				t.Errorf("pool child after probe rounds: health %q, want Healthy (probed with the credentials it was made with)", ep.Status.Health)
-			}
-			// The VM really refuses the new password.
-			if r := health.Probe(context.Background(), ep.Status.Address, target, &health.ProbeOptions{Username: "u1", Password: "p2", Timeout: 2 * time.Second}); r.OK {
-				t.Error("the kept VM accepted the new password: the test proves nothing")
-			}
-		})
+	f, target, ep, first := secretChangeFixture(t, true)
+	inst, err := f.mem.Get(context.Background(), egressproxy.Ref{Name: first.Name, UID: string(ep.UID)})
+	if err != nil || inst.SpecDigest != first.SpecDigest || inst.Address() != first.Address() {
+		t.Fatalf("the VM %+v, %v; want the first one kept", inst, err)
+	}
+	c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady)
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != ReasonSuperseded || strings.Contains(c.Message, "p2") {
+		t.Errorf("Ready %+v, want True/Superseded", c)
+	}
+	if ep.Status.SpecDigest != first.SpecDigest || ep.Status.Phase != v1alpha1.PhaseRunning {
+		t.Errorf("status digest %s phase %s, want the VM's %s and Running", ep.Status.SpecDigest, ep.Status.Phase, first.SpecDigest)
+	}
+	for range 4 { // more than the tracker's default Fall
+		f.hr.Round(context.Background())
+	}
+	_, ep = f.reconcile(t)
+	if ep.Status.Health != v1alpha1.HealthHealthy {
+		t.Errorf("after probe rounds: health %q, want Healthy (probed with the credentials it was made with)", ep.Status.Health)
+	}
+	// The VM really refuses the new password.
+	if r := health.Probe(context.Background(), ep.Status.Address, target, &health.ProbeOptions{Username: "u1", Password: "p2", Timeout: 2 * time.Second}); r.OK {
+		t.Error("the kept VM accepted the new password: the test proves nothing")
 	}
 }
