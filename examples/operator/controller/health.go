@@ -189,6 +189,14 @@ func (h *HealthRunnable) Register(m Member) {
 	}
 }
 
+// member is the proxy id as registered, if it is.
+func (h *HealthRunnable) member(id string) (Member, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m, ok := h.members[id]
+	return m, ok
+}
+
 // Unregister stops probing the proxy and forgets its health.
 func (h *HealthRunnable) Unregister(_ types.NamespacedName, id string) {
 	h.mu.Lock()

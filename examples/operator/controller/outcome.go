@@ -15,6 +15,7 @@ const (
 	ReasonProxyConfigInvalid = "ProxyConfigInvalid"
 	ReasonSpecConflict       = "SpecConflict"
 	ReasonRecreating         = "Recreating"
+	ReasonSuperseded         = "Superseded"
 	ReasonReachable          = "Reachable"
 	ReasonHealthy            = "Healthy"
 	ReasonNoAddress          = "NoAddress"

@@ -128,7 +128,10 @@ type PoolReconciler struct {
 
 // SetupWithManager registers the pool reconciler with mgr: it watches the
 // pools and the EgressProxy objects they control (a child's status
-// change, such as its health, reconciles its pool).
+// change, such as its health, reconciles its pool). It watches no
+// Secrets: that needs list and watch on every Secret of the cluster,
+// which the operator is not given; each reconcile, at least every
+// Resync, reads the Secrets a pool's template names (poolRevision).
 func (r *PoolReconciler) SetupWithManager(mgr ctrl.Manager, opts PoolOptions) error {
 	if opts.Resync <= 0 {
 		opts.Resync = DefaultPoolResync
@@ -231,6 +234,11 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 	if err := r.Client.List(ctx, &all, client.InNamespace(pool.Namespace)); err != nil {
 		return reconcile.Result{}, err
 	}
+	rev, err := r.poolRevision(ctx, pool)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	eligible, eligibleErr := r.eligible(pool)
 	grace := v1alpha1.DefaultUnhealthyGrace
 	if g := pool.Spec.UnhealthyGrace; g != nil && g.Duration > 0 {
 		grace = g.Duration
@@ -255,9 +263,7 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 			since = r.graceStart(ep, since)
 		}
 		c.lost = !c.healthy && !since.IsZero() && now.Sub(since) > grace
-		c.outdated = !equality.Semantic.DeepEqual(ep.Spec.ProxyTemplate, pool.Spec.Template) ||
-			(pool.Spec.MaxAge != nil && pool.Spec.MaxAge.Duration > 0 && !ep.CreationTimestamp.IsZero() &&
-				now.Sub(ep.CreationTimestamp.Time) > pool.Spec.MaxAge.Duration)
+		c.outdated = outdated(pool, ep, rev, eligible, eligibleErr == nil, now)
 		if ts, ok := ep.Annotations[AnnotationDrainingSince]; ok {
 			c.draining = true
 			c.drainSince, _ = time.Parse(time.RFC3339, ts) // unreadable: drained
@@ -265,13 +271,12 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 		alive = append(alive, c)
 	}
 
-	eligible, err := r.eligible(pool)
-	if err != nil {
-		setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionFalse, ReasonInvalidEntries, err.Error())
+	if eligibleErr != nil {
+		setPoolCondition(pool, v1alpha1.ConditionPoolPlaced, metav1.ConditionFalse, ReasonInvalidEntries, eligibleErr.Error())
 		r.summarize(pool, alive, nil)
 		return requeue, r.publish(ctx, log, pool, alive)
 	}
-	alive, err = r.place(ctx, log, pool, alive, eligible, taken, now)
+	alive, err = r.place(ctx, log, pool, alive, eligible, taken, now, rev)
 	entries := r.placementEntries(eligible, alive)
 	r.summarize(pool, alive, entries)
 	if err != nil {
@@ -280,11 +285,30 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 	return requeue, r.publish(ctx, log, pool, alive)
 }
 
+// outdated reports whether the pool replaces ep, one surge at a time: its
+// proxy is not the pool's template any more, or not its revision (the
+// template and the contents of the Secrets it names: poolRevision; a
+// child without one was made before pools had revisions), or it is older
+// than maxAge, or its entry is not among the eligible ones (when they are
+// known: spec.entries changed, or the entry left the entries file or
+// changed its labels).
+func outdated(pool *v1alpha1.EgressProxyPool, ep *v1alpha1.EgressProxy, rev string, eligible []string, eligibleKnown bool, now time.Time) bool {
+	switch {
+	case !equality.Semantic.DeepEqual(ep.Spec.ProxyTemplate, pool.Spec.Template), ep.Labels[LabelPoolRevision] != rev:
+		return true
+	case pool.Spec.MaxAge != nil && pool.Spec.MaxAge.Duration > 0 && !ep.CreationTimestamp.IsZero() &&
+		now.Sub(ep.CreationTimestamp.Time) > pool.Spec.MaxAge.Duration:
+		return true
+	}
+	return eligibleKnown && !slices.Contains(eligible, ep.Spec.Provider)
+}
+
 // place creates and deletes children towards the pool's spec, and
 // returns the children then alive. Each child is draining (taken out of
 // the endpoints, deleted once the drain period has passed), lost (not
-// Healthy for longer than the grace), outdated (its proxy is not the
-// template's any more, or it is older than maxAge) or current.
+// Healthy for longer than the grace), outdated (see outdated: another
+// template or revision, older than maxAge, or on an entry the pool no
+// longer selects) or current.
 //
 //   - Successors: while fewer than replicas are current, placement.Place
 //     puts new ones on the eligible entries (counting the current
@@ -307,8 +331,8 @@ func (r *PoolReconciler) reconcile(ctx context.Context, log logr.Logger, pool *v
 //
 // A Healthy child is taken out by draining it; one that is not Healthy is
 // deleted at once.
-func (r *PoolReconciler) place(ctx context.Context, log logr.Logger, pool *v1alpha1.EgressProxyPool, alive []child, eligible []string, taken map[string]bool, now time.Time) ([]child, error) {
-	rd := &poolRound{r: r, ctx: ctx, log: log, pool: pool, alive: alive, eligible: eligible, taken: taken, now: now}
+func (r *PoolReconciler) place(ctx context.Context, log logr.Logger, pool *v1alpha1.EgressProxyPool, alive []child, eligible []string, taken map[string]bool, now time.Time, rev string) ([]child, error) {
+	rd := &poolRound{r: r, ctx: ctx, log: log, pool: pool, alive: alive, eligible: eligible, taken: taken, now: now, rev: rev}
 	if err := rd.sort(); err != nil {
 		return rd.alive, err
 	}
@@ -332,6 +356,7 @@ type poolRound struct {
 	eligible []string
 	taken    map[string]bool
 	now      time.Time
+	rev      string // the pool's revision, which new children carry
 
 	current, outdated, lost []child
 	draining                int // Healthy children still draining
@@ -419,7 +444,7 @@ func (rd *poolRound) takeOut(cs []child) error {
 
 // create makes the children add asks for and adds them to alive.
 func (rd *poolRound) create(add map[string]int) error {
-	created, err := rd.r.create(rd.ctx, rd.log, rd.pool, add, rd.taken)
+	created, err := rd.r.create(rd.ctx, rd.log, rd.pool, add, rd.taken, rd.rev)
 	rd.alive = append(rd.alive, created...)
 	return err
 }
@@ -697,7 +722,7 @@ func (r *PoolReconciler) placementEntries(eligible []string, alive []child) []pl
 // the lowest index whose name is free in the namespace. A name that
 // exists already (a retry after a lost answer, or a child the cache has
 // not shown yet) fails the Create instead of making a second child.
-func (r *PoolReconciler) create(ctx context.Context, log logr.Logger, pool *v1alpha1.EgressProxyPool, add map[string]int, taken map[string]bool) ([]child, error) {
+func (r *PoolReconciler) create(ctx context.Context, log logr.Logger, pool *v1alpha1.EgressProxyPool, add map[string]int, taken map[string]bool, rev string) ([]child, error) {
 	var out []child
 	next := 0
 	for _, entry := range slices.Sorted(maps.Keys(add)) {
@@ -709,7 +734,7 @@ func (r *PoolReconciler) create(ctx context.Context, log logr.Logger, pool *v1al
 			taken[name] = true
 			ep := &v1alpha1.EgressProxy{
 				ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: name, Labels: map[string]string{
-					LabelPool: pool.Name, LabelEntry: entry, LabelPoolIndex: strconv.Itoa(next),
+					LabelPool: pool.Name, LabelEntry: entry, LabelPoolIndex: strconv.Itoa(next), LabelPoolRevision: rev,
 				}},
 				Spec: v1alpha1.EgressProxySpec{Provider: entry, ProxyTemplate: *pool.Spec.Template.DeepCopy()},
 			}

@@ -791,10 +791,11 @@ func TestPoolGraceWaitsForBoot(t *testing.T) {
 	pool2 := newPool("q", 2)
 	pool2.Spec.UnhealthyGrace = &metav1.Duration{Duration: 15 * time.Second}
 	isController := true
+	rev := revisionOf(t, pool2)
 	kid := func(i int, entry string, phase v1alpha1.Phase, h v1alpha1.Health) client.Object {
 		e := &v1alpha1.EgressProxy{
 			ObjectMeta: metav1.ObjectMeta{Namespace: pool2.Namespace, Name: childName(pool2.Name, i), CreationTimestamp: metav1.NewTime(born),
-				Labels:          map[string]string{LabelPool: pool2.Name, LabelEntry: entry, LabelPoolIndex: fmt.Sprint(i)},
+				Labels:          map[string]string{LabelPool: pool2.Name, LabelEntry: entry, LabelPoolIndex: fmt.Sprint(i), LabelPoolRevision: rev},
 				OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "EgressProxyPool", Name: pool2.Name, UID: pool2.UID, Controller: &isController}}},
 			Spec:   v1alpha1.EgressProxySpec{Provider: entry, ProxyTemplate: *pool2.Spec.Template.DeepCopy()},
 			Status: v1alpha1.EgressProxyStatus{Phase: phase, Health: h, Address: map[bool]string{true: "127.0.0.1:3128"}[h == v1alpha1.HealthHealthy]},
@@ -816,4 +817,15 @@ func TestPoolGraceWaitsForBoot(t *testing.T) {
 	if kids := g.children(t); len(kids) != 3 {
 		t.Fatalf("a child booting past BootTimeout + grace: spread %v, want 3 children (a replacement beside it)", spread(kids))
 	}
+}
+
+// revisionOf is pool's revision with objs (its Secrets) in the cluster.
+func revisionOf(t *testing.T, pool *v1alpha1.EgressProxyPool, objs ...client.Object) string {
+	t.Helper()
+	r := &PoolReconciler{APIReader: fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).Build()}
+	rev, err := r.poolRevision(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rev
 }

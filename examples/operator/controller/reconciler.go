@@ -279,16 +279,23 @@ func (r *Reconciler) reconcile(ctx context.Context, log logr.Logger, ep *v1alpha
 			return r.failed(log, req, ep, err)
 		}
 	case inst.SpecDigest != "" && inst.SpecDigest != digest:
-		// Spec drift: the VM runs another spec (port, image, machine
-		// type or credentials changed). A VM's spec cannot be changed in
-		// place, so the choice is to recreate: delete now, create on the
-		// next reconcile.
-		return r.recreate(ctx, log, req, ep, pc, ref)
+		return r.drift(ctx, log, req, ep, pc, inst, proxy)
 	}
 	ep.Status.Provider = ep.Spec.Provider
 	ep.Status.SpecDigest = digest
 	r.backoff.Forget(req)
 	return r.observed(req.NamespacedName, ep, inst, proxy), nil
+}
+
+// drift handles a VM that runs another spec than ep's (port, image,
+// machine type or credentials changed). A VM's spec cannot be changed in
+// place, so the choice is to recreate it (recreate), except for a pool's
+// child, which its pool replaces before it removes it (superseded).
+func (r *Reconciler) drift(ctx context.Context, log logr.Logger, req reconcile.Request, ep *v1alpha1.EgressProxy, pc *egressproxy.Client, inst egressproxy.Instance, proxy proxyConfig) (reconcile.Result, error) {
+	if poolChild(ep) {
+		return r.superseded(log, req, ep, inst, proxy)
+	}
+	return r.recreate(ctx, log, req, ep, pc, egressproxy.Ref{Name: InstanceName(req.NamespacedName), UID: string(ep.UID)})
 }
 
 // recreate deletes the VM that runs an outdated spec; the next reconcile
@@ -303,6 +310,42 @@ func (r *Reconciler) recreate(ctx context.Context, log logr.Logger, req reconcil
 	}
 	r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonRecreating, "the spec changed; the VM was deleted and is created again")
 	return reconcile.Result{RequeueAfter: time.Millisecond}, nil
+}
+
+// poolChild reports whether an EgressProxyPool controls ep.
+func poolChild(ep *v1alpha1.EgressProxy) bool {
+	ref := metav1.GetControllerOf(ep)
+	return ref != nil && ref.Kind == "EgressProxyPool" && ref.APIVersion == v1alpha1.GroupVersion.String()
+}
+
+// superseded keeps the VM of a pool's child that runs another spec than
+// the child's (a Secret it uses changed, the pool never editing a child's
+// spec; or someone edited the child): the pool's revision covers the
+// Secrets' contents and the template, so the pool puts a successor
+// beside the child and removes it once the successor is Healthy, as
+// after a template change. Meanwhile the VM serves on and is probed with
+// the credentials and TLS it was registered with (those of its spec); a
+// leader that never registered it has only the current ones, and a
+// probe the VM refuses makes it Unhealthy, which the pool replaces all
+// the same.
+func (r *Reconciler) superseded(log logr.Logger, req reconcile.Request, ep *v1alpha1.EgressProxy, inst egressproxy.Instance, pc proxyConfig) (reconcile.Result, error) {
+	if r.Health != nil {
+		if m, ok := r.Health.member(inst.Name); ok && m.UID == ep.UID {
+			pc.creds, pc.probeTLS = m.Credentials, m.TLS
+		}
+	}
+	if ep.Status.SpecDigest != inst.SpecDigest {
+		log.Info("spec drift of a pool's child: the VM is kept until its pool replaces it", "entry", ep.Spec.Provider)
+	}
+	ep.Status.Provider = ep.Spec.Provider
+	ep.Status.SpecDigest = inst.SpecDigest
+	r.backoff.Forget(req)
+	res := r.observed(req.NamespacedName, ep, inst, pc)
+	if c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady); c != nil && c.Status == metav1.ConditionTrue {
+		r.setCondition(ep, v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonSuperseded,
+			"the VM at "+ep.Status.Address+" runs an earlier spec than the object's (a Secret it uses changed, or the object was edited); its pool replaces it before removing it")
+	}
+	return res, nil
 }
 
 // finalize deletes the VM of an object being deleted, then drops the

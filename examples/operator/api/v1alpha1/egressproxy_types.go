@@ -152,7 +152,9 @@ const (
 	// an address. Reasons: Running, Provisioning, Stopped, Failed (the
 	// instance state), or the library's error class of the last failed
 	// call (Transient, Permanent, SpecConflict), or UnknownProvider,
-	// CredentialsInvalid, ProxyConfigInvalid.
+	// CredentialsInvalid, ProxyConfigInvalid, or (True) Superseded: a
+	// pool's child whose VM runs the spec of an earlier Secret, kept
+	// until its pool has replaced it.
 	ConditionReady = "Ready"
 	// ConditionProviderReachable: the provider entry answered its last
 	// Check. Reasons: Reachable, or the library's provider.HealthReason

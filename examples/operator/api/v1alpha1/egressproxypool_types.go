@@ -28,7 +28,8 @@ type EgressProxyPoolSpec struct {
 	Template ProxyTemplate `json:"template"`
 
 	// Entries are the provider entries the pool may place children on.
-	// Empty: every entry configured on the operator.
+	// Empty: every entry configured on the operator. A child on an entry
+	// no longer among them is replaced on one that is, successor first.
 	// +optional
 	Entries PoolEntries `json:"entries,omitempty"`
 
@@ -39,9 +40,11 @@ type EgressProxyPoolSpec struct {
 	MaxPerEntry int32 `json:"maxPerEntry,omitempty"`
 
 	// MaxUnavailable is how many children below replicas may be
-	// unhealthy while the pool replaces children after a template
-	// change. Zero (the default): none; a replacement is created and
-	// Healthy before its predecessor is taken out.
+	// unhealthy while the pool replaces children (after a change of the
+	// template or of a Secret's contents it names, past maxAge, or off an
+	// entry the pool no longer selects). Zero (the default): none; a
+	// replacement is created and Healthy before its predecessor is taken
+	// out.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	MaxUnavailable int32 `json:"maxUnavailable,omitempty"`
