@@ -285,18 +285,9 @@ func runOne(ctx context.Context, o *options, assets, bin, logDir string, rs runS
 	defer target.Close()
 	targetPort := target.Addr().(*net.TCPAddr).Port
 
-	// The memory host: M memory entries, served from this process, whose
-	// VMs outlive the operators; the entries file names them with its
-	// endpoint, so both replicas see the same VMs.
-	entries := make([]string, rs.M)
-	hostEntries := make([]memprovider.Options, rs.M)
-	for i := range entries {
-		entries[i] = fmt.Sprintf("mem-%03d", i)
-		hostEntries[i] = memprovider.Options{Entry: entries[i], CallDelay: o.callDelay, ServeProxies: true}
-	}
-	host, err := memhost.Serve("127.0.0.1:0", hostEntries)
+	host, entries, entriesFile, err := startMemoryHost(o, rs, logDir)
 	if err != nil {
-		return nil, fmt.Errorf("memory host: %w", err)
+		return nil, err
 	}
 	defer func() {
 		if err := host.Close(); err != nil {
@@ -304,15 +295,6 @@ func runOne(ctx context.Context, o *options, assets, bin, logDir string, rs runS
 		}
 	}()
 	res.MemoryHost = true
-	var sb strings.Builder
-	sb.WriteString(controller.MemoryEntriesKey + ":\n")
-	for _, e := range entries {
-		fmt.Fprintf(&sb, "- {entry: %s, endpoint: %q}\n", e, host.URL())
-	}
-	entriesFile := filepath.Join(logDir, fmt.Sprintf("entries-%d-%d.yaml", rs.N, rs.M))
-	if err := os.WriteFile(entriesFile, []byte(sb.String()), 0o644); err != nil {
-		return nil, err
-	}
 
 	// N objects, round-robin over the entries, open to the target's port.
 	t0 := time.Now()
@@ -381,6 +363,33 @@ func runOne(ctx context.Context, o *options, assets, bin, logDir string, rs runS
 	}
 	res.LoadEnd = loadAvg()
 	return res, nil
+}
+
+// startMemoryHost serves M memory entries from this process, whose VMs
+// outlive the operators, and writes the entries file that names them with
+// the host's endpoint, so both replicas see the same VMs.
+func startMemoryHost(o *options, rs runSpec, logDir string) (*memhost.Server, []string, string, error) {
+	entries := make([]string, rs.M)
+	hostEntries := make([]memprovider.Options, rs.M)
+	for i := range entries {
+		entries[i] = fmt.Sprintf("mem-%03d", i)
+		hostEntries[i] = memprovider.Options{Entry: entries[i], CallDelay: o.callDelay, ServeProxies: true}
+	}
+	host, err := memhost.Serve("127.0.0.1:0", hostEntries)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("memory host: %w", err)
+	}
+	var sb strings.Builder
+	sb.WriteString(controller.MemoryEntriesKey + ":\n")
+	for _, e := range entries {
+		fmt.Fprintf(&sb, "- {entry: %s, endpoint: %q}\n", e, host.URL())
+	}
+	entriesFile := filepath.Join(logDir, fmt.Sprintf("entries-%d-%d.yaml", rs.N, rs.M))
+	if err := os.WriteFile(entriesFile, []byte(sb.String()), 0o644); err != nil {
+		_ = host.Close()
+		return nil, nil, "", err
+	}
+	return host, entries, entriesFile, nil
 }
 
 func createObjects(ctx context.Context, c client.Client, n int, entries []string, port int32) error {
