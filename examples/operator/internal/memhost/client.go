@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"sync"
 
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/attribute"
@@ -38,7 +37,8 @@ func NewClient(endpoint, entry string, opts ClientOptions) (*egressproxy.Client,
 		return nil, &egressproxy.FieldError{Field: "entry", Rule: "is required"}
 	}
 	tr := &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256, DisableCompression: true}
-	p := &provider{base: endpoint + "/v1/" + entry + "/", tr: tr, hc: &http.Client{Transport: tr}}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &provider{base: endpoint + "/v1/" + entry + "/", tr: tr, hc: &http.Client{Transport: tr}, closed: ctx, close: cancel}
 	return driver.NewClient(p, &egressproxy.Options{Logger: opts.Logger, MeterProvider: opts.MeterProvider,
 		MetricAttributes: []attribute.KeyValue{attribute.String("egressproxy.entry", entry)}}), nil
 }
@@ -48,9 +48,9 @@ type provider struct {
 	base string // endpoint/v1/entry/
 	tr   *http.Transport
 	hc   *http.Client
-
-	mu     sync.Mutex
-	closed bool
+	// closed ends with Close: it ends the requests in flight too.
+	closed context.Context
+	close  context.CancelFunc
 }
 
 var _ driver.Provider = (*provider)(nil)
@@ -79,29 +79,42 @@ func (p *provider) Check(ctx context.Context) (egressproxy.Health, error) {
 	return h, p.call(ctx, opCheck, struct{}{}, &h)
 }
 
-// Close releases the idle connections; later calls are ErrClosed.
+// Close ends the calls in flight and releases the connections; later
+// calls are ErrClosed.
 func (p *provider) Close() error {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
+	p.close()
 	p.tr.CloseIdleConnections()
 	return nil
 }
 
+func errClosed() error {
+	return driver.Errorf(egressproxy.Permanent, "memory host: %w", egressproxy.ErrClosed)
+}
+
 // call POSTs arg to the operation and decodes the answer into res (nil:
 // discard it).
-func (p *provider) call(ctx context.Context, op string, arg, res any) error {
-	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if closed {
-		return driver.Errorf(egressproxy.Permanent, "memory host: %w", egressproxy.ErrClosed)
+func (p *provider) call(ctx context.Context, op string, arg, res any) (err error) {
+	if p.closed.Err() != nil {
+		return errClosed()
 	}
+	// The request ends with ctx or with Close, and a connection that
+	// became idle after Close is not kept.
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(p.closed, cancel)()
+	defer func() {
+		if p.closed.Err() != nil {
+			p.tr.CloseIdleConnections()
+			if ctx.Err() == nil && err != nil {
+				err = errClosed()
+			}
+		}
+	}()
 	body, err := json.Marshal(arg)
 	if err != nil {
 		return driver.Errorf(egressproxy.Permanent, "memory host %s: %w", op, err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.base+op, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, p.base+op, bytes.NewReader(body))
 	if err != nil {
 		return driver.Errorf(egressproxy.Permanent, "memory host %s: %w", op, err)
 	}

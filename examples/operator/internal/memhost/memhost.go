@@ -60,8 +60,11 @@ type Server struct {
 	entries map[string]*egressproxy.Client
 	served  chan struct{}
 	serr    error
-	calls   sync.WaitGroup // handlers running
 	once    sync.Once
+
+	mu      sync.Mutex
+	closing bool
+	calls   sync.WaitGroup // handlers running; none starts once closing
 }
 
 // Serve starts a memory host on addr (a loopback host:port; port 0 picks
@@ -109,6 +112,9 @@ func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
 func (s *Server) Close() error {
 	var err error
 	s.once.Do(func() {
+		s.mu.Lock()
+		s.closing = true
+		s.mu.Unlock()
 		err = s.srv.Close()
 		<-s.served
 		s.calls.Wait()
@@ -122,7 +128,14 @@ func (s *Server) Close() error {
 
 // ServeHTTP answers POST /v1/ENTRY/OPERATION.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		writeError(w, http.StatusServiceUnavailable, egressproxy.Transient, errors.New("memory host: closing"))
+		return
+	}
 	s.calls.Add(1)
+	s.mu.Unlock()
 	defer s.calls.Done()
 	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/")
 	entry, op, ok2 := strings.Cut(rest, "/")

@@ -168,6 +168,26 @@ func TestContextEndsTheCall(t *testing.T) {
 	}
 }
 
+// Close of a client ends its calls in flight promptly (ErrClosed), and
+// leaves no connection behind (goleak, TestMain).
+func TestCloseEndsCalls(t *testing.T) {
+	s := serve(t, memprovider.Options{Entry: "slow", CallDelay: time.Minute})
+	c := client(t, s, "slow")
+	errc := make(chan error, 1)
+	go func() { _, err := c.List(context.Background()); errc <- err }()
+	time.Sleep(100 * time.Millisecond) // the call is at the host
+	t0 := time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, egressproxy.ErrClosed) {
+		t.Errorf("the call in flight at Close = %v, want ErrClosed", err)
+	}
+	if took := time.Since(t0); took > 5*time.Second {
+		t.Errorf("Close took %v with a call in flight", took)
+	}
+}
+
 // Serve and NewClient refuse what is not a loopback endpoint, naming the
 // rule; Serve refuses entries without a name or with one name twice.
 func TestEndpointRules(t *testing.T) {
