@@ -67,6 +67,7 @@ type options struct {
 	timeout        time.Duration
 	workers        int
 	failover       bool
+	inProcess      bool
 	out, command   string
 	merge          bool
 	moduleDir      string
@@ -105,6 +106,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 20*time.Minute, "longest wait for convergence, and for failover")
 	flag.IntVar(&o.workers, "max-concurrent-reconciles", 0, "the operator's --max-concurrent-reconciles (0: its default)")
 	flag.BoolVar(&o.failover, "failover", true, "run a second replica and measure the failover")
+	flag.BoolVar(&o.inProcess, "in-process", false, "memory entries in the operator's process (each replica its own VMs, which die with it), not on a memory host: to measure what the memory host's HTTP hop costs")
 	flag.StringVar(&o.out, "out", "../../docs/scale.md", "the report to write")
 	flag.StringVar(&o.command, "command", "", "the command recorded in the report (default: this one's arguments)")
 	flag.BoolVar(&o.merge, "merge", false, "keep the runs of -out this invocation does not measure")

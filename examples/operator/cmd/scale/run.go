@@ -289,12 +289,8 @@ func runOne(ctx context.Context, o *options, assets, bin, logDir string, rs runS
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err := host.Close(); err != nil {
-			logf0("closing the memory host: %v", err)
-		}
-	}()
-	res.MemoryHost = true
+	defer closeHost(host)
+	res.MemoryHost = host != nil
 
 	// N objects, round-robin over the entries, open to the target's port.
 	t0 := time.Now()
@@ -365,9 +361,21 @@ func runOne(ctx context.Context, o *options, assets, bin, logDir string, rs runS
 	return res, nil
 }
 
+// closeHost closes the memory host, if any.
+func closeHost(host *memhost.Server) {
+	if host == nil {
+		return
+	}
+	if err := host.Close(); err != nil {
+		logf0("closing the memory host: %v", err)
+	}
+}
+
 // startMemoryHost serves M memory entries from this process, whose VMs
 // outlive the operators, and writes the entries file that names them with
-// the host's endpoint, so both replicas see the same VMs.
+// the host's endpoint, so both replicas see the same VMs. With
+// -in-process it starts no host (nil) and the file has the entries in
+// the operator's process.
 func startMemoryHost(o *options, rs runSpec, logDir string) (*memhost.Server, []string, string, error) {
 	entries := make([]string, rs.M)
 	hostEntries := make([]memprovider.Options, rs.M)
@@ -375,18 +383,27 @@ func startMemoryHost(o *options, rs runSpec, logDir string) (*memhost.Server, []
 		entries[i] = fmt.Sprintf("mem-%03d", i)
 		hostEntries[i] = memprovider.Options{Entry: entries[i], CallDelay: o.callDelay, ServeProxies: true}
 	}
-	host, err := memhost.Serve("127.0.0.1:0", hostEntries)
-	if err != nil {
-		return nil, nil, "", fmt.Errorf("memory host: %w", err)
+	var host *memhost.Server
+	if !o.inProcess {
+		var err error
+		if host, err = memhost.Serve("127.0.0.1:0", hostEntries); err != nil {
+			return nil, nil, "", fmt.Errorf("memory host: %w", err)
+		}
 	}
 	var sb strings.Builder
 	sb.WriteString(controller.MemoryEntriesKey + ":\n")
 	for _, e := range entries {
-		fmt.Fprintf(&sb, "- {entry: %s, endpoint: %q}\n", e, host.URL())
+		if host != nil {
+			fmt.Fprintf(&sb, "- {entry: %s, endpoint: %q}\n", e, host.URL())
+		} else {
+			fmt.Fprintf(&sb, "- {entry: %s, callDelay: %s}\n", e, o.callDelay)
+		}
 	}
 	entriesFile := filepath.Join(logDir, fmt.Sprintf("entries-%d-%d.yaml", rs.N, rs.M))
 	if err := os.WriteFile(entriesFile, []byte(sb.String()), 0o644); err != nil {
-		_ = host.Close()
+		if host != nil {
+			_ = host.Close()
+		}
 		return nil, nil, "", err
 	}
 	return host, entries, entriesFile, nil
