@@ -468,6 +468,12 @@ func (h *HealthRunnable) probe(ctx context.Context, ms []Member) bool {
 
 	var changed []types.NamespacedName
 	h.mu.Lock()
+	counts := map[health.State]int{}
+	for id := range h.members {
+		st, _ := h.tracker.Get(id) // a proxy not tracked yet: StateUnknown
+		counts[st.State]++
+	}
+	observeStates(counts)
 	for id, key := range keys {
 		st, _ := h.tracker.Get(id)
 		if prev, ok := h.notified[id]; !ok || prev != st.State {

@@ -19,6 +19,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/examples/operator/internal/memhost"
 	"github.com/egressproxy/egressproxy/kvm2"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
@@ -27,18 +28,23 @@ import (
 // of kind memory (MemoryEntry).
 const MemoryEntriesKey = "memoryEntries"
 
-// MemoryEntry is an entry of kind memory: a memprovider in the operator's
-// process, whose VMs are real loopback CONNECT proxies
-// (memprovider.Options.ServeProxies) and whose every call waits CallDelay,
-// a simulated round trip to a hypervisor. It is for tests and benchmarks
-// (the scale bench, cmd/scale): its instances live in the process and end
-// with it, so another replica, or a restart, starts with none and creates
-// every object's VM anew.
+// MemoryEntry is an entry of kind memory: a memprovider whose VMs are
+// real loopback CONNECT proxies (memprovider.Options.ServeProxies) and
+// whose every call waits CallDelay, a simulated round trip to a
+// hypervisor. It is for tests and benchmarks (the scale bench,
+// cmd/scale). Without Endpoint the memprovider is in the operator's
+// process: its instances end with it, so another replica, or a restart,
+// starts with none and creates every object's VM anew. With Endpoint it
+// is the entry of that name on a memory host (internal/memhost), another
+// process on the same machine: its VMs outlive the operator, as a kvm2
+// entry's outlive theirs on the hypervisor, and every replica given the
+// endpoint sees the same VMs.
 //
 //	memoryEntries:
 //	- {entry: mem1, callDelay: 50ms}
 //	- {entry: mem2, callDelay: 50ms, provisionDelay: 2s}
 //	- {entry: mem3, proxyAddress: 192.0.2.1}
+//	- {entry: mem4, endpoint: "http://127.0.0.1:7070"}
 type MemoryEntry struct {
 	// Entry is the entry's name (a lowercase DNS label without "--", as
 	// a kvm2 entry's). It may not be the name of a kvm2 entry of the
@@ -56,6 +62,12 @@ type MemoryEntry struct {
 	// 127.0.0.1). One that is not loopback puts the pools' endpoints
 	// in an IPv4 or IPv6 EndpointSlice, which kube-proxy programs.
 	ProxyAddress netip.Addr
+	// Endpoint is the memory host serving the entry, http://HOST:PORT
+	// with a loopback HOST (127.0.0.1, [::1] or localhost); empty: the
+	// entry is in the operator's process. With an endpoint the delays
+	// are the host's (it waits them): callDelay and provisionDelay may
+	// not be given beside it.
+	Endpoint string
 }
 
 // LoadEntriesFile reads an entries file that may list memory entries
@@ -215,7 +227,8 @@ func memoryEntryLine(list *yaml.Node, i int) int {
 }
 
 // decodeMemoryEntries reads the list strictly: each item a mapping of the
-// keys entry, callDelay, provisionDelay and proxyAddress.
+// keys entry, callDelay, provisionDelay, proxyAddress and endpoint
+// (without the delays and the proxy address).
 func decodeMemoryEntries(list *yaml.Node) ([]MemoryEntry, []error) {
 	var problems []error
 	bad := func(field string, line int, value, rule string) {
@@ -225,7 +238,7 @@ func decodeMemoryEntries(list *yaml.Node) ([]MemoryEntry, []error) {
 		return nil, nil
 	}
 	if list.Kind != yaml.SequenceNode {
-		bad(MemoryEntriesKey, list.Line, "", "must be a list of memory entries ({entry: NAME, callDelay: DURATION})")
+		bad(MemoryEntriesKey, list.Line, "", "must be a list of memory entries ({entry: NAME, callDelay: DURATION} or {entry: NAME, endpoint: URL})")
 		return nil, problems
 	}
 	var out []MemoryEntry
@@ -233,48 +246,11 @@ func decodeMemoryEntries(list *yaml.Node) ([]MemoryEntry, []error) {
 	for i, item := range list.Content {
 		path := fmt.Sprintf("%s[%d]", MemoryEntriesKey, i)
 		if item.Kind != yaml.MappingNode {
-			bad(path, item.Line, "", "must be a mapping with the keys entry, callDelay, provisionDelay and proxyAddress")
+			bad(path, item.Line, "", "must be a mapping with the keys entry, callDelay, provisionDelay, proxyAddress and endpoint")
 			continue
 		}
-		var m MemoryEntry
-		seen := map[string]bool{}
-		for j := 0; j+1 < len(item.Content); j += 2 {
-			k, v := item.Content[j], item.Content[j+1]
-			field := path + "." + k.Value
-			if seen[k.Value] {
-				bad(field, k.Line, "", "is given twice")
-				continue
-			}
-			seen[k.Value] = true
-			if v.Kind != yaml.ScalarNode {
-				bad(field, v.Line, "", "must be a single value")
-				continue
-			}
-			switch k.Value {
-			case "entry":
-				m.Entry = v.Value
-			case "callDelay", "provisionDelay":
-				d, err := parseDelay(v.Value)
-				if err != "" {
-					bad(field, v.Line, v.Value, err)
-					continue
-				}
-				if k.Value == "callDelay" {
-					m.CallDelay = d
-				} else {
-					m.ProvisionDelay = d
-				}
-			case "proxyAddress":
-				a, err := parseProxyAddress(v.Value)
-				if err != "" {
-					bad(field, v.Line, v.Value, err)
-					continue
-				}
-				m.ProxyAddress = a
-			default:
-				bad(field, k.Line, "", "is not a key of a memory entry (entry, callDelay, provisionDelay, proxyAddress)")
-			}
-		}
+		m, itemProblems := decodeMemoryEntry(path, item)
+		problems = append(problems, itemProblems...)
 		switch rule := entryNameRule(m.Entry); {
 		case rule != "":
 			bad(path+".entry", item.Line, m.Entry, rule)
@@ -288,6 +264,70 @@ func decodeMemoryEntries(list *yaml.Node) ([]MemoryEntry, []error) {
 		out = append(out, m)
 	}
 	return out, problems
+}
+
+// decodeMemoryEntry reads one item of the list, the mapping at path.
+func decodeMemoryEntry(path string, item *yaml.Node) (MemoryEntry, []error) {
+	var problems []error
+	bad := func(field string, line int, value, rule string) {
+		problems = append(problems, &egressproxy.FieldError{Field: field, Value: value, Line: line, Rule: rule})
+	}
+	var m MemoryEntry
+	seen := map[string]*yaml.Node{}
+	for j := 0; j+1 < len(item.Content); j += 2 {
+		k, v := item.Content[j], item.Content[j+1]
+		field := path + "." + k.Value
+		if seen[k.Value] != nil {
+			bad(field, k.Line, "", "is given twice")
+			continue
+		}
+		seen[k.Value] = k
+		if v.Kind != yaml.ScalarNode {
+			bad(field, v.Line, "", "must be a single value")
+			continue
+		}
+		switch k.Value {
+		case "entry":
+			m.Entry = v.Value
+		case "endpoint":
+			if rule := memhost.CheckEndpoint(v.Value); rule != "" {
+				bad(field, v.Line, v.Value, rule)
+				continue
+			}
+			m.Endpoint = v.Value
+		case "callDelay", "provisionDelay":
+			d, err := parseDelay(v.Value)
+			if err != "" {
+				bad(field, v.Line, v.Value, err)
+				continue
+			}
+			if k.Value == "callDelay" {
+				m.CallDelay = d
+			} else {
+				m.ProvisionDelay = d
+			}
+		case "proxyAddress":
+			a, err := parseProxyAddress(v.Value)
+			if err != "" {
+				bad(field, v.Line, v.Value, err)
+				continue
+			}
+			m.ProxyAddress = a
+		default:
+			bad(field, k.Line, "", "is not a key of a memory entry (entry, callDelay, provisionDelay, proxyAddress, endpoint)")
+		}
+	}
+	if seen["endpoint"] != nil {
+		for _, key := range []string{"callDelay", "provisionDelay"} {
+			if k := seen[key]; k != nil {
+				bad(path+"."+key, k.Line, "", "must not be given beside endpoint: the memory host waits its own delays")
+			}
+		}
+		if k := seen["proxyAddress"]; k != nil {
+			bad(path+".proxyAddress", k.Line, "", "must not be given beside endpoint: the memory host's proxies listen where it serves them")
+		}
+	}
+	return m, problems
 }
 
 // parseDelay reads a delay: a Go duration with its unit, not negative,
@@ -342,9 +382,11 @@ type MemoryOptions struct {
 	MeterProvider metric.MeterProvider
 }
 
-// OpenMemoryEntries opens one memprovider client per memory entry, each
-// serving its VMs as CONNECT proxies (on 127.0.0.1 or its ProxyAddress), into clients (keyed by
-// entry name), which must not hold those names yet.
+// OpenMemoryEntries opens one client per memory entry into clients (keyed
+// by entry name), which must not hold those names yet: a memprovider
+// serving its VMs as CONNECT proxies (on 127.0.0.1 or its ProxyAddress),
+// or, for an entry with an Endpoint, the client of that entry on the
+// memory host there.
 func OpenMemoryEntries(mems []MemoryEntry, opts MemoryOptions, clients map[string]*egressproxy.Client) error {
 	for _, m := range mems {
 		if _, ok := clients[m.Entry]; ok {
@@ -352,6 +394,14 @@ func OpenMemoryEntries(mems []MemoryEntry, opts MemoryOptions, clients map[strin
 		}
 	}
 	for _, m := range mems {
+		if m.Endpoint != "" {
+			c, err := memhost.NewClient(m.Endpoint, m.Entry, memhost.ClientOptions{Logger: opts.Logger, MeterProvider: opts.MeterProvider})
+			if err != nil {
+				return fmt.Errorf("memory entry %s: %w", m.Entry, err)
+			}
+			clients[m.Entry] = c
+			continue
+		}
 		clients[m.Entry] = memprovider.New(&memprovider.Options{
 			ServeProxies: true, ProxyAddress: m.ProxyAddress, CallDelay: m.CallDelay, ProvisionDelay: m.ProvisionDelay,
 			Entry: m.Entry, Logger: opts.Logger, MeterProvider: opts.MeterProvider,

@@ -14,6 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/examples/operator/internal/memhost"
+	"github.com/egressproxy/egressproxy/memprovider"
 )
 
 // LoadEntriesFile: memory entries alone, or beside kvm2 entries (whose
@@ -29,12 +31,12 @@ func TestLoadEntriesFile(t *testing.T) {
 	ctx := context.Background()
 
 	// Memory entries only.
-	cfgs, mems, _, err := LoadEntriesFile(ctx, r, []byte("memoryEntries:\n- {entry: m1, callDelay: 50ms}\n- entry: m2\n  provisionDelay: 2s\n- {entry: m3, proxyAddress: '::ffff:192.0.2.1'}\n"))
+	cfgs, mems, _, err := LoadEntriesFile(ctx, r, []byte("memoryEntries:\n- {entry: m1, callDelay: 50ms}\n- entry: m2\n  provisionDelay: 2s\n- {entry: m3, proxyAddress: '::ffff:192.0.2.1'}\n- {entry: m4, endpoint: 'http://127.0.0.1:7070'}\n"))
 	if err != nil {
 		t.Fatalf("memory entries only: %v", err)
 	}
 	want := []MemoryEntry{{Entry: "m1", CallDelay: 50 * time.Millisecond}, {Entry: "m2", ProvisionDelay: 2 * time.Second},
-		{Entry: "m3", ProxyAddress: netip.MustParseAddr("192.0.2.1")}}
+		{Entry: "m3", ProxyAddress: netip.MustParseAddr("192.0.2.1")}, {Entry: "m4", Endpoint: "http://127.0.0.1:7070"}}
 	if len(cfgs) != 0 || !slices.Equal(mems, want) {
 		t.Fatalf("memory entries only = %+v, %+v; want no kvm2 entries and %+v", cfgs, mems, want)
 	}
@@ -91,6 +93,14 @@ func TestLoadEntriesFile(t *testing.T) {
 		{"proxy address unspecified", "memoryEntries:\n- {entry: m1, proxyAddress: 0.0.0.0}\n- {entry: m2, proxyAddress: 'ff02::1'}\n",
 			[]string{`line 2: invalid memoryEntries[0].proxyAddress "0.0.0.0": must be an address of the host, not unspecified`,
 				`line 3: invalid memoryEntries[1].proxyAddress "ff02::1": must be an address of the host, not unspecified or multicast`}},
+		{"endpoint beyond loopback", "memoryEntries:\n- {entry: m1}\n- {entry: m2, endpoint: 'http://192.0.2.1:7070'}\n- {entry: m3, endpoint: '127.0.0.1:7070'}\n",
+			[]string{`line 3: invalid memoryEntries[1].endpoint "http://192.0.2.1:7070": must be http://HOST:PORT of a memory host with a loopback HOST`,
+				`line 4: invalid memoryEntries[2].endpoint "127.0.0.1:7070": must be http://HOST:PORT`}},
+		{"delays beside an endpoint", "memoryEntries:\n- entry: m1\n  endpoint: http://127.0.0.1:7070\n  callDelay: 50ms\n  provisionDelay: 1s\n",
+			[]string{"line 4: invalid memoryEntries[0].callDelay: must not be given beside endpoint: the memory host waits its own delays",
+				"line 5: invalid memoryEntries[0].provisionDelay: must not be given beside endpoint"}},
+		{"proxy address beside an endpoint", "memoryEntries:\n- entry: m1\n  endpoint: http://127.0.0.1:7070\n  proxyAddress: 192.0.2.1\n",
+			[]string{"line 4: invalid memoryEntries[0].proxyAddress: must not be given beside endpoint: the memory host's proxies listen where it serves them"}},
 		{"unknown key", "memoryEntries:\n- {entry: m1, address: 'x:22'}\n",
 			[]string{"line 2: invalid memoryEntries[0].address: is not a key of a memory entry"}},
 		{"bad and missing names", "memoryEntries:\n- {entry: M_1}\n- {callDelay: 1ms}\n- {entry: a--b}\n",
@@ -155,5 +165,42 @@ func TestOpenMemoryEntries(t *testing.T) {
 	inst, err = clients["m3"].Create(ctx, egressproxy.Spec{Name: "ep-m3-a", UID: "uid-a3"})
 	if err != nil || inst.IP != "127.0.0.2" || inst.Port == 0 {
 		t.Errorf("m3's instance: %+v, %v; want a proxy served on 127.0.0.2", inst, err)
+	}
+}
+
+// A memory entry with an endpoint is the memory host's entry of its name:
+// a VM one replica creates there is found by another replica's client,
+// and outlives the first replica's clients.
+func TestOpenMemoryEntriesOnAHost(t *testing.T) {
+	host, err := memhost.Serve("127.0.0.1:0", []memprovider.Options{{Entry: "m1", ServeProxies: true, CallDelay: 30 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	mems := []MemoryEntry{{Entry: "m1", Endpoint: host.URL()}}
+	leader := map[string]*egressproxy.Client{}
+	if err := OpenMemoryEntries(mems, MemoryOptions{}, leader); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t0 := time.Now()
+	inst, err := leader["m1"].Create(ctx, egressproxy.Spec{Name: "ep-m1-a", UID: "uid-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took < 30*time.Millisecond {
+		t.Errorf("Create took %v, want at least the host's 30ms call delay", took)
+	}
+	if inst.IP != "127.0.0.1" || inst.Port == 0 {
+		t.Errorf("the instance is at %s:%d, want a served loopback proxy", inst.IP, inst.Port)
+	}
+	CloseEntries(leader)
+	standby := map[string]*egressproxy.Client{}
+	if err := OpenMemoryEntries(mems, MemoryOptions{}, standby); err != nil {
+		t.Fatal(err)
+	}
+	defer CloseEntries(standby)
+	if got, err := standby["m1"].Get(ctx, inst.Ref); err != nil || got.Address() != inst.Address() {
+		t.Errorf("the standby's Get = %+v, %v; want the leader's VM at %s", got, err, inst.Address())
 	}
 }

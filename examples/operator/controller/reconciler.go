@@ -418,6 +418,7 @@ func (r *Reconciler) failed(log logr.Logger, req reconcile.Request, ep *v1alpha1
 // observed writes what inst says into ep's status and registers the proxy
 // with the health runnable.
 func (r *Reconciler) observed(key types.NamespacedName, ep *v1alpha1.EgressProxy, inst egressproxy.Instance, pc proxyConfig) reconcile.Result {
+	prevAddr := ep.Status.Address
 	ep.Status.Address = inst.Address()
 	switch inst.State {
 	case egressproxy.StateRunning:
@@ -441,18 +442,44 @@ func (r *Reconciler) observed(key types.NamespacedName, ep *v1alpha1.EgressProxy
 	if r.Health != nil {
 		r.Health.Register(Member{Key: key, UID: ep.UID, ID: inst.Name, Addr: ep.Status.Address, Credentials: pc.creds, TLS: pc.probeTLS})
 		h := r.Health.ProxyHealth(inst.Name, ep.Status.Address)
-		ep.Status.Health = h.Health
-		ep.Status.EgressAddress = h.EgressAddress
-		st := metav1.ConditionFalse
-		if h.Health == v1alpha1.HealthHealthy {
-			st = metav1.ConditionTrue
+		if keepHealth(ep, prevAddr, h) {
+			// This replica's tracker has not decided the proxy yet, and
+			// the status holds a decision about the same address: a new
+			// leader's, or one of this replica before its tracker
+			// forgot the proxy. It stands until the tracker decides, so
+			// that a failover does not flap every object's health (and
+			// its EndpointSlices) through Unknown.
+			if c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionHealthy); c != nil {
+				r.setCondition(ep, v1alpha1.ConditionHealthy, c.Status, c.Reason, c.Message)
+			}
+		} else {
+			ep.Status.Health = h.Health
+			ep.Status.EgressAddress = h.EgressAddress
+			st := metav1.ConditionFalse
+			if h.Health == v1alpha1.HealthHealthy {
+				st = metav1.ConditionTrue
+			}
+			r.setCondition(ep, v1alpha1.ConditionHealthy, st, h.Reason, h.Message)
 		}
-		r.setCondition(ep, v1alpha1.ConditionHealthy, st, h.Reason, h.Message)
 	}
 	if ep.Status.Phase == v1alpha1.PhaseRunning && ep.Status.Address != "" {
 		return reconcile.Result{RequeueAfter: 4 * r.opts.PollInterval}
 	}
 	return reconcile.Result{RequeueAfter: r.opts.PollInterval}
+}
+
+// keepHealth reports whether ep's health in status stands although the
+// tracker says h: the tracker has not decided (Pending), the proxy's
+// address is the one the status had (prevAddr), and the status holds a
+// decision (Healthy or Unhealthy, with its condition).
+func keepHealth(ep *v1alpha1.EgressProxy, prevAddr string, h ProxyStatus) bool {
+	if h.Reason != ReasonPending || prevAddr == "" || prevAddr != ep.Status.Address {
+		return false
+	}
+	if ep.Status.Health != v1alpha1.HealthHealthy && ep.Status.Health != v1alpha1.HealthUnhealthy {
+		return false
+	}
+	return meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionHealthy) != nil
 }
 
 func (r *Reconciler) forgetHealth(key types.NamespacedName, name string) {

@@ -284,3 +284,72 @@ func TestKindReason(t *testing.T) {
 		}
 	}
 }
+
+// A new leader's tracker starts empty: until it has decided a proxy, the
+// decision in status about the same address stands, so a failover writes
+// no status of a healthy fleet (before, every object went Healthy →
+// Unknown → Healthy, two writes and a transition each); a decision of the
+// new tracker is written as before, and a proxy at another address is
+// Unknown until decided.
+func TestNewLeaderKeepsHealth(t *testing.T) {
+	f := newFixture(t, &memprovider.Options{ServeProxies: true})
+	target := listenTarget(t)
+	f.hr.opts.ConnectTarget = target
+	f.editSpec(t, func(s *v1alpha1.EgressProxySpec) {
+		s.AllowedDestinations = []v1alpha1.Destination{{Ports: portsOf(t, target)}}
+	})
+	f.reconcile(t)
+	for range 2 { // the tracker's default Rise
+		f.hr.Round(context.Background())
+	}
+	_, before := f.reconcile(t)
+	if before.Status.Health != v1alpha1.HealthHealthy {
+		t.Fatalf("the first leader: health %q, want Healthy", before.Status.Health)
+	}
+	cond := *meta.FindStatusCondition(before.Status.Conditions, v1alpha1.ConditionHealthy)
+
+	newLeader := func(connectTarget string) *HealthRunnable {
+		hr, err := NewHealthRunnable(f.r.Entries, HealthOptions{ConnectTarget: connectTarget})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.hr, f.r.Health = hr, hr
+		return hr
+	}
+	hr := newLeader(target)
+	for round := range 3 { // undecided, undecided (one success), decided
+		_, ep := f.reconcile(t)
+		c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionHealthy)
+		if ep.ResourceVersion != before.ResourceVersion || ep.Status.Health != v1alpha1.HealthHealthy || c == nil || *c != cond {
+			t.Fatalf("the new leader after %d rounds: resourceVersion %s (was %s), health %q, condition %+v; want no write, Healthy, %+v",
+				round, ep.ResourceVersion, before.ResourceVersion, ep.Status.Health, c, cond)
+		}
+		hr.Round(context.Background())
+	}
+
+	// A new leader that finds the proxy broken writes Unhealthy once
+	// its tracker decides (Fall: three failed probes).
+	hr = newLeader("127.0.0.1:9")
+	f.reconcile(t)
+	for range 3 {
+		hr.Round(context.Background())
+	}
+	if _, ep := f.reconcile(t); ep.Status.Health != v1alpha1.HealthUnhealthy {
+		t.Errorf("the new leader decided the proxy broken: health %q, want Unhealthy", ep.Status.Health)
+	}
+
+	// A status about another address is no decision about this proxy.
+	newLeader(target)
+	var ep v1alpha1.EgressProxy
+	if err := f.c.Get(context.Background(), f.key, &ep); err != nil {
+		t.Fatal(err)
+	}
+	ep.Status.Address, ep.Status.Health = "127.0.0.1:1", v1alpha1.HealthHealthy
+	meta.SetStatusCondition(&ep.Status.Conditions, cond)
+	if err := f.c.Status().Update(context.Background(), &ep); err != nil {
+		t.Fatal(err)
+	}
+	if _, got := f.reconcile(t); got.Status.Health != v1alpha1.HealthUnknown {
+		t.Errorf("status of another address: health %q after the reconcile, want Unknown", got.Status.Health)
+	}
+}

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/egressproxy/egressproxy/health"
 )
 
 // The operator's own series of its health rounds, in controller-runtime's
@@ -22,10 +24,26 @@ var (
 		Name: "egressproxy_operator_health_round_proxies",
 		Help: "Proxies the last health round probed (registered ones, with or without an address).",
 	})
+	// healthProxies is what this replica's tracker has decided, by
+	// state: a new leader's healthy count reaches the fleet's size once
+	// it has probed every proxy itself (Rise probes each), which the
+	// scale bench's failover waits for.
+	healthProxies = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "egressproxy_operator_health_proxies",
+		Help: "Registered proxies by this replica's health decision (state: healthy, unhealthy, unknown: not decided yet), as of the last probes.",
+	}, []string{"state"})
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(healthRoundDuration, healthRoundProxies)
+	ctrlmetrics.Registry.MustRegister(healthRoundDuration, healthRoundProxies, healthProxies)
+}
+
+// observeStates sets healthProxies to the counts by state (every state
+// has a series, zero or not).
+func observeStates(counts map[health.State]int) {
+	for _, st := range []health.State{health.StateHealthy, health.StateUnhealthy, health.StateUnknown} {
+		healthProxies.WithLabelValues(st.String()).Set(float64(counts[st]))
+	}
 }
 
 // observeRound records a health round of n proxies that started at t0.

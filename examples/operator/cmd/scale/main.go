@@ -3,11 +3,13 @@
 //
 // Each run (-runs N:M,…) starts a real kube-apiserver and etcd (envtest,
 // with the binaries scripts/kubestack builds), installs the CRDs and the
-// operator's ClusterRole, creates N EgressProxy objects spread over M
-// memory entries (controller.MemoryEntry: each call waits -call-delay,
-// each VM is a real loopback CONNECT proxy), runs the real operator binary
-// (built from cmd/egressproxy-operator as the image has it) as a process,
-// and measures:
+// operator's ClusterRole, serves M memory entries from a memory host in
+// this process (internal/memhost: each call waits -call-delay, each VM is
+// a real loopback CONNECT proxy, and the VMs outlive the operator, as a
+// kvm2 entry's do), creates N EgressProxy objects spread over them, runs
+// the real operator binary (built from cmd/egressproxy-operator as the
+// image has it) as a process with an entries file that names the memory
+// host's entries (controller.MemoryEntry.Endpoint), and measures:
 //
 //   - converge: from the process's start until every object's status is
 //     Running and Healthy;
@@ -20,10 +22,12 @@
 //     (egressproxy_operator_health_round_duration_seconds);
 //   - failover: a second replica runs beside the leader during the rest
 //     window; the leader is SIGKILLed; the time until the second replica
-//     holds the Lease and until every object's status is fresh again
-//     (Running, Healthy, and its Healthy condition set after the kill: a
-//     memory entry's VMs die with their process, so the new leader
-//     creates and probes every proxy anew).
+//     holds the Lease and until every object's status is fresh again: the
+//     new leader has reconciled every object
+//     (controller_runtime_reconcile_total), decided every proxy healthy by
+//     its own probes (egressproxy_operator_health_proxies), and every
+//     status is Running and Healthy; with its status writes and Creates
+//     meanwhile (none, when the VMs survived and nothing changed).
 //
 // Run it from examples/operator with the control plane built:
 //
@@ -65,6 +69,7 @@ type options struct {
 	timeout        time.Duration
 	workers        int
 	failover       bool
+	inProcess      bool
 	out, command   string
 	merge          bool
 	moduleDir      string
@@ -103,6 +108,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 20*time.Minute, "longest wait for convergence, and for failover")
 	flag.IntVar(&o.workers, "max-concurrent-reconciles", 0, "the operator's --max-concurrent-reconciles (0: its default)")
 	flag.BoolVar(&o.failover, "failover", true, "run a second replica and measure the failover")
+	flag.BoolVar(&o.inProcess, "in-process", false, "memory entries in the operator's process (each replica its own VMs, which die with it), not on a memory host: to measure what the memory host's HTTP hop costs")
 	flag.StringVar(&o.out, "out", "../../docs/scale.md", "the report to write")
 	flag.StringVar(&o.command, "command", "", "the command recorded in the report (default: this one's arguments)")
 	flag.BoolVar(&o.merge, "merge", false, "keep the runs of -out this invocation does not measure")

@@ -28,6 +28,8 @@ import (
 
 	"github.com/egressproxy/egressproxy/examples/operator/api/v1alpha1"
 	"github.com/egressproxy/egressproxy/examples/operator/controller"
+	"github.com/egressproxy/egressproxy/examples/operator/internal/memhost"
+	"github.com/egressproxy/egressproxy/memprovider"
 )
 
 const (
@@ -90,6 +92,18 @@ type runResult struct {
 	LeaseExpiryS     float64 // from the kill: the old holder's renewTime + duration
 	FreshS           float64 // from the kill
 	FreshAfterExpiry float64
+
+	// MemoryHost: the entries were served by a memory host (internal/memhost)
+	// whose VMs outlive the operator; false in runs from before it, whose
+	// VMs died with the leader and whose FreshS waited for them anew.
+	MemoryHost bool
+	// From the kill: the new leader had reconciled N objects
+	// (controller_runtime_reconcile_total), and its tracker had decided
+	// every proxy healthy (egressproxy_operator_health_proxies).
+	ReconciledS, DecidedS float64
+	// The new leader's status writes (PATCH requests) and library Creates
+	// from the Lease until every status was fresh.
+	FailoverPatches, FailoverCreates float64
 }
 
 // process is one operator replica.
@@ -271,18 +285,12 @@ func runOne(ctx context.Context, o *options, assets, bin, logDir string, rs runS
 	defer target.Close()
 	targetPort := target.Addr().(*net.TCPAddr).Port
 
-	// The entries file: M memory entries.
-	var sb strings.Builder
-	sb.WriteString(controller.MemoryEntriesKey + ":\n")
-	entries := make([]string, rs.M)
-	for i := range entries {
-		entries[i] = fmt.Sprintf("mem-%03d", i)
-		fmt.Fprintf(&sb, "- {entry: %s, callDelay: %s}\n", entries[i], o.callDelay)
-	}
-	entriesFile := filepath.Join(logDir, fmt.Sprintf("entries-%d-%d.yaml", rs.N, rs.M))
-	if err := os.WriteFile(entriesFile, []byte(sb.String()), 0o644); err != nil {
+	host, entries, entriesFile, err := startMemoryHost(o, rs, logDir)
+	if err != nil {
 		return nil, err
 	}
+	defer closeHost(host)
+	res.MemoryHost = host != nil
 
 	// N objects, round-robin over the entries, open to the target's port.
 	t0 := time.Now()
@@ -351,6 +359,54 @@ func runOne(ctx context.Context, o *options, assets, bin, logDir string, rs runS
 	}
 	res.LoadEnd = loadAvg()
 	return res, nil
+}
+
+// closeHost closes the memory host, if any.
+func closeHost(host *memhost.Server) {
+	if host == nil {
+		return
+	}
+	if err := host.Close(); err != nil {
+		logf0("closing the memory host: %v", err)
+	}
+}
+
+// startMemoryHost serves M memory entries from this process, whose VMs
+// outlive the operators, and writes the entries file that names them with
+// the host's endpoint, so both replicas see the same VMs. With
+// -in-process it starts no host (nil) and the file has the entries in
+// the operator's process.
+func startMemoryHost(o *options, rs runSpec, logDir string) (*memhost.Server, []string, string, error) {
+	entries := make([]string, rs.M)
+	hostEntries := make([]memprovider.Options, rs.M)
+	for i := range entries {
+		entries[i] = fmt.Sprintf("mem-%03d", i)
+		hostEntries[i] = memprovider.Options{Entry: entries[i], CallDelay: o.callDelay, ServeProxies: true}
+	}
+	var host *memhost.Server
+	if !o.inProcess {
+		var err error
+		if host, err = memhost.Serve("127.0.0.1:0", hostEntries); err != nil {
+			return nil, nil, "", fmt.Errorf("memory host: %w", err)
+		}
+	}
+	var sb strings.Builder
+	sb.WriteString(controller.MemoryEntriesKey + ":\n")
+	for _, e := range entries {
+		if host != nil {
+			fmt.Fprintf(&sb, "- {entry: %s, endpoint: %q}\n", e, host.URL())
+		} else {
+			fmt.Fprintf(&sb, "- {entry: %s, callDelay: %s}\n", e, o.callDelay)
+		}
+	}
+	entriesFile := filepath.Join(logDir, fmt.Sprintf("entries-%d-%d.yaml", rs.N, rs.M))
+	if err := os.WriteFile(entriesFile, []byte(sb.String()), 0o644); err != nil {
+		if host != nil {
+			_ = host.Close()
+		}
+		return nil, nil, "", err
+	}
+	return host, entries, entriesFile, nil
 }
 
 func createObjects(ctx context.Context, c client.Client, n int, entries []string, port int32) error {
@@ -520,7 +576,7 @@ func measureRest(ctx context.Context, o *options, res *runResult, leader, standb
 }
 
 // failover SIGKILLs the leader and waits for the standby to hold the
-// Lease and for every object's status to be fresh.
+// Lease and for every object's status to be fresh (waitFresh).
 func failover(ctx context.Context, o *options, res *runResult, c client.Client, leader, standby *process) error {
 	res.Failover = true
 	before, err := readLease(ctx, c)
@@ -531,6 +587,10 @@ func failover(ctx context.Context, o *options, res *runResult, c client.Client, 
 		return errors.New("no Lease holder before the kill")
 	}
 	holder := *before.Spec.HolderIdentity
+	s0, err := scrape(ctx, standby.metrics)
+	if err != nil {
+		return err
+	}
 	killedAt := time.Now()
 	if err := leader.kill(); err != nil {
 		return err
@@ -564,25 +624,50 @@ func failover(ctx context.Context, o *options, res *runResult, c client.Client, 
 		return fmt.Errorf("the Lease: %w", err)
 	}
 	res.LeaseTakenS = takenAt.Sub(killedAt).Seconds()
-	// Fresh: Healthy again, by a condition set after the kill (times in
-	// status have whole seconds: the kill's second is excluded).
-	since := killedAt.Truncate(time.Second)
-	err = poll(ctx, o.timeout, time.Second, func() (bool, error) {
-		if !standby.alive() {
-			return false, fmt.Errorf("%s exited: %v", standby.name, standby.err)
-		}
-		_, fresh, err := countStatus(ctx, c, since)
-		if err != nil {
-			return false, nil
-		}
-		return fresh == res.N, nil
-	})
-	if err != nil {
+	if err := waitFresh(ctx, o, res, c, standby, killedAt, s0); err != nil {
 		return fmt.Errorf("fresh status: %w", err)
 	}
 	res.FreshS = time.Since(killedAt).Seconds()
 	res.FreshAfterExpiry = res.FreshS - res.LeaseExpiryS
 	return nil
+}
+
+// waitFresh waits until the new leader (standby, holding the Lease) has
+// reconciled every object (its controller_runtime_reconcile_total of the
+// egressproxy controller: it reconciles nothing before it leads), its
+// tracker has decided every proxy healthy by its own probes
+// (egressproxy_operator_health_proxies{state="healthy"}), and every
+// object's status is Running and Healthy. s0 is the standby's metrics
+// before the kill, for its status writes and Creates since.
+func waitFresh(ctx context.Context, o *options, res *runResult, c client.Client, standby *process, killedAt time.Time, s0 []sample) error {
+	n := float64(res.N)
+	return poll(ctx, o.timeout, time.Second, func() (bool, error) {
+		if !standby.alive() {
+			return false, fmt.Errorf("%s exited: %v", standby.name, standby.err)
+		}
+		m, err := scrape(ctx, standby.metrics)
+		if err != nil {
+			return false, nil
+		}
+		since := time.Since(killedAt).Seconds()
+		if res.ReconciledS == 0 && sumBy(m, "controller_runtime_reconcile_total", "controller")["egressproxy"] >= n {
+			res.ReconciledS = since
+		}
+		if res.DecidedS == 0 && sumBy(m, "egressproxy_operator_health_proxies", "state")["healthy"] >= n {
+			res.DecidedS = since
+		}
+		if res.ReconciledS == 0 || res.DecidedS == 0 {
+			return false, nil
+		}
+		running, healthy, err := countStatus(ctx, c, time.Time{})
+		if err != nil || running != res.N || healthy != res.N {
+			return false, nil
+		}
+		res.FailoverPatches = sumBy(m, "rest_client_requests_total", "method")["PATCH"] - sumBy(s0, "rest_client_requests_total", "method")["PATCH"]
+		const ops = "egressproxy_client_operation_duration_seconds_count"
+		res.FailoverCreates = sumBy(m, ops, "egressproxy_operation")["create"] - sumBy(s0, ops, "egressproxy_operation")["create"]
+		return true, nil
+	})
 }
 
 func readLease(ctx context.Context, c client.Client) (*coordinationv1.Lease, error) {

@@ -174,3 +174,24 @@ func TestCheckFigures(t *testing.T) {
 		}
 	}
 }
+
+// The failover rows of a run on the memory host show how the new leader
+// got fresh (reconciled, decided, its writes and Creates); a stored run
+// from before the memory host, whose VMs died with the leader, shows "—"
+// there rather than zeros that would read as measured.
+func TestReportFailoverRows(t *testing.T) {
+	r := &report{Command: "go run ./cmd/scale", CallDelay: 50 * time.Millisecond, Rest: time.Minute}
+	r.add(&runResult{N: 200, M: 2, Failover: true, FreshS: 28.3})
+	r.add(&runResult{N: 500, M: 5, Failover: true, MemoryHost: true, ReconciledS: 20, DecidedS: 22, FreshS: 22.1, FailoverPatches: 0, FailoverCreates: 0})
+	out := r.render()
+	for _, want := range []string{
+		"| failover: the new leader reconciled every object (after the kill) | — | 20.0 s |",
+		"| failover: the new leader decided every proxy healthy (after the kill) | — | 22.0 s |",
+		"| failover: the new leader's status writes (PATCH); library Creates | — | 0; 0 |",
+		"its own tracker has probed every proxy and decided it healthy",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the report lacks %q:\n%s", want, out)
+		}
+	}
+}
