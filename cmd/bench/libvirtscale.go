@@ -22,8 +22,8 @@ type lsRow struct {
 	listR     []float64 // round trips on the critical path (through the proxy only)
 	getR      []float64
 	gc        gcRun
-	create    throughput
-	del       throughput
+	create    []throughput // one per -ls-callers count
+	del       []throughput
 }
 
 // gcRun is one orphan collection: List, then a Delete of each orphan one
@@ -183,19 +183,22 @@ func lsAt(ctx context.Context, env teststack.Env, k *benchutil.KVM, t *benchutil
 		return nil, err
 	}
 	logf("libvirtscale %v: GC of %d orphans %v (List %v)", rtt, row.gc.orphans, row.gc.total, row.gc.list)
-	cs := make([]egressproxy.Spec, o.lsCreates)
-	for i := range cs {
-		cs[i] = k.Spec(fmt.Sprintf("c%d-", rtt.Milliseconds()), i)
+	for _, callers := range o.lsCallers {
+		cs := make([]egressproxy.Spec, o.lsCreates)
+		for i := range cs {
+			cs[i] = k.Spec(fmt.Sprintf("c%d-%d-", rtt.Milliseconds(), callers), i)
+		}
+		c, err := concurrent(k, callers, len(cs), func(i int) error { _, err := p.Create(ctx, cs[i]); return err })
+		if err != nil {
+			return nil, fmt.Errorf("concurrent Creates: %w", err)
+		}
+		d, err := concurrent(k, callers, len(cs), func(i int) error { return p.Delete(ctx, cs[i].Ref()) })
+		if err != nil {
+			return nil, fmt.Errorf("concurrent Deletes: %w", err)
+		}
+		row.create, row.del = append(row.create, c), append(row.del, d)
+		logf("libvirtscale %v: %d Creates by %d callers in %v, Deletes in %v", rtt, len(cs), callers, c.wall, d.wall)
 	}
-	row.create, err = concurrent(k, o.lsCallers, len(cs), func(i int) error { _, err := p.Create(ctx, cs[i]); return err })
-	if err != nil {
-		return nil, fmt.Errorf("concurrent Creates: %w", err)
-	}
-	row.del, err = concurrent(k, o.lsCallers, len(cs), func(i int) error { return p.Delete(ctx, cs[i].Ref()) })
-	if err != nil {
-		return nil, fmt.Errorf("concurrent Deletes: %w", err)
-	}
-	logf("libvirtscale %v: %d Creates by %d callers in %v, Deletes in %v", rtt, len(cs), o.lsCallers, row.create.wall, row.del.wall)
 	return row, nil
 }
 
@@ -365,14 +368,20 @@ func renderLibvirtScale(r *lsResult) string {
 		g := row.gc
 		p("| GC: List + %d sequential Deletes | %d ms | %.2f s (List %.0f ms, Delete %.0f ms each) | 1 | %d | | |", g.orphans, ms,
 			g.total.Seconds(), float64(g.list.Microseconds())/1000, med(g.deletes), g.rpcs)
-		for _, x := range []struct {
-			name string
-			t    throughput
-		}{{"Create", row.create}, {"Delete", row.del}} {
-			p("| %s throughput, %d callers | %d ms | **%.1f /s** (%d in %.2f s; each %.0f ms median) | 1 | %.1f per op | | |", x.name, x.t.callers, ms,
-				x.t.perSecond(), x.t.n, x.t.wall.Seconds(), med(x.t.each), float64(x.t.rpcs)/float64(x.t.n))
+		for i := range row.create {
+			for _, x := range []struct {
+				name string
+				t    throughput
+			}{{"Create", row.create[i]}, {"Delete", row.del[i]}} {
+				p("| %s throughput, %d callers | %d ms | **%.1f /s** (%d in %.2f s; each %.0f ms median) | 1 | %.1f per op | | |", x.name, x.t.callers, ms,
+					x.t.perSecond(), x.t.n, x.t.wall.Seconds(), med(x.t.each), float64(x.t.rpcs)/float64(x.t.n))
+			}
 		}
 	}
+	p("")
+	p("## Reading")
+	p("")
+	readLibvirtScale(p, r)
 	p("")
 	p("RPCs per operation (typical):")
 	p("")
@@ -380,6 +389,42 @@ func renderLibvirtScale(r *lsResult) string {
 		p("- %d ms: List `%s`; Get `%s`", row.rtt.Milliseconds(), row.list.typical(), row.get.typical())
 	}
 	return b.String()
+}
+
+// readLibvirtScale writes the reading of the figures: List beyond
+// loopback, and the throughput as the callers grow.
+func readLibvirtScale(p func(string, ...any), r *lsResult) {
+	var base *lsRow
+	for _, row := range r.rows {
+		if row.rtt == 0 {
+			base = row
+		}
+	}
+	for _, row := range r.rows {
+		if row.rtt == 0 || base == nil {
+			continue
+		}
+		beyond := med(row.list.wallMS) - med(base.list.wallMS)
+		p("- List of %s at %d ms takes %.0f ms beyond loopback, %.1f RTT: the XML reads are pipelined (kvm2 keeps up to",
+			thousands(r.n), row.rtt.Milliseconds(), beyond, beyond/float64(row.rtt.Milliseconds()))
+		p("  256 in flight), so the round trip is paid a few times, not once per instance; the rest is libvirtd formatting")
+		p("  %s definitions (the loopback figure).", thousands(r.n+r.foreign/2))
+	}
+	for _, row := range r.rows {
+		if len(row.create) < 2 {
+			continue
+		}
+		var cs, ds []string
+		for i := range row.create {
+			cs = append(cs, fmt.Sprintf("%.1f /s with %d", row.create[i].perSecond(), row.create[i].callers))
+			ds = append(ds, fmt.Sprintf("%.1f /s with %d", row.del[i].perSecond(), row.del[i].callers))
+		}
+		p("- At %d ms, Creates: %s callers; Deletes: %s callers.", row.rtt.Milliseconds(), strings.Join(cs, ", "), strings.Join(ds, ", "))
+	}
+	p("- What bounds the throughput beyond 5 callers: kvm2 makes every call of an entry on its one libvirt connection, and")
+	p("  libvirtd works on at most `max_client_requests` (5 by default) calls of one connection at once; the others wait")
+	p("  their turn. A Create is bound by `DomainCreate` (starting the TCG guest), a Delete of a running instance by")
+	p("  `DomainDestroy` (about 2 s here, docs/benchmarks.md), so 5 at a time give about 2.5 Deletes a second.")
 }
 
 func roundsOf(r []float64) string {

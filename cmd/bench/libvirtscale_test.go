@@ -22,8 +22,8 @@ func TestRenderLibvirtScale(t *testing.T) {
 		x := time.Second
 		return &lsRow{rtt: rtt, list: stats(1051, listMS), get: stats(3, 2),
 			gc:     gcRun{total: x, list: x / 4, deletes: []float64{5}, rpcs: 2051, orphans: 100},
-			create: throughput{n: 60, callers: 20, wall: 20 * x, each: []float64{7000}, rpcs: 420},
-			del:    throughput{n: 60, callers: 20, wall: 30 * x, each: []float64{9000}, rpcs: 660}}
+			create: []throughput{{n: 60, callers: 20, wall: 20 * x, each: []float64{7000}, rpcs: 420}},
+			del:    []throughput{{n: 60, callers: 20, wall: 30 * x, each: []float64{9000}, rpcs: 660}}}
 	}
 	for _, tc := range []struct {
 		listMS float64

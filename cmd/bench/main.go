@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -76,13 +77,16 @@ func main() {
 	flag.IntVar(&o.lsInstances, "ls-instances", 1000, "libvirtscale phase: stopped instances of the owner")
 	flag.IntVar(&o.lsForeign, "ls-foreign", 100, "libvirtscale phase: domains that are not the owner's")
 	flag.IntVar(&o.lsOrphans, "ls-orphans", 100, "libvirtscale phase: instances the orphan collection deletes")
-	flag.IntVar(&o.lsCallers, "ls-callers", 20, "libvirtscale phase: concurrent callers of the Create and Delete throughput")
+	lsCallers := flag.String("ls-callers", "5,20", "libvirtscale phase: concurrent callers of the Create and Delete throughput, one row each")
 	flag.IntVar(&o.lsCreates, "ls-creates", 60, "libvirtscale phase: Creates (then Deletes) of the throughput")
 	flag.StringVar(&o.lsRTTs, "ls-rtts", "0,50", "libvirtscale phase: round-trip times (ms; 0: loopback)")
 	flag.StringVar(&o.lsOut, "ls-out", "docs/scale-libvirt.md", "libvirtscale phase: report file to write")
 	flag.BoolVar(&o.merge, "merge", false, "keep the sections of -out for phases this run does not measure")
 	reana := flag.Bool("reanalyse", false, "only replace the reading at the end of -out with -analysis (figures untouched)")
 	flag.Parse()
+	if err := parseCallers(*lsCallers, &o); err != nil {
+		fatal(err)
+	}
 	if *reana {
 		if err := reanalyse(o.out, o.analysis); err != nil {
 			fatal(err)
@@ -142,8 +146,8 @@ func libvirtScale(ctx context.Context, env teststack.Env, o options) error {
 	res.started, res.finished = started, time.Now().UTC()
 	res.loads = [2]string{load, loadavg()}
 	res.machine = describeMachine(ctx)
-	res.command = fmt.Sprintf("scripts/teststack up && eval \"$(scripts/teststack env)\"\ngo run ./cmd/bench -phases libvirtscale -runs %d -ls-instances %d -ls-foreign %d -ls-orphans %d -ls-callers %d -ls-creates %d -ls-rtts %s -ls-out %s",
-		o.runs, o.lsInstances, o.lsForeign, o.lsOrphans, o.lsCallers, o.lsCreates, o.lsRTTs, o.lsOut)
+	res.command = fmt.Sprintf("scripts/teststack up && eval \"$(scripts/teststack env)\"\ngo run ./cmd/bench -phases libvirtscale -runs %d -ls-instances %d -ls-foreign %d -ls-orphans %d -ls-callers %s -ls-creates %d -ls-rtts %s -ls-out %s",
+		o.runs, o.lsInstances, o.lsForeign, o.lsOrphans, joinInts(o.lsCallers), o.lsCreates, o.lsRTTs, o.lsOut)
 	if err := writeLibvirtScale(o.lsOut, res); err != nil {
 		return err
 	}
@@ -179,6 +183,26 @@ func runPhase(ctx context.Context, env teststack.Env, o options, r *report, ph s
 	return err
 }
 
+// parseCallers reads -ls-callers into o.
+func parseCallers(s string, o *options) error {
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("-ls-callers %q: bad count %q", s, f)
+		}
+		o.lsCallers = append(o.lsCallers, n)
+	}
+	return nil
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
 // childOf is the internal child the flags ask for (-fanout-child,
 // -grow-child, -fetch-child), nil for none.
 func childOf(fanout, grow, fetch bool) func(context.Context, teststack.Env, options) error {
@@ -210,7 +234,8 @@ type options struct {
 	holder                                string
 	noFanout                              bool
 	lsInstances, lsForeign, lsOrphans     int
-	lsCallers, lsCreates                  int
+	lsCallers                             []int
+	lsCreates                             int
 	lsRTTs, lsOut                         string
 }
 
