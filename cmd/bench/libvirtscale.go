@@ -421,10 +421,15 @@ func readLibvirtScale(p func(string, ...any), r *lsResult) {
 		}
 		p("- At %d ms, Creates: %s callers; Deletes: %s callers.", row.rtt.Milliseconds(), strings.Join(cs, ", "), strings.Join(ds, ", "))
 	}
-	p("- What bounds the throughput beyond 5 callers: kvm2 makes every call of an entry on its one libvirt connection, and")
-	p("  libvirtd works on at most `max_client_requests` (5 by default) calls of one connection at once; the others wait")
-	p("  their turn. A Create is bound by `DomainCreate` (starting the TCG guest), a Delete of a running instance by")
-	p("  `DomainDestroy` (about 2 s here, docs/benchmarks.md), so 5 at a time give about 2.5 Deletes a second.")
+	last := r.rows[len(r.rows)-1]
+	p("- Deletes: kvm2 makes every call of an entry on its one libvirt connection, and libvirtd works on at most")
+	p("  `max_client_requests` (5 by default) calls of one connection at once, the others waiting their turn; a running")
+	p("  instance's Delete is mostly `DomainDestroy` of its TCG guest (about 2 s, docs/benchmarks.md), so about 2.5 a")
+	p("  second is the bound from 5 callers on (each Delete took %.1f s with %d callers at %d ms).",
+		med(last.del[0].each)/1000, last.del[0].callers, last.rtt.Milliseconds())
+	p("- Creates: one alone takes about 0.5 s (docs/benchmarks.md); here each took %.1f s with %d callers at %d ms, so",
+		med(last.create[0].each)/1000, last.create[0].callers, last.rtt.Milliseconds())
+	p("  the host's own work of defining and starting guests on its 2 shared cores bounds them before the connection does.")
 }
 
 func roundsOf(r []float64) string {
