@@ -193,6 +193,7 @@ func (r *report) render() string {
 	p("memprovider whose every call waits the simulated round trip, `memprovider.Options.CallDelay`, and whose VMs are real")
 	p("CONNECT proxies on 127.0.0.1), and runs the real operator binary (built as its image has it) as a process with the RBAC")
 	p("user of config/rbac. Issue 36 asks for these figures; its targets are for N = 5,000 over M = 50 entries at 50 ms.")
+	p("kvm2 itself on a real libvirtd with 1,000 instances (List, Get, orphan collection, Create/Delete throughput): [scale-libvirt.md](scale-libvirt.md).")
 	p("")
 	p("## Command")
 	p("")
