@@ -238,18 +238,24 @@ func (p *provider) Get(ctx context.Context, ref egressproxy.Ref) (_ egressproxy.
 // shared connection (go-libvirt multiplexes them), so that List of n
 // instances takes about 1 + n/listInFlight round trips instead of 1 + 2n.
 //
-// It is deliberately above libvirtd's max_client_requests (default 5):
-// libvirtd works on at most that many calls of one connection at once and
-// leaves the rest unread in the socket until one is answered, so the
-// bound does not set libvirtd's load (that stays 5 calls) but how much of
-// the round trip the queue hides. The cost: a call another caller makes
-// during a List's burst waits about one round trip more, and libvirtd logs
-// once per connection "Client hit max requests limit 5. This may result in
-// keep-alive timeouts" (libvirt's keepalive is not used on these
+// libvirtd works on at most max_client_requests (default 5) calls of one
+// connection at once and leaves the rest unread in the socket until one is
+// answered, so the bound does not set libvirtd's load (that stays 5 calls)
+// but how much of the round trip the queue hides. It is sized for 1,000
+// instances at 50 ms RTT: libvirtd answers the XML reads of one
+// connection at about one per 0.15-0.25 ms, so 50 ms of round trip hide
+// behind about 200 queued reads. With 256, List of 1,000 is bound by
+// libvirtd's own work plus a few round trips: 0.38 s at 50 ms in
+// docs/scale-libvirt.md's run, where 32 took 2.1 s (33 round trips).
+//
+// The cost: a call another caller makes during a List's burst waits
+// behind the queued reads, up to about 256 × 0.25 ms = 64 ms, and libvirtd
+// logs once per connection "Client hit max requests limit 5. This may
+// result in keep-alive timeouts" (libvirt's keepalive is not used on these
 // connections: go-libvirt never enables it, and liveness comes from SSH
-// keepalives). Following the server's limit would make List of 100 take
-// 20 round trips. docs/benchmarks.md has the measurements.
-const listInFlight = 32
+// keepalives). The answers in flight (a few KB of XML each) stay well
+// inside the SSH channel's 2 MB window.
+const listInFlight = 256
 
 // List returns every instance of this entry and owner (domains carrying our
 // metadata namespace with this Entry and Owner), sorted by name. Addresses

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -73,9 +74,19 @@ func main() {
 	flag.StringVar(&o.holder, "holder", "", "internal (-grow-child): JSON {Env, Entry} of the cache holding the image")
 	fanChild := flag.Bool("fanout-child", false, "internal: Ensure the image on every -targets cache at once (sharing a Fanout unless -no-fanout) and print the outcome as JSON")
 	flag.BoolVar(&o.noFanout, "no-fanout", false, "internal (-fanout-child): no Fanout, every cache downloads on its own")
+	flag.IntVar(&o.lsInstances, "ls-instances", 1000, "libvirtscale phase: stopped instances of the owner")
+	flag.IntVar(&o.lsForeign, "ls-foreign", 100, "libvirtscale phase: domains that are not the owner's")
+	flag.IntVar(&o.lsOrphans, "ls-orphans", 100, "libvirtscale phase: instances the orphan collection deletes")
+	lsCallers := flag.String("ls-callers", "5,20", "libvirtscale phase: concurrent callers of the Create and Delete throughput, one row each")
+	flag.IntVar(&o.lsCreates, "ls-creates", 60, "libvirtscale phase: Creates (then Deletes) of the throughput")
+	flag.StringVar(&o.lsRTTs, "ls-rtts", "0,50", "libvirtscale phase: round-trip times (ms; 0: loopback)")
+	flag.StringVar(&o.lsOut, "ls-out", "docs/scale-libvirt.md", "libvirtscale phase: report file to write")
 	flag.BoolVar(&o.merge, "merge", false, "keep the sections of -out for phases this run does not measure")
 	reana := flag.Bool("reanalyse", false, "only replace the reading at the end of -out with -analysis (figures untouched)")
 	flag.Parse()
+	if err := parseCallers(*lsCallers, &o); err != nil {
+		fatal(err)
+	}
 	if *reana {
 		if err := reanalyse(o.out, o.analysis); err != nil {
 			fatal(err)
@@ -103,29 +114,13 @@ func main() {
 	for _, ph := range strings.Split(o.phases, ",") {
 		logf("phase %s (load: %s)", ph, loadavg())
 		r.loads = append(r.loads, fmt.Sprintf("%s start %s: %s", ph, time.Now().UTC().Format("15:04:05"), loadavg()))
-		var err error
-		switch strings.TrimSpace(ph) {
-		case "upload":
-			r.upload, err = runUpload(ctx, env, o)
-		case "control":
-			r.control, err = runControl(ctx, env, o)
-		case "scale":
-			r.scale, err = runScale(ctx, env, o)
-		case "health":
-			r.health, err = runHealth(ctx, env, o)
-		case "rtt":
-			r.rtt, err = runRTT(ctx, env, o)
-		case "lab":
-			r.lab, err = runLab(ctx, env, o)
-		case "fanout":
-			r.fanout, err = runFanout(ctx, env, o)
-		case "":
-		default:
-			err = fmt.Errorf("unknown phase %q", ph)
-		}
+		err := runPhase(ctx, env, o, r, strings.TrimSpace(ph))
 		if err != nil {
 			fatal(fmt.Errorf("phase %s: %w", ph, err))
 		}
+	}
+	if strings.TrimSpace(strings.ReplaceAll(o.phases, "libvirtscale", "")) == "" {
+		return // the libvirtscale phase writes its own report
 	}
 	r.loads = append(r.loads, fmt.Sprintf("end %s: %s", time.Now().UTC().Format("15:04:05"), loadavg()))
 	r.finished = time.Now().UTC()
@@ -139,6 +134,73 @@ func main() {
 		fatal(err)
 	}
 	logf("wrote %s", o.out)
+}
+
+// libvirtScale runs the libvirtscale phase and writes its report to -ls-out.
+func libvirtScale(ctx context.Context, env teststack.Env, o options) error {
+	started, load := time.Now().UTC(), loadavg()
+	res, err := runLibvirtScale(ctx, env, o)
+	if err != nil {
+		return err
+	}
+	res.started, res.finished = started, time.Now().UTC()
+	res.loads = [2]string{load, loadavg()}
+	res.machine = describeMachine(ctx)
+	res.command = fmt.Sprintf("scripts/teststack up && eval \"$(scripts/teststack env)\"\ngo run ./cmd/bench -phases libvirtscale -runs %d -ls-instances %d -ls-foreign %d -ls-orphans %d -ls-callers %s -ls-creates %d -ls-rtts %s -ls-out %s",
+		o.runs, o.lsInstances, o.lsForeign, o.lsOrphans, joinInts(o.lsCallers), o.lsCreates, o.lsRTTs, o.lsOut)
+	if err := writeLibvirtScale(o.lsOut, res); err != nil {
+		return err
+	}
+	logf("wrote %s", o.lsOut)
+	return nil
+}
+
+// runPhase runs one phase and keeps its figures in r (the libvirtscale
+// phase writes its own report).
+func runPhase(ctx context.Context, env teststack.Env, o options, r *report, ph string) error {
+	var err error
+	switch ph {
+	case "upload":
+		r.upload, err = runUpload(ctx, env, o)
+	case "control":
+		r.control, err = runControl(ctx, env, o)
+	case "scale":
+		r.scale, err = runScale(ctx, env, o)
+	case "health":
+		r.health, err = runHealth(ctx, env, o)
+	case "rtt":
+		r.rtt, err = runRTT(ctx, env, o)
+	case "lab":
+		r.lab, err = runLab(ctx, env, o)
+	case "fanout":
+		r.fanout, err = runFanout(ctx, env, o)
+	case "libvirtscale":
+		err = libvirtScale(ctx, env, o)
+	case "":
+	default:
+		err = fmt.Errorf("unknown phase %q", ph)
+	}
+	return err
+}
+
+// parseCallers reads -ls-callers into o.
+func parseCallers(s string, o *options) error {
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("-ls-callers %q: bad count %q", s, f)
+		}
+		o.lsCallers = append(o.lsCallers, n)
+	}
+	return nil
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
 }
 
 // childOf is the internal child the flags ask for (-fanout-child,
@@ -171,6 +233,10 @@ type options struct {
 	fanoutGrowRate, fanoutGrowMirrorRate  string
 	holder                                string
 	noFanout                              bool
+	lsInstances, lsForeign, lsOrphans     int
+	lsCallers                             []int
+	lsCreates                             int
+	lsRTTs, lsOut                         string
 }
 
 // target is one cold fetch of a -fetch-child with -targets.

@@ -302,7 +302,7 @@ func (k *KVM) Close() {
 				return err
 			}
 			for _, d := range doms {
-				if strings.HasPrefix(d.Name, "ep-"+k.Entry+"--") {
+				if strings.HasPrefix(d.Name, "ep-"+k.Entry+"--") || strings.HasPrefix(d.Name, k.ForeignPrefix()) {
 					_ = l.DomainDestroy(d)
 					_ = l.DomainUndefineFlags(d, libvirt.DomainUndefineManagedSave|libvirt.DomainUndefineSnapshotsMetadata|libvirt.DomainUndefineNvram)
 				}

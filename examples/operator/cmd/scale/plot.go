@@ -61,6 +61,7 @@ func plotPath(report string) string {
 // from earlier runs and links none.
 func writeReport(path string, r *report) error {
 	svgPath := plotPath(path)
+	r.LibvirtWall, r.LibvirtVerdict, _ = libvirtList(path)
 	r.Plot = ""
 	if svg, ok := r.plot(); ok {
 		if err := os.WriteFile(svgPath, svg, 0o644); err != nil {
