@@ -40,7 +40,7 @@ func TestLibvirtTarget(t *testing.T) {
 
 // The header names each run's at-rest window when they differ.
 func TestRestWindows(t *testing.T) {
-	r := report{Rest: 5 * time.Minute, Runs: []*runResult{{N: 200, RestS: 60}, {N: 5000, RestS: 300}}}
+	r := report{Rest: 5 * time.Minute, Runs: []*runResult{{N: 200, RestS: 60.04}, {N: 5000, RestS: 300.05}}}
 	if got, want := r.restWindows(), "1m0s at N=200, 5m0s at N=5000"; got != want {
 		t.Errorf("mixed: %q, want %q", got, want)
 	}

@@ -493,21 +493,21 @@ func (r *report) restWindows() string {
 	var parts []string
 	longest, same := 0.0, true
 	for _, x := range r.Runs {
-		parts = append(parts, fmt.Sprintf("%v at N=%d", time.Duration(x.RestS*float64(time.Second)), x.N))
+		parts = append(parts, fmt.Sprintf("%v at N=%d", time.Duration(math.Round(x.RestS))*time.Second, x.N))
 		longest = max(longest, x.RestS)
-		same = same && x.RestS == r.Runs[0].RestS
+		same = same && math.Round(x.RestS) == math.Round(r.Runs[0].RestS)
 	}
 	var s string
 	switch {
-	case len(r.Runs) == 0 || same && r.Runs[0].RestS == r.Rest.Seconds():
+	case len(r.Runs) == 0 || same && math.Round(r.Runs[0].RestS) == r.Rest.Seconds():
 		s = fmt.Sprint(r.Rest)
 		longest = max(longest, r.Rest.Seconds())
 	case same:
-		s = fmt.Sprint(time.Duration(r.Runs[0].RestS * float64(time.Second)))
+		s = fmt.Sprint(time.Duration(math.Round(r.Runs[0].RestS)) * time.Second)
 	default:
 		s = strings.Join(parts, ", ")
 	}
-	if longest < (5 * time.Minute).Seconds() {
+	if math.Round(longest) < (5 * time.Minute).Seconds() {
 		s += " (the issue asks for 5 minutes; these runs used a shorter one)"
 	}
 	return s
