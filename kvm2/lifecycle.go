@@ -462,18 +462,31 @@ func (p *provider) Delete(ctx context.Context, ref egressproxy.Ref) (opErr error
 	return nil
 }
 
-// removeDomain destroys (if active) and undefines dom; a domain that is
-// already gone is fine.
+// removeDomain undefines dom and then, unless st says it was stopped,
+// destroys it; a domain that is already gone, or not running, is fine.
+// The undefine comes first: a running domain it leaves transient, which
+// the destroy then removes for good. In the other order, a start libvirtd
+// received earlier and ran late (a Create's start sent on a link that
+// closed meanwhile) could revive the domain between the destroy and the
+// undefine, and the undefine would leave it running as a transient domain
+// with its volumes; after the undefine, such a start finds no domain, or
+// one that is already running.
 func (p *provider) removeDomain(l lvAPI, dom libvirt.Domain, st libvirt.DomainState) error {
+	flags := libvirt.DomainUndefineManagedSave | libvirt.DomainUndefineSnapshotsMetadata |
+		libvirt.DomainUndefineCheckpointsMetadata | libvirt.DomainUndefineNvram
+	err := l.DomainUndefineFlags(dom, flags)
+	switch {
+	case err == nil || isLibvirtCode(err, libvirt.ErrNoDomain):
+	case st != libvirt.DomainShutoff && isLibvirtCode(err, libvirt.ErrOperationInvalid):
+		// A transient domain (an earlier removal's undefine left it
+		// running, and its destroy failed): the destroy removes it.
+	default:
+		return fmt.Errorf("undefine domain %q: %w", dom.Name, err)
+	}
 	if st != libvirt.DomainShutoff {
 		if err := l.DomainDestroy(dom); err != nil && !isLibvirtCode(err, libvirt.ErrOperationInvalid, libvirt.ErrNoDomain) {
 			return fmt.Errorf("destroy domain %q: %w", dom.Name, err)
 		}
-	}
-	flags := libvirt.DomainUndefineManagedSave | libvirt.DomainUndefineSnapshotsMetadata |
-		libvirt.DomainUndefineCheckpointsMetadata | libvirt.DomainUndefineNvram
-	if err := l.DomainUndefineFlags(dom, flags); err != nil && !isLibvirtCode(err, libvirt.ErrNoDomain) {
-		return fmt.Errorf("undefine domain %q: %w", dom.Name, err)
 	}
 	return nil
 }

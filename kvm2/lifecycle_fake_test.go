@@ -343,6 +343,36 @@ func TestFakeDelete(t *testing.T) {
 		e.hasInstance("a", libvirt.DomainShutoff) // its volumes stay with it
 	})
 
+	t.Run("started late between removal steps", func(t *testing.T) {
+		// A start libvirtd received earlier (a Create's, sent on a link
+		// that closed meanwhile) runs right after one of Delete's calls:
+		// the domain must not survive the Delete, transient and running.
+		for _, after := range []string{"DomainDestroy", "DomainUndefineFlags"} {
+			e := newFakeEnv(t)
+			e.mustCreate("a")
+			e.host.SetReplyHook(after, func(libvirtfake.Call) error {
+				e.host.UpdateDomain(e.dom("a"), func(d *libvirtfake.Domain) {
+					d.State, d.Reason, d.ID = libvirt.DomainRunning, int32(libvirt.DomainRunningBooted), 7
+				})
+				return nil
+			})
+			if err := e.p.Delete(ctx, ref); err != nil {
+				t.Fatalf("start after %s: Delete: %v", after, err)
+			}
+			e.onlyBases("start after " + after + ", Delete")
+		}
+	})
+
+	t.Run("transient, left running by an earlier removal", func(t *testing.T) {
+		e := newFakeEnv(t)
+		e.mustCreate("a")
+		e.host.UpdateDomain(e.dom("a"), func(d *libvirtfake.Domain) { d.Persistent = false })
+		if err := e.p.Delete(ctx, ref); err != nil {
+			t.Fatal(err)
+		}
+		e.onlyBases("after Delete")
+	})
+
 	t.Run("pool gone", func(t *testing.T) {
 		e := newFakeEnv(t)
 		e.mustCreate("a")

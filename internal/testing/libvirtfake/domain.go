@@ -435,7 +435,9 @@ func (s *Session) DomainDestroy(Dom libvirt.Domain) (err error) {
 }
 
 // DomainUndefineFlags removes a domain's definition: a stopped domain
-// goes, a running one stays until it stops (it is no longer persistent).
+// goes, a running one stays until it stops (it is no longer persistent);
+// a transient domain is refused, as libvirtd's qemu driver refuses it
+// (operation invalid).
 func (s *Session) DomainUndefineFlags(Dom libvirt.Domain, Flags libvirt.DomainUndefineFlagsValues) (err error) {
 	return s.run(Call{Method: "DomainUndefineFlags", Domain: Dom.Name}, func() error { return s.h.undefine(Dom) })
 }
@@ -451,6 +453,9 @@ func (h *Host) undefine(dom libvirt.Domain) error {
 	d, err := h.domainByHandleLocked(dom)
 	if err != nil {
 		return err
+	}
+	if !d.Persistent {
+		return Errorf(libvirt.ErrOperationInvalid, "cannot undefine transient domain")
 	}
 	if d.active() {
 		d.Persistent = false
