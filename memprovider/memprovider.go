@@ -16,6 +16,7 @@ import (
 	"github.com/egressproxy/egressproxy/driver"
 	"github.com/egressproxy/egressproxy/internal/errs"
 	"github.com/egressproxy/egressproxy/internal/guestconf"
+	"github.com/egressproxy/egressproxy/internal/loopback"
 	"github.com/egressproxy/egressproxy/internal/naming"
 	"github.com/egressproxy/egressproxy/internal/obs"
 	"github.com/go-logr/logr"
@@ -208,7 +209,7 @@ func newProvider(opts *Options) *provider {
 	if o.DialContext == nil {
 		d := &net.Dialer{Timeout: o.DialTimeout}
 		o.DialContext = func(ctx context.Context, network, address string) (net.Conn, error) {
-			if !loopbackOnly(address) {
+			if !loopback.HostPort(address) {
 				return nil, errNotLoopback
 			}
 			return d.DialContext(ctx, network, address)
@@ -240,20 +241,6 @@ var _ driver.Provider = (*provider)(nil)
 // errNotLoopback is the default dialer's refusal of a target beyond
 // loopback.
 var errNotLoopback = errors.New("memprovider: the default dialer reaches loopback targets only")
-
-// loopbackOnly reports whether hostport is on a loopback address or
-// "localhost" (no name is looked up).
-func loopbackOnly(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
 
 // InjectFault makes the next f.Times calls of op (every call when Times is
 // 0) misbehave as f describes. Faults of one operation apply in the order

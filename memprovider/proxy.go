@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy/internal/guestconf"
+	"github.com/egressproxy/egressproxy/internal/loopback"
 )
 
 // proxyServer is a minimal HTTP CONNECT proxy on one loopback listener. Its
@@ -194,7 +195,7 @@ func (ps *proxyServer) decide(c net.Conn, req *http.Request, target string) (int
 		switch {
 		case req.Method != http.MethodConnect:
 			return http.StatusMethodNotAllowed, "Allow: CONNECT\r\n"
-		case !loopbackOnly(target):
+		case !loopback.HostPort(target):
 			return http.StatusForbidden, ""
 		}
 		return http.StatusOK, ""

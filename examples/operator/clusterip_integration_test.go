@@ -157,8 +157,8 @@ func startKubeProxy(t *testing.T, pe *poolEnv, bin string) func() string {
 		"--hostname-override", kubeNodeName,
 		"--proxy-mode", "iptables",
 		"--bind-address", proxyNodeIP,
-		"--healthz-bind-address", freeLoopbackPort(t),
-		"--metrics-bind-address", freeLoopbackPort(t),
+		"--healthz-bind-address", freeLoopbackAddr(t),
+		"--metrics-bind-address", freeLoopbackAddr(t),
 		"--iptables-localhost-nodeports=false",
 		"--conntrack-max-per-core", "0",
 		"--conntrack-tcp-timeout-established", "0",
@@ -228,18 +228,6 @@ func dnatCounts(t *testing.T) map[string]int {
 		}
 	}
 	return n
-}
-
-// freeLoopbackPort is 127.0.0.1:PORT with a port that was free a moment
-// ago (kube-proxy refuses port 0).
-func freeLoopbackPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // removeKubeRules removes what kube-proxy --cleanup leaves in this

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/egressproxy/egressproxy"
+	"github.com/egressproxy/egressproxy/internal/loopback"
 	"github.com/egressproxy/egressproxy/memprovider"
 )
 
@@ -73,7 +74,7 @@ type Server struct {
 // Entry are the simulated hypervisor's. Every Entry must be set and
 // distinct.
 func Serve(addr string, entries []memprovider.Options) (*Server, error) {
-	if !loopbackHost(addr) {
+	if !loopback.HostPort(addr) {
 		return nil, &egressproxy.FieldError{Field: "addr", Value: addr, Rule: "must be a loopback host:port"}
 	}
 	clients := map[string]*egressproxy.Client{}
@@ -208,27 +209,13 @@ func writeError(w http.ResponseWriter, status int, code egressproxy.ErrorCode, e
 	_ = json.NewEncoder(w).Encode(b)
 }
 
-// loopbackHost reports whether hostport's host is a loopback IP or
-// "localhost" (no name is looked up).
-func loopbackHost(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
 // CheckEndpoint is the rule endpoint breaks as a memory host's URL, ""
 // when none: an http URL of a loopback host with a port and nothing else
 // (no path, query or user).
 func CheckEndpoint(endpoint string) string {
 	const rule = "must be http://HOST:PORT of a memory host with a loopback HOST (127.0.0.1, [::1] or localhost)"
 	rest, ok := strings.CutPrefix(endpoint, "http://")
-	if !ok || strings.ContainsAny(rest, "/?#@") || !loopbackHost(rest) {
+	if !ok || strings.ContainsAny(rest, "/?#@") || !loopback.HostPort(rest) {
 		return rule
 	}
 	_, port, _ := net.SplitHostPort(rest)
