@@ -257,44 +257,24 @@ func collect(ctx context.Context, k *benchutil.KVM, p *egressproxy.Client, orpha
 	return run, nil
 }
 
-// concurrent runs fn for i in [0, n) on callers goroutines at once.
+// concurrent runs fn for i in [0, n) on callers goroutines at once
+// (benchutil.Each), timing each call.
 func concurrent(k *benchutil.KVM, callers, n int, fn func(i int) error) (throughput, error) {
 	t := throughput{n: n, callers: callers}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		next  int
-		first error
-	)
+	var mu sync.Mutex
 	k.Counter.Take()
 	t0 := time.Now()
-	for range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				mu.Lock()
-				i := next
-				next++
-				mu.Unlock()
-				if i >= n {
-					return
-				}
-				t1 := time.Now()
-				err := fn(i)
-				mu.Lock()
-				t.each = append(t.each, float64(time.Since(t1).Microseconds())/1000)
-				if err != nil && first == nil {
-					first = err
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
+	err := benchutil.Each(context.Background(), n, callers, func(i int) error {
+		t1 := time.Now()
+		err := fn(i)
+		mu.Lock()
+		t.each = append(t.each, float64(time.Since(t1).Microseconds())/1000)
+		mu.Unlock()
+		return err
+	})
 	t.wall = time.Since(t0)
 	t.rpcs = len(k.Counter.Take())
-	return t, first
+	return t, err
 }
 
 // writeLibvirtScale writes the phase's report to path.

@@ -442,11 +442,36 @@ type sliceSample struct {
 // client re-reading its endpoints would, until the returned function is
 // called; that returns what it saw.
 func watchSlices(c client.Client, key client.ObjectKey) func() []sliceSample {
+	return sampleEvery(100*time.Millisecond, func() (sliceSample, bool) {
+		var l discoveryv1.EndpointSliceList
+		if err := c.List(context.Background(), &l, client.InNamespace(key.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: key.Name}); err != nil {
+			return sliceSample{}, false
+		}
+		smp := sliceSample{at: time.Now()}
+		for _, s := range l.Items {
+			for _, e := range s.Endpoints {
+				for _, a := range e.Addresses {
+					hp := net.JoinHostPort(a, strconv.Itoa(int(*s.Ports[0].Port)))
+					smp.listed = append(smp.listed, hp)
+					if e.Conditions.Ready != nil && *e.Conditions.Ready {
+						smp.ready = append(smp.ready, hp)
+					}
+				}
+			}
+		}
+		return smp, true
+	})
+}
+
+// sampleEvery calls sample every period on a goroutine of its own until
+// the returned function is called, which ends it and returns the samples
+// sample gave (those it said ok to).
+func sampleEvery[T any](period time.Duration, sample func() (T, bool)) func() []T {
 	done := make(chan struct{})
-	out := make(chan []sliceSample, 1)
+	out := make(chan []T, 1)
 	go func() {
-		var samples []sliceSample
-		tick := time.NewTicker(100 * time.Millisecond)
+		var samples []T
+		tick := time.NewTicker(period)
 		defer tick.Stop()
 		for {
 			select {
@@ -455,26 +480,12 @@ func watchSlices(c client.Client, key client.ObjectKey) func() []sliceSample {
 				return
 			case <-tick.C:
 			}
-			var l discoveryv1.EndpointSliceList
-			if err := c.List(context.Background(), &l, client.InNamespace(key.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: key.Name}); err != nil {
-				continue
+			if smp, ok := sample(); ok {
+				samples = append(samples, smp)
 			}
-			smp := sliceSample{at: time.Now()}
-			for _, s := range l.Items {
-				for _, e := range s.Endpoints {
-					for _, a := range e.Addresses {
-						hp := net.JoinHostPort(a, strconv.Itoa(int(*s.Ports[0].Port)))
-						smp.listed = append(smp.listed, hp)
-						if e.Conditions.Ready != nil && *e.Conditions.Ready {
-							smp.ready = append(smp.ready, hp)
-						}
-					}
-				}
-			}
-			samples = append(samples, smp)
 		}
 	}()
-	return func() []sliceSample { close(done); return <-out }
+	return func() []T { close(done); return <-out }
 }
 
 // listedForm is how the slices list a child at addr.

@@ -42,53 +42,39 @@ type childSample struct {
 // returned function is called, which returns what it saw. first are the
 // children at the start (by UID, with their spec digests).
 func watchChildren(c client.Client, key client.ObjectKey, first map[string]string) func() []childSample {
-	done := make(chan struct{})
-	out := make(chan []childSample, 1)
-	go func() {
-		var samples []childSample
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				out <- samples
-				return
-			case <-tick.C:
-			}
-			var l v1alpha1.EgressProxyList
-			if err := c.List(context.Background(), &l, client.InNamespace(key.Namespace), client.MatchingLabels{controller.LabelPool: key.Name}); err != nil {
-				continue
-			}
-			var sl discoveryv1.EndpointSliceList
-			if err := c.List(context.Background(), &sl, client.InNamespace(key.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: key.Name}); err != nil {
-				continue
-			}
-			ready := map[types.UID]bool{}
-			for _, s := range sl.Items {
-				for _, e := range s.Endpoints {
-					if e.TargetRef != nil && e.Conditions.Ready != nil && *e.Conditions.Ready {
-						ready[e.TargetRef.UID] = true
-					}
-				}
-			}
-			smp := childSample{at: time.Now()}
-			for _, k := range l.Items {
-				digest, old := first[string(k.UID)]
-				_, draining := k.Annotations[controller.AnnotationDrainingSince]
-				switch {
-				case old && k.Status.SpecDigest != digest:
-					smp.redone = k.Name
-				case old && k.DeletionTimestamp.IsZero():
-					smp.kept++
-				case !old && ready[k.UID] && k.DeletionTimestamp.IsZero():
-					smp.fresh++
-				}
-				smp.detail += fmt.Sprintf(" %s(old %v, ready %v, draining %v, deleting %v)", k.Name, old, ready[k.UID], draining, !k.DeletionTimestamp.IsZero())
-			}
-			samples = append(samples, smp)
+	return sampleEvery(100*time.Millisecond, func() (childSample, bool) {
+		var l v1alpha1.EgressProxyList
+		if err := c.List(context.Background(), &l, client.InNamespace(key.Namespace), client.MatchingLabels{controller.LabelPool: key.Name}); err != nil {
+			return childSample{}, false
 		}
-	}()
-	return func() []childSample { close(done); return <-out }
+		var sl discoveryv1.EndpointSliceList
+		if err := c.List(context.Background(), &sl, client.InNamespace(key.Namespace), client.MatchingLabels{discoveryv1.LabelServiceName: key.Name}); err != nil {
+			return childSample{}, false
+		}
+		ready := map[types.UID]bool{}
+		for _, s := range sl.Items {
+			for _, e := range s.Endpoints {
+				if e.TargetRef != nil && e.Conditions.Ready != nil && *e.Conditions.Ready {
+					ready[e.TargetRef.UID] = true
+				}
+			}
+		}
+		smp := childSample{at: time.Now()}
+		for _, k := range l.Items {
+			digest, old := first[string(k.UID)]
+			_, draining := k.Annotations[controller.AnnotationDrainingSince]
+			switch {
+			case old && k.Status.SpecDigest != digest:
+				smp.redone = k.Name
+			case old && k.DeletionTimestamp.IsZero():
+				smp.kept++
+			case !old && ready[k.UID] && k.DeletionTimestamp.IsZero():
+				smp.fresh++
+			}
+			smp.detail += fmt.Sprintf(" %s(old %v, ready %v, draining %v, deleting %v)", k.Name, old, ready[k.UID], draining, !k.DeletionTimestamp.IsZero())
+		}
+		return smp, true
+	})
 }
 
 // firstSet is the children's spec digests by UID.

@@ -39,6 +39,17 @@ type poolFixture struct {
 
 // newPoolFixture is a pool reconciler over a fake client holding pool,
 // with memory entries a, b and c (labels zone x, x, y) Checked once.
+// settle makes *now the reconciler's clock and brings the pool to its
+// replicas, every child Healthy: a reconcile, every child healed, and
+// another reconcile.
+func (f *poolFixture) settle(t *testing.T, now *time.Time) {
+	t.Helper()
+	f.r.Now = func() time.Time { return *now }
+	f.reconcile(t)
+	f.healAll(t)
+	f.reconcile(t)
+}
+
 func newPoolFixture(t *testing.T, pool *v1alpha1.EgressProxyPool, objs ...client.Object) *poolFixture {
 	t.Helper()
 	c := fake.NewClientBuilder().WithScheme(testScheme(t)).
@@ -442,10 +453,7 @@ func TestPoolReplacesOnAnotherEntry(t *testing.T) {
 	pool.Spec.UnhealthyGrace = &metav1.Duration{Duration: time.Minute}
 	f := newPoolFixture(t, pool)
 	now := time.Now()
-	f.r.Now = func() time.Time { return now }
-	f.reconcile(t)
-	f.healAll(t)
-	f.reconcile(t)
+	f.settle(t, &now)
 	var silent []string
 	for name, c := range f.children(t) {
 		if c.Spec.Provider == "c" {
@@ -473,10 +481,7 @@ func TestPoolReplacesLostChildren(t *testing.T) {
 	pool.Spec.DrainPeriod = &metav1.Duration{Duration: 10 * time.Second}
 	f := newPoolFixture(t, pool)
 	now := time.Now()
-	f.r.Now = func() time.Time { return now }
-	f.reconcile(t)
-	f.healAll(t)
-	f.reconcile(t)
+	f.settle(t, &now)
 	onC := func() []string {
 		var out []string
 		for name, c := range f.children(t) {
@@ -576,10 +581,7 @@ func TestPoolRollsOutTemplateChange(t *testing.T) {
 			pool.Spec.DrainPeriod = &metav1.Duration{Duration: 10 * time.Second}
 			f := newPoolFixture(t, pool)
 			now := time.Now()
-			f.r.Now = func() time.Time { return now }
-			f.reconcile(t)
-			f.healAll(t)
-			f.reconcile(t)
+			f.settle(t, &now)
 
 			var cur v1alpha1.EgressProxyPool
 			if err := f.c.Get(context.Background(), f.key, &cur); err != nil {

@@ -221,10 +221,7 @@ func TestPoolMovesOffUnselectedEntries(t *testing.T) {
 			pool.Spec.DrainPeriod = &metav1.Duration{Duration: 10 * time.Second}
 			f := newPoolFixture(t, pool)
 			now := time.Now()
-			f.r.Now = func() time.Time { return now }
-			f.reconcile(t)
-			f.healAll(t)
-			f.reconcile(t)
+			f.settle(t, &now)
 			before := spread(f.children(t))
 			if before["c"] != 0 || before["a"]+before["b"] != 4 {
 				t.Fatalf("before: spread %v, want 4 on a and b", before)

@@ -148,39 +148,47 @@ func (k *KVM) cloneEach(ctx context.Context, n, workers int, fn func(l *libvirt.
 		if err != nil {
 			return err
 		}
-		var (
-			wg    sync.WaitGroup
-			mu    sync.Mutex
-			next  int
-			first error
-		)
-		for range max(1, min(workers, n)) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					mu.Lock()
-					i := next
-					next++
-					stop := first != nil || i >= n || ctx.Err() != nil
-					mu.Unlock()
-					if stop {
-						return
-					}
-					if err := fn(l, pool, i); err != nil {
-						mu.Lock()
-						if first == nil {
-							first = err
-						}
-						mu.Unlock()
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		if first != nil {
-			return first
-		}
-		return ctx.Err()
+		return Each(ctx, n, workers, func(i int) error { return fn(l, pool, i) })
 	})
+}
+
+// Each runs fn for i in [0, n) on workers goroutines at once (at least
+// one, at most n), each taking the next i when it is done with its last;
+// it stops handing out work after the first error or when ctx ends, and
+// returns that error (or ctx's) after every goroutine has ended.
+func Each(ctx context.Context, n, workers int, fn func(i int) error) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		next  int
+		first error
+	)
+	for range max(1, min(workers, n)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				stop := first != nil || i >= n || ctx.Err() != nil
+				mu.Unlock()
+				if stop {
+					return
+				}
+				if err := fn(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	return ctx.Err()
 }
